@@ -1,0 +1,10 @@
+"""rllib_ragen: train LLM agents in multi-turn text environments with StarPO, as a Ray RLlib algorithm.
+
+Importing the package registers the built-in environments with gymnasium (``rllib_ragen/Sokoban-v0``, ...).
+"""
+
+from . import envs
+from .envs import make_text_env, register_text_env, registered_text_envs
+
+__version__ = "0.1.0"
+__all__ = ["envs", "make_text_env", "register_text_env", "registered_text_envs", "__version__"]

@@ -1,0 +1,118 @@
+"""Text environments and their registry.
+
+Built-in environments are registered with gymnasium under the ``rllib_ragen/`` namespace when this package is
+imported, so ``gymnasium.make("rllib_ragen/Sokoban-v0", dim=8, num_boxes=2)`` works. Users add their own with
+:func:`register_text_env`; the trainer then accepts the id anywhere it accepts a built-in one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import gymnasium as gym
+
+from .bandit import BanditEnv
+from .base import TextEnv
+from .frozen_lake import FrozenLakeTextEnv
+from .sokoban import SokobanEnv
+from .sokoban_levels import SokobanLevel, generate_level, solve_level
+
+__all__ = [
+    "BanditEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "TextEnv", "generate_level", "make_text_env",
+    "register_text_env", "registered_text_envs", "solve_level",
+]
+
+_TEXT_ENV_IDS: list[str] = []
+
+
+def register_text_env(
+    env_id: str,
+    entry_point: type[TextEnv] | str,
+    *,
+    max_episode_steps: int | None = 100,
+    reward_threshold: float | None = None,
+    **kwargs: Any,
+) -> None:
+    """Register a text environment under a gymnasium id so training configs can name it.
+
+    Args:
+        env_id: a versioned gymnasium id, e.g. ``"myproject/Maze-v0"``.
+        entry_point: a :class:`TextEnv` subclass, or its import path ``"package.module:ClassName"``. Prefer the
+            string for environments used by remote Ray workers: they import it instead of unpickling a class.
+        max_episode_steps: env steps (single actions) before gymnasium's ``TimeLimit`` truncates. The agent's
+            own per-episode action budget is a rollout setting; this is only a safety net.
+        reward_threshold: the return at which the env counts as solved, if known.
+        **kwargs: default constructor arguments; ``gymnasium.make(env_id, **overrides)`` overrides them.
+    """
+    cls = _load_entry_point(entry_point)
+    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
+        raise TypeError(f"{env_id}: entry_point {entry_point!r} must be a subclass of rllib_ragen.envs.TextEnv.")
+    if env_id in gym.registry:
+        if env_id in _TEXT_ENV_IDS and gym.registry[env_id].entry_point == entry_point:
+            return  # re-import of the same module: nothing to do
+        raise ValueError(f"{env_id!r} is already registered with gymnasium; choose another id or version.")
+    gym.register(
+        id=env_id, entry_point=entry_point, max_episode_steps=max_episode_steps,
+        reward_threshold=reward_threshold, kwargs=kwargs,
+    )
+    _TEXT_ENV_IDS.append(env_id)
+
+
+def registered_text_envs() -> list[str]:
+    """Ids of every text environment registered so far, built-in ones first."""
+    return list(_TEXT_ENV_IDS)
+
+
+def make_text_env(env: str | type[TextEnv] | Callable[..., gym.Env], **config: Any) -> gym.Env:
+    """Build a text environment from a registered id, a ``TextEnv`` subclass or a factory callable.
+
+    Raises:
+        TypeError: if what gets built is not a :class:`TextEnv` (possibly wrapped).
+    """
+    built = gym.make(env, **config) if isinstance(env, str) else env(**config)
+    if not isinstance(built.unwrapped, TextEnv):
+        raise TypeError(
+            f"{env!r} built a {type(built.unwrapped).__name__}, not a rllib_ragen.envs.TextEnv: text training needs "
+            "string observations and named actions (subclass TextEnv)."
+        )
+    return built
+
+
+def _load_entry_point(entry_point: type | str) -> Any:
+    if not isinstance(entry_point, str):
+        return entry_point
+    module_name, _, attr = entry_point.partition(":")
+    if not attr:
+        raise ValueError(f"entry_point {entry_point!r} must look like 'package.module:ClassName'.")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+# ---- built-ins: one id per variant, like gymnasium's own registrations ---------------------------------------
+# Bandit: the best expected return is 0.25 (always pull the risky arm).
+register_text_env("rllib_ragen/Bandit-v0", "rllib_ragen.envs.bandit:BanditEnv", reward_threshold=0.25)
+register_text_env(
+    "rllib_ragen/BanditHeldOut-v0", "rllib_ragen.envs.bandit:BanditEnv", reward_threshold=0.25,
+    low_risk_name="Librarian", high_risk_name="Trader",
+)
+register_text_env(
+    "rllib_ragen/BanditReversed-v0", "rllib_ragen.envs.bandit:BanditEnv", reward_threshold=0.25,
+    low_risk_name="Dragon", high_risk_name="Phoenix",
+)
+# Sokoban: solving a 1-box level in L moves returns 11 - 0.1 L; >= 10 means solved within 10 moves.
+register_text_env("rllib_ragen/Sokoban-v0", "rllib_ragen.envs.sokoban:SokobanEnv", reward_threshold=10.0)
+register_text_env(
+    "rllib_ragen/Sokoban8x8TwoBoxes-v0", "rllib_ragen.envs.sokoban:SokobanEnv", reward_threshold=10.0,
+    dim=8, num_boxes=2,
+)
+register_text_env(
+    "rllib_ragen/SokobanAltSymbols-v0", "rllib_ragen.envs.sokoban:SokobanEnv", reward_threshold=10.0,
+    symbols="alternate",
+)
+# FrozenLake: the return is the success probability; gymnasium's fixed 4x4 map uses 0.70.
+register_text_env("rllib_ragen/FrozenLake-v0", "rllib_ragen.envs.frozen_lake:FrozenLakeTextEnv",
+                  reward_threshold=0.7)
+register_text_env(
+    "rllib_ragen/FrozenLakeNotSlippery-v0", "rllib_ragen.envs.frozen_lake:FrozenLakeTextEnv", reward_threshold=1.0,
+    is_slippery=False,
+)

@@ -1,0 +1,105 @@
+"""The base class shared by every text environment.
+
+A text environment is a plain gymnasium environment whose observations are strings (the rendered state) and
+whose actions are strings from a small vocabulary (``"Up"``, ``"Dragon"``, ...). It knows nothing about
+language models: the agent's reply is turned into these action strings by :mod:`rllib_ragen.rollout.protocol`.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any, ClassVar, Mapping, Sequence
+
+import gymnasium as gym
+from gymnasium import spaces
+
+# Observations may contain any printable ASCII plus the few non-ASCII symbols our grids use.
+OBSERVATION_CHARSET = frozenset(string.printable) | frozenset("√")
+ACTION_CHARSET = frozenset(string.ascii_letters + string.digits + " _-")
+
+
+class TextEnv(gym.Env[str, str]):
+    """A gymnasium environment with text observations and named text actions.
+
+    Subclasses set ``action_names`` (canonical spelling, matched case-insensitively), ``legend`` (symbol ->
+    meaning) and an ``instructions`` string, and implement three hooks:
+
+    - ``_reset_state()``: build the initial state from ``self.np_random`` (already seeded by ``reset``);
+    - ``_apply(action_index) -> (reward, terminated, effective)``: advance the state;
+    - ``_render_text() -> str``: the state as text.
+
+    ``step`` accepts any string. One that is not in the vocabulary is a legal call that leaves the state
+    unchanged, pays 0 and reports ``action_is_valid=False``; penalising it is the action protocol's job.
+
+    Every ``step`` info dict carries ``success``, ``action_is_valid`` and ``action_is_effective`` (the state
+    changed).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
+
+    action_names: ClassVar[Sequence[str]] = ()
+    legend: ClassVar[Mapping[str, str]] = {}
+    instructions: str = ""
+
+    def __init__(self, render_mode: str | None = "ansi", max_observation_chars: int = 4096):
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode={render_mode!r}: text environments only render 'ansi' (or None).")
+        self.render_mode = render_mode
+        self.observation_space = spaces.Text(max_length=max_observation_chars, charset=OBSERVATION_CHARSET)
+        self.action_space = spaces.Text(max_length=32, charset=ACTION_CHARSET)
+        self._action_lookup = {name.lower(): i for i, name in enumerate(self.action_names)}
+        self._success = False
+
+    # ---- vocabulary -------------------------------------------------------------------------------------
+    def lookup_action(self, text: str) -> int | None:
+        """Index of the action named ``text`` (case and surrounding whitespace ignored), or None."""
+        if not isinstance(text, str):
+            return None
+        return self._action_lookup.get(text.strip().lower())
+
+    def describe(self) -> str:
+        """Instructions, the symbol legend and the action list: everything an agent needs before turn one."""
+        parts = [self.instructions.strip()]
+        if self.legend:
+            parts.append("Symbols: " + ", ".join(f"{s} {meaning}" for s, meaning in self.legend.items()) + ".")
+        parts.append("Valid actions: " + ", ".join(self.action_names) + ".")
+        return "\n".join(p for p in parts if p)
+
+    @property
+    def success(self) -> bool:
+        """Whether the episode's goal has been reached (the value every ``step`` info reports)."""
+        return self._success
+
+    @property
+    def observation(self) -> str:
+        """The current state as text (what the last ``reset`` or ``step`` returned)."""
+        return self._render_text()
+
+    # ---- gymnasium API ----------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        self._success = False
+        self._reset_state()
+        return self._render_text(), {"success": False}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        index = self.lookup_action(action)
+        if index is None:
+            reward, terminated, effective = 0.0, False, False
+        else:
+            reward, terminated, effective = self._apply(index)
+        info = {"success": self._success, "action_is_valid": index is not None, "action_is_effective": effective}
+        return self._render_text(), float(reward), bool(terminated), False, info
+
+    def render(self) -> str | None:
+        return None if self.render_mode is None else self._render_text()
+
+    # ---- hooks ------------------------------------------------------------------------------------------
+    def _reset_state(self) -> None:
+        raise NotImplementedError
+
+    def _apply(self, action_index: int) -> tuple[float, bool, bool]:
+        raise NotImplementedError
+
+    def _render_text(self) -> str:
+        raise NotImplementedError

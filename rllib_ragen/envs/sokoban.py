@@ -1,0 +1,135 @@
+"""Sokoban as a text environment: multi-turn, deterministic, and irreversible."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from .base import TextEnv
+from .sokoban_levels import ACTION_NAMES, SokobanLevel, generate_level, move_offsets
+
+# Symbol sets. "default" is the reference's; "alternate" draws the same levels with other symbols, to test
+# whether a policy learned the game or the glyphs.
+SYMBOL_SETS: dict[str, dict[str, str]] = {
+    "default": {"wall": "#", "floor": "_", "target": "O", "box": "X", "box_on_target": "√",
+                "player": "P", "player_on_target": "S"},
+    "alternate": {"wall": "+", "floor": ".", "target": "*", "box": "B", "box_on_target": "$",
+                  "player": "@", "player_on_target": "&"},
+}
+_MEANINGS = {"wall": "wall", "floor": "empty floor", "target": "target", "box": "box",
+             "box_on_target": "box on target", "player": "you", "player_on_target": "you on a target"}
+
+STEP_PENALTY = -0.1
+BOX_ON_TARGET_REWARD = 1.0
+SOLVED_BONUS = 10.0
+
+
+class SokobanEnv(TextEnv):
+    """Push every box onto a target in a small walled room.
+
+    ## Description
+    Levels come from :func:`~rllib_ragen.envs.sokoban_levels.generate_level`: a random room, boxes placed on
+    targets, then pulled away by reverse play, so every level is solvable. Boxes can be pushed but never
+    pulled, so a wrong push can make a level unsolvable: the environment is irreversible.
+
+    ## Action Space
+    ``Text``: one of ``Up``, ``Down``, ``Left``, ``Right`` (case-insensitive).
+
+    ## Observation Space
+    ``Text``: the room, one row per line, e.g. ``#####\\n#P_X_O#\\n...``; symbols are listed in ``legend``.
+
+    ## Starting State
+    A level generated from the reset seed (or the level passed as ``options={"level": SokobanLevel}``).
+
+    ## Rewards
+    -0.1 per valid move (walking into a wall included), +1 for each box pushed onto a target, -1 for each box
+    pushed off one, +10 when all boxes are on targets. An unknown action pays 0.
+
+    ## Episode End
+    Terminates when every box is on a target. Registered ids truncate after 100 steps.
+
+    ## Arguments
+    ``dim`` (6): room side, walls included. ``num_boxes`` (1). ``search_depth`` (50): reverse-play steps, more
+    gives longer solutions. ``symbols`` ("default" or "alternate", or a dict with the keys of
+    ``SYMBOL_SETS["default"]``).
+
+    ## Version History
+    v0: initial release. Variants: ``Sokoban8x8TwoBoxes-v0`` and ``SokobanAltSymbols-v0``.
+    """
+
+    action_names = ACTION_NAMES
+    instructions = (
+        "You are solving the Sokoban puzzle. You are the player and you need to push all boxes onto targets. "
+        "When you are right next to a box, you can push it by moving in the same direction. You cannot push a "
+        "box through a wall, and you cannot pull a box."
+    )
+
+    def __init__(
+        self,
+        dim: int = 6,
+        num_boxes: int = 1,
+        search_depth: int = 50,
+        symbols: str | Mapping[str, str] = "default",
+        render_mode: str | None = "ansi",
+    ):
+        if isinstance(symbols, str):
+            if symbols not in SYMBOL_SETS:
+                raise ValueError(f"symbols={symbols!r}: choose one of {sorted(SYMBOL_SETS)} or pass a dict.")
+            symbols = SYMBOL_SETS[symbols]
+        if set(symbols) != set(_MEANINGS) or len(set(symbols.values())) != len(_MEANINGS):
+            raise ValueError(f"symbols must map each of {sorted(_MEANINGS)} to a distinct character.")
+        self.symbols = dict(symbols)
+        self.legend = {self.symbols[key]: meaning for key, meaning in _MEANINGS.items()}
+        super().__init__(render_mode=render_mode, max_observation_chars=dim * (dim + 1))
+        self.dim, self.num_boxes, self.search_depth = dim, num_boxes, search_depth
+        self._offsets = move_offsets(dim)
+        self.level: SokobanLevel | None = None
+        self.boxes: set[int] = set()
+        self.player = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        self._fixed_level = (options or {}).get("level")
+        return super().reset(seed=seed, options=options)
+
+    def _reset_state(self) -> None:
+        level = self._fixed_level
+        if level is None:
+            level = generate_level(self.np_random, self.dim, self.num_boxes, self.search_depth)
+        elif level.dim != self.dim:
+            raise ValueError(f"options['level'] is {level.dim}x{level.dim} but this env was made with dim={self.dim}.")
+        self.level, self.boxes, self.player = level, set(level.boxes), level.player
+
+    def _apply(self, action_index: int) -> tuple[float, bool, bool]:
+        d, floor, targets = self._offsets[action_index], self.level.floor.ravel(), self.level.targets
+        reward, nxt = STEP_PENALTY, self.player + d
+        if not floor[nxt]:
+            return reward, False, False
+        if nxt in self.boxes:
+            dest = nxt + d
+            if not floor[dest] or dest in self.boxes:
+                return reward, False, False
+            self.boxes.remove(nxt)
+            self.boxes.add(dest)
+            reward += BOX_ON_TARGET_REWARD * ((dest in targets) - (nxt in targets))
+        self.player = nxt
+        self._success = self.boxes == targets
+        return reward + (SOLVED_BONUS if self._success else 0.0), self._success, True
+
+    def current_level(self) -> SokobanLevel:
+        """The current position as a level, e.g. to ask :func:`solve_level` for the rest of the solution."""
+        return SokobanLevel(self.dim, self.level.floor, self.level.targets, frozenset(self.boxes), self.player)
+
+    def _render_text(self) -> str:
+        s, floor, targets = self.symbols, self.level.floor.ravel(), self.level.targets
+        cells = []
+        for p in range(self.dim * self.dim):
+            on_target = p in targets
+            if not floor[p]:
+                key = "wall"
+            elif p == self.player:
+                key = "player_on_target" if on_target else "player"
+            elif p in self.boxes:
+                key = "box_on_target" if on_target else "box"
+            else:
+                key = "target" if on_target else "floor"
+            cells.append(s[key])
+        return "\n".join("".join(cells[r * self.dim:(r + 1) * self.dim]) for r in range(self.dim))

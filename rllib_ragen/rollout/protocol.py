@@ -1,0 +1,127 @@
+"""The agent action protocol: how a model's reply becomes environment actions and a turn reward.
+
+A reply must look like ``<think>...</think><answer>A1 || A2 || ...</answer>`` (the think block is optional
+when thinking is off). Parsing never raises: anything off-template is a *format error*, which executes no
+action and costs the format penalty. Inside a well-formed answer, a piece that names no environment action is
+skipped and also costs the penalty; the remaining pieces still run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+
+DEFAULT_SEPARATOR = "||"
+DEFAULT_FORMAT_PENALTY = -0.1
+
+_TAG = re.compile(r"</?\s*(?:think|answer)\s*>", re.IGNORECASE)
+_WITH_THINK = re.compile(r"\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*",
+                         re.IGNORECASE | re.DOTALL)
+_THINK_OPTIONAL = re.compile(r"\s*(?:<think>(?P<think>.*?)</think>\s*)?<answer>(?P<answer>.*?)</answer>\s*",
+                             re.IGNORECASE | re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """What the protocol read from one reply.
+
+    Attributes:
+        format_ok: the reply matches the template exactly (one think block when required, one answer block,
+            no nested or repeated tags, nothing but whitespace around them).
+        thinking: the think block's text, if any.
+        actions: the answer's pieces, stripped, empty ones dropped, at most ``max_actions_per_turn``; empty
+            when ``format_ok`` is False.
+        num_dropped: well-formed pieces cut off by ``max_actions_per_turn``.
+    """
+
+    format_ok: bool
+    thinking: str | None = None
+    actions: tuple[str, ...] = ()
+    num_dropped: int = 0
+
+
+def parse_reply(
+    text: str, *, enable_thinking: bool = True, max_actions_per_turn: int = 5, separator: str = DEFAULT_SEPARATOR
+) -> ParsedReply:
+    """Parse a model reply into action strings. Never raises.
+
+    Args:
+        text: the decoded reply (special tokens removed).
+        enable_thinking: require a ``<think>`` block before the answer.
+        max_actions_per_turn: pieces kept from the answer; the rest are dropped (and counted).
+        separator: the string between actions inside the answer.
+    """
+    if not isinstance(text, str):
+        return ParsedReply(format_ok=False)
+    match = (_WITH_THINK if enable_thinking else _THINK_OPTIONAL).fullmatch(text)
+    if match is None:
+        return ParsedReply(format_ok=False)
+    thinking, answer = match.group("think"), match.group("answer")
+    # Lazy groups can swallow extra blocks ("<answer>a</answer><answer>b</answer>"); any tag inside is an error.
+    if _TAG.search(answer) or (thinking is not None and _TAG.search(thinking)):
+        return ParsedReply(format_ok=False)
+    pieces = [piece.strip() for piece in answer.split(separator)] if separator else [answer.strip()]
+    pieces = [piece for piece in pieces if piece]
+    kept = tuple(pieces[:max(max_actions_per_turn, 0)])
+    return ParsedReply(True, thinking, kept, len(pieces) - len(kept))
+
+
+@dataclass
+class TurnResult:
+    """The outcome of executing one parsed reply in an environment.
+
+    Attributes:
+        reward: environment rewards of the executed actions plus the format penalty when it applies.
+        env_reward: the environment rewards alone.
+        executed: canonical names of the actions that ran, in order.
+        num_valid, num_invalid: answer pieces that did / did not name an environment action.
+        num_effective: executed actions that changed the state.
+        format_error: the penalty applied (off-template reply, an invalid piece, or no valid action).
+        terminated, truncated: the environment's episode end signals after the last executed action.
+        success: the environment's ``success`` after the turn.
+        observation: the state text after the turn.
+    """
+
+    reward: float
+    env_reward: float
+    observation: str
+    executed: list[str] = field(default_factory=list)
+    num_valid: int = 0
+    num_invalid: int = 0
+    num_effective: int = 0
+    format_error: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    success: bool = False
+
+
+def execute_turn(
+    env: gym.Env, reply: ParsedReply, *, actions_left: int, format_penalty: float = DEFAULT_FORMAT_PENALTY
+) -> TurnResult:
+    """Run a reply's valid actions in order until the episode ends or ``actions_left`` is spent.
+
+    Args:
+        env: a (possibly wrapped) :class:`~rllib_ragen.envs.TextEnv`; actions go through the wrappers.
+        reply: the parsed reply.
+        actions_left: the episode's remaining action budget.
+        format_penalty: added once to the turn reward on a format error (a negative number).
+    """
+    text_env = env.unwrapped
+    resolved = [text_env.lookup_action(piece) for piece in reply.actions]
+    valid = [text_env.action_names[i] for i in resolved if i is not None]
+    result = TurnResult(reward=0.0, env_reward=0.0, observation=text_env.observation,
+                        num_valid=len(valid), num_invalid=len(resolved) - len(valid), success=text_env.success)
+    result.format_error = not reply.format_ok or result.num_invalid > 0 or not valid
+    for name in valid[:max(actions_left, 0)]:
+        obs, reward, terminated, truncated, info = env.step(name)
+        result.env_reward += reward
+        result.executed.append(name)
+        result.num_effective += bool(info.get("action_is_effective", False))
+        result.observation, result.terminated, result.truncated = obs, terminated, truncated
+        result.success = bool(info.get("success", False))
+        if terminated or truncated:
+            break
+    result.reward = result.env_reward + (format_penalty if result.format_error else 0.0)
+    return result

@@ -1,0 +1,91 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import rllib_ragen  # noqa: F401
+from rllib_ragen.envs.frozen_lake import generate_map, optimal_policy
+
+OPEN_MAP = ["FFFF", "FSFF", "FFFF", "FFFG"]  # start at (1, 1), nothing nearby but ice
+
+
+def _next_cells(env_id, action, trials):
+    env = gym.make(env_id)
+    counts = {}
+    for seed in range(trials):
+        env.reset(seed=seed, options={"map": OPEN_MAP})
+        env.step(action)
+        cell = env.unwrapped.position
+        counts[cell] = counts.get(cell, 0) + 1
+    return counts
+
+
+def test_slippery_transitions_match_the_model():
+    # "Right" from (1,1): intended (1,2)=6, perpendicular (2,1)=9 and (0,1)=1, each with probability 1/3.
+    trials = 3000
+    counts = _next_cells("rllib_ragen/FrozenLake-v0", "Right", trials)
+    assert set(counts) == {6, 9, 1}
+    chi2 = sum((counts[c] - trials / 3) ** 2 / (trials / 3) for c in counts)
+    assert chi2 < 13.8, f"chi-square {chi2:.1f} (df=2) rejects the 1/3-1/3-1/3 model at p=0.001: {counts}"
+
+
+def test_not_slippery_moves_as_told():
+    assert _next_cells("rllib_ragen/FrozenLakeNotSlippery-v0", "Right", 50) == {6: 50}
+
+
+def test_symbols_for_hole_and_goal():
+    env = gym.make("rllib_ragen/FrozenLakeNotSlippery-v0", size=2)
+    obs, _ = env.reset(seed=0, options={"map": ["SH", "GF"]})
+    assert obs == "PO\nG_"
+    obs, r, term, _, info = env.step("Right")
+    assert (obs, r, term, info["success"]) == ("_X\nG_", 0.0, True, False)
+    env.reset(seed=0, options={"map": ["SH", "GF"]})
+    obs, r, term, _, info = env.step("Down")
+    assert (obs, r, term, info["success"]) == ("_O\n√_", 1.0, True, True)
+
+
+def test_generated_maps_have_distinct_random_start_goal_and_a_path():
+    starts, goals = set(), set()
+    for seed in range(300):
+        desc = generate_map(np.random.default_rng(seed))
+        flat = "".join(desc)
+        assert flat.count("S") == 1 and flat.count("G") == 1
+        starts.add(flat.index("S"))
+        goals.add(flat.index("G"))
+        env = gym.make("rllib_ragen/FrozenLakeNotSlippery-v0")
+        env.reset(seed=0, options={"map": desc})
+        assert env.unwrapped.success_probability(moves_left=16) == 1.0  # deterministic: a path exists
+    assert len(starts) > 10 and len(goals) > 10
+
+
+def test_value_iteration_by_hand():
+    # Not slippery, goal three moves away (Right, Right, Down): probability 0 with 2 moves left, 1 with 3.
+    env = gym.make("rllib_ragen/FrozenLakeNotSlippery-v0", size=3)
+    env.reset(seed=0, options={"map": ["SFF", "HHG", "FFF"]})
+    lake = env.unwrapped.lake
+    values, actions = optimal_policy(lake.P, 9, horizon=3)
+    assert values[1, 0] == 0.0 and values[2, 0] == 0.0 and values[3, 0] == 1.0
+    assert actions[3, 0] == 2  # Right
+
+
+def test_optimal_policy_success_matches_its_prediction():
+    # Play the finite-horizon optimal policy with a 10-action budget; the empirical success rate must match the
+    # mean of the predicted success probabilities within 4 standard errors.
+    env = gym.make("rllib_ragen/FrozenLake-v0")
+    budget, predicted, achieved = 10, [], []
+    for seed in range(1500):
+        env.reset(seed=seed)
+        predicted.append(env.unwrapped.success_probability(budget))
+        for moves_left in range(budget, 0, -1):
+            _, _, terminated, _, info = env.step(env.unwrapped.optimal_action(moves_left))
+            if terminated:
+                break
+        achieved.append(env.unwrapped.success)
+    p = np.array(predicted)
+    stderr = np.sqrt((p * (1 - p)).sum()) / len(p)
+    assert abs(np.mean(achieved) - p.mean()) < 4 * stderr
+    print(f"\nFrozenLake optimal policy, 10 actions: success {np.mean(achieved):.3f}, predicted {p.mean():.3f}")
+
+
+def test_bad_map_option_is_rejected():
+    with pytest.raises(ValueError, match="rows"):
+        gym.make("rllib_ragen/FrozenLake-v0").reset(seed=0, options={"map": ["SF", "FG"]})

@@ -1,0 +1,131 @@
+import collections
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import rllib_ragen  # noqa: F401
+from rllib_ragen.envs import SokobanLevel, generate_level, solve_level
+from rllib_ragen.envs.sokoban import SYMBOL_SETS
+
+# Box one push left of a target, player left of the box.
+LINE = """\
+######
+#PX_O#
+#____#
+#____#
+#____#
+######"""
+
+
+def _env_with(level_text, **kwargs):
+    env = gym.make("rllib_ragen/Sokoban-v0", **kwargs)
+    level = SokobanLevel.from_text(level_text)
+    obs, _ = env.reset(seed=0, options={"level": level})
+    return env, obs
+
+
+def test_rewards_for_walk_wall_push_and_solve():
+    env, obs = _env_with(LINE)
+    assert obs == LINE
+    # Bump into the wall: step penalty only, nothing changes.
+    obs, r, term, _, info = env.step("Up")
+    assert (obs, r, term, info["action_is_effective"]) == (LINE, -0.1, False, False)
+    # Push the box one cell (not yet on the target): -0.1.
+    obs, r, term, _, info = env.step("Right")
+    assert r == pytest.approx(-0.1) and not term and info["action_is_effective"]
+    assert obs.splitlines()[1] == "#_PXO#"
+    # Push it onto the target: -0.1 + 1 + 10 = 10.9, and the episode ends with success.
+    obs, r, term, _, info = env.step("right")
+    assert r == pytest.approx(10.9) and term and info["success"]
+    assert obs.splitlines()[1] == "#__P√#"
+
+
+def test_pushing_a_box_off_a_target_costs_one():
+    level = """\
+######
+#____#
+#XO__#
+#_√P_#
+#____#
+######"""
+    env, _ = _env_with(level)
+    # Push the box on (3,2) left, off its target onto floor: -0.1 - 1; the player now stands on that target.
+    obs, r, _, _, _ = env.step("Left")
+    assert r == pytest.approx(-1.1)
+    assert obs.splitlines()[3] == "#XS__#"
+    # A box cannot be pushed into a wall: step penalty, nothing changes.
+    obs2, r, _, _, info = env.step("Left")
+    assert r == pytest.approx(-0.1) and obs2 == obs and not info["action_is_effective"]
+
+
+def test_alternate_symbols_draw_the_same_level():
+    default = gym.make("rllib_ragen/Sokoban-v0").reset(seed=11)[0]
+    alternate = gym.make("rllib_ragen/SokobanAltSymbols-v0").reset(seed=11)[0]
+    table = {SYMBOL_SETS["default"][k]: SYMBOL_SETS["alternate"][k] for k in SYMBOL_SETS["default"]}
+    assert "".join(table.get(ch, ch) for ch in default) == alternate
+
+
+def test_solver_is_optimal_on_known_levels():
+    assert solve_level(SokobanLevel.from_text(LINE)) == ["Right", "Right"]
+    # The box must be pushed from below: Down, Left (2 moves) puts the player under it, then Up, Up = 4.
+    level = SokobanLevel.from_text("""\
+######
+#_O__#
+#____#
+#_XP_#
+#____#
+######""")
+    solution = solve_level(level)
+    assert solution == ["Down", "Left", "Up", "Up"]
+
+
+def test_solver_reports_unsolvable_levels():
+    # Box in a corner that is not a target: dead.
+    assert solve_level(SokobanLevel.from_text("""\
+######
+#X___#
+#____#
+#__P_#
+#___O#
+######""")) is None
+
+
+def test_from_text_rejects_bad_levels():
+    with pytest.raises(ValueError, match="square"):
+        SokobanLevel.from_text("###\n#P#")
+    with pytest.raises(ValueError, match="border"):
+        SokobanLevel.from_text("_###\n#PX#\n#O_#\n####")
+    with pytest.raises(ValueError, match="symbol"):
+        SokobanLevel.from_text("####\n#PZ#\n#O_#\n####")
+
+
+@pytest.mark.parametrize("dim, num_boxes", [(6, 1), (8, 2)])
+def test_thousand_generated_levels_are_all_solved(dim, num_boxes):
+    lengths = []
+    for seed in range(1000):
+        level = generate_level(np.random.default_rng(seed), dim=dim, num_boxes=num_boxes)
+        assert len(level.boxes) == num_boxes and level.boxes.isdisjoint(level.targets)
+        solution = solve_level(level)
+        assert solution, f"seed {seed}: generated level has no solution"
+        lengths.append(len(solution))
+    counts = sorted(collections.Counter(lengths).items())
+    print(f"\n{dim}x{dim}/{num_boxes} box(es): optimal length mean {np.mean(lengths):.2f}, "
+          f"within 10 actions {np.mean(np.array(lengths) <= 10):.1%}, distribution {counts}")
+
+
+@pytest.mark.parametrize("env_id", ["rllib_ragen/Sokoban-v0", "rllib_ragen/Sokoban8x8TwoBoxes-v0"])
+def test_solver_solutions_solve_the_env(env_id):
+    env = gym.make(env_id)
+    for seed in range(50):
+        env.reset(seed=seed)
+        solution = solve_level(env.unwrapped.level)
+        for i, action in enumerate(solution):
+            _, _, terminated, _, info = env.step(action)
+            assert terminated == (i == len(solution) - 1) == info["success"]
+
+
+def test_generation_is_seeded():
+    a = generate_level(np.random.default_rng(5))
+    b = generate_level(np.random.default_rng(5))
+    assert (a.boxes, a.targets, a.player) == (b.boxes, b.targets, b.player) and np.array_equal(a.floor, b.floor)

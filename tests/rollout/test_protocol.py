@@ -1,0 +1,131 @@
+import gymnasium as gym
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rllib_ragen  # noqa: F401
+from rllib_ragen.envs import SokobanLevel
+from rllib_ragen.rollout import ParsedReply, execute_turn, parse_reply
+
+
+@pytest.mark.parametrize(
+    "reply, format_ok, actions",
+    [
+        ("<think>push it</think><answer>Right || Right</answer>", True, ("Right", "Right")),
+        ("  <think>a</think>\n\n<answer> up </answer>\n", True, ("up",)),
+        ("<THINK>x</Think><Answer>Left</ANSWER>", True, ("Left",)),  # tag case does not matter
+        ("<think>multi\nline</think><answer>Up||Down||</answer>", True, ("Up", "Down")),  # trailing separator
+        ("<think>x</think><answer>Up || || Down ||||</answer>", True, ("Up", "Down")),  # extra separators
+        ("<think>x</think><answer></answer>", True, ()),  # empty answer: well-formed, but no action
+        ("<think>x</think><answer>  ||  </answer>", True, ()),
+        ("<answer>Up</answer>", False, ()),  # missing think while thinking is on
+        ("<think>x</think>Up", False, ()),  # missing answer tags
+        ("<think>x</think><answer>Up", False, ()),  # unclosed answer (cut off by the token limit)
+        ("<think>x<answer>Up</answer>", False, ()),  # unclosed think
+        ("<think>x</think><answer>Up</answer> trailing words", False, ()),
+        ("preamble <think>x</think><answer>Up</answer>", False, ()),
+        ("<think>x</think><answer>Up</answer><answer>Down</answer>", False, ()),  # repeated answer
+        ("<think>a</think><think>b</think><answer>Up</answer>", False, ()),  # repeated think
+        ("<think>a<think>b</think></think><answer>Up</answer>", False, ()),  # nested think
+        ("<think>x</think><answer><answer>Up</answer></answer>", False, ()),  # nested answer
+        ("<answer>Up</answer><think>x</think>", False, ()),  # wrong order
+        ("", False, ()),
+    ],
+)
+def test_edge_cases_small_models_produce(reply, format_ok, actions):
+    parsed = parse_reply(reply)
+    assert (parsed.format_ok, parsed.actions) == (format_ok, actions)
+
+
+def test_thinking_off_requires_only_the_answer():
+    assert parse_reply("<answer>Up || Left</answer>", enable_thinking=False).actions == ("Up", "Left")
+    assert parse_reply("<think>t</think><answer>Up</answer>", enable_thinking=False).thinking == "t"
+    assert not parse_reply("Up", enable_thinking=False).format_ok
+
+
+def test_actions_are_capped_and_the_rest_counted():
+    parsed = parse_reply("<think></think><answer>1||2||3||4||5||6||7</answer>", max_actions_per_turn=5)
+    assert parsed.actions == ("1", "2", "3", "4", "5") and parsed.num_dropped == 2
+
+
+def test_custom_separator():
+    assert parse_reply("<think></think><answer>Up, Left</answer>", separator=",").actions == ("Up", "Left")
+
+
+# ---- fuzzing --------------------------------------------------------------------------------------------------
+_alphabet = st.sampled_from(list("<>/|thinkanswerTHINKANSWER UpDownLeftRight\n\t√_#xyz0123456789,.!?"))
+_noise = st.text(alphabet=_alphabet, max_size=80) | st.text(max_size=80)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=_noise, thinking=st.booleans(), cap=st.integers(-2, 8))
+def test_parser_never_raises_and_respects_the_cap(text, thinking, cap):
+    parsed = parse_reply(text, enable_thinking=thinking, max_actions_per_turn=cap)
+    assert isinstance(parsed, ParsedReply)
+    assert len(parsed.actions) <= max(cap, 0)
+    assert all(a == a.strip() and a for a in parsed.actions)
+    if not parsed.format_ok:
+        assert parsed.actions == ()
+
+
+_word = st.text(alphabet=st.characters(blacklist_characters="<>|", blacklist_categories=("Cs",)), min_size=1,
+                max_size=12).filter(lambda w: w.strip())
+
+
+@settings(max_examples=300, deadline=None)
+@given(thought=st.text(alphabet=st.characters(blacklist_characters="<>", blacklist_categories=("Cs",)), max_size=40),
+       words=st.lists(_word, min_size=1, max_size=5))
+def test_well_formed_replies_round_trip(thought, words):
+    reply = f"<think>{thought}</think><answer>{' || '.join(words)}</answer>"
+    parsed = parse_reply(reply)
+    assert parsed.format_ok and parsed.actions == tuple(w.strip() for w in words) and parsed.thinking == thought
+
+
+# ---- executing a turn -----------------------------------------------------------------------------------------
+LEVEL = """\
+######
+#P_XO#
+#____#
+#____#
+#____#
+######"""
+
+
+def _sokoban():
+    env = gym.make("rllib_ragen/Sokoban-v0")
+    env.reset(seed=0, options={"level": SokobanLevel.from_text(LEVEL)})
+    return env
+
+
+def test_valid_turn_sums_rewards_without_penalty():
+    result = execute_turn(_sokoban(), parse_reply("<think></think><answer>Right || Down</answer>"), actions_left=10)
+    assert result.executed == ["Right", "Down"] and not result.format_error
+    assert result.reward == pytest.approx(-0.2) and result.num_effective == 2
+
+
+def test_invalid_piece_is_skipped_and_penalised():
+    reply = parse_reply("<think></think><answer>Right || jump || down</answer>")
+    result = execute_turn(_sokoban(), reply, actions_left=10, format_penalty=-0.1)
+    assert result.executed == ["Right", "Down"] and result.num_invalid == 1 and result.format_error
+    assert result.reward == pytest.approx(-0.3) and result.env_reward == pytest.approx(-0.2)
+
+
+@pytest.mark.parametrize("reply", ["garbage", "<think></think><answer></answer>", "<think></think><answer>fly</answer>"])
+def test_turn_without_valid_action_costs_the_penalty_only(reply):
+    env = _sokoban()
+    before = env.unwrapped.observation
+    result = execute_turn(env, parse_reply(reply), actions_left=10, format_penalty=-0.1)
+    assert result.executed == [] and result.format_error and result.reward == pytest.approx(-0.1)
+    assert result.observation == before and not result.terminated
+
+
+def test_budget_and_episode_end_stop_the_turn():
+    env = _sokoban()
+    result = execute_turn(env, parse_reply("<think></think><answer>Down||Down||Down</answer>"), actions_left=2)
+    assert result.executed == ["Down", "Down"]
+    # The second Right pushes the box onto the target and ends the episode; the rest does not run.
+    env = _sokoban()
+    result = execute_turn(env, parse_reply("<think></think><answer>Right||Right||Down||Left</answer>"),
+                          actions_left=10)
+    assert result.executed == ["Right", "Right"] and result.terminated and result.success
+    assert result.reward == pytest.approx(-0.1 + 10.9)
