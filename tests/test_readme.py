@@ -38,3 +38,13 @@ def test_environment_and_protocol_examples_run():
         exec(compile(protocol_block, "README protocol", "exec"), namespace)
     # "Left || Up" is well-formed and both are Sokoban actions: no penalty, Left runs first.
     assert namespace["turn"].format_error is False and namespace["turn"].executed[0] == "Left"
+
+
+def test_rollout_example_runs():
+    text = README.read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "RolloutEngine(config" in b)
+    namespace = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(block, "README rollout", "exec"), namespace)
+    t = namespace["t"]
+    assert len(namespace["trajectories"]) == 8 and sum(t.response_mask) > 0 and len(t.turn_rewards) == t.num_turns

@@ -1,0 +1,150 @@
+"""Rollout throughput: the engine against a naive multi-turn loop, same model, seeds and token budget.
+
+The naive baseline does what the reference does: each turn it re-renders every conversation with the chat
+template and re-tokenizes the whole history, generates with Hugging Face ``model.generate`` (the whole history
+prefilled again), then steps the environments one by one. Besides
+being slower it is not token-exact (earlier replies are re-encoded). The engine appends sampled ids and
+observation tokens only.
+
+    python benchmarks/rollout.py [--model tiny] [--groups 8] [--group-size 4] [--max-new-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import gymnasium as gym
+import torch
+
+import rllib_ragen  # noqa: F401
+from rllib_ragen.rollout.backends import Generation, HFBackend, SamplingParams, ScriptedBackend
+from rllib_ragen.rollout.context import DEFAULT_SYSTEM_PROMPT, turn_message
+from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.models import load_policy
+from rllib_ragen.rollout.protocol import execute_turn, parse_reply
+from rllib_ragen.rollout.scripted import sokoban_solver_policy
+
+
+class GenerateBackend:
+    """The baseline's generator: Hugging Face ``model.generate`` on left-padded prompts, no cache across turns."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    @torch.no_grad()
+    def generate(self, prompts, params, seed=None):
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):], mask[row, width - len(prompt):] = torch.tensor(prompt), 1
+        torch.manual_seed(seed or 0)
+        out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=params.temperature,
+                                  top_k=0, top_p=1.0, max_new_tokens=params.max_new_tokens, pad_token_id=pad,
+                                  eos_token_id=eos, stop_strings=list(params.stop_strings), tokenizer=self.tokenizer)
+        replies = []
+        for row in out[:, width:].tolist():
+            end = next((j + 1 for j, t in enumerate(row) if t == eos), len(row))
+            while end > 1 and row[end - 1] == pad:
+                end -= 1
+            replies.append(Generation(row[:end], [0.0] * end))
+        return replies
+
+
+def naive_rollout(config: RolloutConfig, backend, tokenizer, seeds, group_size, params, sample_seed):
+    """Re-render and re-tokenize each conversation every turn; step environments one at a time."""
+    envs, chats, budgets, done = [], [], [], []
+    for seed in seeds:
+        for _ in range(group_size):
+            env = gym.make(config.env, **config.env_config)
+            obs, _ = env.reset(seed=seed)
+            first = env.unwrapped.describe() + "\n" + turn_message(obs, turn=1, actions_left=config.max_actions_per_episode)
+            envs.append(env)
+            chats.append([{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": first}])
+            budgets.append(config.max_actions_per_episode)
+            done.append(False)
+    generated_tokens, t_generate, env_steps = 0, 0.0, 0
+    for turn in range(1, config.max_turns + 1):
+        active = [i for i in range(len(envs)) if not done[i]]
+        if not active:
+            break
+        prompts = [tokenizer.apply_chat_template(chats[i], tokenize=True, add_generation_prompt=True) for i in active]
+        prompts = [p["input_ids"] if isinstance(p, dict) or hasattr(p, "keys") else p for p in prompts]
+        t0 = time.perf_counter()
+        generations = backend.generate(prompts, params, sample_seed * 1000 + turn)
+        t_generate += time.perf_counter() - t0
+        for i, generation in zip(active, generations):
+            generated_tokens += len(generation.token_ids)
+            reply = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+            result = execute_turn(envs[i], parse_reply(reply, max_actions_per_turn=config.max_actions_per_turn),
+                                  actions_left=budgets[i], format_penalty=config.format_penalty)
+            env_steps += len(result.executed)
+            budgets[i] -= len(result.executed)
+            done[i] = result.terminated or result.truncated or budgets[i] <= 0 or turn >= config.max_turns
+            chats[i] += [{"role": "assistant", "content": reply},
+                         {"role": "user", "content": turn_message(result.observation, turn=turn + 1,
+                                                                  actions_left=budgets[i], reward=result.reward)}]
+    return generated_tokens, env_steps, t_generate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2-135m, or a Hugging Face id/path")
+    parser.add_argument("--env", default="rllib_ragen/Sokoban-v0")
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-turns", type=int, default=5)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each; the best is reported")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    model, tokenizer = load_policy(args.model)
+    config = RolloutConfig(env=args.env, max_turns=args.max_turns)
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
+    seeds = list(range(args.groups))
+    print(f"model={args.model} env={args.env} {args.groups}x{args.group_size} envs, {args.max_turns} turns, "
+          f"{args.max_new_tokens} new tokens/turn, best of {args.repeats}")
+    # The engine keeps the KV cache across turns; the naive loop re-reads the whole history every turn with
+    # Hugging Face's own generate.
+    compare("sampling from the model", config, params, seeds, args,
+            engine_backend=HFBackend(model, tokenizer), naive_backend=GenerateBackend(model, tokenizer),
+            tokenizer=tokenizer)
+    # No model: what is left is each loop's own cost (contexts, parsing, env stepping).
+    scripted = ScriptedBackend(sokoban_solver_policy(config.max_actions_per_turn), tokenizer)
+    compare("scripted solver policy, no model", config, params, seeds, args, engine_backend=scripted,
+            naive_backend=scripted, tokenizer=tokenizer)
+
+
+def compare(title, config, params, seeds, args, engine_backend, naive_backend, tokenizer) -> None:
+    engine = RolloutEngine(config, engine_backend, tokenizer)
+    best = {"engine": None, "naive": None}
+    for repeat in range(args.repeats):
+        start = time.perf_counter()
+        trajectories, metrics = engine.rollout(seeds, args.group_size, params, sample_seed=repeat)
+        wall = time.perf_counter() - start
+        tokens = sum(sum(t.response_mask) for t in trajectories)
+        steps = sum(t.num_actions for t in trajectories)
+        run = (tokens / wall, steps / wall, 1 - metrics["time/generate_s"] / wall, wall)
+        best["engine"] = max(best["engine"] or run, run)
+
+        start = time.perf_counter()
+        tokens, steps, t_generate = naive_rollout(config, naive_backend, tokenizer, seeds, args.group_size, params,
+                                                  repeat)
+        wall = time.perf_counter() - start
+        run = (tokens / wall, steps / wall, 1 - t_generate / wall, wall)
+        best["naive"] = max(best["naive"] or run, run)
+
+    print(f"\n{title}")
+    print(f"{'':8s} {'gen tok/s':>10s} {'env steps/s':>12s} {'time outside generate':>22s} {'wall s':>8s}")
+    for name, (tok_s, step_s, outside, wall) in best.items():
+        print(f"{name:8s} {tok_s:10.1f} {step_s:12.1f} {outside:21.1%} {wall:8.3f}")
+    print(f"engine / naive: {best['engine'][0] / best['naive'][0]:.2f}x tokens/s, "
+          f"{best['engine'][1] / max(best['naive'][1], 1e-9):.2f}x env steps/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Inference backends: token ids in, sampled token ids and their log-probs out.
+
+The interface is deliberately small so that a vLLM engine can implement it too:
+``generate(prompts, params, seed) -> list[Generation]`` and ``load_weights(state_dict)``.
+
+Log-probs are ``log_softmax(raw_logits / temperature)`` of the sampled token, the quantity the learner
+recomputes. Top-p/top-k truncation changes what is sampled but not this formula, so leave them off (the
+defaults) when the ratio at the first update must be exactly 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one turn's reply.
+
+    Attributes:
+        temperature: softmax temperature; 0 means greedy (log-probs are then taken at temperature 1).
+        top_p, top_k: nucleus / top-k truncation (1.0 and 0 switch them off).
+        max_new_tokens: reply length limit; a reply cut by it usually fails the format.
+        stop_strings: generation of a reply ends once its text contains one of these.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 400
+    stop_strings: tuple[str, ...] = ("</answer>",)
+
+
+@dataclass
+class Generation:
+    """One sampled reply: its token ids (end-of-turn token included when sampled) and their log-probs."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+class InferenceBackend(Protocol):
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seed: int | None = None) -> list[Generation]: ...
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
+
+
+class _PrefixCache:
+    """KV cache of the last batch: each row's cached token ids, the cache tensors and the attention mask.
+
+    The mask has holes (zeros) wherever a row was padded, before its prompt or after it stopped generating;
+    position ids count only a row's real tokens, so every row sees exactly what a fresh, unpadded forward pass
+    over its tokens would see.
+    """
+
+    def __init__(self, rows: list[list[int]], cache, mask: torch.Tensor):
+        self.rows, self.cache, self.mask = rows, cache, mask
+
+    def match(self, prompts: Sequence[Sequence[int]]) -> list[int] | None:
+        """Row index whose cached ids are a prefix of each prompt (distinct rows), or None if any has none."""
+        by_length: dict[int, dict[tuple, int]] = {}
+        for i, row in enumerate(self.rows):
+            by_length.setdefault(len(row), {})[tuple(row)] = i
+        picked = []
+        for prompt in prompts:
+            hit = next((table[tuple(prompt[:n])] for n, table in by_length.items()
+                        if n <= len(prompt) and tuple(prompt[:n]) in table), None)
+            if hit is None or hit in picked:
+                return None
+            picked.append(hit)
+        return picked
+
+
+class HFBackend:
+    """Batched KV-cached sampling with any Hugging Face causal LM, in the calling process (CPU or GPU).
+
+    Prompts are left-padded into one batch. Between calls the KV cache is kept: when every prompt of a call
+    extends a sequence of the previous call (the next turn of the same conversations), only the new tokens are
+    fed to the model instead of re-reading the whole history (prefix caching). ``load_weights`` drops the cache.
+
+    Args:
+        model: a causal LM in eval mode.
+        tokenizer: its tokenizer (pad and eos tokens set).
+        max_batch_size: prompts per batch; larger calls are split (each split keeps its own cache).
+        prefix_cache: reuse the KV cache across calls.
+    """
+
+    def __init__(self, model, tokenizer, max_batch_size: int = 128, prefix_cache: bool = True):
+        self.model, self.tokenizer, self.max_batch_size = model, tokenizer, max_batch_size
+        self.prefix_cache = prefix_cache
+        self.device = next(model.parameters()).device
+        self._caches: dict[int, _PrefixCache] = {}
+        self._token_texts: dict[int, str] = {}
+        self.stats = {"prompt_tokens": 0, "prefilled_tokens": 0}
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state_dict)
+        self._caches.clear()  # cached keys/values belong to the old weights
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seed: int | None = None) -> list[Generation]:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ())))
+        out: list[Generation] = []
+        for chunk, start in enumerate(range(0, len(prompts), self.max_batch_size)):
+            out += self._generate_batch(chunk, [list(p) for p in prompts[start:start + self.max_batch_size]],
+                                        params, generator)
+        return out
+
+    def _token_text(self, token: int) -> str:
+        """Decoded text of one token, memoised: the stop-string check needs it for every sampled token."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.tokenizer.decode([token])
+        return text
+
+    def _forward(self, ids: list[list[int]], cache, mask: torch.Tensor | None):
+        """Feed each row its new ids, left-padded to a common width (an empty row becomes a hole).
+
+        Returns the logits at the last position (batch, vocab), the cache and the grown attention mask.
+        """
+        pad = self.tokenizer.pad_token_id
+        width = max(len(r) for r in ids)
+        if width == 1:  # a decode step: one token or a hole per row
+            new_ids = torch.tensor([[r[0] if r else pad] for r in ids])
+            new_mask = torch.tensor([[1 if r else 0] for r in ids])
+        else:
+            new_ids = torch.full((len(ids), width), pad, dtype=torch.long)
+            new_mask = torch.zeros((len(ids), width), dtype=torch.long)
+            for row, tokens in enumerate(ids):
+                if tokens:
+                    new_ids[row, width - len(tokens):] = torch.tensor(tokens)
+                    new_mask[row, width - len(tokens):] = 1
+        new_mask = new_mask.to(self.device)
+        seen = mask.sum(-1, keepdim=True) if mask is not None else 0
+        position_ids = (seen + new_mask.cumsum(-1) - 1).clamp(min=0)
+        mask = new_mask if mask is None else torch.cat([mask, new_mask], dim=1)
+        output = self.model(input_ids=new_ids.to(self.device), attention_mask=mask, position_ids=position_ids,
+                            past_key_values=cache, use_cache=True)
+        return output.logits[:, -1].float(), output.past_key_values, mask
+
+    def _generate_batch(self, chunk: int, prompts: list[list[int]], params: SamplingParams,
+                        generator: torch.Generator) -> list[Generation]:
+        from transformers import DynamicCache
+
+        previous = self._caches.pop(chunk, None) if self.prefix_cache else None
+        rows = previous.match(prompts) if previous is not None else None
+        if rows is None:
+            cache, mask, new = DynamicCache(config=self.model.config), None, prompts
+        else:
+            index = torch.tensor(rows, device=self.device)
+            previous.cache.batch_select_indices(index)
+            cache, mask = previous.cache, previous.mask[index]
+            new = [p[len(previous.rows[r]):] for p, r in zip(prompts, rows)]
+        self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.stats["prefilled_tokens"] += sum(len(n) for n in new)
+        logits, cache, mask = self._forward(new, cache, mask)
+
+        eos, batch = self.tokenizer.eos_token_id, len(prompts)
+        replies: list[list[int]] = [[] for _ in range(batch)]
+        logprobs: list[list[float]] = [[] for _ in range(batch)]
+        texts, running = [""] * batch, [True] * batch
+        for step in range(params.max_new_tokens):
+            tokens, token_logprobs = _sample(logits, params, generator)
+            feed = []
+            for row in range(batch):
+                if not running[row]:
+                    feed.append([])
+                    continue
+                token = int(tokens[row])
+                replies[row].append(token)
+                logprobs[row].append(float(token_logprobs[row]))
+                texts[row] = (texts[row] + self._token_text(token))[-64:]
+                if token == eos or any(s in texts[row] for s in params.stop_strings):
+                    running[row] = False  # its last token is never fed, like a row cut by max_new_tokens
+                feed.append([token] if running[row] else [])
+            if not any(running) or step == params.max_new_tokens - 1:
+                break
+            # A row that stopped is fed nothing: _forward gives it a hole (mask 0), keeping the batch rectangular.
+            logits, cache, mask = self._forward(feed, cache, mask)
+        if self.prefix_cache:
+            # The cache now holds each prompt plus its reply minus the last sampled token (never fed back).
+            cached_rows = [p + r[:-1] if r else p for p, r in zip(prompts, replies)]
+            self._caches[chunk] = _PrefixCache(cached_rows, cache, mask)
+        return [Generation(r, lp) for r, lp in zip(replies, logprobs)]
+
+
+def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
+    """Sample one token per row from (batch, vocab) raw logits.
+
+    Returns the tokens and log_softmax(logits / T) at them (T = 1 when greedy): top-k/top-p shape what is
+    sampled, never the recorded log-prob, so it equals what the learner recomputes from the same logits.
+    """
+    if params.temperature <= 0:
+        tokens = logits.argmax(-1)
+        return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    logprobs = torch.log_softmax(logits / params.temperature, -1)
+    if not params.top_k and params.top_p >= 1.0:
+        tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+        return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+    filtered = logprobs.clone()
+    if params.top_k and params.top_k < filtered.shape[-1]:
+        kth = filtered.topk(params.top_k, dim=-1).values[:, -1:]
+        filtered[filtered < kth] = float("-inf")
+    if params.top_p < 1.0:
+        ordered, order = filtered.sort(dim=-1, descending=True)
+        drop = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1) > params.top_p
+        filtered.scatter_(-1, order, ordered.masked_fill(drop, float("-inf")))
+    tokens = torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class ScriptedBackend:
+    """Plays a Python policy through the same interface, for tests and demonstrations.
+
+    Args:
+        policy: maps the decoded prompt (the whole conversation so far) to a reply text.
+        tokenizer: encodes the reply; its eos token is appended, as a model would sample it.
+    """
+
+    def __init__(self, policy: Callable[[str], str], tokenizer):
+        self.policy, self.tokenizer = policy, tokenizer
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """A scripted policy has no weights; accepting them keeps training loops backend-agnostic."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seed: int | None = None) -> list[Generation]:
+        out = []
+        for prompt in prompts:
+            reply = self.policy(self.tokenizer.decode(prompt))
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"][:params.max_new_tokens - 1]
+            ids.append(self.tokenizer.eos_token_id)
+            out.append(Generation(ids, [0.0] * len(ids)))
+        return out

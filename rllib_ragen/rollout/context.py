@@ -1,0 +1,123 @@
+"""Token-level context: the messages an agent sees and the exact token ids they become.
+
+A trajectory's token ids are built once and only ever appended to: the first prompt is rendered with the
+tokenizer's chat template, each reply is appended as the *sampled* ids, and each new observation is appended as
+the tokenization of the text the chat template would add for it. Earlier turns are never decoded and
+re-encoded, so the learner scores exactly the ids the policy sampled.
+
+The per-turn text comes from diffing small renders of the template. That is only right when the template
+renders a conversation append-only; :class:`ChatFormat` checks this at start-up with a multi-turn conversation
+and refuses templates that rewrite earlier turns (for example ones that strip earlier ``<think>`` blocks).
+"""
+
+from __future__ import annotations
+
+DEFAULT_SYSTEM_PROMPT = "You are an agent playing a text game. Think step by step, then answer with your actions."
+_REPLY = "@@REPLY@@"
+_USER = "@@USER@@"
+
+
+def format_hint(enable_thinking: bool, max_actions_per_turn: int) -> str:
+    """The one-line reminder of the answer format that ends every observation message."""
+    template = "<think>your reasoning</think><answer>action || action</answer>" if enable_thinking else (
+        "<answer>action || action</answer>")
+    return f"Reply exactly as {template} with at most {max_actions_per_turn} actions."
+
+
+def turn_message(observation: str, *, turn: int, actions_left: int, reward: float | None = None,
+                 enable_thinking: bool = True, max_actions_per_turn: int = 5) -> str:
+    """The user message of one turn: last reward (after the first turn), state, action budget and format."""
+    reward_line = "" if reward is None else f"Reward: {reward:g}\n"
+    return (f"{reward_line}Turn {turn}. State:\n{observation}\nYou have {actions_left} actions left. "
+            f"{format_hint(enable_thinking, max_actions_per_turn)}")
+
+
+class TemplateError(ValueError):
+    """The tokenizer's chat template cannot be used append-only."""
+
+
+class ChatFormat:
+    """Turns messages into token ids append-only, using the tokenizer's own chat template.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        system_prompt: the system message opening every conversation (None for templates without one).
+
+    Raises:
+        TemplateError: the template is missing or not append-only; the message says which check failed.
+    """
+
+    def __init__(self, tokenizer, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT):
+        if not getattr(tokenizer, "chat_template", None):
+            raise TemplateError(f"{type(tokenizer).__name__} has no chat_template; set tokenizer.chat_template.")
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        base = self._messages(_USER)
+        prompt = self._render(base, generation_prompt=True)
+        with_reply = self._render(base + [{"role": "assistant", "content": _REPLY}], generation_prompt=False)
+        if not with_reply.startswith(prompt + _REPLY):
+            raise TemplateError("The chat template does not place a reply right after the generation prompt, so "
+                                "sampled tokens cannot be appended as they are.")
+        # After a reply: `close` ends the assistant turn; `user_prefix` + message + `user_suffix` opens the next
+        # user turn and the generation prompt.
+        self.close = with_reply[len(prompt + _REPLY):]
+        after = self._render(base + [{"role": "assistant", "content": _REPLY}, {"role": "user", "content": _USER}],
+                             generation_prompt=True)
+        if not after.startswith(with_reply):
+            raise TemplateError("Adding a user turn changes the rendering of the turns before it.")
+        self.user_prefix, _, self.user_suffix = after[len(with_reply):].partition(_USER)
+        self.eos_token_id = tokenizer.eos_token_id
+        self._eos_text = tokenizer.eos_token or ""
+        self._check_append_only()
+
+    # ---- rendering --------------------------------------------------------------------------------------
+    def _messages(self, first_user: str) -> list[dict]:
+        system = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
+        return system + [{"role": "user", "content": first_user}]
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # ---- the three pieces of a trajectory ---------------------------------------------------------------
+    def prompt_text(self, first_user: str) -> str:
+        return self._render(self._messages(first_user), generation_prompt=True)
+
+    def prompt_ids(self, first_user: str) -> list[int]:
+        """System and first user message, ending with the generation prompt."""
+        return self.encode(self.prompt_text(first_user))
+
+    def reply_end_text(self, reply_ids: list[int]) -> str:
+        """Template text that must follow a reply to close the assistant turn.
+
+        When the policy already sampled its end-of-turn token, only what the template puts after it remains.
+        """
+        if reply_ids and reply_ids[-1] == self.eos_token_id and self.close.startswith(self._eos_text):
+            return self.close[len(self._eos_text):]
+        return self.close
+
+    def next_turn_text(self, reply_ids: list[int], user_message: str) -> str:
+        """Everything between a reply and the next reply: close the turn, the user message, generation prompt."""
+        return self.reply_end_text(reply_ids) + self.user_prefix + user_message + self.user_suffix
+
+    # ---- start-up check ---------------------------------------------------------------------------------
+    def _check_append_only(self) -> None:
+        users = ["Turn 1. State:\nP_O", "Reward: -0.1\nTurn 2. State:\n_PO", "Reward: 10\nTurn 3. State:\n__S"]
+        replies = ["<think>Move right twice.</think><answer>Right || Right</answer>",
+                   "<think>One more.</think><answer>Right</answer>"]
+        messages = self._messages(users[0])
+        incremental = self.prompt_text(users[0])
+        for reply, user in zip(replies, users[1:]):
+            incremental += reply + self.next_turn_text([], user)
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": user}]
+        full = self._render(messages, generation_prompt=True)
+        if full != incremental:
+            cut = next((i for i, (a, b) in enumerate(zip(full, incremental)) if a != b), min(len(full), len(incremental)))
+            raise TemplateError(
+                "The chat template does not render multi-turn conversations append-only (it rewrites earlier turns, "
+                f"e.g. strips <think> blocks); first difference at character {cut}: {full[cut:cut + 60]!r} vs "
+                f"{incremental[cut:cut + 60]!r}. Use a template that keeps earlier turns verbatim "
+                "(set tokenizer.chat_template)."
+            )

@@ -1,0 +1,276 @@
+"""The multi-turn rollout engine: P groups x N environments played in lockstep by one inference backend.
+
+Every turn, the contexts of all unfinished environments go to the backend in one batch; each reply is parsed,
+executed, and its sampled ids appended to that environment's context, followed by the next observation's ids.
+The result is one :class:`Trajectory` per environment, exact to the token, plus metrics per environment name.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..envs import make_text_env
+from .backends import InferenceBackend, SamplingParams
+from .context import DEFAULT_SYSTEM_PROMPT, ChatFormat, turn_message
+from .protocol import DEFAULT_FORMAT_PENALTY, execute_turn, parse_reply
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """What an episode is allowed to do; the reference's agent-loop defaults.
+
+    Attributes:
+        env: a registered text-env id (or TextEnv subclass); env_config: its constructor arguments.
+        max_turns: replies per episode.
+        max_actions_per_turn: actions kept from one reply.
+        max_actions_per_episode: actions executed per episode, over all turns.
+        format_penalty: added to a turn's reward when its reply breaks the protocol.
+        enable_thinking: require ``<think>`` before ``<answer>``.
+        max_context_tokens: a trajectory whose next prompt would be longer ends there (counted as truncated).
+        system_prompt: opens every conversation.
+    """
+
+    env: Any = "rllib_ragen/Sokoban-v0"
+    env_config: dict = field(default_factory=dict)
+    max_turns: int = 5
+    max_actions_per_turn: int = 5
+    max_actions_per_episode: int = 10
+    format_penalty: float = DEFAULT_FORMAT_PENALTY
+    enable_thinking: bool = True
+    max_context_tokens: int = 4096
+    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+
+
+@dataclass
+class Trajectory:
+    """One episode, as the learner needs it.
+
+    Attributes:
+        token_ids: the whole conversation (prompt, replies, observations), length T.
+        response_mask: (T,) 1 exactly on tokens the policy sampled (end-of-turn token included), else 0.
+        behaviour_logprobs: (T,) log-prob of each sampled token under the rollout policy, 0 elsewhere.
+        turn_spans: per turn, [start, end) of its reply in ``token_ids``.
+        turn_rewards: per turn, the env rewards plus any format penalty.
+        group: index of the group (initial state) within the rollout; seed: that state's reset seed.
+    """
+
+    env_name: str
+    group: int
+    seed: int
+    token_ids: list[int]
+    response_mask: list[int]
+    behaviour_logprobs: list[float]
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    success: bool = False
+    num_actions: int = 0
+    num_valid: int = 0
+    num_invalid: int = 0
+    num_effective: int = 0
+    format_errors: int = 0
+    truncated: bool = False
+    text: str = ""
+
+    @property
+    def total_return(self) -> float:
+        return float(sum(self.turn_rewards))
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_spans)
+
+
+class SeedSchedule:
+    """Initial-state seeds: training seeds never repeat, validation seeds are a fixed set.
+
+    Args:
+        train_start: first training seed; each training rollout takes the next ``num_groups`` seeds.
+        validation_start: first validation seed (the reference uses 123...).
+    """
+
+    def __init__(self, train_start: int = 10_000, validation_start: int = 123):
+        self.next_train, self.validation_start = train_start, validation_start
+
+    def train(self, num_groups: int) -> list[int]:
+        seeds = list(range(self.next_train, self.next_train + num_groups))
+        self.next_train += num_groups
+        return seeds
+
+    def validation(self, size: int) -> list[int]:
+        return list(range(self.validation_start, self.validation_start + size))
+
+    def get_state(self) -> dict:
+        return {"next_train": self.next_train}
+
+    def set_state(self, state: dict) -> None:
+        self.next_train = state["next_train"]
+
+
+class _Episode:
+    """Mutable per-environment state while a rollout runs."""
+
+    def __init__(self, env, trajectory: Trajectory, prompt_ids: list[int]):
+        self.env, self.trajectory = env, trajectory
+        trajectory.token_ids.extend(prompt_ids)
+        trajectory.response_mask.extend([0] * len(prompt_ids))
+        trajectory.behaviour_logprobs.extend([0.0] * len(prompt_ids))
+        self.actions_left = 0
+        self.done = False
+        self.failed = False  # the environment raised; the trajectory is dropped
+
+    def append(self, ids: list[int], logprobs: list[float] | None = None) -> None:
+        t = self.trajectory
+        t.token_ids.extend(ids)
+        t.response_mask.extend([1 if logprobs is not None else 0] * len(ids))
+        t.behaviour_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+
+class RolloutEngine:
+    """Plays groups of environments with a backend and returns token-exact trajectories.
+
+    Args:
+        config: the agent loop's limits and the environment.
+        backend: any :class:`InferenceBackend`.
+        tokenizer: the policy's tokenizer (its chat template is checked append-only here).
+    """
+
+    def __init__(self, config: RolloutConfig, backend: InferenceBackend, tokenizer):
+        self.config, self.backend, self.tokenizer = config, backend, tokenizer
+        self.chat = ChatFormat(tokenizer, config.system_prompt)
+        self.seeds = SeedSchedule()
+        self._envs: list = []
+
+    def _env_pool(self, size: int) -> list:
+        while len(self._envs) < size:
+            self._envs.append(make_text_env(self.config.env, **self.config.env_config))
+        return self._envs[:size]
+
+    def _user_message(self, observation: str, turn: int, actions_left: int, reward: float | None) -> str:
+        c = self.config
+        return turn_message(observation, turn=turn, actions_left=actions_left, reward=reward,
+                            enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn)
+
+    def rollout(self, seeds: Sequence[int], group_size: int, sampling: SamplingParams,
+                sample_seed: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
+        """Play ``len(seeds)`` groups of ``group_size`` environments; group g starts every env from ``seeds[g]``.
+
+        Args:
+            seeds: one reset seed per group.
+            group_size: environments per group (N rollouts of the same initial state).
+            sampling: sampling parameters for every turn.
+            sample_seed: seeds the backend's sampling; with the same seeds the rollout repeats exactly.
+
+        Returns:
+            The trajectories (those whose environment raised are dropped) and metrics.
+        """
+        c = self.config
+        t_start, t_generate, env_errors = time.perf_counter(), 0.0, 0
+        episodes: list[_Episode] = []
+        for (group, seed), env in zip(((g, s) for g, s in enumerate(seeds) for _ in range(group_size)),
+                                      self._env_pool(len(seeds) * group_size)):
+            try:
+                observation, _ = env.reset(seed=int(seed))
+                text_env = env.unwrapped
+                first = text_env.describe() + "\n" + self._user_message(observation, 1, c.max_actions_per_episode, None)
+                env_name = getattr(env.spec, "id", None) or type(text_env).__name__
+            except Exception:  # an environment's bug must not take the whole rollout down
+                logger.exception("env reset failed for seed %s; dropping that trajectory", seed)
+                env_errors += 1
+                continue
+            trajectory = Trajectory(env_name, group, int(seed), [], [], [])
+            episode = _Episode(env, trajectory, self.chat.prompt_ids(first))
+            episode.actions_left = c.max_actions_per_episode
+            episodes.append(episode)
+
+        for turn in range(1, c.max_turns + 1):
+            active = [e for e in episodes if not e.done]
+            if not active:
+                break
+            t0 = time.perf_counter()
+            generations = self.backend.generate([e.trajectory.token_ids for e in active], sampling,
+                                                None if sample_seed is None else sample_seed * 1000 + turn)
+            t_generate += time.perf_counter() - t0
+            for episode, generation in zip(active, generations):
+                env_errors += self._play_turn(episode, generation, turn)
+        trajectories = [e.trajectory for e in episodes if not e.failed]
+        for t in trajectories:
+            t.text = self.tokenizer.decode(t.token_ids)
+        metrics = rollout_metrics(trajectories, group_size)
+        metrics.update({"rollout/env_errors": float(env_errors),
+                        "time/rollout_s": time.perf_counter() - t_start, "time/generate_s": t_generate})
+        return trajectories, metrics
+
+    def _play_turn(self, episode: _Episode, generation, turn: int) -> int:
+        """Execute one reply; returns 1 if the environment raised (the episode is then dropped)."""
+        c, t = self.config, episode.trajectory
+        start = len(t.token_ids)
+        episode.append(generation.token_ids, generation.logprobs)
+        t.turn_spans.append((start, len(t.token_ids)))
+        reply = parse_reply(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True),
+                            enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn)
+        try:
+            result = execute_turn(episode.env, reply, actions_left=episode.actions_left,
+                                  format_penalty=c.format_penalty)
+        except Exception:
+            logger.exception("env step failed in %s (seed %s); dropping that trajectory", t.env_name, t.seed)
+            episode.done = episode.failed = True
+            return 1
+        episode.actions_left -= len(result.executed)
+        t.turn_rewards.append(result.reward)
+        t.num_actions += len(result.executed)
+        t.num_valid += result.num_valid
+        t.num_invalid += result.num_invalid
+        t.num_effective += result.num_effective
+        t.format_errors += int(result.format_error)
+        t.success = result.success
+        episode.done = (result.terminated or result.truncated or episode.actions_left <= 0 or turn >= c.max_turns)
+        if episode.done:
+            episode.append(self.chat.encode(self.chat.reply_end_text(generation.token_ids)))
+            return 0
+        message = self._user_message(result.observation, turn + 1, episode.actions_left, result.reward)
+        continuation = self.chat.encode(self.chat.next_turn_text(generation.token_ids, message))
+        if len(t.token_ids) + len(continuation) + 1 > c.max_context_tokens:
+            # No room for the next turn: end here rather than cut the context (which would break append-only).
+            t.truncated, episode.done = True, True
+            episode.append(self.chat.encode(self.chat.reply_end_text(generation.token_ids)))
+            return 0
+        episode.append(continuation)
+        return 0
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
+    """The reference's rollout metrics, per environment name (``{env}/success``, ...) and pooled (``rollout/``)."""
+    by_env: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_env[t.env_name].append(t)
+    metrics: dict[str, float] = {}
+    for name, group in list(by_env.items()) + [("rollout", list(trajectories))]:
+        if not group:
+            continue
+        turns = max(sum(t.num_turns for t in group), 1)
+        pieces = max(sum(t.num_valid + t.num_invalid for t in group), 1)
+        groups: dict[int, list[bool]] = defaultdict(list)
+        for t in group:
+            groups[t.group].append(t.success)
+        metrics.update({
+            f"{name}/success": float(np.mean([t.success for t in group])),
+            f"{name}/pass@{group_size}": float(np.mean([any(s) for s in groups.values()])),
+            f"{name}/num_actions": float(np.mean([t.num_actions for t in group])),
+            f"{name}/num_turns": float(np.mean([t.num_turns for t in group])),
+            f"{name}/valid_action_rate": sum(t.num_valid for t in group) / pieces,
+            f"{name}/effective_action_rate": sum(t.num_effective for t in group) / max(sum(t.num_actions for t in group), 1),
+            f"{name}/format_error_rate": sum(t.format_errors for t in group) / turns,
+            f"{name}/response_tokens_per_turn": sum(sum(t.response_mask) for t in group) / turns,
+            f"{name}/return_mean": float(np.mean([t.total_return for t in group])),
+            f"{name}/truncated_rate": float(np.mean([t.truncated for t in group])),
+            f"{name}/num_trajectories": float(len(group)),
+        })
+    return metrics

