@@ -1,0 +1,150 @@
+"""StarPO losses on padded (B, T) tensors: per-token formulas, with the reduction kept separate.
+
+Each loss returns a (B, T) matrix; :func:`aggregate` turns it into a scalar by the chosen mode, so every loss
+shares one definition of "token-mean" and friends. Metrics come back as namespaced floats.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+# ---- reduction ------------------------------------------------------------------------------------------------
+def _token_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (loss * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _seq_mean_token_sum(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    present = mask.sum(-1) > 0
+    return (loss * mask).sum(-1)[present].mean() if present.any() else loss.sum() * 0
+
+
+def _seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    present = mask.sum(-1) > 0
+    per_seq = (loss * mask).sum(-1)[present] / mask.sum(-1)[present]
+    return per_seq.mean() if present.any() else loss.sum() * 0
+
+
+AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "token-mean": _token_mean,  # every token weighs the same (reference default)
+    "seq-mean-token-sum": _seq_mean_token_sum,  # every trajectory weighs its token sum: long replies count more
+    "seq-mean-token-mean": _seq_mean_token_mean,  # every trajectory weighs the same, whatever its length
+}
+
+
+def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
+    """Reduce a (B, T) per-token loss over the positions where ``mask`` (B, T) is 1.
+
+    Modes: ``token-mean`` = sum(l * m) / sum(m); ``seq-mean-token-sum`` = mean_i sum_t l_it m_it;
+    ``seq-mean-token-mean`` = mean_i (sum_t l_it m_it / sum_t m_it). Trajectories with no masked token are left
+    out of the sequence means.
+    """
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"loss aggregation {mode!r}: choose one of {sorted(AGGREGATIONS)}.")
+    return AGGREGATIONS[mode](loss, mask.to(loss.dtype))
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return _token_mean(x.detach().float(), mask.float()).item()
+
+
+# ---- policy -----------------------------------------------------------------------------------------------------
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float | None = 3.0,
+                aggregation: str = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate with asymmetric ("clip-higher") and dual clipping.
+
+    rho = exp(logp - old_logp)
+    L = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))          (arXiv 1707.06347, eqn. 7; DAPO 2503.14476)
+    for A < 0 with dual clip c:  L = min(L, -A c)                       (arXiv 1912.09729, eqn. 5)
+
+    Args:
+        logp, old_logp: (B, T) log-probs of the sampled tokens under the current / behaviour policy.
+        advantages: (B, T).
+        mask: (B, T) 1 on the policy's tokens.
+        clip_low, clip_high: eps_low and eps_high.
+        dual_clip: c > 1, or None to switch dual clipping off.
+
+    Returns:
+        The scalar loss and metrics: clip fractions (upper, lower, dual), approximate KL (k3), ratio mean.
+    """
+    log_ratio = logp - old_logp
+    ratio = torch.exp(log_ratio)
+    # k3 estimator of KL(old || new), http://joschu.net/blog/kl-approx.html: (rho - 1) - log rho >= 0.
+    approx_kl = (ratio - 1) - log_ratio
+    surrogate = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    loss = torch.maximum(surrogate, clipped)
+    dual = torch.zeros_like(loss, dtype=torch.bool)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip={dual_clip} must be > 1 (or None).")
+        bound = -advantages * dual_clip
+        dual = (advantages < 0) & (loss > bound)
+        loss = torch.where(advantages < 0, torch.minimum(loss, bound), loss)
+    metrics = {
+        "actor/pg_clipfrac_upper": masked_mean(((ratio > 1 + clip_high) & (advantages > 0)).float(), mask),
+        "actor/pg_clipfrac_lower": masked_mean(((ratio < 1 - clip_low) & (advantages < 0)).float(), mask),
+        "actor/pg_clipfrac_dual": masked_mean(dual.float(), mask),
+        "actor/approx_kl": masked_mean(approx_kl, mask),
+        "actor/ratio_mean": masked_mean(ratio, mask),
+    }
+    total = aggregate(loss, mask, aggregation)
+    metrics["actor/pg_loss"] = total.item()
+    return total, metrics
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) per position: logsumexp(z) - sum softmax(z) z. (B, T, V) -> (B, T)."""
+    logits = logits.float()
+    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+
+
+# ---- KL to a reference policy -----------------------------------------------------------------------------------
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": lambda logp, ref: logp - ref,  # unbiased, high variance, can be negative per token
+    "k2": lambda logp, ref: 0.5 * (logp - ref) ** 2,  # "mse": low variance, biased
+    "k3": lambda logp, ref: torch.exp(ref - logp) - (ref - logp) - 1,  # "low_var_kl": unbiased and >= 0
+}
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from sampled-token log-probs (B, T) -> (B, T).
+
+    Estimators from http://joschu.net/blog/kl-approx.html with r = pi_ref / pi: k1 = -log r, k2 = (log r)^2 / 2,
+    k3 = r - 1 - log r.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl estimator {estimator!r}: choose one of {sorted(KL_ESTIMATORS)}.")
+    return KL_ESTIMATORS[estimator](logp, ref_logp)
+
+
+# ---- critic -----------------------------------------------------------------------------------------------------
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
+               clip: float | None = 0.5, aggregation: str = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped value loss: 0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)  (arXiv 2005.12729 sec. 3.3).
+
+    Args:
+        values, old_values, returns, mask: (B, T).
+        clip: c, or None for the plain squared error.
+    """
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        loss, clipfrac = 0.5 * unclipped, torch.zeros_like(unclipped)
+    else:
+        clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
+        clipped = (clipped_values - returns) ** 2
+        loss, clipfrac = 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+    total = aggregate(loss, mask, aggregation)
+    return total, {"critic/vf_loss": total.item(), "critic/vf_clipfrac": masked_mean(clipfrac, mask),
+                   "critic/explained_variance": explained_variance(values, returns, mask)}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(R - V) / Var(R) over masked tokens: 1 is a perfect critic, 0 no better than a constant."""
+    m = mask.bool()
+    r, v = returns.detach().float()[m], values.detach().float()[m]
+    var = r.var(unbiased=False) if r.numel() else torch.tensor(0.0)
+    return float("nan") if var == 0 else (1 - (r - v).var(unbiased=False) / var).item()

@@ -1,0 +1,146 @@
+"""StarPO math against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from rllib_ragen.objectives import (aggregate, compute_batch_advantages, compute_gae, compute_group_advantages,
+                                    entropy_from_logits, explained_variance, kl_penalty, place_rewards, policy_loss,
+                                    select_groups, value_loss)
+
+
+def _loss_per_token(ratios, advantage, **kwargs):
+    ratios = torch.tensor([ratios])
+    out = []
+    for i in range(ratios.shape[1]):
+        mask = torch.zeros_like(ratios)
+        mask[0, i] = 1
+        loss, _ = policy_loss(torch.log(ratios), torch.zeros_like(ratios), torch.full_like(ratios, advantage), mask,
+                              **kwargs)
+        out.append(round(loss.item(), 6))
+    return out
+
+
+def test_clip_higher_is_asymmetric():
+    # A = +1: L = max(-r, -clip(r, 0.8, 1.28)). r=1.25 sits inside the higher bound: -1.25 (symmetric 0.2 gives -1.2).
+    assert _loss_per_token([0.5, 0.9, 1.25, 1.5], 1.0, clip_low=0.2, clip_high=0.28) == [-0.5, -0.9, -1.25, -1.28]
+    assert _loss_per_token([1.25], 1.0, clip_low=0.2, clip_high=0.2) == [-1.2]
+    # A = -1: L = max(r, clip(r, 0.8, 1.28)): r=0.5 -> 0.8 (clipped below), r=1.5 -> 1.5 (unbounded above).
+    assert _loss_per_token([0.5, 0.9, 1.5], -1.0, clip_low=0.2, clip_high=0.28, dual_clip=None) == [0.8, 0.9, 1.5]
+
+
+def test_dual_clip_bounds_negative_advantages():
+    # A = -1, c = 3: L = min(max(r, clip(r)), 3): r=5 -> 3, r=2 -> 2. A = +1 is untouched: r=5 -> -1.28.
+    assert _loss_per_token([2.0, 5.0], -1.0, dual_clip=3.0) == [2.0, 3.0]
+    assert _loss_per_token([5.0], 1.0, dual_clip=3.0) == [-1.28]
+    with pytest.raises(ValueError, match="dual_clip"):
+        _loss_per_token([1.0], 1.0, dual_clip=0.5)
+
+
+def test_clip_fractions_and_first_update_ratio():
+    ratios = torch.tensor([[1.5, 0.5, 1.0, 1.1]])
+    advantages = torch.tensor([[1.0, -1.0, 1.0, -1.0]])
+    mask = torch.ones_like(ratios)
+    _, m = policy_loss(torch.log(ratios), torch.zeros_like(ratios), advantages, mask)
+    assert m["actor/pg_clipfrac_upper"] == 0.25 and m["actor/pg_clipfrac_lower"] == 0.25
+    # First update: logp == old_logp -> ratio 1, KL 0, loss = -token-mean(A), gradient -A / n per token.
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    adv = torch.tensor([[2.0, -1.0, 0.5]])
+    loss, m = policy_loss(logp, logp.detach().clone(), adv, torch.ones(1, 3))
+    assert m["actor/ratio_mean"] == 1.0 and m["actor/approx_kl"] == 0.0
+    assert loss.item() == pytest.approx(-(2.0 - 1.0 + 0.5) / 3)
+    loss.backward()
+    assert torch.allclose(logp.grad, -adv / 3)
+
+
+def test_aggregation_modes():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert aggregate(loss, mask, "token-mean").item() == pytest.approx(10 / 4)  # (1+2+3+4)/4
+    assert aggregate(loss, mask, "seq-mean-token-sum").item() == pytest.approx((6 + 4) / 2)
+    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx((2 + 4) / 2)
+    with pytest.raises(ValueError, match="token-mean"):
+        aggregate(loss, mask, "sum")
+
+
+def test_gae_with_gamma_lambda_one_is_return_minus_value():
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0]])
+    rewards = torch.tensor([[0.0, -0.1, 0.0, 0.0, 0.0, 10.9, 0.0]])
+    values = torch.tensor([[1.0, 2.0, 7.0, 7.0, 3.0, 4.0, 7.0]])
+    advantages, returns = compute_gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    rewards_to_go = torch.tensor([[10.8, 10.8, 0, 0, 10.9, 10.9, 0]])
+    assert torch.allclose(advantages, (rewards_to_go - values) * mask)
+    assert torch.allclose(returns, rewards_to_go * mask)
+
+
+def test_gae_skips_observation_tokens_by_hand():
+    # mask [1, 0, 1], r = [0, 0, 1], V = [0.5, 9, 0.2], gamma 0.9, lambda 0.8:
+    # t=2: delta = 1 - 0.2 = 0.8, A = 0.8.  t=1: observation, skipped.
+    # t=0: delta = 0 + 0.9 * 0.2 - 0.5 = -0.32, A = -0.32 + 0.9 * 0.8 * 0.8 = 0.256; return = 0.756.
+    advantages, returns = compute_gae(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 9.0, 0.2]]),
+                                      torch.tensor([[1, 0, 1]]), gamma=0.9, lam=0.8)
+    assert torch.allclose(advantages, torch.tensor([[0.256, 0.0, 0.8]]))
+    assert torch.allclose(returns, torch.tensor([[0.756, 0.0, 1.0]]))
+
+
+def test_gae_ignores_what_the_mask_hides():
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 1, 0, 0]] * 3)
+    rewards = torch.randn(3, 9) * mask
+    values = torch.randn(3, 9)
+    a1, r1 = compute_gae(rewards, values, mask, gamma=0.95, lam=0.9)
+    a2, r2 = compute_gae(rewards, torch.where(mask.bool(), values, torch.randn(3, 9) * 100), mask, 0.95, 0.9)
+    assert torch.equal(a1, a2) and torch.equal(r1, r2)
+
+
+def test_group_advantages_and_zero_std_groups():
+    returns = torch.tensor([1.0, 1.0, 1.0, 0.0, 2.0, 4.0])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    # Group 0 has std 0 -> zero advantages. Group 1: mean 2, std 2 -> [-1, 0, 1]; mean-only -> [-2, 0, 2].
+    assert torch.allclose(compute_group_advantages(returns, groups), torch.tensor([0, 0, 0, -1, 0, 1.0]), atol=1e-5)
+    assert torch.allclose(compute_group_advantages(returns, groups, normalize_std=False),
+                          torch.tensor([0, 0, 0, -2, 0, 2.0]))
+    # BRPO: one group over the batch: mean 1.5.
+    brpo = compute_batch_advantages(returns, normalize_std=False)
+    assert torch.allclose(brpo, returns - 1.5)
+
+
+def test_place_rewards_trajectory_or_turn_level():
+    ends, rewards = [[2, 5], [1]], [[-0.1, 10.9], [0.5]]
+    trajectory = place_rewards(ends, rewards, (2, 7))
+    assert trajectory[0, 5].item() == pytest.approx(10.8) and trajectory[0].count_nonzero() == 1
+    per_turn = place_rewards(ends, rewards, (2, 7), per_turn=True)
+    assert per_turn[0, 2].item() == pytest.approx(-0.1) and per_turn[0, 5].item() == pytest.approx(10.9)
+    assert per_turn[1, 1].item() == 0.5
+
+
+def test_filter_keeps_the_most_uncertain_groups():
+    # Group stds (population): g0 [0, 0] -> 0, g1 [0, 1] -> 0.5, g2 [0, 10] -> 5, g3 [1, 1] -> 0.
+    returns = torch.tensor([0.0, 0.0, 0.0, 1.0, 0.0, 10.0, 1.0, 1.0])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    keep, m = select_groups(returns, groups, keep_ratio=0.25)
+    assert keep.tolist() == [False, False, False, False, True, True, False, False]
+    assert m["rollout_filter/kept_reward_std"] == 5.0 and m["rollout_filter/reward_std"] == pytest.approx(5.5 / 4)
+    keep, _ = select_groups(returns, groups, keep_ratio=0.5)
+    assert set(groups[keep].tolist()) == {1, 2}
+    keep, _ = select_groups(returns, groups, keep_ratio=0.5, mode="reversed_std")
+    assert set(groups[keep].tolist()) == {0, 3}  # equal std 0: ties go to lower ids
+    assert select_groups(returns, groups, keep_ratio=0.25, mode="none")[0].all()
+    with pytest.raises(ValueError, match="keep_ratio"):
+        select_groups(returns, groups, keep_ratio=0.0)
+
+
+def test_entropy_kl_value_loss_explained_variance():
+    assert entropy_from_logits(torch.zeros(1, 1, 8)).item() == pytest.approx(math.log(8))
+    logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    for estimator in ("k1", "k2", "k3"):
+        assert torch.all(kl_penalty(logp, logp, estimator) == 0)
+    # k3 = r - 1 - log r with log r = ref - logp = [-0.5, 1.0]: [e^-0.5 - 0.5, e - 2].
+    assert torch.allclose(kl_penalty(logp, ref, "k3"), torch.tensor([[math.exp(-0.5) - 0.5, math.e - 2]]))
+    # V = 1, V_old = 0, R = 2, clip 0.5: clipped V = 0.5 -> 0.5 * max(1, 2.25) = 1.125, clipped.
+    loss, m = value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[2.0]]), torch.ones(1, 1))
+    assert loss.item() == pytest.approx(1.125) and m["critic/vf_clipfrac"] == 1.0
+    r = torch.tensor([[1.0, 2.0, 3.0]])
+    assert explained_variance(r, r, torch.ones(1, 3)) == 1.0
+    assert explained_variance(torch.full_like(r, 2.0), r, torch.ones(1, 3)) == pytest.approx(0.0)
