@@ -24,7 +24,8 @@ class TextEnv(gym.Env[str, str]):
     Subclasses set ``action_names`` (canonical spelling, matched case-insensitively), ``legend`` (symbol ->
     meaning) and an ``instructions`` string, and implement three hooks:
 
-    - ``_reset_state()``: build the initial state from ``self.np_random`` (already seeded by ``reset``);
+    - ``_reset_state()``: build the initial state from ``self.np_random`` (already seeded by ``reset``) and
+      ``self.reset_options`` (the ``options`` dict of ``reset``);
     - ``_apply(action_index) -> (reward, terminated, effective)``: advance the state;
     - ``_render_text() -> str``: the state as text.
 
@@ -49,6 +50,7 @@ class TextEnv(gym.Env[str, str]):
         self.action_space = spaces.Text(max_length=32, charset=ACTION_CHARSET)
         self._action_lookup = {name.lower(): i for i, name in enumerate(self.action_names)}
         self._success = False
+        self.reset_options: dict = {}
 
     # ---- vocabulary -------------------------------------------------------------------------------------
     def lookup_action(self, text: str) -> int | None:
@@ -79,6 +81,7 @@ class TextEnv(gym.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         self._success = False
+        self.reset_options = options or {}  # for _reset_state, e.g. a fixed level to play
         self._reset_state()
         return self._render_text(), {"success": False}
 

@@ -122,12 +122,8 @@ class FrozenLakeTextEnv(TextEnv):
         self.lake: FrozenLakeEnv | None = None
         self.position = 0
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
-        self._fixed_map = (options or {}).get("map")
-        return super().reset(seed=seed, options=options)
-
     def _reset_state(self) -> None:
-        desc = self._fixed_map
+        desc = self.reset_options.get("map")
         if desc is None:
             desc = generate_map(self.np_random, self.size, self.p)
         elif len(desc) != self.size or any(len(row) != self.size for row in desc):

@@ -86,12 +86,8 @@ class SokobanEnv(TextEnv):
         self.boxes: set[int] = set()
         self.player = 0
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
-        self._fixed_level = (options or {}).get("level")
-        return super().reset(seed=seed, options=options)
-
     def _reset_state(self) -> None:
-        level = self._fixed_level
+        level = self.reset_options.get("level")
         if level is None:
             level = generate_level(self.np_random, self.dim, self.num_boxes, self.search_depth)
         elif level.dim != self.dim:
