@@ -67,8 +67,10 @@ class _PrefixCache:
             by_length.setdefault(len(row), {})[tuple(row)] = i
         picked = []
         for prompt in prompts:
-            hit = next((table[tuple(prompt[:n])] for n, table in by_length.items()
-                        if n <= len(prompt) and tuple(prompt[:n]) in table), None)
+            hit = None
+            for n, table in by_length.items():
+                if n <= len(prompt) and (hit := table.get(tuple(prompt[:n]))) is not None:
+                    break
             if hit is None or hit in picked:
                 return None
             picked.append(hit)
