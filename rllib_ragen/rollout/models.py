@@ -25,6 +25,9 @@ CHATML_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2's pre-tokenisation: contractions, letter runs, single digits, punctuation runs, newlines, spaces.
+QWEN2_PRETOKENIZE_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _tokenizer_corpus(seed: int) -> list[str]:
@@ -51,11 +54,17 @@ def _tokenizer_corpus(seed: int) -> list[str]:
 
 def build_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024):
     """A byte-level BPE tokenizer trained in-process on environment text, with a ChatML chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # The Qwen2 tokenizer pipeline, exactly: transformers 5 loads a saved Qwen2-config model's tokenizer as
+    # Qwen2Tokenizer, which rebuilds these three pieces; any other choice would encode differently after export.
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
