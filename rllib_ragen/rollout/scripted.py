@@ -59,3 +59,19 @@ def frozen_lake_optimal_policy(enable_thinking: bool = True):
         return _reply([move], "Best move on slippery ice.", enable_thinking)
 
     return policy
+
+
+def random_arm_policy(seed: int = 0, enable_thinking: bool = True):
+    """A bandit policy that pulls one of the arms it is shown uniformly at random: demonstrations of the format
+    with no preference between arms, so that whatever preference a model ends up with, RL taught it."""
+    import random
+
+    rng = random.Random(seed)
+    arms = re.compile(r"Arms: (.+)")
+
+    def policy(prompt: str) -> str:
+        state, _ = last_state(prompt)
+        names = [name.strip() for name in arms.search(state).group(1).split(",")]
+        return _reply([rng.choice(names)], "I pick one of the arms.", enable_thinking)
+
+    return policy
