@@ -1,0 +1,9 @@
+"""StarPO / StarPO-S as a Ray RLlib algorithm: config, algorithm, LLM RLModule, learner and text EnvRunner."""
+
+from .llm_rl_module import CausalLMRLModule
+from .starpo import PRESETS, STARPO_S_DEFAULTS, StarPO, StarPOConfig
+from .starpo_learner import StarPOTorchLearner
+from .text_env_runner import TextEnvRunner
+
+__all__ = ["CausalLMRLModule", "PRESETS", "STARPO_S_DEFAULTS", "StarPO", "StarPOConfig", "StarPOTorchLearner",
+           "TextEnvRunner"]

@@ -1,0 +1,121 @@
+"""The RLModule: a causal LM policy and, on learners only, its critic.
+
+Env runners build it ``inference_only`` (the policy alone, which their inference backend samples from); learners
+build the full module, whose ``forward_train`` returns per-token log-probs, entropies and (with a critic) values,
+aligned to the token they score: position t holds log pi(x_t | x_<t), and V(x_<t).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import gymnasium as gym
+import torch
+from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
+from ray.rllib.core.rl_module.torch import TorchRLModule
+
+from ..objectives import entropy_from_logits
+from ..rollout.models import load_policy
+
+# Text policies have no gymnasium spaces of their own; RLlib's module spec insists on some.
+PLACEHOLDER_SPACE = gym.spaces.Discrete(1)
+
+CRITIC_TYPES = ("separate", "head")
+DEFAULT_MODEL_CONFIG = {
+    "model": "tiny",  # "tiny", "smollm2-135m", or a Hugging Face id / local path
+    "dtype": "float32",  # "bfloat16" halves memory on GPU; float32 keeps rollout and learner log-probs equal
+    "seed": 0,  # initialisation seed of the tiny model (ignored by pretrained models)
+    "critic": "separate",  # "separate": a value model copied from the policy trunk (the reference); "head"
+}
+
+
+class ValueModel(torch.nn.Module):
+    """A transformer trunk with a scalar head: V(x_<=t) for every position t."""
+
+    def __init__(self, trunk: torch.nn.Module, hidden_size: int, dtype: torch.dtype):
+        super().__init__()
+        self.trunk = trunk
+        self.head = torch.nn.Linear(hidden_size, 1, dtype=dtype)
+        torch.nn.init.zeros_(self.head.weight)  # V = 0 at the start, and no RNG draw
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return self.head(hidden).squeeze(-1).float()
+
+
+class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
+    """A Hugging Face causal LM as an RLlib module.
+
+    ``model_config`` keys: ``model``, ``dtype``, ``seed``, ``critic`` (see ``DEFAULT_MODEL_CONFIG``), plus what
+    the algorithm config adds itself: ``value_function`` (build a critic) and ``temperature`` (log-probs are
+    those of ``softmax(logits / temperature)``, the distribution the rollout sampled from).
+    """
+
+    def setup(self):
+        cfg = {**DEFAULT_MODEL_CONFIG, **(self.model_config or {})}
+        if cfg["critic"] not in CRITIC_TYPES:
+            raise ValueError(f"model_config['critic']={cfg['critic']!r}: choose one of {CRITIC_TYPES}.")
+        self.temperature = float(cfg.get("temperature", 1.0))
+        self.policy, self.tokenizer = load_policy(cfg["model"], dtype=cfg["dtype"], seed=int(cfg["seed"]))
+        self.critic_type = cfg["critic"] if cfg.get("value_function") and not self.inference_only else None
+        if self.critic_type == "separate":
+            trunk = copy.deepcopy(self.policy.base_model)
+            self.critic = ValueModel(trunk, self.policy.config.hidden_size, self.policy.dtype)
+        elif self.critic_type == "head":
+            self.value_head = torch.nn.Linear(self.policy.config.hidden_size, 1, dtype=self.policy.dtype)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+
+    # ---- RLlib API ----------------------------------------------------------------------------------------------
+    def get_non_inference_attributes(self) -> list[str]:
+        return ["critic", "value_head"]
+
+    def _forward(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        """Next-token logits after each row's last real token (inference; rollouts use a backend instead)."""
+        out = self.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        last = batch["attention_mask"].sum(-1) - 1
+        return {"logits": out.logits[torch.arange(len(last)), last]}
+
+    def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
+        """Per-token ``logp``, ``entropy`` and (with a critic) ``values``, each (B, T), position 0 zero."""
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        out = self.policy(input_ids=ids, attention_mask=mask, use_cache=False,
+                          output_hidden_states=self.critic_type == "head")
+        logits = out.logits[:, :-1].float() / self.temperature
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        result = {"logp": _shift_right(logp), "entropy": _shift_right(entropy_from_logits(logits))}
+        if self.critic_type == "separate":
+            result["values"] = _shift_right(self.critic(ids, mask)[:, :-1])
+        elif self.critic_type == "head":
+            result["values"] = _shift_right(self.value_head(out.hidden_states[-1][:, :-1]).squeeze(-1).float())
+        return result
+
+    # ---- state: torch tensors, not numpy (numpy has no bfloat16) --------------------------------------------------
+    def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs):
+        state = {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}
+        if inference_only and not self.inference_only:
+            skip = tuple(f"{a}." for a in self.get_non_inference_attributes())
+            state = {k: v for k, v in state.items() if not k.startswith(skip)}
+        return state
+
+    def set_state(self, state) -> None:
+        state = {k: torch.as_tensor(v) for k, v in state.items()}
+        missing, _ = self.load_state_dict(state, strict=False)
+        if missing and self.inference_only:
+            raise ValueError(f"weights for this policy are missing keys {missing[:5]}...: is it the same model?")
+
+    def policy_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The policy's own ``state_dict`` (Hugging Face names) out of a module state."""
+        return {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
+
+    def save_pretrained(self, path) -> None:
+        """Write the policy and its tokenizer so that plain ``transformers`` loads them."""
+        self.policy.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+
+def _shift_right(x: torch.Tensor) -> torch.Tensor:
+    """(B, T-1) scores of tokens 1..T-1 -> (B, T) with a zero for token 0, which nothing predicts."""
+    return torch.nn.functional.pad(x, (1, 0))

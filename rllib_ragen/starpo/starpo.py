@@ -1,0 +1,380 @@
+"""StarPO and StarPO-S (arXiv 2504.20073) as an RLlib algorithm.
+
+One training step: P groups x N episodes from the env runners -> trajectory advantages -> the reward-variance
+rollout filter -> one learner update over the kept groups -> weights to every env runner; every
+``validation_interval`` steps, the fixed validation set is played at the validation temperature.
+
+Example::
+
+    config = (StarPOConfig()
+              .environment("rllib_ragen/Bandit-v0")
+              .rl_module(model_config={"model": "tiny"})
+              .training(num_groups=4, group_size=8, lr=1e-4))
+    algo = config.build_algo()
+    print(algo.train()["rllib_ragen/Bandit-v0/success"])
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME)
+
+from ..envs import registered_text_envs
+from ..objectives import AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS, select_groups
+from ..rollout.backends import SamplingParams
+from ..rollout.engine import RolloutConfig, SeedSchedule, Trajectory, rollout_metrics
+from ..rollout.protocol import DEFAULT_FORMAT_PENALTY
+from .batch import ADVANTAGE_ESTIMATORS, build_train_batch, trajectory_advantages
+from .llm_rl_module import DEFAULT_MODEL_CONFIG, PLACEHOLDER_SPACE, CausalLMRLModule
+
+# The knobs StarPOConfig adds to AlgorithmConfig, with the reference's StarPO-S values (REFERENCE.md).
+STARPO_S_DEFAULTS: dict[str, Any] = {
+    # rollout
+    "num_groups": 8, "group_size": 16, "max_turns": 5, "max_actions_per_turn": 5, "max_actions_per_episode": 10,
+    "temperature": 1.0, "validation_temperature": 0.5, "max_new_tokens_per_turn": 400,
+    "format_penalty": DEFAULT_FORMAT_PENALTY, "enable_thinking": True, "max_context_tokens": 4096,
+    "inference_backend": "hf", "inference_batch_size": 128,
+    # advantages and filter
+    "advantage_estimator": "gae", "grpo_normalize_std": True, "lambda_": 1.0, "turn_level_rewards": False,
+    "rollout_filter": "std", "rollout_filter_ratio": 0.25,
+    # losses
+    "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dual_clip": 3.0, "kl_coeff": 0.0, "kl_estimator": "k3",
+    "entropy_coeff": 0.001, "loss_aggregation": "token-mean", "value_clip": 0.5, "vf_loss_coeff": 1.0,
+    "recompute_logprobs": True,
+    # optimisation
+    "critic_lr": 1e-5, "weight_decay": 0.01, "adam_betas": (0.9, 0.999), "micro_batch_size": None,
+    "updates_per_rollout_batch": 1,
+    # validation and seeds
+    "validation_interval": 10, "validation_size": 256, "validation_group_size": 1, "validate_before_training": True,
+    "train_seed_start": 10_000, "validation_seed_start": 123,
+}
+
+# Vanilla StarPO, the paper's baseline: a KL penalty, symmetric clipping, no rollout filter.
+PRESETS: dict[str, dict[str, Any]] = {
+    "starpo-s": {k: STARPO_S_DEFAULTS[k] for k in ("kl_coeff", "clip_ratio_high", "rollout_filter",
+                                                   "rollout_filter_ratio", "advantage_estimator")},
+    "starpo": {"kl_coeff": 0.001, "clip_ratio_high": 0.2, "rollout_filter": "none", "rollout_filter_ratio": 1.0},
+}
+
+
+class StarPOConfig(AlgorithmConfig):
+    """Configuration of :class:`StarPO`; defaults are the reference's StarPO-S on the ``tiny`` CPU model.
+
+    Method knobs are set with ``.training(...)`` (see ``STARPO_S_DEFAULTS`` for the full list); the model with
+    ``.rl_module(model_config={"model": ..., "dtype": ..., "critic": "separate" | "head"})``.
+    """
+
+    def __init__(self, algo_class=None):
+        super().__init__(algo_class=algo_class or StarPO)
+        for key, value in STARPO_S_DEFAULTS.items():
+            setattr(self, key, value)
+        # Reference optimiser settings; gamma = lambda = 1 (trajectory-level credit).
+        self.lr = 1e-6
+        self.gamma = 1.0
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
+        self.minibatch_size = None  # trajectories per optimizer step; None: kept batch / updates_per_rollout_batch
+        self.num_epochs = 1
+        self.shuffle_batch_per_epoch = True
+        self.env = "rllib_ragen/Sokoban-v0"
+        self._model_config = dict(DEFAULT_MODEL_CONFIG)
+
+    def training(self, **kwargs) -> "StarPOConfig":
+        """Set RLlib's training fields (``lr`` is the actor's, ``gamma``, ``grad_clip``, ``num_epochs``,
+        ``minibatch_size``...) and StarPO's (``STARPO_S_DEFAULTS``)."""
+        own = {k: kwargs.pop(k) for k in list(kwargs) if k in STARPO_S_DEFAULTS}
+        super().training(**kwargs)
+        for key, value in own.items():
+            if value is not NotProvided:
+                setattr(self, key, value)
+        return self
+
+    def rl_module(self, *, model_config=NotProvided, **kwargs) -> "StarPOConfig":
+        """``model_config`` is merged over the defaults, so ``{"model": "smollm2-135m"}`` keeps the rest."""
+        if model_config is not NotProvided:
+            model_config = {**DEFAULT_MODEL_CONFIG, **model_config}
+        return super().rl_module(model_config=model_config, **kwargs)
+
+    def preset(self, name: str) -> "StarPOConfig":
+        """``"starpo-s"`` (the default) or ``"starpo"`` (vanilla: KL 0.001, clip 0.2/0.2, no filter)."""
+        if name not in PRESETS:
+            raise ValueError(f"preset {name!r}: choose one of {sorted(PRESETS)}.")
+        return self.training(**PRESETS[name])
+
+    # ---- what RLlib builds -----------------------------------------------------------------------------------------
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        return RLModuleSpec(module_class=CausalLMRLModule)
+
+    def get_default_learner_class(self):
+        from .starpo_learner import StarPOTorchLearner
+
+        return StarPOTorchLearner
+
+    @property
+    def env_runner_cls(self):
+        from .text_env_runner import TextEnvRunner
+
+        return TextEnvRunner if self._env_runner_cls is None else self._env_runner_cls
+
+    @env_runner_cls.setter
+    def env_runner_cls(self, value):
+        self._env_runner_cls = value
+
+    @property
+    def _model_config_auto_includes(self) -> dict[str, Any]:
+        return {"value_function": self.advantage_estimator == "gae", "temperature": self.temperature}
+
+    @property
+    def model_config(self):
+        # Our auto-includes follow the training settings, so they win over a stale user copy of them.
+        return {**DEFAULT_MODEL_CONFIG, **super().model_config, **self._model_config_auto_includes}
+
+    # ---- derived settings ------------------------------------------------------------------------------------------
+    def rollout_config(self) -> RolloutConfig:
+        return RolloutConfig(env=self.env, env_config=dict(self.env_config), max_turns=self.max_turns,
+                             max_actions_per_turn=self.max_actions_per_turn,
+                             max_actions_per_episode=self.max_actions_per_episode, format_penalty=self.format_penalty,
+                             enable_thinking=self.enable_thinking, max_context_tokens=self.max_context_tokens)
+
+    def sampling_params(self, validation: bool = False) -> SamplingParams:
+        return SamplingParams(temperature=self.validation_temperature if validation else self.temperature,
+                              max_new_tokens=self.max_new_tokens_per_turn)
+
+    @property
+    def num_kept_groups(self) -> int:
+        if self.rollout_filter == "none":
+            return self.num_groups
+        return max(1, math.ceil(self.rollout_filter_ratio * self.num_groups - 1e-9))
+
+    @property
+    def kept_batch_size(self) -> int:
+        """Trajectories left for the update after the rollout filter."""
+        return self.num_kept_groups * self.group_size
+
+    def validate(self) -> None:
+        super().validate()
+        errors = list(self._starpo_errors())
+        if errors:
+            raise ValueError("Invalid StarPOConfig:\n  - " + "\n  - ".join(errors))
+
+    def _starpo_errors(self):
+        def choice(field, options):
+            if getattr(self, field) not in options:
+                return f"{field}={getattr(self, field)!r}: choose one of {list(options)}."
+            return None
+
+        checks = [
+            choice("advantage_estimator", ADVANTAGE_ESTIMATORS), choice("rollout_filter", FILTER_MODES),
+            choice("loss_aggregation", list(AGGREGATIONS)), choice("kl_estimator", list(KL_ESTIMATORS)),
+        ]
+        yield from (c for c in checks if c)
+        positive_ints = ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_actions_per_episode",
+                         "max_new_tokens_per_turn", "updates_per_rollout_batch", "num_epochs", "validation_size",
+                         "validation_group_size", "inference_batch_size")
+        for field in positive_ints:
+            value = getattr(self, field)
+            if not isinstance(value, (int, np.integer)) or value < 1:
+                yield f"{field}={value!r} must be a positive integer."
+        if self.env not in registered_text_envs() and not isinstance(self.env, type):
+            yield (f"env={self.env!r} is not a registered text environment; pick one of {registered_text_envs()} "
+                   "or register yours with rllib_ragen.register_text_env.")
+        if not 0.0 < self.rollout_filter_ratio <= 1.0:
+            yield f"rollout_filter_ratio={self.rollout_filter_ratio} must lie in (0, 1]."
+        if self.temperature <= 0:
+            yield f"temperature={self.temperature} must be > 0 for training rollouts (their log-probs are trained on)."
+        if self.validation_temperature < 0:
+            yield f"validation_temperature={self.validation_temperature} must be >= 0 (0 is greedy)."
+        if self.clip_ratio_low < 0 or self.clip_ratio_high < 0 or self.clip_ratio_low >= 1:
+            yield f"clip_ratio_low={self.clip_ratio_low}, clip_ratio_high={self.clip_ratio_high} must be >= 0, low < 1."
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            yield f"dual_clip={self.dual_clip} must be > 1, or None to switch it off."
+        if self.kl_coeff < 0 or self.entropy_coeff < 0:
+            yield f"kl_coeff={self.kl_coeff} and entropy_coeff={self.entropy_coeff} must be >= 0."
+        if self.advantage_estimator == "grpo" and self.group_size < 2:
+            yield "advantage_estimator='grpo' compares trajectories within a group: set group_size >= 2."
+        if self.validation_interval is None or self.validation_interval < 0:
+            yield f"validation_interval={self.validation_interval} must be >= 0 (0 switches validation off)."
+        kept = self.kept_batch_size
+        if self.minibatch_size is not None:
+            if self.minibatch_size > kept:
+                yield (f"minibatch_size={self.minibatch_size} is more than the {kept} trajectories the rollout "
+                       f"filter keeps (num_groups={self.num_groups} x rollout_filter_ratio={self.rollout_filter_ratio}"
+                       f" rounded up, x group_size={self.group_size}): lower minibatch_size or keep more groups.")
+            elif self.updates_per_rollout_batch != 1 and self.updates_per_rollout_batch * self.minibatch_size != kept:
+                yield (f"minibatch_size={self.minibatch_size} and updates_per_rollout_batch="
+                       f"{self.updates_per_rollout_batch} disagree: {kept} kept trajectories make "
+                       f"{kept / self.minibatch_size:g} minibatches; set only one of them.")
+        if self.updates_per_rollout_batch > kept:
+            yield (f"updates_per_rollout_batch={self.updates_per_rollout_batch} is more than the {kept} kept "
+                   "trajectories: each optimizer step needs at least one.")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            yield f"micro_batch_size={self.micro_batch_size} must be a positive integer or None."
+        learners = max(1, self.num_learners)
+        if kept % learners:
+            yield f"the {kept} kept trajectories do not split evenly over num_learners={self.num_learners}."
+        runners = max(1, self.num_env_runners)
+        if self.num_groups < runners:
+            yield f"num_groups={self.num_groups} is less than num_env_runners={self.num_env_runners}: some would idle."
+        if self.model_config.get("critic") not in ("separate", "head"):
+            yield f"model_config['critic']={self.model_config.get('critic')!r}: choose 'separate' or 'head'."
+
+    @property
+    def effective_updates_per_rollout_batch(self) -> int:
+        if self.minibatch_size is not None:
+            return max(1, self.kept_batch_size // self.minibatch_size)
+        return self.updates_per_rollout_batch
+
+
+class StarPO(Algorithm):
+    """StarPO / StarPO-S: trajectory-level PPO or GRPO over whole multi-turn LLM-agent episodes."""
+
+    @classmethod
+    def get_default_config(cls) -> StarPOConfig:
+        return StarPOConfig()
+
+    def setup(self, config) -> None:
+        super().setup(config)
+        self.seed_schedule = SeedSchedule(config.train_seed_start, config.validation_seed_start)
+        self.last_validation: list[Trajectory] = []
+        self.last_rollout: list[Trajectory] = []
+
+    # ---- one iteration ---------------------------------------------------------------------------------------------
+    def training_step(self) -> None:
+        config, iteration = self.config, self.iteration
+        if iteration == 0 and config.validation_interval and config.validate_before_training:
+            self._validate(iteration)
+
+        t0 = time.perf_counter()
+        trajectories, metrics = self._rollout(self.seed_schedule.train(config.num_groups), config.group_size,
+                                              config.sampling_params(), self._sample_seed("train", iteration))
+        metrics["time/sample_s"] = time.perf_counter() - t0
+        self.last_rollout = trajectories
+        if not trajectories:
+            raise RuntimeError("every environment of this rollout failed; see the env runner logs.")
+
+        returns = torch.tensor([t.total_return for t in trajectories])
+        keep, filter_metrics = select_groups(returns, torch.tensor([t.group for t in trajectories]),
+                                             config.rollout_filter_ratio, config.rollout_filter)
+        metrics.update(filter_metrics)
+        kept = [t for t, k in zip(trajectories, keep.tolist()) if k]
+        kept = kept[:len(kept) - len(kept) % max(1, config.num_learners)]  # learners need equal shards
+        advantages = trajectory_advantages(kept, config.advantage_estimator, config.grpo_normalize_std)
+        columns = build_train_batch(kept, advantages, self._pad_token_id(), config.turn_level_rewards)
+        metrics["rollout/kept_trajectories"] = float(len(kept))
+        metrics["rollout/response_length"] = float(columns["response_mask"].sum(-1).mean())
+
+        t0 = time.perf_counter()
+        env_steps = sum(t.num_turns for t in trajectories)
+        self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum")
+        learner_results = self.learner_group.update(
+            batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=env_steps),
+            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(NUM_ENV_STEPS_SAMPLED_LIFETIME)})
+        self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        metrics["time/update_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,
+                                           timeout_seconds=600.0)
+        metrics["time/sync_s"] = time.perf_counter() - t0
+        self._log(metrics)
+        if config.validation_interval and (iteration + 1) % config.validation_interval == 0:
+            self._validate(iteration + 1)
+
+    def _validate(self, iteration: int) -> dict[str, float]:
+        """Play the fixed validation set at the validation temperature; metrics under ``val/``."""
+        config = self.config
+        t0 = time.perf_counter()
+        trajectories, metrics = self._rollout(self.seed_schedule.validation(config.validation_size),
+                                              config.validation_group_size, config.sampling_params(validation=True),
+                                              self._sample_seed("validation", 0))
+        self.last_validation = trajectories
+        metrics["time/rollout_s"] = time.perf_counter() - t0
+        metrics = {f"val/{k}": v for k, v in metrics.items()}
+        metrics["val/iteration"] = float(iteration)
+        self._log(metrics)
+        return metrics
+
+    def evaluate_validation_set(self) -> dict[str, float]:
+        """Run the validation set now (outside the schedule) and return its metrics."""
+        return self._validate(self.iteration)
+
+    # ---- helpers ---------------------------------------------------------------------------------------------------
+    def _rollout(self, seeds: list[int], group_size: int, sampling: SamplingParams,
+                 sample_seed: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """Split the groups over the env runners, play them, and pool trajectories and metrics."""
+        group = self.env_runner_group
+        remote = group.healthy_env_runner_ids() if group.num_remote_env_runners() else []
+        if not remote:
+            chunks = {0: [int(s) for s in seeds]}
+            runner = self.env_runner
+            parts = [(0, runner.sample(seeds=seeds, group_size=group_size, sampling=sampling, sample_seed=sample_seed),
+                      runner.get_metrics())]
+        else:
+            chunks = {rid: [int(s) for s in chunk] for rid, chunk in zip(remote, np.array_split(seeds, len(remote)))}
+
+            def play(runner):
+                index = runner.worker_index
+                return index, runner.sample(seeds=chunks[index], group_size=group_size, sampling=sampling,
+                                            sample_seed=sample_seed + index), runner.get_metrics()
+
+            parts = group.foreach_env_runner(play, local_env_runner=False, remote_worker_ids=remote)
+            if not parts:
+                raise RuntimeError(f"none of the env runners {remote} returned a rollout; see their logs above.")
+        # Runners number their groups from 0; make the ids global, in seed order.
+        offsets = dict(zip(chunks, np.cumsum([0] + [len(c) for c in chunks.values()]).tolist()))
+        trajectories = []
+        for index, part, _ in sorted(parts, key=lambda p: p[0]):
+            for t in part:
+                t.group += offsets[index]
+            trajectories += part
+        parts = [(part, m) for _, part, m in parts]
+        metrics = rollout_metrics(trajectories, group_size)
+        for key in ("time/generate_s", "time/rollout_s"):
+            metrics[key] = max(m.get(key, 0.0) for _, m in parts)
+        metrics["rollout/env_errors"] = sum(m.get("rollout/env_errors", 0.0) for _, m in parts)
+        return trajectories, metrics
+
+    def _sample_seed(self, purpose: str, iteration: int) -> int:
+        words = [self.config.seed or 0, iteration, 0 if purpose == "train" else 1]
+        return int(np.random.SeedSequence(words).generate_state(1)[0])
+
+    def _pad_token_id(self) -> int:
+        if self.env_runner is not None:
+            return int(self.env_runner.tokenizer.pad_token_id)
+        return int(self.env_runner_group.foreach_env_runner(lambda r: r.tokenizer.pad_token_id,
+                                                            local_env_runner=False)[0])
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.metrics.log_value(key, value, window=1)
+
+    # ---- checkpoints and export ------------------------------------------------------------------------------------
+    def get_state(self, *args, **kwargs):
+        state = super().get_state(*args, **kwargs)
+        state["starpo"] = {"seed_schedule": self.seed_schedule.get_state()}
+        return state
+
+    def set_state(self, state) -> None:
+        super().set_state(state)
+        if "starpo" in state:
+            self.seed_schedule.set_state(state["starpo"]["seed_schedule"])
+
+    def export_pretrained(self, path) -> None:
+        """Save the current policy and tokenizer with ``save_pretrained``: ``AutoModelForCausalLM.from_pretrained(path)``
+        loads it with plain transformers."""
+        weights = self.learner_group.get_state(components="learner/rl_module/" + DEFAULT_MODULE_ID,
+                                               inference_only=True)["learner"]["rl_module"][DEFAULT_MODULE_ID]
+        module = self.env_runner.module if self.env_runner is not None else self.config.get_rl_module_spec(
+            spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True).build()
+        module.set_state(weights)
+        module.save_pretrained(path)

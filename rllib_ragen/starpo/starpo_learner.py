@@ -1,0 +1,212 @@
+"""The StarPO learner: one call to ``update`` takes a whole (filtered) rollout batch.
+
+It first scores the batch once without gradients (the old log-probs, the critic's old values, the reference
+policy's log-probs), finishes the advantages (GAE needs the values), then runs ``num_epochs`` passes of
+``updates_per_rollout_batch`` optimizer steps, each accumulating gradients over micro-batches. RLlib's own
+minibatch loop is not used: it has no gradient accumulation and would score every minibatch separately.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+
+from ..objectives import aggregate, compute_gae, kl_penalty, policy_loss, value_loss
+from ..rollout.models import load_policy
+
+INPUT_COLUMNS = ("input_ids", "attention_mask")
+LOSS_COLUMNS = ("response_mask", "old_logp", "token_advantages", "ref_logp", "old_values", "returns")
+
+
+class StarPOTorchLearner(TorchLearner):
+    def build(self) -> None:
+        super().build()
+        self._reference = None
+        if self.config.kl_coeff > 0:  # the frozen reference policy exists only when the KL term is on
+            cfg = self.config.model_config
+            self._reference, _ = load_policy(cfg["model"], dtype=cfg.get("dtype", "float32"),
+                                             seed=int(cfg.get("seed", 0)))
+            self._reference.requires_grad_(False).to(self._device)
+
+    # ---- optimizers: AdamW for the actor and the critic, each with its own learning rate --------------------------
+    def configure_optimizers_for_module(self, module_id, config=None) -> None:
+        module = self._module[module_id]
+        actor = list(module.policy.parameters())
+        self.register_optimizer(module_id=module_id, optimizer_name="actor", params=actor,
+                                optimizer=torch.optim.AdamW(actor, betas=config.adam_betas,
+                                                            weight_decay=config.weight_decay),
+                                lr_or_lr_schedule=config.lr)
+        critic = [p for name, p in module.named_parameters() if name.startswith(("critic.", "value_head."))]
+        if critic:
+            self.register_optimizer(module_id=module_id, optimizer_name="critic", params=critic,
+                                    optimizer=torch.optim.AdamW(critic, betas=config.adam_betas,
+                                                                weight_decay=config.weight_decay),
+                                    lr_or_lr_schedule=config.critic_lr)
+
+    def postprocess_gradients_for_module(self, *, module_id, config=None, module_gradients_dict):
+        """Clip the actor's and the critic's gradients separately by global norm; log both norms."""
+        for name, optimizer in self.get_optimizers_for_module(module_id):
+            grads = self.filter_param_dict_for_optimizer(module_gradients_dict, optimizer)
+            if not grads:
+                continue
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads.values()]))
+            if config.grad_clip is not None and torch.isfinite(norm):
+                scale = min(1.0, config.grad_clip / (norm.item() + 1e-6))
+                for g in grads.values():
+                    g.mul_(scale)
+            self.metrics.log_value((module_id, f"{name}/grad_norm"), norm.item(), window=1000)
+        return module_gradients_dict
+
+    # ---- optimizer state as torch tensors (numpy has no bfloat16) --------------------------------------------------
+    def _get_optimizer_state(self):
+        return {name: {"module_id": self._optimizer_name_to_module[name], "state": _cpu_clone(optim.state_dict())}
+                for name, optim in self._named_optimizers.items()}
+
+    # ---- the update ------------------------------------------------------------------------------------------------
+    def _update(self, batch: dict[str, Any], **kwargs):
+        module_id = DEFAULT_MODULE_ID
+        config = self.config.get_config_for_module(module_id)
+        data = {k: v.to(self._device) for k, v in batch[module_id].items()}
+        module = self.module[module_id]
+        size = data["input_ids"].shape[0]
+        t0 = time.perf_counter()
+
+        # Row order of every epoch, fixed up front from the learner's update counter so a resumed run repeats it.
+        generator = torch.Generator().manual_seed(int((config.seed or 0) * 1_000_003 + self._weights_seq_no))
+        orders = [torch.arange(size) if epoch == 0 and not config.shuffle_batch_per_epoch
+                  else torch.randperm(size, generator=generator) for epoch in range(config.num_epochs)]
+        steps = min(size, config.effective_updates_per_rollout_batch)
+        minibatches = [order[i * size // steps:(i + 1) * size // steps] for order in orders for i in range(steps)]
+        micro_size = config.micro_batch_size or size
+
+        # Score once, in the exact micro-batches the first optimizer step will use: the first step's ratio is 1.
+        self._prepare(data, module, config, [mb[i:i + micro_size] for mb in minibatches[:steps]
+                                             for i in range(0, len(mb), micro_size)])
+
+        total = None
+        for step, rows in enumerate(minibatches):
+            total = self._optimizer_step(data, rows, module, module_id, config, micro_size, first=step == 0)
+        tokens = int(data["attention_mask"].sum()) * (config.num_epochs + 1)
+        self.metrics.log_value((module_id, "perf/update_tokens_per_s"), tokens / (time.perf_counter() - t0), window=1)
+        self.metrics.log_value((module_id, "perf/optimizer_steps"), len(minibatches), window=1)
+        return {}, {module_id: total}, {}
+
+    @torch.no_grad()
+    def _prepare(self, data: dict, module, config, micro_batches: list[torch.Tensor]) -> None:
+        """Fill ``old_logp``, ``old_values``, ``ref_logp``, token ``advantages`` and ``returns`` into ``data``."""
+        mask = data["response_mask"]
+        old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask)
+        ref_logp = torch.zeros_like(mask) if self._reference is not None else None
+        for rows in micro_batches:
+            inputs = _trimmed(data, rows)
+            width = inputs["input_ids"].shape[1]
+            out = module.forward_train(inputs)
+            old_logp[rows, :width] = out["logp"]
+            if "values" in out:
+                old_values[rows, :width] = out["values"]
+            if ref_logp is not None:
+                logits = self._reference(**inputs, use_cache=False).logits[:, :-1].float() / config.temperature
+                ref = torch.log_softmax(logits, -1).gather(-1, inputs["input_ids"][:, 1:, None]).squeeze(-1)
+                ref_logp[rows, :width] = torch.nn.functional.pad(ref, (1, 0))
+        behaviour = data["behaviour_logprobs"]
+        gap = ((old_logp - behaviour).abs() * mask)
+        self.metrics.log_value((DEFAULT_MODULE_ID, "rollout/logprob_gap_max"), gap.max().item(), window=1)
+        self.metrics.log_value((DEFAULT_MODULE_ID, "rollout/logprob_gap_mean"),
+                               (gap.sum() / mask.sum().clamp(min=1)).item(), window=1)
+        data["old_logp"] = old_logp * mask if config.recompute_logprobs else behaviour * mask
+        data["ref_logp"] = ref_logp
+        if config.advantage_estimator == "gae":
+            advantages, returns = compute_gae(data["token_rewards"], old_values, mask, config.gamma, config.lambda_)
+        else:
+            advantages = data["advantages"][:, None] * mask
+            returns = torch.zeros_like(mask)
+        data["old_values"], data["token_advantages"], data["returns"] = old_values, advantages, returns
+
+    def _optimizer_step(self, data: dict, rows: torch.Tensor, module, module_id, config, micro_size: int,
+                        first: bool) -> torch.Tensor:
+        """One optimizer step on the minibatch ``rows``, accumulating gradients over micro-batches.
+
+        Each micro-batch's loss is weighted by its share of the minibatch's normaliser (tokens for token-mean,
+        trajectories for the sequence means), so the accumulated gradient equals the whole minibatch's.
+        """
+        mask = data["response_mask"][rows]
+        per_token = config.loss_aggregation == "token-mean"
+        denominator = (mask.sum() if per_token else (mask.sum(-1) > 0).sum()).clamp(min=1)
+        for optimizer in self._optimizer_parameters:
+            optimizer.zero_grad(set_to_none=True)
+        micro_batches = [rows[i:i + micro_size] for i in range(0, len(rows), micro_size)]
+        total = torch.zeros(())
+        for index, micro in enumerate(micro_batches):
+            micro_mask = data["response_mask"][micro]
+            share = (micro_mask.sum() if per_token else (micro_mask.sum(-1) > 0).sum()) / denominator
+            if share == 0:
+                continue
+            sync = index == len(micro_batches) - 1 or not hasattr(module, "no_sync")
+            with contextlib.nullcontext() if sync else module.no_sync():
+                loss = self._micro_loss(data, micro, module, module_id, config, first and index == 0) * share
+                loss.backward()
+            total = total + loss.detach()
+        gradients = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
+        self.apply_gradients(self.postprocess_gradients(gradients))
+        return total
+
+    def _micro_loss(self, data: dict, rows: torch.Tensor, module, module_id, config, first: bool) -> torch.Tensor:
+        inputs = _trimmed(data, rows)
+        width = inputs["input_ids"].shape[1]
+        batch = {**inputs, **{key: data[key][rows, :width] for key in LOSS_COLUMNS if data.get(key) is not None}}
+        fwd_out = module.forward_train(inputs)
+        if first:  # before any step: old and new log-probs come from the same weights and the same computation
+            deviation = ((fwd_out["logp"] - batch["old_logp"]).abs() * batch["response_mask"]).max().item()
+            self.metrics.log_value((module_id, "actor/first_step_logprob_deviation"), deviation, window=1)
+        return self.compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+
+    def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
+        """The StarPO loss on one prepared batch: clipped surrogate - entropy bonus (+ KL) (+ value loss).
+
+        ``batch`` holds ``response_mask``, ``old_logp``, ``token_advantages`` and, as configured, ``ref_logp``,
+        ``old_values`` and ``returns`` (all (B, T)); ``fwd_out`` is ``forward_train``'s output on it.
+        """
+        mask, agg = batch["response_mask"], config.loss_aggregation
+        pg, metrics = policy_loss(fwd_out["logp"], batch["old_logp"], batch["token_advantages"], mask,
+                                  clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
+                                  dual_clip=config.dual_clip, aggregation=agg)
+        entropy = aggregate(fwd_out["entropy"], mask, agg)
+        loss = pg - config.entropy_coeff * entropy
+        metrics["actor/entropy"] = entropy.item()
+        if batch.get("ref_logp") is not None:
+            kl = aggregate(kl_penalty(fwd_out["logp"], batch["ref_logp"], config.kl_estimator), mask, agg)
+            loss = loss + config.kl_coeff * kl
+            metrics["actor/kl_to_reference"] = kl.item()
+        if "values" in fwd_out:
+            vf, critic_metrics = value_loss(fwd_out["values"], batch["old_values"], batch["returns"], mask,
+                                            clip=config.value_clip, aggregation=agg)
+            loss = loss + config.vf_loss_coeff * vf
+            metrics.update(critic_metrics)
+            metrics["critic/values_mean"] = float((fwd_out["values"].detach() * mask).sum() / mask.sum().clamp(min=1))
+        for key, value in metrics.items():
+            if not math.isnan(value):
+                self.metrics.log_value((module_id, key), value, window=1000)
+        return loss
+
+
+def _trimmed(data: dict, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The model inputs of ``rows``, cut to their longest sequence (right padding beyond it is dropped)."""
+    width = int(data["attention_mask"][rows].sum(-1).max())
+    return {key: data[key][rows, :width] for key in INPUT_COLUMNS}
+
+
+def _cpu_clone(state):
+    if isinstance(state, torch.Tensor):
+        return state.detach().cpu().clone()
+    if isinstance(state, dict):
+        return {k: _cpu_clone(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_cpu_clone(v) for v in state)
+    return state if not isinstance(state, np.ndarray) else state.copy()

@@ -1,0 +1,102 @@
+"""The text EnvRunner: plays the rollout engine with the latest policy weights, locally or as a Ray actor.
+
+The driver decides what to play (initial-state seeds, group size, sampling, sampling seed) and the runner
+returns token-exact trajectories. Weights arrive through RLlib's ``set_state``; the inference backend gets them
+through ``load_weights`` (an HF backend shares the module's model, a vLLM engine would copy them in).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Sequence
+
+import ray
+import torch
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env import INPUT_ENV_SPACES
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
+
+from ..rollout.backends import HFBackend, InferenceBackend, SamplingParams
+from ..rollout.engine import RolloutEngine, Trajectory
+from .llm_rl_module import PLACEHOLDER_SPACE
+
+logger = logging.getLogger(__name__)
+
+BackendFactory = Callable[..., InferenceBackend]
+
+
+def make_backend(kind, model, tokenizer, config) -> InferenceBackend:
+    """``"hf"``: batched KV-cached sampling with the module's own model; a callable: ``kind(model, tokenizer, config)``."""
+    if callable(kind):
+        return kind(model, tokenizer, config)
+    if kind == "hf":
+        return HFBackend(model, tokenizer, max_batch_size=config.inference_batch_size)
+    raise ValueError(f"inference_backend={kind!r}: use 'hf' or a callable (model, tokenizer, config) -> backend.")
+
+
+class TextEnvRunner(EnvRunner, Checkpointable):
+    def __init__(self, *, config, **kwargs):
+        super().__init__(config=config, **kwargs)
+        if self.worker_index:  # a Ray actor: one torch thread per CPU it was given (more threads thrash)
+            torch.set_num_threads(max(1, int(self.config.num_cpus_per_env_runner)))
+        spec = self.config.get_rl_module_spec(
+            spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True)
+        self.module = spec.build()
+        self.tokenizer = self.module.tokenizer
+        self.backend = make_backend(self.config.inference_backend, self.module.policy, self.tokenizer, self.config)
+        self.engine = RolloutEngine(self.config.rollout_config(), self.backend, self.tokenizer)
+        self._weights_seq_no = 0
+        self._metrics: dict[str, float] = {}
+
+    # ---- EnvRunner API ---------------------------------------------------------------------------------------------
+    def assert_healthy(self):
+        assert self.engine is not None and self.module is not None, "TextEnvRunner was not set up."
+
+    def get_spaces(self):
+        return {INPUT_ENV_SPACES: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE),
+                DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}
+
+    def sample(self, *, seeds: Sequence[int], group_size: int, sampling: SamplingParams,
+               sample_seed: int | None = None, **kwargs) -> list[Trajectory]:
+        """Play ``len(seeds)`` groups of ``group_size`` episodes; metrics go to :meth:`get_metrics`."""
+        trajectories, self._metrics = self.engine.rollout(seeds, group_size, sampling, sample_seed)
+        self._metrics["perf/weights_seq_no"] = float(self._weights_seq_no)
+        return trajectories
+
+    def get_metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    def stop(self) -> None:
+        self.engine = None
+
+    # ---- weights and checkpoints -----------------------------------------------------------------------------------
+    def get_state(self, components=None, *, not_components=None, **kwargs):
+        state = {WEIGHTS_SEQ_NO: self._weights_seq_no}
+        if self._check_component(COMPONENT_RL_MODULE, components, not_components):
+            state[COMPONENT_RL_MODULE] = self.module.get_state()
+        return state
+
+    def set_state(self, state) -> None:
+        if COMPONENT_RL_MODULE not in state:
+            return
+        seq_no = state.get(WEIGHTS_SEQ_NO, 0)
+        if seq_no and seq_no <= self._weights_seq_no:
+            return  # these weights are not newer than ours
+        module_state = state[COMPONENT_RL_MODULE]
+        if isinstance(module_state, ray.ObjectRef):  # RLlib puts large states into the object store
+            module_state = ray.get(module_state)
+        if DEFAULT_MODULE_ID in module_state:
+            module_state = module_state[DEFAULT_MODULE_ID]
+        # The HF backend samples from self.module.policy itself, so loading through it updates the module too.
+        self.backend.load_weights(self.module.policy_state(module_state))
+        if not isinstance(self.backend, HFBackend) or self.backend.model is not self.module.policy:
+            self.module.set_state(module_state)
+        self._weights_seq_no = seq_no
+
+    def get_ctor_args_and_kwargs(self):
+        return (), {"config": self.config}
+
+    def get_checkpointable_components(self):
+        return []

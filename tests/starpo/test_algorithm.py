@@ -1,0 +1,128 @@
+"""StarPO end to end on CPU with the tiny model: ratio 1 at the first step, micro-batching, exact resume,
+export, and a remote env runner."""
+
+import numpy as np
+import pytest
+import torch
+from ray.rllib.core import DEFAULT_MODULE_ID
+
+from rllib_ragen import StarPO
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def learner_weights(algo) -> dict[str, torch.Tensor]:
+    state = algo.learner_group.get_state(components="learner/rl_module")["learner"]["rl_module"]
+    return {k: torch.as_tensor(v).clone() for k, v in state[DEFAULT_MODULE_ID].items()}
+
+
+def test_first_update_has_ratio_one_and_rollout_logprobs_match_the_learner(small_config):
+    algo = small_config().build_algo()
+    try:
+        result = algo.train()
+        learner = result["learners"][DEFAULT_MODULE_ID]
+        # The old log-probs are recomputed in the exact micro-batches of the first step: identical numbers.
+        assert learner["actor/first_step_logprob_deviation"] == 0.0
+        # The rollout's own log-probs (KV-cached, left-padded) agree with the learner's right-padded pass.
+        assert learner["rollout/logprob_gap_max"] < 1e-4
+        assert result["rollout/num_trajectories"] == 8 and result["rollout/kept_trajectories"] == 4
+        assert np.isfinite(learner["actor/pg_loss"]) and np.isfinite(learner["critic/vf_loss"])
+        assert learner["actor/grad_norm"] > 0 and learner["critic/grad_norm"] > 0
+        assert learner["perf/optimizer_steps"] == 1
+        # Validation ran before training, on the fixed set, with its own metric names.
+        assert result["val/rllib_ragen/Sokoban-v0/num_trajectories"] == 4
+    finally:
+        algo.stop()
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batches_accumulate_to_the_full_batch_gradient(aggregation, small_config):
+    weights = []
+    for micro_batch_size in (None, 1):
+        algo = small_config(micro_batch_size=micro_batch_size, loss_aggregation=aggregation,
+                            validation_interval=0, grad_clip=None).build_algo()
+        try:
+            algo.train()
+            weights.append(learner_weights(algo))
+        finally:
+            algo.stop()
+    full, micro = weights
+    moved = max((full[k] - micro[k]).abs().max().item() for k in full)
+    assert moved < 1e-5, f"micro-batched update differs from the full-batch one by {moved}"
+
+
+def test_checkpoint_resume_is_exact(tmp_path, small_config):
+    make = lambda: small_config(validation_interval=3).build_algo()  # noqa: E731
+    straight = make()
+    try:
+        for _ in range(3):
+            expected = straight.train()
+        expected_weights = learner_weights(straight)
+    finally:
+        straight.stop()
+
+    first = make()
+    try:
+        first.train()
+        checkpoint = first.save_to_path(tmp_path / "checkpoint")
+    finally:
+        first.stop()
+    resumed = StarPO.from_checkpoint(checkpoint)
+    try:
+        assert resumed.iteration == 1
+        resumed.train()
+        result = resumed.train()
+        weights = learner_weights(resumed)
+    finally:
+        resumed.stop()
+
+    assert result["training_iteration"] == expected["training_iteration"] == 3
+    for key in ("rollout/return_mean", "rollout/response_length", "rollout_filter/reward_std",
+                "val/rollout/return_mean"):
+        assert result[key] == expected[key], key
+    for key in ("actor/pg_loss", "actor/entropy", "critic/vf_loss", "actor/grad_norm"):
+        assert result["learners"][DEFAULT_MODULE_ID][key] == expected["learners"][DEFAULT_MODULE_ID][key], key
+    assert weights.keys() == expected_weights.keys()
+    for key in weights:  # the critic and the policy, bit for bit
+        assert torch.equal(weights[key], expected_weights[key]), key
+
+
+def test_export_loads_in_plain_transformers_with_the_same_logits(tmp_path, small_config):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    algo = small_config(validation_interval=0).build_algo()
+    try:
+        algo.train()
+        algo.export_pretrained(tmp_path / "policy")
+        learner_policy = algo.learner_group._learner.module[DEFAULT_MODULE_ID].policy
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+        tokenizer = AutoTokenizer.from_pretrained(tmp_path / "policy")
+        observation = "Sokoban puzzle. State:\n#####\n#P_X_#\n#__O_#\n######\nYou have 10 actions left."
+        text = tokenizer.apply_chat_template([{"role": "user", "content": observation}], add_generation_prompt=True,
+                                             tokenize=False) + "<think>push right</think><answer>Right</answer>"
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        # The exported tokenizer encodes exactly as the one the policy was trained with.
+        assert ids[0].tolist() == algo.env_runner.tokenizer(text)["input_ids"]
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, learner_policy(ids).logits)
+        assert tokenizer.chat_template == algo.env_runner.tokenizer.chat_template
+        assert not any("critic" in name for name, _ in model.named_parameters())
+    finally:
+        algo.stop()
+
+
+def test_one_iteration_with_a_remote_env_runner(small_config):
+    algo = small_config(validation_interval=0).env_runners(num_env_runners=1).build_algo()
+    try:
+        result = algo.train()
+        assert result["rollout/num_trajectories"] == 8
+        # After the update, the remote runner holds the learner's new weights (and knows their version).
+        remote = algo.env_runner_group.foreach_env_runner(
+            lambda runner: (runner._weights_seq_no, runner.module.get_state()), local_env_runner=False)
+        seq_no, state = remote[0]
+        expected = learner_weights(algo)
+        assert seq_no == 1
+        for key, value in state.items():
+            assert torch.equal(value, expected[key]), key
+    finally:
+        algo.stop()

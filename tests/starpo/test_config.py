@@ -1,0 +1,77 @@
+"""StarPOConfig: defaults, presets, and errors that name the fields to change. No Ray session needed."""
+
+import pytest
+
+from rllib_ragen import StarPO, StarPOConfig
+from rllib_ragen.starpo.llm_rl_module import CausalLMRLModule
+from rllib_ragen.starpo.starpo_learner import StarPOTorchLearner
+from rllib_ragen.starpo.text_env_runner import TextEnvRunner
+
+
+def test_defaults_are_the_reference_starpo_s():
+    c = StarPOConfig()
+    assert (c.num_groups, c.group_size, c.rollout_filter, c.rollout_filter_ratio) == (8, 16, "std", 0.25)
+    assert (c.clip_ratio_low, c.clip_ratio_high, c.dual_clip, c.kl_coeff) == (0.2, 0.28, 3.0, 0.0)
+    assert (c.advantage_estimator, c.gamma, c.lambda_, c.entropy_coeff) == ("gae", 1.0, 1.0, 0.001)
+    assert (c.lr, c.critic_lr, c.weight_decay, c.grad_clip) == (1e-6, 1e-5, 0.01, 1.0)
+    assert (c.temperature, c.validation_temperature, c.max_new_tokens_per_turn) == (1.0, 0.5, 400)
+    assert (c.max_turns, c.max_actions_per_turn, c.max_actions_per_episode) == (5, 5, 10)
+    assert (c.validation_interval, c.validation_size, c.loss_aggregation) == (10, 256, "token-mean")
+    assert c.kept_batch_size == 32 and c.effective_updates_per_rollout_batch == 1  # one step per rollout
+    assert c.algo_class is StarPO and c.env_runner_cls is TextEnvRunner
+    assert c.get_default_learner_class() is StarPOTorchLearner
+    assert c.get_default_rl_module_spec().module_class is CausalLMRLModule
+    assert c.model_config["model"] == "tiny" and c.model_config["value_function"] is True
+
+
+def test_model_config_merges_over_defaults_and_tracks_the_estimator():
+    c = StarPOConfig().rl_module(model_config={"model": "smollm2-135m"}).training(advantage_estimator="grpo")
+    assert c.model_config["model"] == "smollm2-135m" and c.model_config["dtype"] == "float32"
+    assert c.model_config["value_function"] is False  # no critic is built for GRPO
+
+
+def test_presets():
+    vanilla = StarPOConfig().preset("starpo")
+    assert (vanilla.kl_coeff, vanilla.clip_ratio_high, vanilla.rollout_filter) == (0.001, 0.2, "none")
+    assert vanilla.kept_batch_size == 128
+    back = vanilla.preset("starpo-s")
+    assert (back.kl_coeff, back.clip_ratio_high, back.rollout_filter, back.rollout_filter_ratio) == (0.0, 0.28, "std",
+                                                                                                     0.25)
+    with pytest.raises(ValueError, match="starpo-s"):
+        StarPOConfig().preset("ppo")
+
+
+@pytest.mark.parametrize("knobs, fields", [
+    (dict(num_groups=8, group_size=4, rollout_filter_ratio=0.25, minibatch_size=16),
+     ["minibatch_size=16", "num_groups=8", "rollout_filter_ratio=0.25", "group_size=4"]),
+    (dict(advantage_estimator="ppo"), ["advantage_estimator='ppo'", "gae", "grpo"]),
+    (dict(advantage_estimator="grpo", group_size=1), ["advantage_estimator='grpo'", "group_size"]),
+    (dict(rollout_filter="top"), ["rollout_filter='top'", "reversed_std"]),
+    (dict(rollout_filter_ratio=0.0), ["rollout_filter_ratio=0.0"]),
+    (dict(dual_clip=0.5), ["dual_clip=0.5"]),
+    (dict(loss_aggregation="sum"), ["loss_aggregation='sum'", "seq-mean-token-mean"]),
+    (dict(temperature=0.0), ["temperature=0.0"]),
+    (dict(updates_per_rollout_batch=64, num_groups=8, group_size=4), ["updates_per_rollout_batch=64"]),
+    (dict(minibatch_size=8, updates_per_rollout_batch=3), ["minibatch_size=8", "updates_per_rollout_batch=3"]),
+    (dict(group_size=0), ["group_size=0"]),
+])
+def test_invalid_settings_fail_at_validate_naming_the_fields(knobs, fields):
+    config = StarPOConfig().training(**knobs)
+    with pytest.raises(ValueError) as error:
+        config.validate()
+    for field in fields:
+        assert field in str(error.value)
+
+
+def test_unknown_env_and_critic_are_named():
+    with pytest.raises(ValueError, match="env='Nope-v0'.*register_text_env"):
+        StarPOConfig().environment("Nope-v0").validate()
+    with pytest.raises(ValueError, match=r"model_config\['critic'\]='shared'"):
+        StarPOConfig().rl_module(model_config={"critic": "shared"}).validate()
+    with pytest.raises(ValueError, match="num_env_runners=4"):
+        StarPOConfig().training(num_groups=2).env_runners(num_env_runners=4).validate()
+
+
+def test_a_valid_config_passes():
+    StarPOConfig().environment("rllib_ragen/FrozenLake-v0").training(minibatch_size=16).validate()
+    assert StarPOConfig().training(minibatch_size=16).effective_updates_per_rollout_batch == 2
