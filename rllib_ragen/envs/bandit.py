@@ -28,6 +28,7 @@ class BanditEnv(TextEnv):
 
     ## Episode End
     Terminates after one valid pull. ``success`` is True when the pulled arm has the higher expected value.
+    The game is single-turn (``max_turns = 1``): an agent's reply with no valid pull ends the episode too.
 
     ## Arguments
     ``low_risk_name``, ``high_risk_name``: the arms' names. ``low_risk_reward``: the fixed payoff (the paper
@@ -42,6 +43,7 @@ class BanditEnv(TextEnv):
         "You are playing a bandit game. Goal: maximize your reward by choosing the best arm. "
         "Each arm has a name; the name may hint at how the arm pays. Answer with the name of one arm."
     )
+    max_turns = 1  # one reply per episode, as in the reference
 
     def __init__(
         self,

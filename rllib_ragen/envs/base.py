@@ -34,6 +34,9 @@ class TextEnv(gym.Env[str, str]):
 
     Every ``step`` info dict carries ``success``, ``action_is_valid`` and ``action_is_effective`` (the state
     changed).
+
+    ``max_turns`` caps the agent's replies per episode for games that are single-turn (or short) by nature;
+    the rollout engine plays ``min(max_turns, RolloutConfig.max_turns)``. None leaves it to the config.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -41,6 +44,7 @@ class TextEnv(gym.Env[str, str]):
     action_names: ClassVar[Sequence[str]] = ()
     legend: ClassVar[Mapping[str, str]] = {}
     instructions: str = ""
+    max_turns: ClassVar[int | None] = None
 
     def __init__(self, render_mode: str | None = "ansi", max_observation_chars: int = 4096):
         if render_mode not in (None, "ansi"):

@@ -29,7 +29,7 @@ class RolloutConfig:
 
     Attributes:
         env: a registered text-env id (or TextEnv subclass); env_config: its constructor arguments.
-        max_turns: replies per episode.
+        max_turns: replies per episode (an environment's own ``TextEnv.max_turns`` may lower it).
         max_actions_per_turn: actions kept from one reply.
         max_actions_per_episode: actions executed per episode, over all turns.
         format_penalty: added to a turn's reward when its reply breaks the protocol.
@@ -123,6 +123,7 @@ class _Episode:
         trajectory.response_mask.extend([0] * len(prompt_ids))
         trajectory.behaviour_logprobs.extend([0.0] * len(prompt_ids))
         self.actions_left = 0
+        self.max_turns = 0
         self.done = False
         self.failed = False  # the environment raised; the trajectory is dropped
 
@@ -188,6 +189,7 @@ class RolloutEngine:
             trajectory = Trajectory(env_name, group, int(seed), [], [], [])
             episode = _Episode(env, trajectory, self.chat.prompt_ids(first))
             episode.actions_left = c.max_actions_per_episode
+            episode.max_turns = min(c.max_turns, getattr(text_env, "max_turns", None) or c.max_turns)
             episodes.append(episode)
 
         for turn in range(1, c.max_turns + 1):
@@ -231,7 +233,8 @@ class RolloutEngine:
         t.num_effective += result.num_effective
         t.format_errors += int(result.format_error)
         t.success = result.success
-        episode.done = (result.terminated or result.truncated or episode.actions_left <= 0 or turn >= c.max_turns)
+        episode.done = (result.terminated or result.truncated or episode.actions_left <= 0
+                        or turn >= episode.max_turns)
         if episode.done:
             episode.append(self.chat.encode(self.chat.reply_end_text(generation.token_ids)))
             return 0

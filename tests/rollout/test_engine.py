@@ -187,3 +187,16 @@ def test_template_that_rewrites_earlier_turns_is_refused(tiny):
             ChatFormat(tokenizer)
     finally:
         tokenizer.chat_template = original
+
+
+def test_an_environments_own_turn_limit_caps_the_episode(tiny):
+    _, tokenizer = tiny
+    # An off-format reply executes nothing, so only the turn limit ends these episodes.
+    babble = ScriptedBackend(lambda prompt: "I am not sure which arm.", tokenizer)
+    bandit = RolloutEngine(RolloutConfig(env="rllib_ragen/Bandit-v0", max_turns=5), babble, tokenizer)
+    trajectories, _ = bandit.rollout([0, 1], 2, SamplingParams())
+    # The bandit is single-turn: one reply, one format penalty, whatever the config's max_turns.
+    assert [t.num_turns for t in trajectories] == [1] * 4
+    assert all(t.turn_rewards == [-0.1] and not t.success for t in trajectories)
+    sokoban = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3), babble, tokenizer)
+    assert [t.num_turns for t in sokoban.rollout([0], 2, SamplingParams())[0]] == [3, 3]  # no own limit
