@@ -1,0 +1,130 @@
+"""Learner overhead: one StarPO update through RLlib against a bare PyTorch loop on the same batch.
+
+Both sides start from the same weights and do the same work on the same rollout batch: score it once without
+gradients (old log-probs, critic values), finish GAE, then one optimizer step of the StarPO loss (clipped
+surrogate - entropy bonus + clipped value loss) with AdamW for the actor and the critic and grad clipping. The
+baseline calls the same pure objective functions directly, with no Ray, RLlib batch or metrics machinery, so
+the ratio is what the RLlib integration costs. Before timing, both sides' first losses are checked to match.
+
+    python benchmarks/learner.py [--model tiny] [--groups 8] [--group-size 4] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+import ray  # noqa: E402
+import torch  # noqa: E402
+from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch  # noqa: E402
+
+from rllib_ragen import StarPOConfig  # noqa: E402
+from rllib_ragen.objectives import aggregate, compute_gae, policy_loss, value_loss  # noqa: E402
+from rllib_ragen.starpo.batch import build_train_batch, trajectory_advantages  # noqa: E402
+from rllib_ragen.starpo.llm_rl_module import ValueModel  # noqa: E402
+
+
+class BareLoop:
+    """The same update as the StarPO learner, written as a plain PyTorch loop."""
+
+    def __init__(self, policy, config):
+        self.config = config
+        self.policy = copy.deepcopy(policy)
+        self.critic = ValueModel(copy.deepcopy(policy.base_model), policy.config.hidden_size, policy.dtype)
+        kwargs = dict(betas=config.adam_betas, weight_decay=config.weight_decay)
+        self.actor_opt = torch.optim.AdamW(self.policy.parameters(), lr=config.lr, **kwargs)
+        self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=config.critic_lr, **kwargs)
+
+    def _score(self, ids, attention):
+        logits = self.policy(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+        logits = logits / self.config.temperature
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        entropy = torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+        values = self.critic(ids, attention)[:, :-1]
+        pad = lambda x: torch.nn.functional.pad(x, (1, 0))  # noqa: E731  position t scores token t
+        return pad(logp), pad(entropy), pad(values)
+
+    def update(self, batch: dict[str, torch.Tensor]) -> float:
+        c = self.config
+        ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]
+        with torch.no_grad():
+            old_logp, _, old_values = self._score(ids, attention)
+        advantages, returns = compute_gae(batch["token_rewards"], old_values, mask, c.gamma, c.lambda_)
+        logp, entropy, values = self._score(ids, attention)
+        pg, _ = policy_loss(logp, old_logp * mask, advantages, mask, clip_low=c.clip_ratio_low,
+                            clip_high=c.clip_ratio_high, dual_clip=c.dual_clip, aggregation=c.loss_aggregation)
+        vf, _ = value_loss(values, old_values, returns, mask, clip=c.value_clip, aggregation=c.loss_aggregation)
+        loss = pg - c.entropy_coeff * aggregate(entropy, mask, c.loss_aggregation) + c.vf_loss_coeff * vf
+        self.actor_opt.zero_grad(set_to_none=True)
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), c.grad_clip)
+        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), c.grad_clip)
+        self.actor_opt.step()
+        self.critic_opt.step()
+        return loss.item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+    # Filter off and one minibatch: the whole rollout batch is one optimizer step on both sides.
+    config = (StarPOConfig().environment("rllib_ragen/Sokoban-v0").rl_module(model_config={"model": args.model})
+              .training(num_groups=args.groups, group_size=args.group_size, rollout_filter="none",
+                        max_new_tokens_per_turn=args.max_new_tokens, lr=1e-4, critic_lr=1e-4,
+                        validation_interval=0)
+              .debugging(seed=0))
+    algo = config.build_algo()
+    runner = algo.env_runner
+    trajectories = runner.sample(seeds=list(range(args.groups)), group_size=args.group_size,
+                                 sampling=config.sampling_params(), sample_seed=0)
+    columns = build_train_batch(trajectories, trajectory_advantages(trajectories, "gae"),
+                                runner.tokenizer.pad_token_id)
+    tokens = int(columns["attention_mask"].sum())
+    bare = BareLoop(algo.learner_group._learner.module[DEFAULT_MODULE_ID].policy, config)
+    bare_batch = {k: torch.as_tensor(v) for k, v in columns.items()}
+
+    def starpo_update() -> float:
+        result = algo.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)},
+                                                                 env_steps=len(trajectories)))
+        return float(result[0][DEFAULT_MODULE_ID]["total_loss"].peek())  # one result per learner
+
+    # Same weights, same batch: the first losses must agree, or the comparison is not like for like.
+    first_starpo, first_bare = starpo_update(), bare.update(bare_batch)
+    print(f"first-step loss: StarPO learner {first_starpo:.6f}, bare loop {first_bare:.6f}")
+    if abs(first_starpo - first_bare) > 1e-4 * max(1.0, abs(first_bare)):
+        raise SystemExit("the two updates compute different losses; the timing below would not compare like for like")
+
+    timings = {"starpo": [], "bare": []}
+    sides = [("starpo", starpo_update), ("bare", lambda: bare.update(bare_batch))]
+    for repeat in range(args.repeats):  # interleaved, first side alternating: noise and order hit both alike
+        for name, update in sides if repeat % 2 == 0 else sides[::-1]:
+            t0 = time.perf_counter()
+            update()
+            timings[name].append(time.perf_counter() - t0)
+    starpo, bare_s = statistics.median(timings["starpo"]), statistics.median(timings["bare"])
+    print(f"batch: {len(trajectories)} trajectories, {tokens} tokens, model {args.model}, {args.threads} threads")
+    print(f"StarPO learner update : {starpo * 1000:8.1f} ms  ({tokens / starpo:,.0f} tokens/s)")
+    print(f"bare PyTorch loop     : {bare_s * 1000:8.1f} ms  ({tokens / bare_s:,.0f} tokens/s)")
+    print(f"overhead ratio        : {starpo / bare_s:.3f}  (target < 1.15; median of {args.repeats})")
+    algo.stop()
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
