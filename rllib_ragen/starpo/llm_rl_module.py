@@ -14,6 +14,7 @@ import gymnasium as gym
 import torch
 from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
+from ray.rllib.utils.annotations import override
 
 from ..objectives import entropy_from_logits
 from ..rollout.models import load_policy
@@ -53,6 +54,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     those of ``softmax(logits / temperature)``, the distribution the rollout sampled from).
     """
 
+    @override(TorchRLModule)
     def setup(self):
         cfg = {**DEFAULT_MODEL_CONFIG, **(self.model_config or {})}
         if cfg["critic"] not in CRITIC_TYPES:
@@ -69,15 +71,18 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             torch.nn.init.zeros_(self.value_head.bias)
 
     # ---- RLlib API ----------------------------------------------------------------------------------------------
+    @override(InferenceOnlyAPI)
     def get_non_inference_attributes(self) -> list[str]:
         return ["critic", "value_head"]
 
+    @override(TorchRLModule)
     def _forward(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
         """Next-token logits after each row's last real token (inference; rollouts use a backend instead)."""
         out = self.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         last = batch["attention_mask"].sum(-1) - 1
         return {"logits": out.logits[torch.arange(len(last)), last]}
 
+    @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
         """Per-token ``logp``, ``entropy`` and (with a critic) ``values``, each (B, T), position 0 zero."""
         ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -93,6 +98,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         return result
 
     # ---- state: torch tensors, not numpy (numpy has no bfloat16) --------------------------------------------------
+    @override(TorchRLModule)
     def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs):
         state = {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}
         if inference_only and not self.inference_only:
@@ -100,6 +106,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             state = {k: v for k, v in state.items() if not k.startswith(skip)}
         return state
 
+    @override(TorchRLModule)
     def set_state(self, state) -> None:
         state = {k: torch.as_tensor(v) for k, v in state.items()}
         missing, _ = self.load_state_dict(state, strict=False)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.utils.annotations import override
 
 from ..objectives import aggregate, compute_gae, kl_penalty, policy_loss, value_loss
 from ..rollout.models import load_policy
@@ -26,6 +27,7 @@ LOSS_COLUMNS = ("response_mask", "old_logp", "token_advantages", "ref_logp", "ol
 
 
 class StarPOTorchLearner(TorchLearner):
+    @override(TorchLearner)
     def build(self) -> None:
         super().build()
         self._reference = None
@@ -36,6 +38,7 @@ class StarPOTorchLearner(TorchLearner):
             self._reference.requires_grad_(False).to(self._device)
 
     # ---- optimizers: AdamW for the actor and the critic, each with its own learning rate --------------------------
+    @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         module = self._module[module_id]
         actor = list(module.policy.parameters())
@@ -50,6 +53,7 @@ class StarPOTorchLearner(TorchLearner):
                                                                 weight_decay=config.weight_decay),
                                     lr_or_lr_schedule=config.critic_lr)
 
+    @override(TorchLearner)
     def postprocess_gradients_for_module(self, *, module_id, config=None, module_gradients_dict):
         """Clip the actor's and the critic's gradients separately by global norm; log both norms."""
         for name, optimizer in self.get_optimizers_for_module(module_id):
@@ -65,11 +69,13 @@ class StarPOTorchLearner(TorchLearner):
         return module_gradients_dict
 
     # ---- optimizer state as torch tensors (numpy has no bfloat16) --------------------------------------------------
+    @override(TorchLearner)
     def _get_optimizer_state(self):
         return {name: {"module_id": self._optimizer_name_to_module[name], "state": _cpu_clone(optim.state_dict())}
                 for name, optim in self._named_optimizers.items()}
 
     # ---- the update ------------------------------------------------------------------------------------------------
+    @override(TorchLearner)
     def _update(self, batch: dict[str, Any], **kwargs):
         module_id = DEFAULT_MODULE_ID
         config = self.config.get_config_for_module(module_id)
@@ -167,6 +173,7 @@ class StarPOTorchLearner(TorchLearner):
             self.metrics.log_value((module_id, "actor/first_step_logprob_deviation"), deviation, window=1)
         return self.compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
 
+    @override(TorchLearner)
     def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
         """The StarPO loss on one prepared batch: clipped surrogate - entropy bonus (+ KL) (+ value loss).
 

@@ -15,6 +15,7 @@ import torch
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
@@ -51,13 +52,16 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._metrics: dict[str, float] = {}
 
     # ---- EnvRunner API ---------------------------------------------------------------------------------------------
+    @override(EnvRunner)
     def assert_healthy(self):
         assert self.engine is not None and self.module is not None, "TextEnvRunner was not set up."
 
+    @override(EnvRunner)
     def get_spaces(self):
         return {INPUT_ENV_SPACES: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE),
                 DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}
 
+    @override(EnvRunner)
     def sample(self, *, seeds: Sequence[int], group_size: int, sampling: SamplingParams,
                sample_seed: int | None = None, **kwargs) -> list[Trajectory]:
         """Play ``len(seeds)`` groups of ``group_size`` episodes; metrics go to :meth:`get_metrics`."""
@@ -65,19 +69,23 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._metrics["perf/weights_seq_no"] = float(self._weights_seq_no)
         return trajectories
 
+    @override(EnvRunner)
     def get_metrics(self) -> dict[str, float]:
         return dict(self._metrics)
 
+    @override(EnvRunner)
     def stop(self) -> None:
         self.engine = None
 
     # ---- weights and checkpoints -----------------------------------------------------------------------------------
+    @override(Checkpointable)
     def get_state(self, components=None, *, not_components=None, **kwargs):
         state = {WEIGHTS_SEQ_NO: self._weights_seq_no}
         if self._check_component(COMPONENT_RL_MODULE, components, not_components):
             state[COMPONENT_RL_MODULE] = self.module.get_state()
         return state
 
+    @override(Checkpointable)
     def set_state(self, state) -> None:
         if COMPONENT_RL_MODULE not in state:
             return
@@ -95,8 +103,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             self.module.set_state(module_state)
         self._weights_seq_no = seq_no
 
+    @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):
         return (), {"config": self.config}
 
+    @override(Checkpointable)
     def get_checkpointable_components(self):
         return []
