@@ -17,8 +17,9 @@ Example::
 from __future__ import annotations
 
 import math
+import os
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +28,8 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME)
+from ray.rllib.utils.annotations import override
+from ray.rllib.utils.metrics import LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from ..envs import registered_text_envs
 from ..objectives import AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS, select_groups
@@ -89,16 +91,93 @@ class StarPOConfig(AlgorithmConfig):
         self.env = "rllib_ragen/Sokoban-v0"
         self._model_config = dict(DEFAULT_MODEL_CONFIG)
 
-    def training(self, **kwargs) -> "StarPOConfig":
-        """Set RLlib's training fields (``lr`` is the actor's, ``gamma``, ``grad_clip``, ``num_epochs``,
-        ``minibatch_size``...) and StarPO's (``STARPO_S_DEFAULTS``)."""
-        own = {k: kwargs.pop(k) for k in list(kwargs) if k in STARPO_S_DEFAULTS}
+    @override(AlgorithmConfig)
+    def training(
+        self, *,
+        # rollout
+        num_groups=NotProvided, group_size=NotProvided, max_turns=NotProvided, max_actions_per_turn=NotProvided,
+        max_actions_per_episode=NotProvided, temperature=NotProvided, validation_temperature=NotProvided,
+        max_new_tokens_per_turn=NotProvided, format_penalty=NotProvided, enable_thinking=NotProvided,
+        max_context_tokens=NotProvided, inference_backend=NotProvided, inference_batch_size=NotProvided,
+        # advantages and rollout filter
+        advantage_estimator=NotProvided, grpo_normalize_std=NotProvided, lambda_=NotProvided,
+        turn_level_rewards=NotProvided, rollout_filter=NotProvided, rollout_filter_ratio=NotProvided,
+        # losses
+        clip_ratio_low=NotProvided, clip_ratio_high=NotProvided, dual_clip=NotProvided, kl_coeff=NotProvided,
+        kl_estimator=NotProvided, entropy_coeff=NotProvided, loss_aggregation=NotProvided, value_clip=NotProvided,
+        vf_loss_coeff=NotProvided, recompute_logprobs=NotProvided,
+        # optimisation
+        critic_lr=NotProvided, weight_decay=NotProvided, adam_betas=NotProvided, micro_batch_size=NotProvided,
+        updates_per_rollout_batch=NotProvided,
+        # validation and seeds
+        validation_interval=NotProvided, validation_size=NotProvided, validation_group_size=NotProvided,
+        validate_before_training=NotProvided, train_seed_start=NotProvided, validation_seed_start=NotProvided,
+        **kwargs,
+    ) -> "StarPOConfig":
+        """Set StarPO's knobs and RLlib's training fields. Defaults: the reference's StarPO-S (arXiv 2504.20073).
+
+        RLlib's own fields pass through: ``lr`` (the actor's, 1e-6), ``gamma`` (1.0), ``grad_clip`` (1.0, applied
+        to actor and critic separately), ``num_epochs`` (1), ``minibatch_size`` (trajectories per optimizer step;
+        None: the kept batch split into ``updates_per_rollout_batch`` steps).
+
+        Args:
+            num_groups: P, initial states per training step; every group's episodes share one reset seed.
+            group_size: N, episodes per initial state. P x N = 8 x 16 = 128 trajectories per step by default.
+            max_turns: replies per episode (an environment may lower it: the bandit is single-turn).
+            max_actions_per_turn: actions kept from one reply (``A1 || A2 || ...``); the paper finds 5-6 best.
+            max_actions_per_episode: actions executed over the whole episode.
+            temperature: sampling temperature of training rollouts; the learner scores ``softmax(logits / T)``
+                with the same T, so it must be > 0.
+            validation_temperature: sampling temperature on the validation set (0 is greedy).
+            max_new_tokens_per_turn: reply length limit; a cut reply usually fails the format.
+            format_penalty: added to a turn's reward when the reply breaks the protocol (-0.1).
+            enable_thinking: require ``<think>...</think>`` before ``<answer>``.
+            max_context_tokens: an episode whose next prompt would be longer ends there (reported as truncated).
+            inference_backend: ``"hf"`` (batched KV-cached sampling in the env runner) or a callable
+                ``(model, tokenizer, config) -> InferenceBackend``.
+            inference_batch_size: prompts per generation batch of the HF backend.
+            advantage_estimator: ``"gae"`` (PPO with a critic: StarPO-S), ``"grpo"`` (return normalised within
+                its group), ``"brpo"`` (normalised over the batch) or ``"raw"`` (the return itself).
+            grpo_normalize_std: divide by the group's (batch's) std for grpo/brpo. Off gives mean-only
+                advantages, which avoid amplifying tiny differences in nearly-uniform groups.
+            lambda_: GAE lambda (1.0: with gamma 1 the advantage is return minus value).
+            turn_level_rewards: put each turn's reward on that turn's last token instead of the whole return on
+                the trajectory's last token (turn-level credit; matters with gamma < 1 or a critic).
+            rollout_filter: ``"std"`` keeps the groups whose returns vary most (StarPO-S), ``"reversed_std"``
+                the least, ``"none"`` all.
+            rollout_filter_ratio: share of groups kept (0.25: top quarter); 1.0 keeps everything.
+            clip_ratio_low, clip_ratio_high: PPO clip range [1 - low, 1 + high]; 0.2 / 0.28 is "clip-higher",
+                which leaves room for rare tokens to gain probability.
+            dual_clip: bound c on the loss of negative-advantage tokens (3.0), or None to switch it off.
+            kl_coeff: weight of KL(policy || frozen initial policy); 0 (StarPO-S) does not load the reference.
+            kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (low-variance, >= 0).
+            entropy_coeff: entropy bonus weight (0.001).
+            loss_aggregation: ``"token-mean"`` (every token weighs the same), ``"seq-mean-token-mean"`` (every
+                trajectory weighs the same) or ``"seq-mean-token-sum"``.
+            value_clip: clip range of the value loss around the old values, or None.
+            vf_loss_coeff: weight of the value loss.
+            recompute_logprobs: use the learner's own pass for the old log-probs (the first ratio is then exactly
+                1 whatever the backend); False uses the rollout's. Their gap is logged either way.
+            critic_lr: the critic's learning rate (1e-5; the actor's is ``lr``).
+            weight_decay, adam_betas: AdamW settings of both optimizers.
+            micro_batch_size: trajectories per forward/backward pass; gradients accumulate to the minibatch's,
+                so memory drops without changing the update. None: the whole minibatch at once.
+            updates_per_rollout_batch: optimizer steps per rollout batch and epoch (the reference's implicit
+                "Online-k"); 1 (fresh rollouts every update) is what the paper recommends.
+            validation_interval: play the validation set every k iterations (0: never).
+            validation_size: fixed validation initial states (256; seeds 123...).
+            validation_group_size: episodes per validation state.
+            validate_before_training: also validate before the first update, for a before/after comparison.
+            train_seed_start, validation_seed_start: first training and validation reset seeds. Training seeds
+                advance by ``num_groups`` each step and never repeat.
+        """
+        given = {k: v for k, v in locals().items() if k in STARPO_S_DEFAULTS and v is not NotProvided}
         super().training(**kwargs)
-        for key, value in own.items():
-            if value is not NotProvided:
-                setattr(self, key, value)
+        for key, value in given.items():
+            setattr(self, key, value)
         return self
 
+    @override(AlgorithmConfig)
     def rl_module(self, *, model_config=NotProvided, **kwargs) -> "StarPOConfig":
         """``model_config`` is merged over the defaults, so ``{"model": "smollm2-135m"}`` keeps the rest."""
         if model_config is not NotProvided:
@@ -112,9 +191,11 @@ class StarPOConfig(AlgorithmConfig):
         return self.training(**PRESETS[name])
 
     # ---- what RLlib builds -----------------------------------------------------------------------------------------
+    @override(AlgorithmConfig)
     def get_default_rl_module_spec(self) -> RLModuleSpec:
         return RLModuleSpec(module_class=CausalLMRLModule)
 
+    @override(AlgorithmConfig)
     def get_default_learner_class(self):
         from .starpo_learner import StarPOTorchLearner
 
@@ -161,6 +242,7 @@ class StarPOConfig(AlgorithmConfig):
         """Trajectories left for the update after the rollout filter."""
         return self.num_kept_groups * self.group_size
 
+    @override(AlgorithmConfig)
     def validate(self) -> None:
         super().validate()
         errors = list(self._starpo_errors())
@@ -242,6 +324,7 @@ class StarPO(Algorithm):
     def get_default_config(cls) -> StarPOConfig:
         return StarPOConfig()
 
+    @override(Algorithm)
     def setup(self, config) -> None:
         super().setup(config)
         self.seed_schedule = SeedSchedule(config.train_seed_start, config.validation_seed_start)
@@ -249,6 +332,7 @@ class StarPO(Algorithm):
         self.last_rollout: list[Trajectory] = []
 
     # ---- one iteration ---------------------------------------------------------------------------------------------
+    @override(Algorithm)
     def training_step(self) -> None:
         config, iteration = self.config, self.iteration
         if iteration == 0 and config.validation_interval and config.validate_before_training:
@@ -359,11 +443,26 @@ class StarPO(Algorithm):
             self.metrics.log_value(key, value, window=1)
 
     # ---- checkpoints and export ------------------------------------------------------------------------------------
+    # RLlib hands a path string to pyarrow, which refuses relative ones ("URI has empty scheme"); resolve them.
+    @override(Algorithm)
+    def save_to_path(self, path=None, **kwargs) -> str:
+        return super().save_to_path(_absolute(path), **kwargs)
+
+    @override(Algorithm)
+    def restore_from_path(self, path, **kwargs) -> None:
+        return super().restore_from_path(_absolute(path), **kwargs)
+
+    @classmethod
+    def from_checkpoint(cls, path, filesystem=None, **kwargs) -> "StarPO":
+        return super().from_checkpoint(_absolute(path), filesystem, **kwargs)
+
+    @override(Algorithm)
     def get_state(self, *args, **kwargs):
         state = super().get_state(*args, **kwargs)
         state["starpo"] = {"seed_schedule": self.seed_schedule.get_state()}
         return state
 
+    @override(Algorithm)
     def set_state(self, state) -> None:
         super().set_state(state)
         if "starpo" in state:
@@ -378,3 +477,10 @@ class StarPO(Algorithm):
             spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True).build()
         module.set_state(weights)
         module.save_pretrained(path)
+
+
+def _absolute(path):
+    """A local path made absolute; None, URIs (``s3://...``) and Tune checkpoints pass through."""
+    if path is None or not isinstance(path, (str, os.PathLike)) or "://" in str(path):
+        return path
+    return os.path.abspath(os.path.expanduser(path))

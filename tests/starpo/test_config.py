@@ -75,3 +75,15 @@ def test_unknown_env_and_critic_are_named():
 def test_a_valid_config_passes():
     StarPOConfig().environment("rllib_ragen/FrozenLake-v0").training(minibatch_size=16).validate()
     assert StarPOConfig().training(minibatch_size=16).effective_updates_per_rollout_batch == 2
+
+
+def test_every_starpo_knob_is_a_documented_keyword_of_training():
+    import inspect
+
+    from rllib_ragen.starpo.starpo import STARPO_S_DEFAULTS
+
+    keywords = set(inspect.signature(StarPOConfig.training).parameters) - {"self", "kwargs"}
+    assert keywords == set(STARPO_S_DEFAULTS)  # settable by name, so a typo fails instead of being ignored
+    assert [k for k in STARPO_S_DEFAULTS if k not in StarPOConfig.training.__doc__] == []
+    with pytest.raises(TypeError, match="num_group"):
+        StarPOConfig().training(num_group=4)
