@@ -1,21 +1,4 @@
-import os
-
 import pytest
-
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
-
-@pytest.fixture(scope="package")
-def ray_session():
-    """One Ray session for every StarPO test (starting Ray takes ~5 s and ~700 MiB)."""
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture
