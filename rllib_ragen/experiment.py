@@ -20,9 +20,11 @@ import argparse
 import csv
 import dataclasses
 import json
+import logging
 import math
 import os
 import pathlib
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -134,6 +136,10 @@ def warm_start(args: ExperimentArgs, rollout_config: RolloutConfig, policy: Call
     from .sft import collect_demonstrations, supervised_warm_start
 
     t0 = time.perf_counter()
+    sft_log = logging.getLogger("rllib_ragen.sft")  # its every-50-steps loss lines are this job's progress
+    if not sft_log.handlers:
+        sft_log.addHandler(logging.StreamHandler(sys.stdout))
+        sft_log.setLevel(logging.INFO)
     model, tokenizer = load_policy(args.model, seed=args.seed)
     demos = collect_demonstrations(rollout_config, policy, tokenizer, args.warm_start_episodes)
     losses = supervised_warm_start(model, demos, steps=args.warm_start_steps, batch_size=args.warm_start_batch_size,
@@ -147,8 +153,12 @@ def warm_start(args: ExperimentArgs, rollout_config: RolloutConfig, policy: Call
 
 
 def run_experiment(args: ExperimentArgs, demonstration_policy: Callable[[str], str] | None = None,
-                   env_config: dict | None = None) -> dict:
-    """Warm start (when a demonstration policy is given), train, and write the outputs. Returns the summary."""
+                   env_config: dict | None = None, pass_bar: float | None = None) -> dict:
+    """Warm start (when a demonstration policy is given), train, and write the outputs. Returns the summary.
+
+    ``pass_bar``: the least rise of validation success over the warm start that counts as learning; the verdict
+    is printed and stored in the summary (``success_gain``, ``passed``).
+    """
     import ray
 
     out = pathlib.Path(args.output_dir).resolve()
@@ -182,9 +192,14 @@ def run_experiment(args: ExperimentArgs, demonstration_policy: Callable[[str], s
     finally:
         algo.stop()
     summary = _summary(args, rows, validations, time.perf_counter() - t_start)
+    summary["success_gain"] = summary["after"]["success"] - summary["before"]["success"]
+    summary["passed"] = None if pass_bar is None else bool(summary["success_gain"] >= pass_bar)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     _plot(out / "learning_curve.png", rows, validations, args.env)
     _print_table(summary, args)
+    if pass_bar is not None:
+        verdict = "PASS" if summary["passed"] else "below the bar"
+        print(f"success gain {summary['success_gain']:+.3f} (bar {pass_bar}): {verdict}")
     return summary
 
 
