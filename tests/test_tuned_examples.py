@@ -1,8 +1,10 @@
 """The main jobs through their real entry points (subprocess), with tiny budgets: they run, and what they write
 parses. Whether they learn is measured by the full runs reported in the README, not here."""
 
+import csv
 import json
 import pathlib
+import runpy
 import subprocess
 import sys
 
@@ -32,6 +34,9 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["validated_at"] == [0, 2] and summary["validation_episodes"] == 8
     assert 0.0 <= summary["before"]["success"] <= 1.0 and 0.0 <= summary["after"]["success"] <= 1.0
+    bar = runpy.run_path(str(ROOT / "tuned_examples" / example), run_name="imported")["PASS_BAR"]
+    assert summary["passed"] == (summary["success_gain"] >= bar)  # the job's pass bar, applied and recorded
+    assert "(bar " in done.stdout
     lines = (tmp_path / "metrics.csv").read_text().strip().splitlines()
     assert len(lines) == 3 and "learner/actor/entropy" in lines[0]  # header + one row per iteration
     rollouts = pq.read_table(tmp_path / "validation_rollouts.parquet").to_pylist()
@@ -50,3 +55,18 @@ def test_flags_override_the_examples_defaults():
 def test_unbuilt_backend_is_refused_with_a_clear_message():
     done = run_example("starpo_bandit.py", "--backend", "vllm")
     assert done.returncode == 2 and "vLLM engines are not built yet" in done.stderr
+
+
+def test_tune_sweep_runs_its_grid_and_reports_the_best_trial(tmp_path):
+    script = ROOT / "tuned_examples" / "tune_sokoban.py"
+    done = subprocess.run([sys.executable, str(script), "--actions-per-turn", "1,5", "--updates", "1",
+                           "--keep-ratios", "1.0", "--iterations", "1", "--validation-size", "4",
+                           "--warm-start-steps", "3", "--warm-start-episodes", "8", "--output-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "trials.csv") as f:
+        trials = list(csv.DictReader(f))
+    assert sorted(int(t["max_actions_per_turn"]) for t in trials) == [1, 5]  # one trial per grid point
+    assert all(not t["error"] and 0.0 <= float(t["success_after"]) <= 1.0 for t in trials)
+    assert "best: {'max_actions_per_turn'" in done.stdout
+    assert (tmp_path / "comparison.png").read_bytes()[:4] == b"\x89PNG"

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
@@ -326,6 +327,9 @@ class StarPO(Algorithm):
 
     @override(Algorithm)
     def setup(self, config) -> None:
+        if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+            # A Ray actor (a Tune trial): one torch thread per CPU it was given; more thrash beside other trials.
+            torch.set_num_threads(max(1, int(config.num_cpus_for_main_process)))
         super().setup(config)
         self.seed_schedule = SeedSchedule(config.train_seed_start, config.validation_seed_start)
         self.last_validation: list[Trajectory] = []
