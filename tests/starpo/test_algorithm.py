@@ -16,6 +16,15 @@ def learner_weights(algo) -> dict[str, torch.Tensor]:
     return {k: torch.as_tensor(v).clone() for k, v in state[DEFAULT_MODULE_ID].items()}
 
 
+def weights_after_one_iteration(config) -> dict[str, torch.Tensor]:
+    algo = config.build_algo()
+    try:
+        algo.train()
+        return learner_weights(algo)
+    finally:
+        algo.stop()
+
+
 def test_first_update_has_ratio_one_and_rollout_logprobs_match_the_learner(small_config):
     algo = small_config().build_algo()
     try:
@@ -37,16 +46,10 @@ def test_first_update_has_ratio_one_and_rollout_logprobs_match_the_learner(small
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 def test_micro_batches_accumulate_to_the_full_batch_gradient(aggregation, small_config):
-    weights = []
-    for micro_batch_size in (None, 1):
-        algo = small_config(micro_batch_size=micro_batch_size, loss_aggregation=aggregation,
-                            validation_interval=0, grad_clip=None).build_algo()
-        try:
-            algo.train()
-            weights.append(learner_weights(algo))
-        finally:
-            algo.stop()
-    full, micro = weights
+    full, micro = (weights_after_one_iteration(small_config(micro_batch_size=micro_batch_size,
+                                                            loss_aggregation=aggregation, validation_interval=0,
+                                                            grad_clip=None))
+                   for micro_batch_size in (None, 1))
     moved = max((full[k] - micro[k]).abs().max().item() for k in full)
     assert moved < 1e-5, f"micro-batched update differs from the full-batch one by {moved}"
 
@@ -131,15 +134,8 @@ def test_one_iteration_with_a_remote_env_runner(small_config):
 
 
 def test_a_remote_learner_computes_the_same_update_as_the_local_one(small_config):
-    weights = []
-    for num_learners in (0, 1):
-        algo = small_config(validation_interval=0).learners(num_learners=num_learners).build_algo()
-        try:
-            algo.train()
-            weights.append(learner_weights(algo))
-        finally:
-            algo.stop()
-    local, remote = weights
+    local, remote = (weights_after_one_iteration(small_config(validation_interval=0).learners(num_learners=n))
+                     for n in (0, 1))
     assert local.keys() == remote.keys()
     for key in local:  # another process, another thread count: equal up to float reduction order
         assert torch.allclose(local[key], remote[key], atol=1e-6), key
