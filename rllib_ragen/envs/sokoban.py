@@ -21,6 +21,7 @@ _MEANINGS = {"wall": "wall", "floor": "empty floor", "target": "target", "box": 
 STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 SOLVED_BONUS = 10.0
+REWARDS = ("shaped", "success")
 
 
 class SokobanEnv(TextEnv):
@@ -41,8 +42,11 @@ class SokobanEnv(TextEnv):
     A level generated from the reset seed (or the level passed as ``options={"level": SokobanLevel}``).
 
     ## Rewards
-    -0.1 per valid move (walking into a wall included), +1 for each box pushed onto a target, -1 for each box
-    pushed off one, +10 when all boxes are on targets. An unknown action pays 0.
+    ``reward="shaped"`` (the reference's): -0.1 per valid move (walking into a wall included), +1 for each box
+    pushed onto a target, -1 for each box pushed off one, +10 when all boxes are on targets.
+    ``reward="success"``: 1 for the move that solves the level, 0 otherwise. With a small model and few groups
+    the shaped terms mostly add noise to the advantages; the solved/not-solved signal is what RL should raise.
+    An unknown action pays 0 in both.
 
     ## Episode End
     Terminates when every box is on a target. Registered ids truncate after 100 steps.
@@ -50,7 +54,7 @@ class SokobanEnv(TextEnv):
     ## Arguments
     ``dim`` (6): room side, walls included. ``num_boxes`` (1). ``search_depth`` (50): reverse-play steps, more
     gives longer solutions. ``symbols`` ("default" or "alternate", or a dict with the keys of
-    ``SYMBOL_SETS["default"]``).
+    ``SYMBOL_SETS["default"]``). ``reward`` ("shaped" or "success", see Rewards).
 
     ## Version History
     v0: initial release. Variants: ``Sokoban8x8TwoBoxes-v0`` and ``SokobanAltSymbols-v0``.
@@ -69,8 +73,12 @@ class SokobanEnv(TextEnv):
         num_boxes: int = 1,
         search_depth: int = 50,
         symbols: str | Mapping[str, str] = "default",
+        reward: str = "shaped",
         render_mode: str | None = "ansi",
     ):
+        if reward not in REWARDS:
+            raise ValueError(f"reward={reward!r}: choose one of {REWARDS}.")
+        self.reward = reward
         if isinstance(symbols, str):
             if symbols not in SYMBOL_SETS:
                 raise ValueError(f"symbols={symbols!r}: choose one of {sorted(SYMBOL_SETS)} or pass a dict.")
@@ -95,20 +103,27 @@ class SokobanEnv(TextEnv):
         self.level, self.boxes, self.player = level, set(level.boxes), level.player
 
     def _apply(self, action_index: int) -> tuple[float, bool, bool]:
+        shaped, effective = self._move(action_index)
+        self._success = self.boxes == self.level.targets
+        if self.reward == "success":
+            return float(self._success), self._success, effective
+        return shaped + (SOLVED_BONUS if self._success else 0.0), self._success, effective
+
+    def _move(self, action_index: int) -> tuple[float, bool]:
+        """Walk or push one step; returns the shaped reward (without the solved bonus) and whether it moved."""
         d, floor, targets = self._offsets[action_index], self.level.floor.ravel(), self.level.targets
         reward, nxt = STEP_PENALTY, self.player + d
         if not floor[nxt]:
-            return reward, False, False
+            return reward, False
         if nxt in self.boxes:
             dest = nxt + d
             if not floor[dest] or dest in self.boxes:
-                return reward, False, False
+                return reward, False
             self.boxes.remove(nxt)
             self.boxes.add(dest)
             reward += BOX_ON_TARGET_REWARD * ((dest in targets) - (nxt in targets))
         self.player = nxt
-        self._success = self.boxes == targets
-        return reward + (SOLVED_BONUS if self._success else 0.0), self._success, True
+        return reward, True
 
     def current_level(self) -> SokobanLevel:
         """The current position as a level, e.g. to ask :func:`solve_level` for the rest of the solution."""

@@ -59,6 +59,18 @@ def test_pushing_a_box_off_a_target_costs_one():
     assert r == pytest.approx(-0.1) and obs2 == obs and not info["action_is_effective"]
 
 
+def test_success_reward_pays_only_the_solving_move():
+    env, _ = _env_with(LINE, reward="success")
+    steps = [env.step(a) for a in ("Up", "Right", "Right")]  # wall bump, push, push onto the target
+    assert [r for _, r, _, _, _ in steps] == [0.0, 0.0, 1.0]
+    assert [term for _, _, term, _, _ in steps] == [False, False, True] and steps[-1][4]["success"]
+    # The same moves under the shaped reward end in the same state: only the payout differs.
+    shaped, _ = _env_with(LINE)
+    assert [shaped.step(a)[0] for a in ("Up", "Right", "Right")] == [obs for obs, *_ in steps]
+    with pytest.raises(ValueError, match="reward='sparse'"):
+        gym.make("rllib_ragen/Sokoban-v0", reward="sparse")
+
+
 def test_alternate_symbols_draw_the_same_level():
     default = gym.make("rllib_ragen/Sokoban-v0").reset(seed=11)[0]
     alternate = gym.make("rllib_ragen/SokobanAltSymbols-v0").reset(seed=11)[0]
