@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from .rollout.engine import RolloutConfig, Trajectory
+from .rollout.vllm_backend import VLLM_MISSING, vllm_available
 
 BACKENDS = ("hf", "vllm")
 
@@ -45,12 +46,16 @@ class ExperimentArgs:
     """A main job's settings; every field is a command-line flag (``num_groups`` -> ``--num-groups``)."""
 
     env: str = _flag("registered text-environment id", default="rllib_ragen/Sokoban-v0")
+    env_config: dict = _flag("environment constructor arguments as JSON, e.g. '{\"reward\": \"success\"}'",
+                             default_factory=dict)
     model: str = _flag("'tiny', 'smollm2-135m', or a Hugging Face id / local path", default="tiny")
     iterations: int = _flag("StarPO training iterations (one rollout batch and update each)", default=20)
     preset: str = _flag("'starpo-s' (filter, critic, no KL, clip-higher) or 'starpo' (vanilla)", default="starpo-s")
     output_dir: str = _flag("where metrics, plots, rollouts and the exported model go", default="outputs/starpo")
     seed: int = _flag("seeds the model init, warm start, rollouts and updates", default=0)
-    backend: str = _flag("inference backend: 'hf' (in-process, CPU or GPU); 'vllm' is not built yet", default="hf")
+    backend: str = _flag("inference backend: 'hf' (in the env runner, CPU or GPU) or 'vllm' (engine actors; needs vLLM)",
+                         default="hf")
+    num_inference_engines: int = _flag("vLLM engines (with --backend vllm)", default=1)
     num_env_runners: int = _flag("remote env runners (0: sample in the driver process)", default=0)
     num_learners: int = _flag("remote learners (0: learn in the driver process)", default=0)
     num_gpus_per_learner: float = _flag("GPUs per learner", default=0.0)
@@ -93,18 +98,28 @@ def parse_args(defaults: ExperimentArgs, argv: list[str] | None = None) -> Exper
         if f.type in ("bool", bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.metadata["help"])
         else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
+            kind = {"int": int, "float": float, "dict": _json_object}.get(str(f.type), str)
             parser.add_argument(flag, type=kind, default=None, help=f"{f.metadata['help']} (default: {default})")
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     base = defaults
     if torch.cuda.is_available():
-        base = dataclasses.replace(defaults, **REFERENCE_GPU_SETTINGS)
+        base = dataclasses.replace(defaults, **REFERENCE_GPU_SETTINGS, backend="vllm" if vllm_available() else "hf")
     args = dataclasses.replace(base, **given)
     if args.backend not in BACKENDS:
         parser.error(f"--backend {args.backend!r}: choose one of {BACKENDS}.")
-    if args.backend == "vllm":
-        parser.error("--backend vllm: the vLLM engines are not built yet; use --backend hf.")
+    if args.backend == "vllm" and not vllm_available():
+        parser.error(f"--backend vllm: {VLLM_MISSING}")
     return args
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"key\": 1}}', got {text!r}")
+    return value
 
 
 def starpo_config(args: ExperimentArgs, model: str, env_config: dict | None = None):
@@ -112,7 +127,7 @@ def starpo_config(args: ExperimentArgs, model: str, env_config: dict | None = No
     from . import StarPOConfig
 
     return (StarPOConfig()
-            .environment(args.env, env_config=env_config or {})
+            .environment(args.env, env_config={**(env_config or {}), **args.env_config})
             .rl_module(model_config={"model": model})
             .preset(args.preset)
             .training(num_groups=args.num_groups, group_size=args.group_size,
@@ -123,6 +138,7 @@ def starpo_config(args: ExperimentArgs, model: str, env_config: dict | None = No
                       max_actions_per_episode=args.max_actions_per_episode,
                       max_new_tokens_per_turn=args.max_new_tokens_per_turn,
                       updates_per_rollout_batch=args.updates_per_rollout_batch, enable_thinking=args.enable_thinking,
+                      inference_backend=args.backend, num_inference_engines=args.num_inference_engines,
                       validation_size=args.validation_size, validation_interval=args.iterations)
             .env_runners(num_env_runners=args.num_env_runners)
             .learners(num_learners=args.num_learners, num_gpus_per_learner=args.num_gpus_per_learner)

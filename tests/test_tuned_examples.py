@@ -2,6 +2,7 @@
 parses. Whether they learn is measured by the full runs reported in the README, not here."""
 
 import csv
+import importlib.util
 import json
 import pathlib
 import runpy
@@ -50,11 +51,21 @@ def test_flags_override_the_examples_defaults():
     defaults = ExperimentArgs(env="rllib_ragen/Bandit-v0", iterations=10, lr=5e-4)
     args = parse_args(defaults, ["--iterations", "3", "--preset", "starpo", "--no-enable-thinking"])
     assert (args.iterations, args.preset, args.enable_thinking, args.lr) == (3, "starpo", False, 5e-4)
+    args = parse_args(defaults, ["--env-config", '{"reward": "success"}'])
+    assert args.env_config == {"reward": "success"} and defaults.env_config == {}
 
 
-def test_unbuilt_backend_is_refused_with_a_clear_message():
+@pytest.mark.parametrize("bad", ["{reward: success}", '["success"]'])
+def test_env_config_that_is_not_a_json_object_is_refused(bad, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(ExperimentArgs(), ["--env-config", bad])
+    assert "--env-config" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="checks the message shown without vLLM")
+def test_vllm_backend_without_vllm_is_refused_with_the_install_command():
     done = run_example("starpo_bandit.py", "--backend", "vllm")
-    assert done.returncode == 2 and "vLLM engines are not built yet" in done.stderr
+    assert done.returncode == 2 and "pip install 'rllib_ragen[vllm]'" in done.stderr
 
 
 def test_tune_sweep_runs_its_grid_and_reports_the_best_trial(tmp_path):
