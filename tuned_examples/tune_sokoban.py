@@ -21,8 +21,9 @@ from rllib_ragen.experiment import ExperimentArgs, starpo_config, warm_start
 from rllib_ragen.rollout.scripted import sokoban_solver_policy
 
 BASE = ExperimentArgs(
-    env="rllib_ragen/Sokoban-v0", iterations=8, num_groups=4, group_size=8, lr=1e-4, critic_lr=1e-3,
-    max_new_tokens_per_turn=48, validation_size=64, warm_start_episodes=1000, warm_start_steps=300,
+    env="rllib_ragen/Sokoban-v0", env_config={"reward": "success"},  # as starpo_sokoban.py
+    iterations=8, num_groups=4, group_size=8, lr=1e-4, critic_lr=1e-3, max_new_tokens_per_turn=48,
+    validation_size=64, warm_start_episodes=1000, warm_start_steps=300,
 )
 METRIC = f"val/{BASE.env}/success"
 
