@@ -66,6 +66,7 @@ class VLLMEngine:
                        enforce_eager=enforce_eager, seed=seed, enable_prefix_caching=True,
                        logprobs_mode="processed_logprobs")  # after temperature: what the learner recomputes
         self.start_s = time.perf_counter() - t0
+        self._seeded_requests = torch.cuda.is_available()
         self.weights_version = 0
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "generate_s": 0.0, "weight_loads": 0}
 
@@ -78,8 +79,11 @@ class VLLMEngine:
         base = dict(temperature=max(params.temperature, 0.0), top_p=params.top_p, top_k=params.top_k,
                     max_tokens=params.max_new_tokens, stop=list(params.stop_strings),
                     include_stop_str_in_output=True, logprobs=0, detokenize=True)
-        # One seed per request (the same seed for all would give identical replies to identical prompts).
-        requests = [VLLMSamplingParams(**base, seed=None if seed is None else (seed * 1_000_003 + i) % 2**63)
+        # One seed per request (the same seed for all would give identical replies to identical prompts). vLLM's
+        # CPU build fails on seeded requests whose prefill is split over steps ("CPU Generator does not use
+        # offset"), so there the engine's own seeded generator samples, reproducible only for the same batches.
+        seeded = seed is not None and self._seeded_requests
+        requests = [VLLMSamplingParams(**base, seed=(seed * 1_000_003 + i) % 2**63 if seeded else None)
                     for i in range(len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests,
                                     use_tqdm=False)
