@@ -43,7 +43,7 @@ class VLLMEngine:
         dtype: ``"float32"`` keeps engine and learner log-probs within float error of each other.
         tensor_parallel_size: devices the model is split over.
         gpu_memory_utilization: share of each GPU's memory vLLM may take (weights and KV cache); None: 0.5 on a
-            GPU, 0.1 of the machine's memory on vLLM's CPU build (where the flag sizes the CPU KV cache).
+            GPU, 0.2 of the machine's memory on vLLM's CPU build (where it bounds weights plus KV cache).
         max_model_len: the longest context; the rollout's ``max_context_tokens`` is enough.
         enforce_eager: skip graph capture / compilation (quicker start, slower decoding).
         seed: the engine's global seed (each request still gets its own sampling seed).
@@ -59,7 +59,7 @@ class VLLMEngine:
         except ImportError as e:
             raise ImportError(VLLM_MISSING) from e
         if gpu_memory_utilization is None:
-            gpu_memory_utilization = 0.5 if torch.cuda.is_available() else 0.1
+            gpu_memory_utilization = 0.5 if torch.cuda.is_available() else 0.2
         t0 = time.perf_counter()
         self.llm = LLM(model=model, tokenizer=model, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rllib_ragen.rollout.vllm_backend import VLLM_MISSING
+from rllib_ragen.starpo.llm_rl_module import PLACEHOLDER_SPACE
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -36,9 +37,11 @@ def _sequence_logprobs(model, ids):
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed")
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_starpo_iteration_on_vllm_engines_syncs_the_learners_weights(ray_session, small_config):
+@pytest.mark.parametrize("num_env_runners", [0, 1])
+def test_starpo_iteration_on_vllm_engines_syncs_the_learners_weights(ray_session, small_config, num_env_runners):
     config = small_config(inference_backend="vllm", validation_interval=0,
                           vllm_engine_config={"enforce_eager": True, "max_model_len": 2048})
+    config.env_runners(num_env_runners=num_env_runners)
     algo = config.build_algo()
     try:
         engine = algo.inference_engines.engines[0]
@@ -49,7 +52,8 @@ def test_starpo_iteration_on_vllm_engines_syncs_the_learners_weights(ray_session
         assert result["time/weight_load_s"] > 0
         sequence = algo.last_rollout[0].token_ids
         state = algo.learner_group.get_state(components="learner/rl_module/default_policy", inference_only=True)
-        module = algo.env_runner.module
+        module = config.get_rl_module_spec(inference_only=True,
+                                           spaces={"default_policy": (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}).build()
         module.set_state(state["learner"]["rl_module"]["default_policy"])
         import ray
 
