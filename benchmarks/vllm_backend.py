@@ -113,9 +113,7 @@ def train_iteration(args, path):
 
     # The weight-sync check: a sequence the policy sampled, scored by the engine and by the learner's weights.
     sequence = algo.last_rollout[0].token_ids
-    state = algo.learner_group.get_state(components="learner/rl_module/default_policy", inference_only=True)
-    weights = {k[len("policy."):]: v for k, v in state["learner"]["rl_module"]["default_policy"].items()
-               if k.startswith("policy.")}
+    weights = algo.policy_weights()
     after_model, _ = load_policy(path)
     after_model.load_state_dict(weights)
     engine_now = torch.tensor(ray.get(engine.sequence_logprobs.remote(sequence)))

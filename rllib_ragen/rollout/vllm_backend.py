@@ -243,8 +243,8 @@ def _is_actor(engine) -> bool:
 
 
 def _resolve(value):
+    """An engine call's result: fetched when it is an ObjectRef (or a list of them) from an actor, else as is."""
     import ray
 
-    if isinstance(value, list) and value and isinstance(value[0], ray.ObjectRef) or isinstance(value, ray.ObjectRef):
-        return ray.get(value)
-    return value
+    refs = value if isinstance(value, list) else [value]
+    return ray.get(value) if refs and isinstance(refs[0], ray.ObjectRef) else value

@@ -113,7 +113,8 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         if missing and self.inference_only:
             raise ValueError(f"weights for this policy are missing keys {missing[:5]}...: is it the same model?")
 
-    def policy_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    @staticmethod
+    def policy_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The policy's own ``state_dict`` (Hugging Face names) out of a module state."""
         return {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
 

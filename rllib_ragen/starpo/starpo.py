@@ -447,10 +447,7 @@ class StarPO(Algorithm):
 
     def _sync_inference_engines(self) -> float:
         """Load the learner's current policy weights into every engine; returns the seconds the load took."""
-        state = self.learner_group.get_state(components="learner/rl_module/" + DEFAULT_MODULE_ID,
-                                             inference_only=True)["learner"]["rl_module"][DEFAULT_MODULE_ID]
-        policy = {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
-        return self.inference_engines.load_weights(policy, version=self.iteration + 1)
+        return self.inference_engines.load_weights(self.policy_weights(), version=self.iteration + 1)
 
     @override(Algorithm)
     def cleanup(self) -> None:
@@ -537,11 +534,19 @@ class StarPO(Algorithm):
         if getattr(self, "inference_engines", None) is not None:
             self._sync_inference_engines()  # restored weights must reach the engines before the next rollout
 
+    def _learner_module_state(self) -> dict[str, torch.Tensor]:
+        """The learner's current module state, critic left out."""
+        return self.learner_group.get_state(components="learner/rl_module/" + DEFAULT_MODULE_ID,
+                                            inference_only=True)["learner"]["rl_module"][DEFAULT_MODULE_ID]
+
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The learner's current policy weights, with the Hugging Face model's own parameter names."""
+        return CausalLMRLModule.policy_state(self._learner_module_state())
+
     def export_pretrained(self, path) -> None:
         """Save the current policy and tokenizer with ``save_pretrained``: ``AutoModelForCausalLM.from_pretrained(path)``
         loads it with plain transformers."""
-        weights = self.learner_group.get_state(components="learner/rl_module/" + DEFAULT_MODULE_ID,
-                                               inference_only=True)["learner"]["rl_module"][DEFAULT_MODULE_ID]
+        weights = self._learner_module_state()
         module = self.env_runner.module if self.env_runner is not None else self.config.get_rl_module_spec(
             spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True).build()
         module.set_state(weights)
