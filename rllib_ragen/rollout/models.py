@@ -69,8 +69,61 @@ def build_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_tokenizer_corpus(seed), trainer=trainer)
+    tok.model = _without_grid_merges(tok)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    bos_token=None, chat_template=CHATML_TEMPLATE)
+
+
+def _grid_symbols() -> tuple[set[str], set[str]]:
+    """The environments' board symbols, split into letters and other characters."""
+    from rllib_ragen.envs.frozen_lake import SYMBOLS as LAKE_SYMBOLS
+    from rllib_ragen.envs.sokoban import SYMBOL_SETS
+
+    symbols = set(LAKE_SYMBOLS.values()).union(*(set(s.values()) for s in SYMBOL_SETS.values()))
+    return {c for c in symbols if c.isalpha()}, {c for c in symbols if not c.isalpha()}
+
+
+def _without_grid_merges(tok):
+    """The trained BPE model minus every merge that would join a board cell to anything else.
+
+    A board row then encodes as one token per cell plus the newline, so the cell above is always ``size + 1``
+    tokens back. With free merges, rows split into pieces like ``_P`` + ``__\n`` whose lengths vary, and a small
+    model must learn to count characters inside tokens before it can read the board at all.
+    """
+    import json
+
+    from tokenizers import models
+
+    letters, marks = _grid_symbols()
+    decode = tok.decoder.decode
+
+    def joins_a_cell(merged: str) -> bool:
+        text = decode([merged])
+        if len(text) < 2:
+            return False
+        if any(c in marks for c in text) or ("\ufffd" in text and text.strip("\ufffd")):
+            return True  # a board mark (or a partial multi-byte mark) joined to another character
+        return all(c in letters for c in text)  # a run of board letters such as "OG", as in "_OG_"
+
+    state = json.loads(tok.to_str())["model"]  # vocab and merges, in training order
+    merged_tokens = {left + right for left, right in state["merges"]}
+    base = sorted((i, t) for t, i in state["vocab"].items() if t not in merged_tokens)  # specials, byte alphabet
+    vocab = {t: n for n, (_, t) in enumerate(base)}
+    merges = []
+    for left, right in state["merges"]:
+        merged = left + right
+        if left in vocab and right in vocab and not joins_a_cell(merged) and merged not in vocab:
+            merges.append((left, right))
+            vocab[merged] = len(vocab)
+    # A multi-byte mark (√) must still be one token: join whatever pieces the kept merges leave, last in rank.
+    filtered = models.BPE(vocab=dict(vocab), merges=list(merges))
+    for mark in sorted(marks):  # sorted: every process must build the same ids
+        pieces = [t.value for t in filtered.tokenize(tok.pre_tokenizer.pre_tokenize_str(mark)[0][0])]
+        while len(pieces) > 1:
+            merges.append((pieces[0], pieces[1]))
+            pieces[:2] = [pieces[0] + pieces[1]]
+            vocab.setdefault(pieces[0], len(vocab))
+    return models.BPE(vocab=vocab, merges=merges)
 
 
 def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 128, num_layers: int = 4,

@@ -44,14 +44,25 @@ def test_first_update_has_ratio_one_and_rollout_logprobs_match_the_learner(small
         algo.stop()
 
 
+def assert_same_update(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lr: float = 1e-3) -> None:
+    """Weights after one update agree up to float reduction order.
+
+    Adam's first step is about lr * g / (|g| + eps): where a gradient is near eps, reduction order shows up at a
+    small fraction of lr (up to 1.4e-5 measured, in a handful of 65k weights). A real difference (a wrong
+    accumulation, another batch) turns whole directions and moves weights by up to 2 * lr. ``lr``: small_config's.
+    """
+    assert a.keys() == b.keys()
+    moved = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert moved < 0.05 * lr, f"the two updates differ by {moved}"
+
+
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 def test_micro_batches_accumulate_to_the_full_batch_gradient(aggregation, small_config):
     full, micro = (weights_after_one_iteration(small_config(micro_batch_size=micro_batch_size,
                                                             loss_aggregation=aggregation, validation_interval=0,
                                                             grad_clip=None))
                    for micro_batch_size in (None, 1))
-    moved = max((full[k] - micro[k]).abs().max().item() for k in full)
-    assert moved < 1e-5, f"micro-batched update differs from the full-batch one by {moved}"
+    assert_same_update(full, micro)
 
 
 def test_checkpoint_resume_is_exact(tmp_path, small_config):
@@ -136,9 +147,7 @@ def test_one_iteration_with_a_remote_env_runner(small_config):
 def test_a_remote_learner_computes_the_same_update_as_the_local_one(small_config):
     local, remote = (weights_after_one_iteration(small_config(validation_interval=0).learners(num_learners=n))
                      for n in (0, 1))
-    assert local.keys() == remote.keys()
-    for key in local:  # another process, another thread count: equal up to float reduction order
-        assert torch.allclose(local[key], remote[key], atol=1e-6), key
+    assert_same_update(local, remote)  # another process, another thread count
 
 
 def test_bfloat16_policy_trains_and_resumes_from_a_checkpoint(tmp_path, small_config):
