@@ -55,6 +55,10 @@ def optimal_policy(transitions: dict, num_states: int, horizon: int) -> tuple[np
 
     V_0(s) = 0;  V_k(s) = max_a sum_{s'} P(s'|s,a) [r(s') + (1 - done(s')) V_{k-1}(s')], r = 1 at the goal.
 
+    Among equally good actions it takes the one that gets there soonest (the highest value discounted by 0.9
+    per move): on solid ice every detour that still arrives in time ties with the shortest path, and
+    demonstrations that wander are needlessly hard to imitate.
+
     Args:
         transitions: gymnasium's FrozenLake table ``P[s][a] = [(prob, s', reward, terminated), ...]``.
         num_states: number of cells.
@@ -65,13 +69,17 @@ def optimal_policy(transitions: dict, num_states: int, horizon: int) -> tuple[np
         actions (horizon + 1, num_states): the best action with k moves left (row 0 is arbitrary).
     """
     values = np.zeros((horizon + 1, num_states))
+    speed = np.zeros((horizon + 1, num_states))  # discounted value of the chosen policy, the tie-breaker
     actions = np.zeros((horizon + 1, num_states), dtype=np.int64)
     for k in range(1, horizon + 1):
         for s in range(num_states):
             q = [sum(p * (r + (0.0 if done else values[k - 1, s2])) for p, s2, r, done in transitions[s][a])
                  for a in range(4)]
-            actions[k, s] = int(np.argmax(q))
-            values[k, s] = max(q)
+            q_fast = [sum(p * (r + (0.0 if done else 0.9 * speed[k - 1, s2])) for p, s2, r, done in transitions[s][a])
+                      for a in range(4)]
+            best = max(q)
+            a = max((a for a in range(4) if q[a] >= best - 1e-12), key=lambda a: q_fast[a])
+            actions[k, s], values[k, s], speed[k, s] = a, best, q_fast[a]
     return values, actions
 
 
@@ -115,10 +123,13 @@ class FrozenLakeTextEnv(TextEnv):
         "You are walking on a frozen lake. Reach the goal without falling into a hole. The ice is slippery: "
         "you may move in a direction perpendicular to the one you chose."
     )
+    solid_ice_instructions = "You are walking on a frozen lake. Reach the goal without falling into a hole."
 
     def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = True, render_mode: str | None = "ansi"):
         super().__init__(render_mode=render_mode, max_observation_chars=size * (size + 1))
         self.size, self.p, self.is_slippery = size, p, is_slippery
+        if not is_slippery:  # the prompt must not tell the agent about slips that never happen
+            self.instructions = self.solid_ice_instructions
         self.lake: FrozenLakeEnv | None = None
         self.position = 0
 

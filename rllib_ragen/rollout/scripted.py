@@ -44,8 +44,11 @@ def sokoban_solver_policy(max_actions_per_turn: int = 5, enable_thinking: bool =
     return policy
 
 
-def frozen_lake_optimal_policy(enable_thinking: bool = True):
-    """A policy that replies with the one move maximising P(goal within the remaining budget), slippery ice."""
+def frozen_lake_optimal_policy(enable_thinking: bool = True, is_slippery: bool = True):
+    """A policy that replies with the one move maximising P(goal within the remaining budget).
+
+    ``is_slippery`` must match the environment's ice (on solid ice the best move is a shortest-path move).
+    """
     to_letter = {LAKE_SYMBOLS["frozen"]: "F", LAKE_SYMBOLS["hole"]: "H", LAKE_SYMBOLS["goal"]: "G",
                  LAKE_SYMBOLS["player"]: "S"}
 
@@ -53,10 +56,10 @@ def frozen_lake_optimal_policy(enable_thinking: bool = True):
         state, left = last_state(prompt)
         rows = ["".join(to_letter.get(ch, "F") for ch in row) for row in state.splitlines()]
         position = state.replace("\n", "").index(LAKE_SYMBOLS["player"])
-        lake = FrozenLakeEnv(desc=rows, is_slippery=True)
+        lake = FrozenLakeEnv(desc=rows, is_slippery=is_slippery)
         _, actions = optimal_policy(lake.P, len(rows) ** 2, max(left, 1))
         move = LAKE_ACTIONS[int(actions[max(left, 1), position])]
-        return _reply([move], "Best move on slippery ice.", enable_thinking)
+        return _reply([move], "Best move on slippery ice." if is_slippery else "Shortest safe path.", enable_thinking)
 
     return policy
 

@@ -67,6 +67,23 @@ def test_value_iteration_by_hand():
     assert actions[3, 0] == 2  # Right
 
 
+def test_optimal_policy_takes_the_shortest_path_among_equally_safe_ones():
+    # Solid ice, goal two moves away: with 6 moves left a detour (Up into the wall, Left) still arrives in time,
+    # so it ties on success probability; the policy must still head straight for the goal.
+    env = gym.make("rllib_ragen/FrozenLakeNotSlippery-v0", size=3)
+    env.reset(seed=0, options={"map": ["FFF", "FSF", "FFG"]})
+    moves = 0
+    while env.unwrapped.lake.desc.flat[env.unwrapped.position] != b"G":
+        env.step(env.unwrapped.optimal_action(moves_left=6 - moves))
+        moves += 1
+    assert moves == 2
+
+
+def test_solid_ice_is_not_described_as_slippery():
+    assert "slippery" in gym.make("rllib_ragen/FrozenLake-v0").unwrapped.describe()
+    assert "slippery" not in gym.make("rllib_ragen/FrozenLakeNotSlippery-v0").unwrapped.describe()
+
+
 def test_optimal_policy_success_matches_its_prediction():
     # Play the finite-horizon optimal policy with a 10-action budget; the empirical success rate must match the
     # mean of the predicted success probabilities within 4 standard errors.
