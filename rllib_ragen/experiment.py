@@ -89,8 +89,12 @@ REFERENCE_GPU_SETTINGS = dict(model="Qwen/Qwen2.5-0.5B-Instruct", num_groups=8, 
                               num_gpus_per_learner=1.0, validation_size=256, warm_start_steps=0)
 
 
-def parse_args(defaults: ExperimentArgs, argv: list[str] | None = None) -> ExperimentArgs:
-    """Command-line flags over ``defaults`` (over the reference's GPU settings when CUDA is available)."""
+def parse_args(defaults: ExperimentArgs, argv: list[str] | None = None,
+               gpu_defaults: dict | None = None) -> ExperimentArgs:
+    """Command-line flags over ``defaults`` (over the reference's GPU settings when CUDA is available).
+
+    ``gpu_defaults``: a job's own settings for CUDA machines, over the reference's (e.g. a harder env variant).
+    """
     parser = argparse.ArgumentParser(description=f"StarPO on {defaults.env}",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(ExperimentArgs):
@@ -103,7 +107,8 @@ def parse_args(defaults: ExperimentArgs, argv: list[str] | None = None) -> Exper
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     base = defaults
     if torch.cuda.is_available():
-        base = dataclasses.replace(defaults, **REFERENCE_GPU_SETTINGS, backend="vllm" if vllm_available() else "hf")
+        base = dataclasses.replace(defaults, **REFERENCE_GPU_SETTINGS, **(gpu_defaults or {}),
+                                   backend="vllm" if vllm_available() else "hf")
     args = dataclasses.replace(base, **given)
     if args.backend not in BACKENDS:
         parser.error(f"--backend {args.backend!r}: choose one of {BACKENDS}.")

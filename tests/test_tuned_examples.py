@@ -55,6 +55,20 @@ def test_flags_override_the_examples_defaults():
     assert args.env_config == {"reward": "success"} and defaults.env_config == {}
 
 
+def test_gpu_machines_get_the_reference_settings_and_the_jobs_own(monkeypatch):
+    import torch
+
+    frozenlake = runpy.run_path(str(ROOT / "tuned_examples" / "starpo_frozenlake.py"), run_name="imported")
+    defaults, gpu_defaults = frozenlake["DEFAULTS"], frozenlake["GPU_DEFAULTS"]
+    assert parse_args(defaults, [], gpu_defaults).env == "rllib_ragen/FrozenLakeNotSlippery-v0"  # this CPU machine
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    args = parse_args(defaults, [], gpu_defaults)
+    assert (args.model, args.num_groups, args.group_size) == ("Qwen/Qwen2.5-0.5B-Instruct", 8, 16)
+    assert (args.env, args.enable_thinking) == ("rllib_ragen/FrozenLake-v0", True)  # the reference's lake
+    assert parse_args(defaults, ["--env", "rllib_ragen/FrozenLakeNotSlippery-v0"], gpu_defaults).env.endswith(
+        "NotSlippery-v0")  # flags still win
+
+
 @pytest.mark.parametrize("bad", ["{reward: success}", '["success"]'])
 def test_env_config_that_is_not_a_json_object_is_refused(bad, capsys):
     with pytest.raises(SystemExit):
