@@ -78,8 +78,8 @@ def optimal_policy(transitions: dict, num_states: int, horizon: int) -> tuple[np
             q_fast = [sum(p * (r + (0.0 if done else 0.9 * speed[k - 1, s2])) for p, s2, r, done in transitions[s][a])
                       for a in range(4)]
             best = max(q)
-            a = max((a for a in range(4) if q[a] >= best - 1e-12), key=lambda a: q_fast[a])
-            actions[k, s], values[k, s], speed[k, s] = a, best, q_fast[a]
+            chosen = max((a for a in range(4) if q[a] >= best - 1e-12), key=lambda a: q_fast[a])
+            actions[k, s], values[k, s], speed[k, s] = chosen, best, q_fast[chosen]
     return values, actions
 
 
