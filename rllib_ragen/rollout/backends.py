@@ -61,17 +61,23 @@ class _PrefixCache:
         self.rows, self.cache, self.mask = rows, cache, mask
 
     def match(self, prompts: Sequence[Sequence[int]]) -> list[int] | None:
-        """Row index whose cached ids are a prefix of each prompt (distinct rows), or None if any has none."""
-        by_length: dict[int, dict[tuple, int]] = {}
+        """Row index whose cached ids are a prefix of each prompt (distinct rows), or None if any has none.
+
+        The longest matching row wins: a shorter row can be a prefix of another episode's prompt too (two episodes
+        of a group whose replies start alike). Identical cached rows are kept apart, each usable once.
+        """
+        by_length: dict[int, dict[tuple, list[int]]] = {}
         for i, row in enumerate(self.rows):
-            by_length.setdefault(len(row), {})[tuple(row)] = i
+            by_length.setdefault(len(row), {}).setdefault(tuple(row), []).append(i)
         picked = []
         for prompt in prompts:
             hit = None
-            for n, table in by_length.items():
-                if n <= len(prompt) and (hit := table.get(tuple(prompt[:n]))) is not None:
+            for n, table in sorted(by_length.items(), reverse=True):
+                free = table.get(tuple(prompt[:n])) if n <= len(prompt) else None
+                if free:
+                    hit = free.pop(0)
                     break
-            if hit is None or hit in picked:
+            if hit is None:
                 return None
             picked.append(hit)
         return picked
