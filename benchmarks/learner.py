@@ -25,8 +25,10 @@ from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch  # noqa: E402
 
 from rllib_ragen import StarPOConfig  # noqa: E402
-from rllib_ragen.objectives import aggregate, compute_gae, policy_loss, value_loss  # noqa: E402
-from rllib_ragen.starpo.batch import build_train_batch, trajectory_advantages  # noqa: E402
+from rllib_ragen.objectives import (aggregate, compute_gae, policy_loss, token_entropy, token_logprobs,  # noqa: E402
+                                    value_loss)
+from rllib_ragen.objectives.losses import shift_right  # noqa: E402
+from rllib_ragen.starpo.batch import prepare_update_batch  # noqa: E402
 from rllib_ragen.starpo.llm_rl_module import ValueModel  # noqa: E402
 
 
@@ -42,13 +44,10 @@ class BareLoop:
         self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=config.critic_lr, **kwargs)
 
     def _score(self, ids, attention):
-        logits = self.policy(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
-        logits = logits / self.config.temperature
-        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        entropy = torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
-        values = self.critic(ids, attention)[:, :-1]
-        pad = lambda x: torch.nn.functional.pad(x, (1, 0))  # noqa: E731  position t scores token t
-        return pad(logp), pad(entropy), pad(values)
+        logits = self.policy(input_ids=ids, attention_mask=attention, use_cache=False).logits
+        temperature = self.config.temperature
+        values = shift_right(self.critic(ids, attention)[:, :-1])  # position t scores token t
+        return token_logprobs(logits, ids, temperature), token_entropy(logits, temperature), values
 
     def update(self, batch: dict[str, torch.Tensor]) -> float:
         c = self.config
@@ -93,8 +92,7 @@ def main() -> None:
     runner = algo.env_runner
     trajectories = runner.sample(seeds=list(range(args.groups)), group_size=args.group_size,
                                  sampling=config.sampling_params(), sample_seed=0)
-    columns = build_train_batch(trajectories, trajectory_advantages(trajectories, "gae"),
-                                runner.tokenizer.pad_token_id)
+    columns, _ = prepare_update_batch(trajectories, config, runner.tokenizer.pad_token_id)
     tokens = int(columns["attention_mask"].sum())
     bare = BareLoop(algo.learner_group._learner.module[DEFAULT_MODULE_ID].policy, config)
     bare_batch = {k: torch.as_tensor(v) for k, v in columns.items()}

@@ -99,13 +99,15 @@ def train_iteration(args, path):
     t0 = time.perf_counter()
     algo = config.build_algo()
     print(f"\nStarPO with inference_backend='vllm': built in {time.perf_counter() - t0:.1f} s")
-    engine = algo.inference_engines.engines[0]
+    engine = algo.engine_actors.clients[0]
     before_model, _ = load_policy(path)
 
     result = algo.train()
     learner = result["learners"]["default_policy"]
-    for key in ("rllib_ragen/Sokoban-v0/success", "rollout/format_error_rate", "rollout/kept_trajectories",
-                "time/sample_s", "time/update_s", "time/weight_load_s", "time/sync_s"):
+    rollout = result["env_runners"]
+    for key in ("rllib_ragen/Sokoban-v0/success", "rollout/format_error_rate"):
+        print(f"  env_runners/{key:28s}{float(rollout[key]):12.4f}")
+    for key in ("update/kept_trajectories", "time/sample_s", "time/update_s", "time/weight_load_s", "time/sync_s"):
         print(f"  {key:40s}{float(result[key]):12.4f}")
     for key in ("rollout/logprob_gap_mean", "rollout/logprob_gap_max", "actor/first_step_logprob_deviation",
                 "actor/pg_loss", "actor/entropy", "actor/grad_norm"):
@@ -116,13 +118,13 @@ def train_iteration(args, path):
     weights = algo.policy_weights()
     after_model, _ = load_policy(path)
     after_model.load_state_dict(weights)
-    engine_now = torch.tensor(ray.get(engine.sequence_logprobs.remote(sequence)))
+    engine_now = torch.tensor(engine.sequence_logprobs(sequence))
     learner_now = sequence_logprobs(after_model, sequence)
     learner_before = sequence_logprobs(before_model, sequence)
     print(f"\nweight sync, on a {len(sequence)}-token rollout sequence:")
     print(f"  engine vs learner after the update: max |dlogp| {(engine_now - learner_now).abs().max():.2e}")
     print(f"  learner before vs after the update: max |dlogp| {(learner_now - learner_before).abs().max():.2e}")
-    print(f"  engine weights version {ray.get(engine.get_stats.remote())['weights_version']}")
+    print(f"  engine weights version {engine.get_stats()['weights_version']}")
     algo.stop()
     ray.shutdown()
 

@@ -21,8 +21,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from .objectives import token_logprobs
 from .rollout.backends import SamplingParams, ScriptedBackend
-from .rollout.engine import RolloutConfig, RolloutEngine, Trajectory
+from .rollout.engine import RolloutConfig, RolloutEngine, Trajectory, pad_trajectories
 
 logger = logging.getLogger(__name__)
 
@@ -66,21 +67,13 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
     for step in range(steps):
         if len(order) < batch_size:
             order += torch.randperm(len(demonstrations), generator=generator).tolist()
-        rows = [demonstrations[i] for i in order[:batch_size]]
+        batch = pad_trajectories([demonstrations[i] for i in order[:batch_size]], pad_token_id)
         order = order[batch_size:]
-        width = max(len(t.token_ids) for t in rows)
-        ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        targets = torch.zeros((len(rows), width))
-        for r, t in enumerate(rows):
-            ids[r, :len(t.token_ids)] = torch.tensor(t.token_ids)
-            attention[r, :len(t.token_ids)] = 1
-            targets[r, :len(t.token_ids)] = torch.tensor(t.response_mask, dtype=torch.float32)
-        ids, attention, targets = ids.to(device), attention.to(device), targets.to(device)
-        logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
-        token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
-        mask = targets[:, 1:]
-        loss = (token_loss * mask).sum() / mask.sum().clamp(min=1)
+        ids, attention, mask = (torch.from_numpy(batch[key]).to(device)
+                                for key in ("input_ids", "attention_mask", "response_mask"))
+        logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+        # Cross-entropy on the reply tokens: -log pi(x_t | x_<t), averaged over every reply token of the batch.
+        loss = -(token_logprobs(logits, ids) * mask).sum() / mask.sum().clamp(min=1)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -6,6 +6,7 @@ import pathlib
 import re
 
 import gymnasium as gym
+import pytest
 from gymnasium.utils.env_checker import check_env
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -57,17 +58,19 @@ def _run_block(marker: str, namespace: dict) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow
 def test_starpo_defaults_example_runs_as_written(ray_session, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = {}
     _run_block("<!-- starpo-defaults", namespace)
     result = namespace["result"]
     # The reference's sizes, on CPU in one process: 256 validation episodes, 8 x 16 trained on, top 25% kept.
-    assert result["val/rllib_ragen/Bandit-v0/num_trajectories"] == 256
-    assert result["rollout/num_trajectories"] == 128 and result["rollout/kept_trajectories"] == 32
+    assert result["evaluation"]["env_runners"]["rllib_ragen/Bandit-v0/num_trajectories"] == 256
+    assert result["env_runners"]["rollout/num_trajectories"] == 128 and result["update/kept_trajectories"] == 32
     assert result["learners"]["default_policy"]["actor/first_step_logprob_deviation"] == 0.0
 
 
+@pytest.mark.slow
 def test_starpo_checkpoint_and_export_example_runs(ray_session, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
@@ -77,14 +80,15 @@ def test_starpo_checkpoint_and_export_example_runs(ray_session, tmp_path, monkey
     # Relative paths work both ways (RLlib alone rejects them).
     from rllib_ragen import StarPO
 
-    algo = StarPO.from_checkpoint("outputs/starpo_sokoban")
+    algo = StarPO.from_checkpoint("outputs/readme_starpo_run/checkpoint")
     try:
         assert algo.iteration == 2
     finally:
         algo.stop()
-    AutoModelForCausalLM.from_pretrained(tmp_path / "outputs" / "starpo_sokoban_policy")
+    AutoModelForCausalLM.from_pretrained(tmp_path / "outputs" / "readme_starpo_run" / "policy")
 
 
+@pytest.mark.slow
 def test_warm_start_example_runs(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
@@ -97,3 +101,16 @@ def test_warm_start_example_runs(tmp_path, monkeypatch):
     assert len(namespace["demos"]) == 256 and all(t.success for t in namespace["demos"][:64])
     assert namespace["losses"][-1] < 0.5 * namespace["losses"][0]
     AutoModelForCausalLM.from_pretrained(tmp_path / "outputs" / "warm")
+
+
+def test_the_job_file_shown_in_the_readme_is_the_bandit_job():
+    import runpy
+
+    block = next(b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if "JobSettings(" in b)
+    shown = {"__name__": "readme"}
+    exec(compile(block, "README job file", "exec"), shown)  # defines config and job; does not run
+    real = runpy.run_path(str(README.parent / "tuned_examples" / "starpo_bandit.py"), run_name="imported")
+    assert shown["job"] == real["job"]
+    knobs = ("env", "num_groups", "group_size", "rollout_filter_ratio", "lr", "critic_lr", "max_turns",
+             "max_new_tokens_per_turn", "validation_size", "validation_interval", "seed")
+    assert {k: getattr(shown["config"], k) for k in knobs} == {k: getattr(real["config"], k) for k in knobs}

@@ -12,25 +12,33 @@ reply is ~15 tokens of which the move is one, so the warm start spends most of i
 thinking, 450 warm-start steps reached 0.32; without, 300 steps reach 0.47. Success is measured before and
 after RL on 256 fixed held-out maps. Tested on a 2-core CPU (see the README).
 
-    python tuned_examples/starpo_frozenlake.py [--iterations 25] [--env rllib_ragen/FrozenLake-v0] [--output-dir DIR]
+    python tuned_examples/starpo_frozenlake.py [--iterations 25] [--env rllib_ragen/FrozenLake-v0] [--help]
 """
 
 import gymnasium as gym
 
-from rllib_ragen.experiment import ExperimentArgs, parse_args, run_experiment
+from rllib_ragen import StarPOConfig
+from rllib_ragen.experiment import JobSettings, parse_job_args, run_job
 from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy
 
-DEFAULTS = ExperimentArgs(
-    env="rllib_ragen/FrozenLakeNotSlippery-v0", enable_thinking=False, iterations=25,
-    output_dir="outputs/starpo_frozenlake",
-    num_groups=8, group_size=8, rollout_filter_ratio=0.5, lr=3e-4, critic_lr=1e-3,
-    max_turns=10, max_actions_per_turn=1, max_actions_per_episode=10, max_new_tokens_per_turn=32,
-    validation_size=256, warm_start_episodes=1000, warm_start_steps=300,
+config = (
+    StarPOConfig()
+    .environment("rllib_ragen/FrozenLakeNotSlippery-v0")
+    .training(num_groups=8, group_size=8, rollout_filter_ratio=0.5, lr=3e-4, critic_lr=1e-3, enable_thinking=False,
+              max_turns=10, max_actions_per_turn=1, max_actions_per_episode=10, max_new_tokens_per_turn=32,
+              validation_size=256, validation_interval=25)  # validate before training and after the last iteration
+    .debugging(seed=0)
 )
-GPU_DEFAULTS = {"env": "rllib_ragen/FrozenLake-v0", "enable_thinking": True}  # the reference's setting
-PASS_BAR = 0.05  # validation success must rise at least this much over the warm start
+job = JobSettings(output_dir="outputs/starpo_frozenlake", iterations=25, warm_start_episodes=1000,
+                  warm_start_steps=300, pass_bar=0.05)  # validation success must rise at least this much
+
+
+def gpu_config(config):
+    """On a CUDA machine, over the reference-gpu preset: the reference's slippery lake, with thinking."""
+    config.environment("rllib_ragen/FrozenLake-v0").training(enable_thinking=True)
+
 
 if __name__ == "__main__":
-    args = parse_args(DEFAULTS, gpu_defaults=GPU_DEFAULTS)
-    slippery = gym.make(args.env, **args.env_config).unwrapped.is_slippery
-    run_experiment(args, frozen_lake_optimal_policy(args.enable_thinking, is_slippery=slippery), pass_bar=PASS_BAR)
+    config, job = parse_job_args(config, job, gpu_config=gpu_config, description=__doc__.splitlines()[0])
+    slippery = gym.make(config.env, **config.env_config).unwrapped.is_slippery
+    run_job(config, job, frozen_lake_optimal_policy(config.enable_thinking, is_slippery=slippery))

@@ -5,16 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .base import TextEnv
-from .sokoban_levels import ACTION_NAMES, SokobanLevel, generate_level, move_offsets
-
-# Symbol sets. "default" is the reference's; "alternate" draws the same levels with other symbols, to test
-# whether a policy learned the game or the glyphs.
-SYMBOL_SETS: dict[str, dict[str, str]] = {
-    "default": {"wall": "#", "floor": "_", "target": "O", "box": "X", "box_on_target": "√",
-                "player": "P", "player_on_target": "S"},
-    "alternate": {"wall": "+", "floor": ".", "target": "*", "box": "B", "box_on_target": "$",
-                  "player": "@", "player_on_target": "&"},
-}
+from .sokoban_levels import ACTION_NAMES, SYMBOL_SETS, SokobanLevel, generate_level, move_offsets
 _MEANINGS = {"wall": "wall", "floor": "empty floor", "target": "target", "box": "box",
              "box_on_target": "box on target", "player": "you", "player_on_target": "you on a target"}
 
@@ -124,10 +115,6 @@ class SokobanEnv(TextEnv):
             reward += BOX_ON_TARGET_REWARD * ((dest in targets) - (nxt in targets))
         self.player = nxt
         return reward, True
-
-    def current_level(self) -> SokobanLevel:
-        """The current position as a level, e.g. to ask :func:`solve_level` for the rest of the solution."""
-        return SokobanLevel(self.dim, self.level.floor, self.level.targets, frozenset(self.boxes), self.player)
 
     def _render_text(self) -> str:
         s, floor, targets = self.symbols, self.level.floor.ravel(), self.level.targets

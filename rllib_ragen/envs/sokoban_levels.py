@@ -16,6 +16,15 @@ import numpy as np
 # Action order shared by the env and the solver: Up, Down, Left, Right.
 ACTION_NAMES = ("Up", "Down", "Left", "Right")
 
+# The symbol sets levels are drawn with. "default" is the reference's; "alternate" draws the same levels with
+# other symbols, to test whether a policy learned the game or the glyphs.
+SYMBOL_SETS: dict[str, dict[str, str]] = {
+    "default": {"wall": "#", "floor": "_", "target": "O", "box": "X", "box_on_target": "√",
+                "player": "P", "player_on_target": "S"},
+    "alternate": {"wall": "+", "floor": ".", "target": "*", "box": "B", "box_on_target": "$",
+                  "player": "@", "player_on_target": "&"},
+}
+
 
 def move_offsets(dim: int) -> tuple[int, int, int, int]:
     """Flat-index offsets of Up, Down, Left, Right in a room of side ``dim``."""
@@ -45,9 +54,10 @@ class SokobanLevel:
         return self.boxes == self.targets
 
     @classmethod
-    def from_text(cls, text: str) -> "SokobanLevel":
-        """Parse a level drawn with the default symbols (``#`` wall, ``_`` floor, ``O`` target, ``X`` box,
-        ``√`` box on target, ``P`` player, ``S`` player on target), one row per line."""
+    def from_text(cls, text: str, symbols: dict[str, str] | None = None) -> "SokobanLevel":
+        """Parse a level drawn with ``symbols`` (default: ``SYMBOL_SETS["default"]``: ``#`` wall, ``_`` floor,
+        ``O`` target, ``X`` box, ``√`` box on target, ``P`` player, ``S`` player on target), one row per line."""
+        meaning = {ch: key for key, ch in (symbols or SYMBOL_SETS["default"]).items()}
         rows = [row.strip() for row in text.strip().splitlines()]
         dim = len(rows)
         if any(len(row) != dim for row in rows):
@@ -56,21 +66,21 @@ class SokobanLevel:
         targets, boxes, players = set(), set(), []
         for r, row in enumerate(rows):
             for c, ch in enumerate(row):
-                p = r * dim + c
-                if ch not in "#_OX√PS":
+                p, key = r * dim + c, meaning.get(ch)
+                if key is None:
                     raise ValueError(f"Unknown Sokoban symbol {ch!r} at row {r}, column {c}.")
-                floor[r, c] = ch != "#"
-                if ch in "O√S":
+                floor[r, c] = key != "wall"
+                if key in ("target", "box_on_target", "player_on_target"):
                     targets.add(p)
-                if ch in "X√":
+                if key in ("box", "box_on_target"):
                     boxes.add(p)
-                if ch in "PS":
+                if key in ("player", "player_on_target"):
                     players.append(p)
         if len(players) != 1 or len(boxes) != len(targets) or not boxes:
             raise ValueError("A level needs one player and as many boxes as targets (at least one).")
         # Moves are flat-index offsets; a wall border keeps them from wrapping across rows.
         if floor[0].any() or floor[-1].any() or floor[:, 0].any() or floor[:, -1].any():
-            raise ValueError("A Sokoban level must be enclosed by a border of walls ('#').")
+            raise ValueError("A Sokoban level must be enclosed by a border of walls.")
         return cls(dim, floor, frozenset(targets), frozenset(boxes), players[0])
 
 

@@ -1,10 +1,19 @@
-"""Advantage estimators for multi-turn trajectories, as pure functions on padded tensors.
+"""Advantage estimators for multi-turn trajectories, as pure functions on padded tensors, and their table.
 
 Shapes: B trajectories, T token positions. ``response_mask`` (B, T) is 1 on tokens the policy sampled. Rewards
 sit on response tokens (the last token of a turn or of the trajectory); observation tokens carry nothing.
+
+``ADVANTAGE_ESTIMATORS`` maps each name ``StarPOConfig.training(advantage_estimator=...)`` accepts to an
+:class:`AdvantageEstimator`: one function with one signature, ``fn(inputs, settings) -> (advantages, returns)``,
+and whether it needs the critic. Estimators without a critic (outcome estimators: one number per trajectory) run
+on the driver right after the rollout filter; estimators with one run on the learner, where the critic's values
+are. Add your own with :func:`register_advantage_estimator`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -100,3 +109,106 @@ def compute_group_advantages(returns: torch.Tensor, group_ids: torch.Tensor, nor
 def compute_batch_advantages(returns: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """BRPO: the GRPO normalisation over the whole batch instead of per group. Returns (B,)."""
     return compute_group_advantages(returns, torch.zeros_like(returns, dtype=torch.long), normalize_std, eps)
+
+
+# ---- the estimator table -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What an estimator may read; every tensor is zero off ``response_mask``.
+
+    Attributes:
+        token_rewards: (B, T) rewards on response tokens (see :func:`place_rewards`).
+        response_mask: (B, T) 1 on tokens the policy sampled.
+        returns: (B,) each trajectory's return (the sum of its turn rewards).
+        group_ids: (B,) the group (shared initial state) of each trajectory.
+        values: (B, T) the critic's values, or None where no critic exists (the driver).
+    """
+
+    token_rewards: torch.Tensor
+    response_mask: torch.Tensor
+    returns: torch.Tensor
+    group_ids: torch.Tensor
+    values: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """The estimator knobs of ``StarPOConfig``: ``gamma``, ``lambda_`` and ``grpo_normalize_std``."""
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    normalize_std: bool = True
+
+
+EstimatorFn = Callable[[AdvantageInputs, AdvantageSettings], "tuple[torch.Tensor, torch.Tensor | None]"]
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """An entry of ``ADVANTAGE_ESTIMATORS``.
+
+    Attributes:
+        fn: ``fn(inputs, settings) -> (advantages (B, T), returns (B, T) or None)``; the returns are the
+            critic's targets and are needed only when ``needs_critic``.
+        needs_critic: True builds a critic, and the estimator runs on the learner with ``inputs.values`` set.
+    """
+
+    fn: EstimatorFn
+    needs_critic: bool
+
+
+def _outcome(per_trajectory: torch.Tensor, inputs: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """One advantage per trajectory (B,), given to each of its response tokens (B, T)."""
+    mask = inputs.response_mask.float()
+    return per_trajectory[:, None].float() * mask, None
+
+
+def _gae(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    return compute_gae(inputs.token_rewards, inputs.values, inputs.response_mask, settings.gamma, settings.lam)
+
+
+def _grpo(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, None]:
+    return _outcome(compute_group_advantages(inputs.returns, inputs.group_ids, settings.normalize_std), inputs)
+
+
+def _brpo(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, None]:
+    return _outcome(compute_batch_advantages(inputs.returns, settings.normalize_std), inputs)
+
+
+def _raw(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, None]:
+    return _outcome(inputs.returns, inputs)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "gae": AdvantageEstimator(_gae, needs_critic=True),  # PPO with a critic: StarPO-S
+    "grpo": AdvantageEstimator(_grpo, needs_critic=False),  # the return against its group's
+    "brpo": AdvantageEstimator(_brpo, needs_critic=False),  # the return against the whole batch's
+    "raw": AdvantageEstimator(_raw, needs_critic=False),  # the return itself
+}
+
+
+def register_advantage_estimator(name: str, fn: EstimatorFn, *, needs_critic: bool = False) -> None:
+    """Make ``advantage_estimator=name`` select ``fn``.
+
+    Register in a module every process imports (the driver, remote env runners and learners), as you would a
+    gymnasium environment: an estimator with ``needs_critic`` runs on the learners.
+
+    Args:
+        name: the new name; the built-in ones cannot be replaced.
+        fn: ``fn(inputs: AdvantageInputs, settings: AdvantageSettings) -> (advantages, returns or None)``.
+        needs_critic: whether ``fn`` reads ``inputs.values`` (and returns the critic's targets).
+    """
+    if name in ("gae", "grpo", "brpo", "raw"):
+        raise ValueError(f"advantage estimator {name!r} is built in; register yours under another name.")
+    ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(fn, needs_critic)
+
+
+def compute_advantages(name: str, inputs: AdvantageInputs,
+                       settings: AdvantageSettings) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the estimator registered as ``name``; (advantages (B, T), returns (B, T) or None)."""
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise KeyError(f"advantage estimator {name!r}: choose one of {sorted(ADVANTAGE_ESTIMATORS)}.")
+    estimator = ADVANTAGE_ESTIMATORS[name]
+    if estimator.needs_critic and inputs.values is None:
+        raise ValueError(f"advantage estimator {name!r} needs the critic's values; it runs on the learner.")
+    return estimator.fn(inputs, settings)

@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 
+from .. import metrics as M
+
 
 # ---- reduction ------------------------------------------------------------------------------------------------
 def _token_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -65,7 +67,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         advantages: (B, T).
         mask: (B, T) 1 on the policy's tokens.
         clip_low, clip_high: eps_low and eps_high.
-        dual_clip: c > 1, or None to switch dual clipping off.
+        dual_clip: c > 1 (``StarPOConfig.validate`` checks it), or None to switch dual clipping off.
 
     Returns:
         The scalar loss and metrics: clip fractions (upper, lower, dual), approximate KL (k3), ratio mean.
@@ -79,21 +81,52 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     loss = torch.maximum(surrogate, clipped)
     dual = torch.zeros_like(loss, dtype=torch.bool)
     if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip={dual_clip} must be > 1 (or None).")
         bound = -advantages * dual_clip
         dual = (advantages < 0) & (loss > bound)
         loss = torch.where(advantages < 0, torch.minimum(loss, bound), loss)
     metrics = {
-        "actor/pg_clipfrac_upper": masked_mean(((ratio > 1 + clip_high) & (advantages > 0)).float(), mask),
-        "actor/pg_clipfrac_lower": masked_mean(((ratio < 1 - clip_low) & (advantages < 0)).float(), mask),
-        "actor/pg_clipfrac_dual": masked_mean(dual.float(), mask),
-        "actor/approx_kl": masked_mean(approx_kl, mask),
-        "actor/ratio_mean": masked_mean(ratio, mask),
+        M.PG_CLIPFRAC_UPPER: masked_mean(((ratio > 1 + clip_high) & (advantages > 0)).float(), mask),
+        M.PG_CLIPFRAC_LOWER: masked_mean(((ratio < 1 - clip_low) & (advantages < 0)).float(), mask),
+        M.PG_CLIPFRAC_DUAL: masked_mean(dual.float(), mask),
+        M.APPROX_KL: masked_mean(approx_kl, mask),
+        M.RATIO_MEAN: masked_mean(ratio, mask),
     }
     total = aggregate(loss, mask, aggregation)
-    metrics["actor/pg_loss"] = total.item()
+    metrics[M.PG_LOSS] = total.item()
     return total, metrics
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of every token given the ones before it, aligned to the token it scores.
+
+    out[b, t] = log softmax(logits[b, t - 1] / temperature)[token_ids[b, t]] for t >= 1; out[b, 0] = 0 (nothing
+    predicts the first token). The one definition the module, the KL reference pass and the warm start share, and
+    what the inference backends record while sampling (``log_softmax(raw_logits / T)`` of the sampled token).
+
+    Args:
+        logits: (B, T, V) the model's logits over the whole sequence.
+        token_ids: (B, T) the sequence.
+        temperature: T > 0; the learner must score with the temperature the rollout sampled at.
+
+    Returns:
+        (B, T) float32 log-probs.
+    """
+    scaled = logits[:, :-1].float() / temperature
+    logp = torch.log_softmax(scaled, -1).gather(-1, token_ids[:, 1:, None]).squeeze(-1)
+    return shift_right(logp)
+
+
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of the distribution each token was drawn from, aligned like :func:`token_logprobs`.
+
+    out[b, t] = H(softmax(logits[b, t - 1] / temperature)) for t >= 1; out[b, 0] = 0. (B, T, V) -> (B, T).
+    """
+    return shift_right(entropy_from_logits(logits[:, :-1].float() / temperature))
+
+
+def shift_right(x: torch.Tensor) -> torch.Tensor:
+    """(B, T-1) scores of tokens 1..T-1 -> (B, T) with a zero for token 0, which nothing predicts."""
+    return torch.nn.functional.pad(x, (1, 0))
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -138,8 +171,8 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         clipped = (clipped_values - returns) ** 2
         loss, clipfrac = 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).float()
     total = aggregate(loss, mask, aggregation)
-    return total, {"critic/vf_loss": total.item(), "critic/vf_clipfrac": masked_mean(clipfrac, mask),
-                   "critic/explained_variance": explained_variance(values, returns, mask)}
+    return total, {M.VF_LOSS: total.item(), M.VF_CLIPFRAC: masked_mean(clipfrac, mask),
+                   M.EXPLAINED_VARIANCE: explained_variance(values, returns, mask)}
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

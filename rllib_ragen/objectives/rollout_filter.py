@@ -6,16 +6,29 @@ import math
 
 import torch
 
+from .. import metrics as M
+
 FILTER_MODES = ("std", "reversed_std", "none")
+
+
+def num_kept_groups(num_groups: int, keep_ratio: float, mode: str = "std") -> int:
+    """How many of ``num_groups`` groups the filter keeps: ``ceil(keep_ratio * num_groups)``, at least one.
+
+    The reference keeps ``int(ratio * groups)``, which can be 0; the ceiling never empties a batch. ``none``
+    keeps every group whatever the ratio. The 1e-9 absorbs float error (0.3 * 10 = 3.0000000000000004).
+    """
+    if mode == "none":
+        return num_groups
+    return max(1, math.ceil(keep_ratio * num_groups - 1e-9))
 
 
 def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: float = 0.25,
                   mode: str = "std") -> tuple[torch.Tensor, dict[str, float]]:
-    """Keep the ``ceil(keep_ratio * G)`` groups ranked by the within-group std of trajectory returns.
+    """Keep the :func:`num_kept_groups` groups ranked by the within-group std of trajectory returns.
 
     ``std`` keeps the most uncertain groups (StarPO-S, arXiv 2504.20073 sec. 4.2: top 25% by default);
     ``reversed_std`` keeps the least uncertain ones (an ablation); ``none`` keeps everything. Ties break by
-    lower group id, so the choice is deterministic.
+    lower group id, so the choice is deterministic. ``StarPOConfig.validate`` checks ``keep_ratio`` and ``mode``.
 
     Args:
         returns: (B,) trajectory returns.
@@ -26,24 +39,20 @@ def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: fl
     Returns:
         keep (B,) bool mask of kept trajectories, and metrics on reward std/mean/max over all and kept groups.
     """
-    if mode not in FILTER_MODES:
-        raise ValueError(f"filter mode {mode!r}: choose one of {FILTER_MODES}.")
-    if not 0.0 < keep_ratio <= 1.0:
-        raise ValueError(f"keep_ratio={keep_ratio} must lie in (0, 1].")
     groups = group_ids.unique(sorted=True)
     stds = torch.stack([returns[group_ids == g].float().std(unbiased=False) for g in groups])
     means = torch.stack([returns[group_ids == g].float().mean() for g in groups])
     maxes = torch.stack([returns[group_ids == g].float().max() for g in groups])
-    num_keep = len(groups) if mode == "none" else max(1, math.ceil(keep_ratio * len(groups) - 1e-9))
+    num_keep = num_kept_groups(len(groups), keep_ratio, mode)
     # Stable sort on the (possibly negated) std keeps equal-std groups in id order.
     order = torch.sort(-stds if mode == "std" else stds, stable=True).indices
     kept_groups = groups[order[:num_keep]]
     keep = torch.isin(group_ids, kept_groups)
     kept = torch.isin(groups, kept_groups)
     metrics = {
-        "rollout_filter/reward_std": stds.mean().item(), "rollout_filter/reward_mean": means.mean().item(),
-        "rollout_filter/reward_max": maxes.mean().item(), "rollout_filter/kept_reward_std": stds[kept].mean().item(),
-        "rollout_filter/kept_reward_mean": means[kept].mean().item(),
-        "rollout_filter/kept_reward_max": maxes[kept].mean().item(), "rollout_filter/kept_groups": float(num_keep),
+        M.FILTER_REWARD_STD: stds.mean().item(), M.FILTER_REWARD_MEAN: means.mean().item(),
+        M.FILTER_REWARD_MAX: maxes.mean().item(), M.FILTER_KEPT_REWARD_STD: stds[kept].mean().item(),
+        M.FILTER_KEPT_REWARD_MEAN: means[kept].mean().item(), M.FILTER_KEPT_REWARD_MAX: maxes[kept].mean().item(),
+        M.FILTER_KEPT_GROUPS: float(num_keep),
     }
     return keep, metrics

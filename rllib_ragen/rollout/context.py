@@ -12,6 +12,9 @@ and refuses templates that rewrite earlier turns (for example ones that strip ea
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 DEFAULT_SYSTEM_PROMPT = "You are an agent playing a text game. Think step by step, then answer with your actions."
 _REPLY = "@@REPLY@@"
 _USER = "@@USER@@"
@@ -30,6 +33,37 @@ def turn_message(observation: str, *, turn: int, actions_left: int, reward: floa
     reward_line = "" if reward is None else f"Reward: {reward:g}\n"
     return (f"{reward_line}Turn {turn}. State:\n{observation}\nYou have {actions_left} actions left. "
             f"{format_hint(enable_thinking, max_actions_per_turn)}")
+
+
+# What turn_message writes, read back: the parser and the writer above change together.
+_TURN_MESSAGE = re.compile(r"(?:Reward: (?P<reward>\S+)\n)?Turn (?P<turn>\d+)\. State:\n(?P<observation>.*?)\n"
+                           r"You have (?P<actions_left>\d+) actions left\. ", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class TurnMessage:
+    """The parts of a :func:`turn_message`."""
+
+    observation: str
+    turn: int
+    actions_left: int
+    reward: float | None
+
+
+def last_turn_message(text: str) -> TurnMessage:
+    """The last :func:`turn_message` in ``text`` (a conversation, or one message).
+
+    Raises:
+        ValueError: no turn message in ``text``.
+    """
+    match = None
+    for match in _TURN_MESSAGE.finditer(text):
+        pass
+    if match is None:
+        raise ValueError("No 'Turn N. State: ... You have N actions left.' message in the text.")
+    reward = match.group("reward")
+    return TurnMessage(match.group("observation"), int(match.group("turn")), int(match.group("actions_left")),
+                       None if reward is None else float(reward))
 
 
 class TemplateError(ValueError):

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import metrics as M
 from ..envs import make_text_env
 from .backends import InferenceBackend, SamplingParams
 from .context import DEFAULT_SYSTEM_PROMPT, ChatFormat, turn_message
@@ -88,6 +89,27 @@ class Trajectory:
         return len(self.turn_spans)
 
 
+def pad_trajectories(trajectories: Sequence[Trajectory], pad_token_id: int) -> dict[str, np.ndarray]:
+    """Right-pad trajectories into (B, T) arrays, T the longest trajectory.
+
+    Returns:
+        ``input_ids`` (int64, ``pad_token_id`` beyond each end), ``attention_mask`` (int64, 1 on real tokens),
+        ``response_mask`` (float32, 1 on sampled tokens) and ``behaviour_logprobs`` (float32), zero-padded.
+    """
+    batch_size, width = len(trajectories), max(len(t.token_ids) for t in trajectories)
+    columns = {"input_ids": np.full((batch_size, width), pad_token_id, dtype=np.int64),
+               "attention_mask": np.zeros((batch_size, width), dtype=np.int64),
+               "response_mask": np.zeros((batch_size, width), dtype=np.float32),
+               "behaviour_logprobs": np.zeros((batch_size, width), dtype=np.float32)}
+    for row, t in enumerate(trajectories):
+        n = len(t.token_ids)
+        columns["input_ids"][row, :n] = t.token_ids
+        columns["attention_mask"][row, :n] = 1
+        columns["response_mask"][row, :n] = t.response_mask
+        columns["behaviour_logprobs"][row, :n] = t.behaviour_logprobs
+    return columns
+
+
 class SeedSchedule:
     """Initial-state seeds: training seeds never repeat, validation seeds are a fixed set.
 
@@ -146,7 +168,6 @@ class RolloutEngine:
     def __init__(self, config: RolloutConfig, backend: InferenceBackend, tokenizer):
         self.config, self.backend, self.tokenizer = config, backend, tokenizer
         self.chat = ChatFormat(tokenizer, config.system_prompt)
-        self.seeds = SeedSchedule()
         self._envs: list = []
 
     def _env_pool(self, size: int) -> list:
@@ -206,8 +227,8 @@ class RolloutEngine:
         for t in trajectories:
             t.text = self.tokenizer.decode(t.token_ids)
         metrics = rollout_metrics(trajectories, group_size)
-        metrics.update({"rollout/env_errors": float(env_errors),
-                        "time/rollout_s": time.perf_counter() - t_start, "time/generate_s": t_generate})
+        metrics.update({M.ENV_ERRORS: float(env_errors), M.TIME_ROLLOUT: time.perf_counter() - t_start,
+                        M.TIME_GENERATE: t_generate})
         return trajectories, metrics
 
     def _play_turn(self, episode: _Episode, generation, turn: int) -> int:
@@ -250,30 +271,37 @@ class RolloutEngine:
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
-    """The reference's rollout metrics, per environment name (``{env}/success``, ...) and pooled (``rollout/``)."""
+    """The reference's rollout metrics, per environment name (``{env}/success``, ...) and pooled (``rollout/``),
+    plus RLlib's standard episode metrics (an episode's length is its number of turns, its env steps)."""
     by_env: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
         by_env[t.env_name].append(t)
-    metrics: dict[str, float] = {}
-    for name, group in list(by_env.items()) + [("rollout", list(trajectories))]:
+    metrics: dict[str, float] = {
+        M.EPISODE_RETURN_MEAN: float(np.mean([t.total_return for t in trajectories])) if trajectories else np.nan,
+        M.EPISODE_LEN_MEAN: float(np.mean([t.num_turns for t in trajectories])) if trajectories else np.nan,
+        M.NUM_EPISODES: float(len(trajectories)),
+        M.NUM_ENV_STEPS_SAMPLED: float(sum(t.num_turns for t in trajectories)),
+    }
+    for name, group in list(by_env.items()) + [(M.POOLED, list(trajectories))]:
         if not group:
             continue
         turns = max(sum(t.num_turns for t in group), 1)
         pieces = max(sum(t.num_valid + t.num_invalid for t in group), 1)
+        actions = max(sum(t.num_actions for t in group), 1)
         groups: dict[int, list[bool]] = defaultdict(list)
         for t in group:
             groups[t.group].append(t.success)
-        metrics.update({
-            f"{name}/success": float(np.mean([t.success for t in group])),
-            f"{name}/pass@{group_size}": float(np.mean([any(s) for s in groups.values()])),
-            f"{name}/num_actions": float(np.mean([t.num_actions for t in group])),
-            f"{name}/num_turns": float(np.mean([t.num_turns for t in group])),
-            f"{name}/valid_action_rate": sum(t.num_valid for t in group) / pieces,
-            f"{name}/effective_action_rate": sum(t.num_effective for t in group) / max(sum(t.num_actions for t in group), 1),
-            f"{name}/format_error_rate": sum(t.format_errors for t in group) / turns,
-            f"{name}/response_tokens_per_turn": sum(sum(t.response_mask) for t in group) / turns,
-            f"{name}/return_mean": float(np.mean([t.total_return for t in group])),
-            f"{name}/truncated_rate": float(np.mean([t.truncated for t in group])),
-            f"{name}/num_trajectories": float(len(group)),
-        })
+        metrics.update({M.env_metric(name, key): value for key, value in {
+            M.SUCCESS: float(np.mean([t.success for t in group])),
+            M.PASS_AT.format(group_size=group_size): float(np.mean([any(s) for s in groups.values()])),
+            M.NUM_ACTIONS: float(np.mean([t.num_actions for t in group])),
+            M.NUM_TURNS: float(np.mean([t.num_turns for t in group])),
+            M.VALID_ACTION_RATE: sum(t.num_valid for t in group) / pieces,
+            M.EFFECTIVE_ACTION_RATE: sum(t.num_effective for t in group) / actions,
+            M.FORMAT_ERROR_RATE: sum(t.format_errors for t in group) / turns,
+            M.RESPONSE_TOKENS_PER_TURN: sum(sum(t.response_mask) for t in group) / turns,
+            M.RETURN_MEAN: float(np.mean([t.total_return for t in group])),
+            M.TRUNCATED_RATE: float(np.mean([t.truncated for t in group])),
+            M.NUM_TRAJECTORIES: float(len(group)),
+        }.items()})
     return metrics

@@ -15,17 +15,7 @@ from ..envs.frozen_lake import ACTION_NAMES as LAKE_ACTIONS
 from ..envs.frozen_lake import SYMBOLS as LAKE_SYMBOLS
 from ..envs.frozen_lake import optimal_policy
 from ..envs.sokoban_levels import SokobanLevel, solve_level
-
-_STATE = re.compile(r"State:\n(.*?)\nYou have (\d+) actions left", re.DOTALL)
-
-
-def last_state(prompt: str) -> tuple[str, int]:
-    """The most recent state text and action budget in a conversation."""
-    matches = _STATE.findall(prompt)
-    if not matches:
-        raise ValueError("No 'State: ... You have N actions left' block in the prompt.")
-    state, left = matches[-1]
-    return state, int(left)
+from .context import last_turn_message
 
 
 def _reply(actions: list[str], thinking: str, enable_thinking: bool) -> str:
@@ -37,7 +27,7 @@ def sokoban_solver_policy(max_actions_per_turn: int = 5, enable_thinking: bool =
     """A policy that replies with the next moves of an optimal solution of the state it is shown."""
 
     def policy(prompt: str) -> str:
-        state, _ = last_state(prompt)
+        state = last_turn_message(prompt).observation
         solution = solve_level(SokobanLevel.from_text(state)) or ["Up"]
         return _reply(solution[:max_actions_per_turn], f"Optimal plan has {len(solution)} moves.", enable_thinking)
 
@@ -53,7 +43,8 @@ def frozen_lake_optimal_policy(enable_thinking: bool = True, is_slippery: bool =
                  LAKE_SYMBOLS["player"]: "S"}
 
     def policy(prompt: str) -> str:
-        state, left = last_state(prompt)
+        message = last_turn_message(prompt)
+        state, left = message.observation, message.actions_left
         rows = ["".join(to_letter.get(ch, "F") for ch in row) for row in state.splitlines()]
         position = state.replace("\n", "").index(LAKE_SYMBOLS["player"])
         lake = FrozenLakeEnv(desc=rows, is_slippery=is_slippery)
@@ -73,7 +64,7 @@ def random_arm_policy(seed: int = 0, enable_thinking: bool = True):
     arms = re.compile(r"Arms: (.+)")
 
     def policy(prompt: str) -> str:
-        state, _ = last_state(prompt)
+        state = last_turn_message(prompt).observation
         names = [name.strip() for name in arms.search(state).group(1).split(",")]
         return _reply([rng.choice(names)], "I pick one of the arms.", enable_thinking)
 

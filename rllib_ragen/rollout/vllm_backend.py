@@ -1,21 +1,22 @@
-"""vLLM inference: engines that sample token ids and log-probs, and the backend env runners call them through.
+"""vLLM inference: an engine that samples token ids and log-probs, and the backend the rollout engine calls.
 
 A :class:`VLLMEngine` wraps one ``vllm.LLM`` (prefix caching on, log-probs of ``softmax(logits / T)`` like the
-HF backend). :func:`launch_engines` starts engines as Ray actors, one per placement-group bundle (``tensor
-parallel size`` GPUs each). A :class:`VLLMBackend` implements the rollout engine's ``InferenceBackend`` over one
-or more engines: token ids in, sampled token ids and their log-probs out, no re-tokenization. It sends each
-conversation back to the engine that served its previous turn, so that engine's prefix cache holds the history.
+HF backend). A :class:`VLLMBackend` implements the rollout engine's ``InferenceBackend`` over one or more
+engines: token ids in, sampled token ids and their log-probs out, no re-tokenization. It sends each conversation
+back to the engine that served its previous turn, so that engine's prefix cache holds the history.
 
-Weights: :meth:`VLLMBackend.load_weights` puts the policy's ``state_dict`` in the object store once and every
-engine loads it into the running model (no restart), then drops its prefix cache. Nothing here imports vLLM
-until an engine is built, so the base install never needs it.
+An engine, as the backend sees it, is anything with ``submit(prompts, params, seed) -> Future`` (a
+``concurrent.futures.Future`` of the generations), ``load_weights(state_dict, version) -> seconds`` and
+``get_stats()``: a :class:`VLLMEngine` in this process, or a client of one running elsewhere
+(``rllib_ragen.starpo.inference_engines`` runs them as Ray actors). Nothing here imports Ray, and nothing imports
+vLLM until an engine is built, so the base install never needs it.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from concurrent.futures import Future
 from typing import Any, Sequence
 
 import torch
@@ -98,6 +99,12 @@ class VLLMEngine:
         self.stats["generate_s"] += time.perf_counter() - t0
         return generations
 
+    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None) -> Future:
+        """:meth:`generate`, run now, as the finished future :class:`VLLMBackend` collects."""
+        future: Future = Future()
+        future.set_result(self.generate(prompts, params, seed))
+        return future
+
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> float:
         """Load new policy weights into the running engine and reset its prefix cache; returns the seconds."""
         t0 = time.perf_counter()
@@ -122,56 +129,12 @@ class VLLMEngine:
         return {**self.stats, "weights_version": self.weights_version, "start_s": self.start_s}
 
 
-@dataclass
-class EnginePool:
-    """Engine actors and the placement group that reserves their devices."""
-
-    engines: list
-    placement_group: Any
-
-    def shutdown(self) -> None:
-        import ray
-        from ray.util.placement_group import remove_placement_group
-
-        for engine in self.engines:
-            ray.kill(engine)
-        remove_placement_group(self.placement_group)
-        self.engines = []
-
-
-def launch_engines(model: str, num_engines: int = 1, *, num_gpus_per_engine: float | None = None,
-                   **engine_kwargs) -> EnginePool:
-    """Start ``num_engines`` :class:`VLLMEngine` Ray actors in one placement group (a bundle per engine).
-
-    Each bundle asks for ``tensor_parallel_size`` GPUs (``num_gpus_per_engine`` overrides; 0 on a CPU build)
-    and one CPU; ``PACK`` keeps an engine's devices together. Returns the pool once every engine is serving.
-    """
-    import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    if not vllm_available():
-        raise ImportError(VLLM_MISSING)
-    tp = int(engine_kwargs.get("tensor_parallel_size", 1))
-    gpus = float(tp if num_gpus_per_engine is None else num_gpus_per_engine)
-    if not torch.cuda.is_available() and num_gpus_per_engine is None:
-        gpus = 0.0  # vLLM's CPU build: engines are plain CPU actors
-    bundle = {"CPU": 1.0, **({"GPU": gpus} if gpus else {})}
-    group = placement_group([dict(bundle) for _ in range(num_engines)], strategy="PACK")
-    ray.get(group.ready(), timeout=600)
-    actor = ray.remote(VLLMEngine)
-    engines = [actor.options(num_cpus=1, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
-        placement_group=group, placement_group_bundle_index=i)).remote(model, **engine_kwargs)
-        for i in range(num_engines)]
-    ray.get([e.get_stats.remote() for e in engines])  # wait until every engine has loaded its model
-    return EnginePool(engines, group)
-
-
 class VLLMBackend:
-    """The ``InferenceBackend`` over vLLM engines: Ray actor handles or in-process :class:`VLLMEngine` objects.
+    """The ``InferenceBackend`` over vLLM engines (see the module docstring for what an engine must offer).
 
     A call's prompts are spread over the engines; a prompt that extends a sequence an engine produced in the
     previous call (the next turn of that conversation) goes back to that engine, whose prefix cache holds it.
+    Every engine gets its share at once; the call then waits for all of them.
     """
 
     def __init__(self, engines: Sequence[Any] = ()):
@@ -201,50 +164,29 @@ class VLLMBackend:
                  seed: int | None = None) -> list[Generation]:
         if not self.engines:
             raise RuntimeError("this VLLMBackend has no engines: StarPO attaches them when it builds; "
-                               "standalone, pass VLLMEngine objects or launch_engines(...) handles.")
+                               "standalone, pass VLLMEngine objects.")
         owners = self._route(prompts)
         pending = []
         for e, engine in enumerate(self.engines):
             rows = [i for i, owner in enumerate(owners) if owner == e]
             if rows:
-                chunk = [list(prompts[i]) for i in rows]
                 engine_seed = None if seed is None else seed + 7919 * e
-                call = (engine.generate.remote(chunk, params, engine_seed) if _is_actor(engine)
-                        else engine.generate(chunk, params, engine_seed))
-                pending.append((rows, call))
+                pending.append((rows, engine.submit([list(prompts[i]) for i in rows], params, engine_seed)))
         results: list[Generation | None] = [None] * len(prompts)
-        for rows, call in pending:
-            for i, generation in zip(rows, _resolve(call)):
+        for rows, future in pending:
+            for i, generation in zip(rows, future.result()):
                 results[i] = generation
         self._last_owner = {tuple(prompts[i]) + tuple(g.token_ids): owners[i] for i, g in enumerate(results)}
         return results
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> float:
-        """Load the policy's weights into every engine (one object-store copy for all); returns the seconds."""
+        """Load the policy's weights into every engine; returns the seconds it took."""
         t0 = time.perf_counter()
         state_dict = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
-        if any(_is_actor(e) for e in self.engines):
-            import ray
-
-            ref = ray.put(state_dict)
-            _resolve([e.load_weights.remote(ref, version) for e in self.engines])
-        else:
-            for engine in self.engines:
-                engine.load_weights(state_dict, version)
-        self._last_owner = {}
+        for engine in self.engines:
+            engine.load_weights(state_dict, version)
+        self._last_owner = {}  # a conversation's next turn may go anywhere: every cache was dropped
         return time.perf_counter() - t0
 
     def get_stats(self) -> list[dict[str, Any]]:
-        return [_resolve(e.get_stats.remote()) if _is_actor(e) else e.get_stats() for e in self.engines]
-
-
-def _is_actor(engine) -> bool:
-    return hasattr(engine.generate, "remote")
-
-
-def _resolve(value):
-    """An engine call's result: fetched when it is an ObjectRef (or a list of them) from an actor, else as is."""
-    import ray
-
-    refs = value if isinstance(value, list) else [value]
-    return ray.get(value) if refs and isinstance(refs[0], ray.ObjectRef) else value
+        return [engine.get_stats() for engine in self.engines]

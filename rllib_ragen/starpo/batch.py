@@ -1,7 +1,8 @@
-"""From trajectories to the learner's padded batch: rewards on tokens and trajectory-level advantages.
+"""From a rollout to the learner's batch: the rollout filter, outcome advantages, rewards on tokens, padding.
 
-Runs on the driver. GAE needs critic values and is finished on the learner; GRPO/BRPO/raw advantages are one
-number per trajectory and are computed here, after the rollout filter (a kept group is always kept whole).
+Runs on the driver, once per training step. Estimators that need the critic (``gae``) are computed on the
+learner, where the values are; the others (``grpo``, ``brpo``, ``raw``, and any registered without a critic) are
+computed here, on the kept groups, each of which is kept whole.
 """
 
 from __future__ import annotations
@@ -11,55 +12,57 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..objectives import compute_batch_advantages, compute_group_advantages, place_rewards
-from ..rollout.engine import Trajectory
+from .. import metrics as M
+from ..objectives import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages, place_rewards, select_groups
+from ..rollout.engine import Trajectory, pad_trajectories
 
-ADVANTAGE_ESTIMATORS = ("gae", "grpo", "brpo", "raw")
 
+def prepare_update_batch(trajectories: Sequence[Trajectory], config,
+                         pad_token_id: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """The learner's batch from one rollout.
 
-def trajectory_advantages(trajectories: Sequence[Trajectory], estimator: str,
-                          normalize_std: bool = True) -> np.ndarray:
-    """One advantage per trajectory for ``grpo`` (per group), ``brpo`` (over the batch) and ``raw`` (the return).
+    Args:
+        trajectories: the rollout, group ids 0..P-1.
+        config: the :class:`~rllib_ragen.starpo.StarPOConfig` (filter, estimator and reward settings).
+        pad_token_id: the tokenizer's padding id.
 
-    ``gae`` gets zeros here: its token advantages come from the critic on the learner.
+    Returns:
+        Right-padded (B, T) columns of the kept trajectories, in group order: ``input_ids``, ``attention_mask``,
+        ``response_mask`` (1 on sampled tokens), ``behaviour_logprobs``, ``token_rewards`` (the return on the
+        last sampled token, or each turn's reward on its own last token with ``turn_level_rewards``),
+        ``advantages`` (B, T) for estimators without a critic, and ``group`` (B,). Plus the filter's metrics.
     """
     returns = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)
-    if estimator == "grpo":
-        groups = torch.tensor([t.group for t in trajectories])
-        return compute_group_advantages(returns, groups, normalize_std=normalize_std).numpy()
-    if estimator == "brpo":
-        return compute_batch_advantages(returns, normalize_std=normalize_std).numpy()
-    if estimator == "raw":
-        return returns.numpy()
-    if estimator == "gae":
-        return np.zeros(len(trajectories), dtype=np.float32)
-    raise ValueError(f"advantage_estimator={estimator!r}: choose one of {ADVANTAGE_ESTIMATORS}.")
+    groups = torch.tensor([t.group for t in trajectories])
+    keep, metrics = select_groups(returns, groups, config.rollout_filter_ratio, config.rollout_filter)
+    order = torch.tensor(sorted(np.flatnonzero(keep.numpy()).tolist(), key=lambda i: trajectories[i].group),
+                         dtype=torch.long)  # group order; a stable sort keeps the rollout's order within a group
+    kept = [trajectories[i] for i in order.tolist()]
+
+    columns = pad_trajectories(kept, pad_token_id)
+    shape = columns["input_ids"].shape
+    rewards = place_rewards([[end - 1 for _, end in t.turn_spans] for t in kept], [t.turn_rewards for t in kept],
+                            shape, per_turn=config.turn_level_rewards)
+    columns["token_rewards"] = rewards.numpy()
+    columns["group"] = np.array([t.group for t in kept], dtype=np.int64)
+    if not ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
+        inputs = AdvantageInputs(token_rewards=rewards, response_mask=torch.from_numpy(columns["response_mask"]),
+                                 returns=returns[order], group_ids=groups[order])
+        advantages, _ = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings())
+        columns["advantages"] = advantages.numpy().astype(np.float32)
+    metrics[M.KEPT_TRAJECTORIES] = float(len(kept))
+    metrics[M.RESPONSE_LENGTH] = float(columns["response_mask"].sum(-1).mean())
+    return columns, metrics
 
 
-def build_train_batch(trajectories: Sequence[Trajectory], advantages: np.ndarray, pad_token_id: int,
-                      turn_level_rewards: bool = False) -> dict[str, np.ndarray]:
-    """Right-padded (B, T) columns for the learner.
+def shard_by_groups(columns: dict[str, np.ndarray], num_shards: int) -> list[dict[str, np.ndarray]]:
+    """Split a batch into ``num_shards`` row blocks at group boundaries, as equal in groups as they can be.
 
-    Columns: ``input_ids``, ``attention_mask``, ``response_mask`` (1 on sampled tokens), ``behaviour_logprobs``,
-    ``token_rewards`` (the return on the last sampled token, or each turn's reward on its own last token with
-    ``turn_level_rewards``), ``advantages`` (B,) and ``group`` (B,).
+    One shard per remote learner: a group never straddles two learners.
     """
-    batch_size, width = len(trajectories), max(len(t.token_ids) for t in trajectories)
-    input_ids = np.full((batch_size, width), pad_token_id, dtype=np.int64)
-    attention_mask = np.zeros((batch_size, width), dtype=np.int64)
-    response_mask = np.zeros((batch_size, width), dtype=np.float32)
-    behaviour_logprobs = np.zeros((batch_size, width), dtype=np.float32)
-    for row, t in enumerate(trajectories):
-        n = len(t.token_ids)
-        input_ids[row, :n] = t.token_ids
-        attention_mask[row, :n] = 1
-        response_mask[row, :n] = t.response_mask
-        behaviour_logprobs[row, :n] = t.behaviour_logprobs
-    rewards = place_rewards([[end - 1 for _, end in t.turn_spans] for t in trajectories],
-                            [t.turn_rewards for t in trajectories], (batch_size, width), per_turn=turn_level_rewards)
-    return {
-        "input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
-        "behaviour_logprobs": behaviour_logprobs, "token_rewards": rewards.numpy(),
-        "advantages": np.asarray(advantages, dtype=np.float32),
-        "group": np.array([t.group for t in trajectories], dtype=np.int64),
-    }
+    group_ids = np.unique(columns["group"])
+    shards = []
+    for chunk in np.array_split(group_ids, num_shards):
+        rows = np.isin(columns["group"], chunk)
+        shards.append({key: value[rows] for key, value in columns.items()})
+    return shards

@@ -8,6 +8,7 @@ aligned to the token they score: position t holds log pi(x_t | x_<t), and V(x_<t
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import gymnasium as gym
@@ -16,18 +17,33 @@ from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 
-from ..objectives import entropy_from_logits
+from ..objectives import token_entropy, token_logprobs
+from ..objectives.losses import shift_right
 from ..rollout.models import load_policy
+
+
+class _DropRLModuleConfigNotice(logging.Filter):
+    """RLlib 2.60's ``RLModule.__init__`` always builds the deprecated ``RLModuleConfig`` for its own bookkeeping,
+    so every module, RLlib's PPO module included, logs "RLModule(config=...) has been deprecated" although it was
+    built the current way (keyword arguments, as ``RLModuleSpec.build`` does). Drop that one message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "RLModule(config=[RLModuleConfig object])" not in record.getMessage()
+
+
+logging.getLogger("ray._common.deprecation").addFilter(_DropRLModuleConfigNotice())
 
 # Text policies have no gymnasium spaces of their own; RLlib's module spec insists on some.
 PLACEHOLDER_SPACE = gym.spaces.Discrete(1)
 
-CRITIC_TYPES = ("separate", "head")
+CRITIC_TYPES = ("separate", "head")  # StarPOConfig.validate checks model_config["critic"] against these
 DEFAULT_MODEL_CONFIG = {
     "model": "tiny",  # "tiny", "smollm2-135m", or a Hugging Face id / local path
     "dtype": "float32",  # "bfloat16" halves memory on GPU; float32 keeps rollout and learner log-probs equal
     "seed": 0,  # initialisation seed of the tiny model (ignored by pretrained models)
-    "critic": "separate",  # "separate": a value model copied from the policy trunk (the reference); "head"
+    # "separate": a value model whose trunk starts as a copy of the policy's (the reference's critic);
+    # "head": a linear value head on the policy's own last hidden state (no second trunk, half the memory).
+    "critic": "separate",
 }
 
 
@@ -57,8 +73,6 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     @override(TorchRLModule)
     def setup(self):
         cfg = {**DEFAULT_MODEL_CONFIG, **(self.model_config or {})}
-        if cfg["critic"] not in CRITIC_TYPES:
-            raise ValueError(f"model_config['critic']={cfg['critic']!r}: choose one of {CRITIC_TYPES}.")
         self.temperature = float(cfg.get("temperature", 1.0))
         self.policy, self.tokenizer = load_policy(cfg["model"], dtype=cfg["dtype"], seed=int(cfg["seed"]))
         self.critic_type = cfg["critic"] if cfg.get("value_function") and not self.inference_only else None
@@ -88,13 +102,12 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         ids, mask = batch["input_ids"], batch["attention_mask"]
         out = self.policy(input_ids=ids, attention_mask=mask, use_cache=False,
                           output_hidden_states=self.critic_type == "head")
-        logits = out.logits[:, :-1].float() / self.temperature
-        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        result = {"logp": _shift_right(logp), "entropy": _shift_right(entropy_from_logits(logits))}
+        result = {"logp": token_logprobs(out.logits, ids, self.temperature),
+                  "entropy": token_entropy(out.logits, self.temperature)}
         if self.critic_type == "separate":
-            result["values"] = _shift_right(self.critic(ids, mask)[:, :-1])
+            result["values"] = shift_right(self.critic(ids, mask)[:, :-1])
         elif self.critic_type == "head":
-            result["values"] = _shift_right(self.value_head(out.hidden_states[-1][:, :-1]).squeeze(-1).float())
+            result["values"] = shift_right(self.value_head(out.hidden_states[-1][:, :-1]).squeeze(-1).float())
         return result
 
     # ---- state: torch tensors, not numpy (numpy has no bfloat16) --------------------------------------------------
@@ -122,8 +135,3 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         """Write the policy and its tokenizer so that plain ``transformers`` loads them."""
         self.policy.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
-
-
-def _shift_right(x: torch.Tensor) -> torch.Tensor:
-    """(B, T-1) scores of tokens 1..T-1 -> (B, T) with a zero for token 0, which nothing predicts."""
-    return torch.nn.functional.pad(x, (1, 0))

@@ -1,8 +1,10 @@
-"""StarPO and StarPO-S (arXiv 2504.20073) as an RLlib algorithm.
+"""StarPO and StarPO-S (arXiv 2504.20073) as an RLlib algorithm: the config and the training step.
 
-One training step: P groups x N episodes from the env runners -> trajectory advantages -> the reward-variance
-rollout filter -> one learner update over the kept groups -> weights to every env runner; every
-``validation_interval`` steps, the fixed validation set is played at the validation temperature.
+One training step reads top to bottom: rollout (P groups x N episodes from the env runners) -> prepare (the
+reward-variance rollout filter, outcome advantages, padding: ``batch.py``) -> update (the learner group; GAE on the
+learner, where the critic is: ``starpo_learner.py``) -> sync (new weights to the env runners, or to the vLLM
+engines: ``inference_engines.py``). Every ``validation_interval`` steps the fixed validation set is played at the
+validation temperature.
 
 Example::
 
@@ -11,12 +13,12 @@ Example::
               .rl_module(model_config={"model": "tiny"})
               .training(num_groups=4, group_size=8, lr=1e-4))
     algo = config.build_algo()
-    print(algo.train()["rllib_ragen/Bandit-v0/success"])
+    print(algo.train()["env_runners"]["rllib_ragen/Bandit-v0/success"])
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import tempfile
 import time
@@ -31,19 +33,24 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
-from ray.rllib.utils.metrics import LEARNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
+from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEARNER_RESULTS,
+                                     NUM_ENV_STEPS_SAMPLED_LIFETIME)
 
+from .. import metrics as M
 from ..envs import registered_text_envs
-from ..objectives import AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS, select_groups
+from ..objectives import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS, AdvantageSettings,
+                          num_kept_groups)
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import RolloutConfig, SeedSchedule, Trajectory, rollout_metrics
 from ..rollout.models import SMOLLM2, TINY
 from ..rollout.protocol import DEFAULT_FORMAT_PENALTY
-from ..rollout.vllm_backend import VLLM_MISSING, VLLMBackend, launch_engines, vllm_available
-from .batch import ADVANTAGE_ESTIMATORS, build_train_batch, trajectory_advantages
-from .llm_rl_module import DEFAULT_MODEL_CONFIG, PLACEHOLDER_SPACE, CausalLMRLModule
+from ..rollout.vllm_backend import VLLM_MISSING, vllm_available
+from .batch import prepare_update_batch, shard_by_groups
+from .inference_engines import INFERENCE_BACKENDS, launch_engines
+from .llm_rl_module import CRITIC_TYPES, DEFAULT_MODEL_CONFIG, PLACEHOLDER_SPACE, CausalLMRLModule
 
-# The knobs StarPOConfig adds to AlgorithmConfig, with the reference's StarPO-S values (REFERENCE.md).
+# The knobs StarPOConfig adds to AlgorithmConfig, with the reference's StarPO-S values (the RAGEN paper, arXiv
+# 2504.20073, and its public training configs).
 STARPO_S_DEFAULTS: dict[str, Any] = {
     # rollout
     "num_groups": 8, "group_size": 16, "max_turns": 5, "max_actions_per_turn": 5, "max_actions_per_episode": 10,
@@ -69,11 +76,22 @@ BUILT_IN_MODELS = (TINY, SMOLLM2)  # built in-process (no Hugging Face directory
 VLLM_ENGINE_OPTIONS = {"tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager",
                        "num_gpus_per_engine"}
 
-# Vanilla StarPO, the paper's baseline: a KL penalty, symmetric clipping, no rollout filter.
-PRESETS: dict[str, dict[str, Any]] = {
-    "starpo-s": {k: STARPO_S_DEFAULTS[k] for k in ("kl_coeff", "clip_ratio_high", "rollout_filter",
-                                                   "rollout_filter_ratio", "advantage_estimator")},
-    "starpo": {"kl_coeff": 0.001, "clip_ratio_high": 0.2, "rollout_filter": "none", "rollout_filter_ratio": 1.0},
+# Named settings, each a map from a config setter (``training``, ``rl_module``, ``learners``) to its arguments.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # StarPO-S (the defaults): rollout filter, critic, no KL, clip-higher.
+    "starpo-s": {"training": {k: STARPO_S_DEFAULTS[k] for k in ("kl_coeff", "clip_ratio_high", "rollout_filter",
+                                                                "rollout_filter_ratio", "advantage_estimator")}},
+    # Vanilla StarPO, the paper's baseline: a KL penalty, symmetric clipping, no rollout filter.
+    "starpo": {"training": {"kl_coeff": 0.001, "clip_ratio_high": 0.2, "rollout_filter": "none",
+                            "rollout_filter_ratio": 1.0}},
+    # The reference's own StarPO-S run: Qwen2.5-0.5B-Instruct, 8 x 16 trajectories, its learning rates and reply
+    # length, 256 validation states, one GPU per learner.
+    "reference-gpu": {
+        "training": {"num_groups": 8, "group_size": 16, "rollout_filter_ratio": 0.25, "lr": 1e-6, "critic_lr": 1e-5,
+                     "max_new_tokens_per_turn": 400, "validation_size": 256},
+        "rl_module": {"model_config": {"model": "Qwen/Qwen2.5-0.5B-Instruct"}},
+        "learners": {"num_gpus_per_learner": 1},
+    },
 }
 
 
@@ -81,7 +99,8 @@ class StarPOConfig(AlgorithmConfig):
     """Configuration of :class:`StarPO`; defaults are the reference's StarPO-S on the ``tiny`` CPU model.
 
     Method knobs are set with ``.training(...)`` (see ``STARPO_S_DEFAULTS`` for the full list); the model with
-    ``.rl_module(model_config={"model": ..., "dtype": ..., "critic": "separate" | "head"})``.
+    ``.rl_module(model_config={"model": ..., "dtype": ..., "critic": "separate" | "head"})``; named settings with
+    ``.preset(name)`` (``PRESETS``).
     """
 
     def __init__(self, algo_class=None):
@@ -142,16 +161,20 @@ class StarPOConfig(AlgorithmConfig):
             format_penalty: added to a turn's reward when the reply breaks the protocol (-0.1).
             enable_thinking: require ``<think>...</think>`` before ``<answer>``.
             max_context_tokens: an episode whose next prompt would be longer ends there (reported as truncated).
-            inference_backend: ``"hf"`` (batched KV-cached sampling in the env runner), ``"vllm"`` (vLLM engines
-                as Ray actors, shared by all env runners, new weights loaded after every update; needs vLLM) or
-                a callable ``(model, tokenizer, config) -> InferenceBackend``.
+            inference_backend: a name in ``INFERENCE_BACKENDS`` (``starpo/inference_engines.py``): ``"hf"``
+                (batched KV-cached sampling in the env runner), ``"vllm"`` (vLLM engines as Ray actors, shared by
+                all env runners, new weights loaded after every update; needs vLLM), one you registered with
+                ``register_inference_backend``; or a callable ``(model, tokenizer, config) -> InferenceBackend``.
             inference_batch_size: prompts per generation batch of the HF backend.
             num_inference_engines: vLLM engines (Ray actors, ``tensor_parallel_size`` GPUs each).
             vllm_engine_config: keyword arguments of :class:`~rllib_ragen.rollout.vllm_backend.VLLMEngine`:
                 ``tensor_parallel_size``, ``gpu_memory_utilization``, ``max_model_len``, ``enforce_eager``; plus
                 ``num_gpus_per_engine`` to override the GPUs each engine's bundle asks for.
-            advantage_estimator: ``"gae"`` (PPO with a critic: StarPO-S), ``"grpo"`` (return normalised within
-                its group), ``"brpo"`` (normalised over the batch) or ``"raw"`` (the return itself).
+            advantage_estimator: a name in ``rllib_ragen.objectives.ADVANTAGE_ESTIMATORS``: ``"gae"`` (PPO with a
+                critic: StarPO-S), ``"grpo"`` (return normalised within its group), ``"brpo"`` (normalised over
+                the batch), ``"raw"`` (the return itself), or one you registered with
+                ``register_advantage_estimator``. Estimators that need a critic run on the learner, the others on
+                the driver.
             grpo_normalize_std: divide by the group's (batch's) std for grpo/brpo. Off gives mean-only
                 advantages, which avoid amplifying tiny differences in nearly-uniform groups.
             lambda_: GAE lambda (1.0: with gamma 1 the advantage is return minus value).
@@ -199,10 +222,13 @@ class StarPOConfig(AlgorithmConfig):
         return super().rl_module(model_config=model_config, **kwargs)
 
     def preset(self, name: str) -> "StarPOConfig":
-        """``"starpo-s"`` (the default) or ``"starpo"`` (vanilla: KL 0.001, clip 0.2/0.2, no filter)."""
+        """Apply the named settings of ``PRESETS``: ``"starpo-s"`` (the defaults), ``"starpo"`` (vanilla: KL 0.001,
+        clip 0.2/0.2, no filter) or ``"reference-gpu"`` (the reference's model and scale, on GPUs)."""
         if name not in PRESETS:
             raise ValueError(f"preset {name!r}: choose one of {sorted(PRESETS)}.")
-        return self.training(**PRESETS[name])
+        for setter, arguments in PRESETS[name].items():
+            getattr(self, setter)(**arguments)
+        return self
 
     # ---- what RLlib builds -----------------------------------------------------------------------------------------
     @override(AlgorithmConfig)
@@ -227,7 +253,8 @@ class StarPOConfig(AlgorithmConfig):
 
     @property
     def _model_config_auto_includes(self) -> dict[str, Any]:
-        return {"value_function": self.advantage_estimator == "gae", "temperature": self.temperature}
+        estimator = ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
+        return {"value_function": bool(estimator and estimator.needs_critic), "temperature": self.temperature}
 
     @property
     def model_config(self):
@@ -245,17 +272,26 @@ class StarPOConfig(AlgorithmConfig):
         return SamplingParams(temperature=self.validation_temperature if validation else self.temperature,
                               max_new_tokens=self.max_new_tokens_per_turn)
 
+    def advantage_settings(self) -> AdvantageSettings:
+        return AdvantageSettings(gamma=self.gamma, lam=self.lambda_, normalize_std=self.grpo_normalize_std)
+
     @property
     def num_kept_groups(self) -> int:
-        if self.rollout_filter == "none":
-            return self.num_groups
-        return max(1, math.ceil(self.rollout_filter_ratio * self.num_groups - 1e-9))
+        """Groups left for the update after the rollout filter."""
+        return num_kept_groups(self.num_groups, self.rollout_filter_ratio, self.rollout_filter)
 
     @property
     def kept_batch_size(self) -> int:
         """Trajectories left for the update after the rollout filter."""
         return self.num_kept_groups * self.group_size
 
+    @property
+    def effective_updates_per_rollout_batch(self) -> int:
+        if self.minibatch_size is not None:
+            return max(1, self.kept_batch_size // self.minibatch_size)
+        return self.updates_per_rollout_batch
+
+    # ---- validation: the one place settings are checked ----------------------------------------------------------
     @override(AlgorithmConfig)
     def validate(self) -> None:
         super().validate()
@@ -266,12 +302,12 @@ class StarPOConfig(AlgorithmConfig):
     def _starpo_errors(self):
         def choice(field, options):
             if getattr(self, field) not in options:
-                return f"{field}={getattr(self, field)!r}: choose one of {list(options)}."
+                return f"{field}={getattr(self, field)!r}: choose one of {sorted(options)}."
             return None
 
         checks = [
             choice("advantage_estimator", ADVANTAGE_ESTIMATORS), choice("rollout_filter", FILTER_MODES),
-            choice("loss_aggregation", list(AGGREGATIONS)), choice("kl_estimator", list(KL_ESTIMATORS)),
+            choice("loss_aggregation", AGGREGATIONS), choice("kl_estimator", KL_ESTIMATORS),
         ]
         yield from (c for c in checks if c)
         positive_ints = ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_actions_per_episode",
@@ -284,22 +320,33 @@ class StarPOConfig(AlgorithmConfig):
         if self.env not in registered_text_envs() and not isinstance(self.env, type):
             yield (f"env={self.env!r} is not a registered text environment; pick one of {registered_text_envs()} "
                    "or register yours with rllib_ragen.register_text_env.")
+        # The filter keeps ceil(ratio * groups) groups: 0 would keep nothing, > 1 more groups than exist.
         if not 0.0 < self.rollout_filter_ratio <= 1.0:
             yield f"rollout_filter_ratio={self.rollout_filter_ratio} must lie in (0, 1]."
+        # The learner scores softmax(logits / T): T = 0 (greedy) has no log-probs to train on.
         if self.temperature <= 0:
             yield f"temperature={self.temperature} must be > 0 for training rollouts (their log-probs are trained on)."
         if self.validation_temperature < 0:
             yield f"validation_temperature={self.validation_temperature} must be >= 0 (0 is greedy)."
         if self.clip_ratio_low < 0 or self.clip_ratio_high < 0 or self.clip_ratio_low >= 1:
             yield f"clip_ratio_low={self.clip_ratio_low}, clip_ratio_high={self.clip_ratio_high} must be >= 0, low < 1."
+        # Dual clipping bounds a negative-advantage token's loss by c * |A|: c <= 1 would undercut the PPO clip.
         if self.dual_clip is not None and self.dual_clip <= 1:
             yield f"dual_clip={self.dual_clip} must be > 1, or None to switch it off."
         if self.kl_coeff < 0 or self.entropy_coeff < 0:
             yield f"kl_coeff={self.kl_coeff} and entropy_coeff={self.entropy_coeff} must be >= 0."
+        # A group of one has nothing to be compared with: every advantage would be 0.
         if self.advantage_estimator == "grpo" and self.group_size < 2:
             yield "advantage_estimator='grpo' compares trajectories within a group: set group_size >= 2."
         if self.validation_interval is None or self.validation_interval < 0:
             yield f"validation_interval={self.validation_interval} must be >= 0 (0 switches validation off)."
+        yield from self._batch_shape_errors()
+        yield from self._inference_errors()
+        if self.model_config.get("critic") not in CRITIC_TYPES:
+            yield f"model_config['critic']={self.model_config.get('critic')!r}: choose one of {list(CRITIC_TYPES)}."
+
+    def _batch_shape_errors(self):
+        """The kept batch must split into minibatches and, group by group, over the learners."""
         kept = self.kept_batch_size
         if self.minibatch_size is not None:
             if self.minibatch_size > kept:
@@ -315,18 +362,25 @@ class StarPOConfig(AlgorithmConfig):
                    "trajectories: each optimizer step needs at least one.")
         if self.micro_batch_size is not None and self.micro_batch_size < 1:
             yield f"micro_batch_size={self.micro_batch_size} must be a positive integer or None."
+        # Each remote learner takes whole groups (a group never straddles two learners) and the same number of them.
         learners = max(1, self.num_learners)
-        if kept % learners:
-            yield f"the {kept} kept trajectories do not split evenly over num_learners={self.num_learners}."
+        if self.num_kept_groups % learners:
+            yield (f"the rollout filter keeps {self.num_kept_groups} groups (num_groups={self.num_groups} x "
+                   f"rollout_filter_ratio={self.rollout_filter_ratio}, rounded up), which do not split evenly over "
+                   f"num_learners={self.num_learners}: make the kept groups a multiple of num_learners.")
         runners = max(1, self.num_env_runners)
         if self.num_groups < runners:
             yield f"num_groups={self.num_groups} is less than num_env_runners={self.num_env_runners}: some would idle."
-        if self.inference_backend not in ("hf", "vllm") and not callable(self.inference_backend):
-            yield (f"inference_backend={self.inference_backend!r}: use 'hf', 'vllm' or a callable "
+
+    def _inference_errors(self):
+        if self.inference_backend not in INFERENCE_BACKENDS and not callable(self.inference_backend):
+            yield (f"inference_backend={self.inference_backend!r}: choose one of {sorted(INFERENCE_BACKENDS)}, "
+                   "register yours with register_inference_backend, or pass a callable "
                    "(model, tokenizer, config) -> InferenceBackend.")
         if self.inference_backend == "vllm":
             if not vllm_available():
                 yield VLLM_MISSING
+            # vLLM's kernels give log-probs within ~1e-3 of the learner's; the PPO ratio must start at exactly 1.
             if not self.recompute_logprobs:
                 yield ("recompute_logprobs=False with inference_backend='vllm': vLLM's log-probs differ slightly "
                        "from the learner's, so the PPO ratio needs the learner's own; set recompute_logprobs=True.")
@@ -335,14 +389,6 @@ class StarPOConfig(AlgorithmConfig):
                 yield f"vllm_engine_config has unknown keys {sorted(unknown)}; known: {sorted(VLLM_ENGINE_OPTIONS)}."
         if self.num_inference_engines < 1:
             yield f"num_inference_engines={self.num_inference_engines!r} must be a positive integer."
-        if self.model_config.get("critic") not in ("separate", "head"):
-            yield f"model_config['critic']={self.model_config.get('critic')!r}: choose 'separate' or 'head'."
-
-    @property
-    def effective_updates_per_rollout_batch(self) -> int:
-        if self.minibatch_size is not None:
-            return max(1, self.kept_batch_size // self.minibatch_size)
-        return self.updates_per_rollout_batch
 
 
 class StarPO(Algorithm):
@@ -361,76 +407,72 @@ class StarPO(Algorithm):
         self.seed_schedule = SeedSchedule(config.train_seed_start, config.validation_seed_start)
         self.last_validation: list[Trajectory] = []
         self.last_rollout: list[Trajectory] = []
-        self.inference_engines = self._start_inference_engines() if config.inference_backend == "vllm" else None
+        self.engine_actors = self._start_inference_engines() if config.inference_backend == "vllm" else None
 
-    # ---- one iteration ---------------------------------------------------------------------------------------------
+    # ---- one iteration: rollout -> prepare -> update -> sync ----------------------------------------------------
     @override(Algorithm)
     def training_step(self) -> None:
         config, iteration = self.config, self.iteration
         if iteration == 0 and config.validation_interval and config.validate_before_training:
             self._validate(iteration)
 
-        t0 = time.perf_counter()
-        trajectories, metrics = self._rollout(self.seed_schedule.train(config.num_groups), config.group_size,
-                                              config.sampling_params(), self._sample_seed("train", iteration))
-        metrics["time/sample_s"] = time.perf_counter() - t0
+        with self._timer(M.TIME_SAMPLE):
+            trajectories, rollout_results = self._rollout(
+                self.seed_schedule.train(config.num_groups), config.group_size, config.sampling_params(),
+                self._sample_seed("train", iteration))
         self.last_rollout = trajectories
         if not trajectories:
             raise RuntimeError("every environment of this rollout failed; see the env runner logs.")
+        self._log(rollout_results, ENV_RUNNER_RESULTS)
+        self.metrics.log_value((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME),
+                               rollout_results[M.NUM_ENV_STEPS_SAMPLED], reduce="lifetime_sum")
 
-        returns = torch.tensor([t.total_return for t in trajectories])
-        keep, filter_metrics = select_groups(returns, torch.tensor([t.group for t in trajectories]),
-                                             config.rollout_filter_ratio, config.rollout_filter)
-        metrics.update(filter_metrics)
-        kept = [t for t, k in zip(trajectories, keep.tolist()) if k]
-        kept = kept[:len(kept) - len(kept) % max(1, config.num_learners)]  # learners need equal shards
-        advantages = trajectory_advantages(kept, config.advantage_estimator, config.grpo_normalize_std)
-        columns = build_train_batch(kept, advantages, self._pad_token_id(), config.turn_level_rewards)
-        metrics["rollout/kept_trajectories"] = float(len(kept))
-        metrics["rollout/response_length"] = float(columns["response_mask"].sum(-1).mean())
+        columns, update_metrics = prepare_update_batch(trajectories, config, self._pad_token_id())
+        self._log(update_metrics)
 
-        t0 = time.perf_counter()
-        env_steps = sum(t.num_turns for t in trajectories)
-        self.metrics.log_value(NUM_ENV_STEPS_SAMPLED_LIFETIME, env_steps, reduce="lifetime_sum")
-        learner_results = self.learner_group.update(
-            batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=env_steps),
-            timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(NUM_ENV_STEPS_SAMPLED_LIFETIME)})
+        with self._timer(M.TIME_UPDATE):
+            learner_results = self._update(columns, env_steps=int(rollout_results[M.NUM_ENV_STEPS_SAMPLED]))
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
-        metrics["time/update_s"] = time.perf_counter() - t0
 
-        t0 = time.perf_counter()
-        if self.inference_engines is not None:
-            # Env runners only route prompts to the engines: the new weights go to the engines alone.
-            metrics["time/weight_load_s"] = self._sync_inference_engines()
-        else:
-            self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group, inference_only=True,
-                                               timeout_seconds=600.0)
-        metrics["time/sync_s"] = time.perf_counter() - t0
-        self._log(metrics)
+        with self._timer(M.TIME_SYNC):
+            if self.engine_actors is not None:
+                # Env runners only route prompts to the engines: the new weights go to the engines alone.
+                self._log({M.TIME_WEIGHT_LOAD: self._sync_inference_engines()})
+            else:
+                self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group,
+                                                   inference_only=True, timeout_seconds=600.0)
         if config.validation_interval and (iteration + 1) % config.validation_interval == 0:
             self._validate(iteration + 1)
 
+    def _update(self, columns: dict[str, np.ndarray], env_steps: int) -> list[dict]:
+        """One learner-group update on the prepared batch; with remote learners, one whole-group shard each."""
+        lifetime = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
+            (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME))}
+        shards = shard_by_groups(columns, self.config.num_learners) if self.config.num_learners > 1 else [columns]
+        batches = [MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(shard)}, env_steps=env_steps) for shard in shards]
+        if len(batches) == 1:
+            return self.learner_group.update(batch=batches[0], timesteps=lifetime)
+        return self.learner_group.update(batches=batches, timesteps=lifetime)
+
+    def evaluate_validation_set(self) -> dict[str, float]:
+        """Play the validation set now, outside the schedule (e.g. after a last iteration that did not validate);
+        returns its metrics, which are also logged like the scheduled ones."""
+        return self._validate(self.iteration)
+
     def _validate(self, iteration: int) -> dict[str, float]:
-        """Play the fixed validation set at the validation temperature; metrics under ``val/``."""
+        """Play the fixed validation set at the validation temperature; metrics under ``evaluation/env_runners``."""
         config = self.config
-        t0 = time.perf_counter()
-        trajectories, metrics = self._rollout(self.seed_schedule.validation(config.validation_size),
+        trajectories, results = self._rollout(self.seed_schedule.validation(config.validation_size),
                                               config.validation_group_size, config.sampling_params(validation=True),
                                               self._sample_seed("validation", 0))
         self.last_validation = trajectories
-        metrics["time/rollout_s"] = time.perf_counter() - t0
-        metrics = {f"val/{k}": v for k, v in metrics.items()}
-        metrics["val/iteration"] = float(iteration)
-        self._log(metrics)
-        return metrics
-
-    def evaluate_validation_set(self) -> dict[str, float]:
-        """Run the validation set now (outside the schedule) and return its metrics."""
-        return self._validate(self.iteration)
+        results[M.VALIDATION_ITERATION] = float(iteration)
+        self._log(results, EVALUATION_RESULTS, ENV_RUNNER_RESULTS)
+        return results
 
     # ---- vLLM engines ----------------------------------------------------------------------------------------------
-    def _start_inference_engines(self) -> VLLMBackend:
-        """Launch the vLLM engine actors on the current policy and hand them to every env runner."""
+    def _start_inference_engines(self):
+        """Launch the vLLM engine actors on the current policy and attach them to every env runner."""
         config = self.config
         model = config.model_config["model"]
         if model in BUILT_IN_MODELS:  # built in-process: vLLM needs them as a directory
@@ -438,22 +480,22 @@ class StarPO(Algorithm):
             self.export_pretrained(model)
         options = {"max_model_len": config.max_context_tokens, **config.vllm_engine_config}
         gpus = options.pop("num_gpus_per_engine", None)
-        pool = launch_engines(model, config.num_inference_engines, num_gpus_per_engine=gpus,
-                              dtype=config.model_config.get("dtype", "float32"), seed=config.seed or 0, **options)
-        self._engine_pool = pool
-        self.env_runner_group.foreach_env_runner(lambda runner: runner.attach_inference_engines(pool.engines),
+        actors = launch_engines(model, config.num_inference_engines, num_gpus_per_engine=gpus,
+                                dtype=config.model_config.get("dtype", "float32"), seed=config.seed or 0, **options)
+        clients = actors.clients
+        self.env_runner_group.foreach_env_runner(lambda runner: runner.attach_inference_engines(clients),
                                                  local_env_runner=True)
-        return VLLMBackend(pool.engines)
+        return actors
 
     def _sync_inference_engines(self) -> float:
         """Load the learner's current policy weights into every engine; returns the seconds the load took."""
-        return self.inference_engines.load_weights(self.policy_weights(), version=self.iteration + 1)
+        return self.engine_actors.load_weights(self.policy_weights(), version=self.iteration + 1)
 
     @override(Algorithm)
     def cleanup(self) -> None:
-        if getattr(self, "_engine_pool", None) is not None:
-            self._engine_pool.shutdown()
-            self._engine_pool = None
+        if getattr(self, "engine_actors", None) is not None:
+            self.engine_actors.shutdown()
+            self.engine_actors = None
         super().cleanup()
 
     # ---- helpers ---------------------------------------------------------------------------------------------------
@@ -485,11 +527,11 @@ class StarPO(Algorithm):
             for t in part:
                 t.group += offsets[index]
             trajectories += part
-        parts = [(part, m) for _, part, m in parts]
+        runner_metrics = [m for _, _, m in parts]
         metrics = rollout_metrics(trajectories, group_size)
-        for key in ("time/generate_s", "time/rollout_s"):
-            metrics[key] = max(m.get(key, 0.0) for _, m in parts)
-        metrics["rollout/env_errors"] = sum(m.get("rollout/env_errors", 0.0) for _, m in parts)
+        for key in (M.TIME_GENERATE, M.TIME_ROLLOUT):
+            metrics[key] = max(m.get(key, 0.0) for m in runner_metrics)
+        metrics[M.ENV_ERRORS] = sum(m.get(M.ENV_ERRORS, 0.0) for m in runner_metrics)
         return trajectories, metrics
 
     def _sample_seed(self, purpose: str, iteration: int) -> int:
@@ -502,9 +544,17 @@ class StarPO(Algorithm):
         return int(self.env_runner_group.foreach_env_runner(lambda r: r.tokenizer.pad_token_id,
                                                             local_env_runner=False)[0])
 
-    def _log(self, metrics: dict[str, float]) -> None:
+    def _log(self, metrics: dict[str, float], *path: str) -> None:
+        """Log each value as the latest of its kind, under ``path`` (e.g. ``env_runners``) in the result."""
         for key, value in metrics.items():
-            self.metrics.log_value(key, value, window=1)
+            self.metrics.log_value((*path, key), value, window=1)
+
+    @contextlib.contextmanager
+    def _timer(self, name: str):
+        """Time a block into the top-level metric ``name`` (seconds of this iteration)."""
+        start = time.perf_counter()
+        yield
+        self._log({name: time.perf_counter() - start})
 
     # ---- checkpoints and export ------------------------------------------------------------------------------------
     # RLlib hands a path string to pyarrow, which refuses relative ones ("URI has empty scheme"); resolve them.
@@ -531,7 +581,7 @@ class StarPO(Algorithm):
         super().set_state(state)
         if "starpo" in state:
             self.seed_schedule.set_state(state["starpo"]["seed_schedule"])
-        if getattr(self, "inference_engines", None) is not None:
+        if getattr(self, "engine_actors", None) is not None:
             self._sync_inference_engines()  # restored weights must reach the engines before the next rollout
 
     def _learner_module_state(self) -> dict[str, torch.Tensor]:

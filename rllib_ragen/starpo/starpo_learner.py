@@ -1,7 +1,8 @@
 """The StarPO learner: one call to ``update`` takes a whole (filtered) rollout batch.
 
 It first scores the batch once without gradients (the old log-probs, the critic's old values, the reference
-policy's log-probs), finishes the advantages (GAE needs the values), then runs ``num_epochs`` passes of
+policy's log-probs), computes the advantages of estimators that need the critic (``gae``; the driver has already
+computed the others, see ``batch.py``), then runs ``num_epochs`` passes of
 ``updates_per_rollout_batch`` optimizer steps, each accumulating gradients over micro-batches. RLlib's own
 minibatch loop is not used: it has no gradient accumulation and would score every minibatch separately.
 """
@@ -19,7 +20,9 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
-from ..objectives import aggregate, compute_gae, kl_penalty, policy_loss, value_loss
+from .. import metrics as M
+from ..objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, aggregate, compute_advantages, kl_penalty,
+                          policy_loss, token_logprobs, value_loss)
 from ..rollout.models import load_policy
 
 INPUT_COLUMNS = ("input_ids", "attention_mask")
@@ -65,7 +68,7 @@ class StarPOTorchLearner(TorchLearner):
                 scale = min(1.0, config.grad_clip / (norm.item() + 1e-6))
                 for g in grads.values():
                     g.mul_(scale)
-            self.metrics.log_value((module_id, f"{name}/grad_norm"), norm.item(), window=1000)
+            self.metrics.log_value((module_id, M.GRAD_NORM.format(optimizer=name)), norm.item(), window=1000)
         return module_gradients_dict
 
     # ---- optimizer state as torch tensors (numpy has no bfloat16) --------------------------------------------------
@@ -100,13 +103,13 @@ class StarPOTorchLearner(TorchLearner):
         for step, rows in enumerate(minibatches):
             total = self._optimizer_step(data, rows, module, module_id, config, micro_size, first=step == 0)
         tokens = int(data["attention_mask"].sum()) * (config.num_epochs + 1)
-        self.metrics.log_value((module_id, "perf/update_tokens_per_s"), tokens / (time.perf_counter() - t0), window=1)
-        self.metrics.log_value((module_id, "perf/optimizer_steps"), len(minibatches), window=1)
+        self.metrics.log_value((module_id, M.UPDATE_TOKENS_PER_S), tokens / (time.perf_counter() - t0), window=1)
+        self.metrics.log_value((module_id, M.OPTIMIZER_STEPS), len(minibatches), window=1)
         return {}, {module_id: total}, {}
 
     @torch.no_grad()
     def _prepare(self, data: dict, module, config, micro_batches: list[torch.Tensor]) -> None:
-        """Fill ``old_logp``, ``old_values``, ``ref_logp``, token ``advantages`` and ``returns`` into ``data``."""
+        """Fill ``old_logp``, ``old_values``, ``ref_logp``, ``token_advantages`` and ``returns`` into ``data``."""
         mask = data["response_mask"]
         old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask)
         ref_logp = torch.zeros_like(mask) if self._reference is not None else None
@@ -118,21 +121,21 @@ class StarPOTorchLearner(TorchLearner):
             if "values" in out:
                 old_values[rows, :width] = out["values"]
             if ref_logp is not None:
-                logits = self._reference(**inputs, use_cache=False).logits[:, :-1].float() / config.temperature
-                ref = torch.log_softmax(logits, -1).gather(-1, inputs["input_ids"][:, 1:, None]).squeeze(-1)
-                ref_logp[rows, :width] = torch.nn.functional.pad(ref, (1, 0))
+                logits = self._reference(**inputs, use_cache=False).logits
+                ref_logp[rows, :width] = token_logprobs(logits, inputs["input_ids"], config.temperature)
         behaviour = data["behaviour_logprobs"]
         gap = ((old_logp - behaviour).abs() * mask)
-        self.metrics.log_value((DEFAULT_MODULE_ID, "rollout/logprob_gap_max"), gap.max().item(), window=1)
-        self.metrics.log_value((DEFAULT_MODULE_ID, "rollout/logprob_gap_mean"),
+        self.metrics.log_value((DEFAULT_MODULE_ID, M.LOGPROB_GAP_MAX), gap.max().item(), window=1)
+        self.metrics.log_value((DEFAULT_MODULE_ID, M.LOGPROB_GAP_MEAN),
                                (gap.sum() / mask.sum().clamp(min=1)).item(), window=1)
         data["old_logp"] = old_logp * mask if config.recompute_logprobs else behaviour * mask
         data["ref_logp"] = ref_logp
-        if config.advantage_estimator == "gae":
-            advantages, returns = compute_gae(data["token_rewards"], old_values, mask, config.gamma, config.lambda_)
-        else:
-            advantages = data["advantages"][:, None] * mask
-            returns = torch.zeros_like(mask)
+        if ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
+            inputs = AdvantageInputs(token_rewards=data["token_rewards"], response_mask=mask,
+                                     returns=data["token_rewards"].sum(-1), group_ids=data["group"], values=old_values)
+            advantages, returns = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings())
+        else:  # computed on the driver from the whole kept batch
+            advantages, returns = data["advantages"], torch.zeros_like(mask)
         data["old_values"], data["token_advantages"], data["returns"] = old_values, advantages, returns
 
     def _optimizer_step(self, data: dict, rows: torch.Tensor, module, module_id, config, micro_size: int,
@@ -170,7 +173,7 @@ class StarPOTorchLearner(TorchLearner):
         fwd_out = module.forward_train(inputs)
         if first:  # before any step: old and new log-probs come from the same weights and the same computation
             deviation = ((fwd_out["logp"] - batch["old_logp"]).abs() * batch["response_mask"]).max().item()
-            self.metrics.log_value((module_id, "actor/first_step_logprob_deviation"), deviation, window=1)
+            self.metrics.log_value((module_id, M.FIRST_STEP_LOGPROB_DEVIATION), deviation, window=1)
         return self.compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
 
     @override(TorchLearner)
@@ -186,17 +189,17 @@ class StarPOTorchLearner(TorchLearner):
                                   dual_clip=config.dual_clip, aggregation=agg)
         entropy = aggregate(fwd_out["entropy"], mask, agg)
         loss = pg - config.entropy_coeff * entropy
-        metrics["actor/entropy"] = entropy.item()
+        metrics[M.ENTROPY] = entropy.item()
         if batch.get("ref_logp") is not None:
             kl = aggregate(kl_penalty(fwd_out["logp"], batch["ref_logp"], config.kl_estimator), mask, agg)
             loss = loss + config.kl_coeff * kl
-            metrics["actor/kl_to_reference"] = kl.item()
+            metrics[M.KL_TO_REFERENCE] = kl.item()
         if "values" in fwd_out:
             vf, critic_metrics = value_loss(fwd_out["values"], batch["old_values"], batch["returns"], mask,
                                             clip=config.value_clip, aggregation=agg)
             loss = loss + config.vf_loss_coeff * vf
             metrics.update(critic_metrics)
-            metrics["critic/values_mean"] = float((fwd_out["values"].detach() * mask).sum() / mask.sum().clamp(min=1))
+            metrics[M.VALUES_MEAN] = float((fwd_out["values"].detach() * mask).sum() / mask.sum().clamp(min=1))
         for key, value in metrics.items():
             if not math.isnan(value):
                 self.metrics.log_value((module_id, key), value, window=1000)

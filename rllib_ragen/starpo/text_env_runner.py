@@ -1,14 +1,14 @@
 """The text EnvRunner: plays the rollout engine with the latest policy weights, locally or as a Ray actor.
 
 The driver decides what to play (initial-state seeds, group size, sampling, sampling seed) and the runner
-returns token-exact trajectories. Weights arrive through RLlib's ``set_state``; the inference backend gets them
-through ``load_weights`` (an HF backend shares the module's model, a vLLM engine would copy them in).
+returns token-exact trajectories. Weights arrive through RLlib's ``set_state``: the runner loads them into its
+inference-only module and into its backend. With vLLM the algorithm loads new weights into the shared engines
+itself, once for all runners, and skips the runners' weight broadcast.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Callable, Sequence
+from typing import Sequence
 
 import ray
 import torch
@@ -19,26 +19,11 @@ from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
-from ..rollout.backends import HFBackend, InferenceBackend, SamplingParams
+from .. import metrics as M
+from ..rollout.backends import SamplingParams
 from ..rollout.engine import RolloutEngine, Trajectory
-from ..rollout.vllm_backend import VLLMBackend
+from .inference_engines import make_backend
 from .llm_rl_module import PLACEHOLDER_SPACE
-
-logger = logging.getLogger(__name__)
-
-BackendFactory = Callable[..., InferenceBackend]
-
-
-def make_backend(kind, model, tokenizer, config) -> InferenceBackend:
-    """``"hf"``: batched KV-cached sampling with the module's own model; ``"vllm"``: a client of the vLLM engines
-    the algorithm attaches after start-up; a callable: ``kind(model, tokenizer, config)``."""
-    if callable(kind):
-        return kind(model, tokenizer, config)
-    if kind == "hf":
-        return HFBackend(model, tokenizer, max_batch_size=config.inference_batch_size)
-    if kind == "vllm":
-        return VLLMBackend()
-    raise ValueError(f"inference_backend={kind!r}: use 'hf', 'vllm' or a callable (model, tokenizer, config) -> backend.")
 
 
 class TextEnvRunner(EnvRunner, Checkpointable):
@@ -70,7 +55,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                sample_seed: int | None = None, **kwargs) -> list[Trajectory]:
         """Play ``len(seeds)`` groups of ``group_size`` episodes; metrics go to :meth:`get_metrics`."""
         trajectories, self._metrics = self.engine.rollout(seeds, group_size, sampling, sample_seed)
-        self._metrics["perf/weights_seq_no"] = float(self._weights_seq_no)
+        self._metrics[M.WEIGHTS_SEQ_NO] = float(self._weights_seq_no)
         return trajectories
 
     @override(EnvRunner)
@@ -82,7 +67,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self.engine = None
 
     def attach_inference_engines(self, engines) -> None:
-        """Route this runner's generation to the algorithm's vLLM engines (Ray actor handles)."""
+        """Route this runner's generation to the algorithm's vLLM engines (``RemoteEngine`` clients)."""
         self.backend.attach(engines)
 
     # ---- weights and checkpoints -----------------------------------------------------------------------------------
@@ -105,12 +90,9 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             module_state = ray.get(module_state)
         if DEFAULT_MODULE_ID in module_state:
             module_state = module_state[DEFAULT_MODULE_ID]
-        # The HF backend samples from self.module.policy itself, so loading through it updates the module too.
-        # Shared vLLM engines get new weights from the algorithm, once for all runners.
-        if not isinstance(self.backend, VLLMBackend):
-            self.backend.load_weights(self.module.policy_state(module_state))
-        if not isinstance(self.backend, HFBackend) or self.backend.model is not self.module.policy:
-            self.module.set_state(module_state)
+        self.module.set_state(module_state)
+        # The HF backend samples from this module's policy (the load repeats the copy and drops its KV cache).
+        self.backend.load_weights(self.module.policy_state(module_state))
         self._weights_seq_no = seq_no
 
     @override(Checkpointable)

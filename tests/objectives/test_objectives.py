@@ -34,8 +34,6 @@ def test_dual_clip_bounds_negative_advantages():
     # A = -1, c = 3: L = min(max(r, clip(r)), 3): r=5 -> 3, r=2 -> 2. A = +1 is untouched: r=5 -> -1.28.
     assert _loss_per_token([2.0, 5.0], -1.0, dual_clip=3.0) == [2.0, 3.0]
     assert _loss_per_token([5.0], 1.0, dual_clip=3.0) == [-1.28]
-    with pytest.raises(ValueError, match="dual_clip"):
-        _loss_per_token([1.0], 1.0, dual_clip=0.5)
 
 
 def test_clip_fractions_and_first_update_ratio():
@@ -127,8 +125,8 @@ def test_filter_keeps_the_most_uncertain_groups():
     keep, _ = select_groups(returns, groups, keep_ratio=0.5, mode="reversed_std")
     assert set(groups[keep].tolist()) == {0, 3}  # equal std 0: ties go to lower ids
     assert select_groups(returns, groups, keep_ratio=0.25, mode="none")[0].all()
-    with pytest.raises(ValueError, match="keep_ratio"):
-        select_groups(returns, groups, keep_ratio=0.0)
+    # Out-of-range ratios (and dual_clip <= 1) are refused by StarPOConfig.validate, the one place settings are
+    # checked: tests/starpo/test_config.py.
 
 
 def test_entropy_kl_value_loss_explained_variance():

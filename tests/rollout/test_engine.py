@@ -7,7 +7,6 @@ import torch
 
 from rllib_ragen.envs import TextEnv, solve_level
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBackend
-from rllib_ragen.rollout.context import ChatFormat, TemplateError
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine, SeedSchedule
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
@@ -24,7 +23,7 @@ def test_solver_policy_solves_every_validation_level(tiny):
     # Budget 25 actions (5 turns x 5) exceeds every 6x6 level's optimal length (max 11 in 1,000 levels).
     config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_actions_per_episode=25)
     engine = RolloutEngine(config, ScriptedBackend(sokoban_solver_policy(), tokenizer), tokenizer)
-    seeds = engine.seeds.validation(64)
+    seeds = SeedSchedule().validation(64)
     trajectories, metrics = engine.rollout(seeds, group_size=1, sampling=SamplingParams())
     assert len(trajectories) == 64 and metrics["rllib_ragen/Sokoban-v0/success"] == 1.0
     assert metrics["rollout/format_error_rate"] == 0.0 and metrics["rollout/valid_action_rate"] == 1.0
@@ -37,6 +36,7 @@ def test_solver_policy_solves_every_validation_level(tiny):
     print(f"\n{np.mean(np.array(lengths) <= 10):.1%} of the 64 validation levels fit the default 10-action budget")
 
 
+@pytest.mark.slow
 def test_frozen_lake_optimal_policy_reaches_its_predicted_success(tiny):
     _, tokenizer = tiny
     config = RolloutConfig(env="rllib_ragen/FrozenLake-v0", max_turns=10, max_actions_per_turn=1,
@@ -171,22 +171,6 @@ def test_context_limit_ends_the_episode_and_is_reported(tiny):
     trajectories, metrics = engine.rollout([0], 2, SamplingParams())
     assert metrics["rollout/truncated_rate"] == 1.0
     assert all(len(t.token_ids) <= 260 and t.num_turns < 5 for t in trajectories)
-
-
-def test_template_that_rewrites_earlier_turns_is_refused(tiny):
-    _, tokenizer = tiny
-    ChatFormat(tokenizer)  # the tiny ChatML template is append-only
-    stripping = tokenizer.chat_template.replace(
-        "{{ message['content'] }}",
-        "{% if message['role'] == 'assistant' and not loop.last %}{{ message['content'].split('</think>')[-1] }}"
-        "{% else %}{{ message['content'] }}{% endif %}")
-    original = tokenizer.chat_template
-    tokenizer.chat_template = stripping
-    try:
-        with pytest.raises(TemplateError, match="append-only"):
-            ChatFormat(tokenizer)
-    finally:
-        tokenizer.chat_template = original
 
 
 def test_an_environments_own_turn_limit_caps_the_episode(tiny):

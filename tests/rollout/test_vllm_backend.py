@@ -5,6 +5,7 @@ Routing is plain Python and always runs. StarPO on vLLM engines: tests/starpo/te
 """
 
 import importlib.util
+from concurrent.futures import Future
 
 import pytest
 import torch
@@ -22,9 +23,11 @@ class RecordingEngine:
     def __init__(self, token):
         self.token, self.calls = token, []
 
-    def generate(self, prompts, params, seed=None):
+    def submit(self, prompts, params, seed=None):
         self.calls.append([list(p) for p in prompts])
-        return [Generation([self.token, 0], [-1.0, -1.0]) for _ in prompts]
+        future = Future()
+        future.set_result([Generation([self.token, 0], [-1.0, -1.0]) for _ in prompts])
+        return future
 
 
 def test_next_turns_go_back_to_the_engine_that_served_the_conversation():

@@ -6,6 +6,8 @@ import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
+from ray.rllib.utils.test_utils import check_train_results_new_api_stack
+
 from rllib_ragen import StarPO
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -34,14 +36,25 @@ def test_first_update_has_ratio_one_and_rollout_logprobs_match_the_learner(small
         assert learner["actor/first_step_logprob_deviation"] == 0.0
         # The rollout's own log-probs (KV-cached, left-padded) agree with the learner's right-padded pass.
         assert learner["rollout/logprob_gap_max"] < 1e-4
-        assert result["rollout/num_trajectories"] == 8 and result["rollout/kept_trajectories"] == 4
+        assert result["env_runners"]["rollout/num_trajectories"] == 8 and result["update/kept_trajectories"] == 4
         assert np.isfinite(learner["actor/pg_loss"]) and np.isfinite(learner["critic/vf_loss"])
         assert learner["actor/grad_norm"] > 0 and learner["critic/grad_norm"] > 0
         assert learner["perf/optimizer_steps"] == 1
-        # Validation ran before training, on the fixed set, with its own metric names.
-        assert result["val/rllib_ragen/Sokoban-v0/num_trajectories"] == 4
+        # Validation ran before training, on the fixed set, under RLlib's evaluation results.
+        assert result["evaluation"]["env_runners"]["rllib_ragen/Sokoban-v0/num_trajectories"] == 4
+        # RLlib's own layout: its checker passes, and its standard env-runner metrics are filled from the rollout.
+        check_train_results_new_api_stack(result)
+        rollout = result["env_runners"]
+        assert rollout["num_episodes"] == 8 and rollout["episode_return_mean"] == rollout["rollout/return_mean"]
+        assert rollout["num_env_steps_sampled"] == 8 * rollout["episode_len_mean"]
     finally:
         algo.stop()
+
+
+def _get(result: dict, path: tuple[str, ...]):
+    for key in path:
+        result = result[key]
+    return result
 
 
 def assert_same_update(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], lr: float = 1e-3) -> None:
@@ -92,9 +105,9 @@ def test_checkpoint_resume_is_exact(tmp_path, small_config):
         resumed.stop()
 
     assert result["training_iteration"] == expected["training_iteration"] == 3
-    for key in ("rollout/return_mean", "rollout/response_length", "rollout_filter/reward_std",
-                "val/rollout/return_mean"):
-        assert result[key] == expected[key], key
+    for path in (("env_runners", "rollout/return_mean"), ("update/response_length",), ("rollout_filter/reward_std",),
+                 ("evaluation", "env_runners", "rollout/return_mean")):
+        assert _get(result, path) == _get(expected, path), path
     assert result["learners"][DEFAULT_MODULE_ID]["perf/optimizer_steps"] == 4
     for key in ("actor/pg_loss", "actor/entropy", "critic/vf_loss", "actor/grad_norm"):
         assert result["learners"][DEFAULT_MODULE_ID][key] == expected["learners"][DEFAULT_MODULE_ID][key], key
@@ -127,11 +140,12 @@ def test_export_loads_in_plain_transformers_with_the_same_logits(tmp_path, small
         algo.stop()
 
 
+@pytest.mark.slow
 def test_one_iteration_with_a_remote_env_runner(small_config):
     algo = small_config(validation_interval=0).env_runners(num_env_runners=1).build_algo()
     try:
         result = algo.train()
-        assert result["rollout/num_trajectories"] == 8
+        assert result["env_runners"]["rollout/num_trajectories"] == 8
         # After the update, the remote runner holds the learner's new weights (and knows their version).
         remote = algo.env_runner_group.foreach_env_runner(
             lambda runner: (runner._weights_seq_no, runner.module.get_state()), local_env_runner=False)
@@ -144,6 +158,7 @@ def test_one_iteration_with_a_remote_env_runner(small_config):
         algo.stop()
 
 
+@pytest.mark.slow
 def test_a_remote_learner_computes_the_same_update_as_the_local_one(small_config):
     local, remote = (weights_after_one_iteration(small_config(validation_interval=0).learners(num_learners=n))
                      for n in (0, 1))
@@ -200,6 +215,7 @@ def test_kl_reference_is_loaded_only_when_the_kl_term_is_on(small_config):
     assert second > 0.0  # after one update the policy has moved away from the frozen reference
 
 
+@pytest.mark.slow
 def test_tune_runs_a_grid_over_starpo_fields(tmp_path, small_config):
     from ray import tune
 
@@ -207,8 +223,21 @@ def test_tune_runs_a_grid_over_starpo_fields(tmp_path, small_config):
     results = tune.Tuner(
         StarPO, param_space=config,
         run_config=tune.RunConfig(stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0),
-        tune_config=tune.TuneConfig(metric="val/rollout/return_mean", mode="max"),
+        tune_config=tune.TuneConfig(metric="evaluation/env_runners/rollout/return_mean", mode="max"),
     ).fit()
     assert not results.errors
     assert sorted(r.config["clip_ratio_high"] for r in results) == [0.2, 0.28]
-    assert all(np.isfinite(r.metrics["val/rollout/return_mean"]) for r in results)
+    assert all(np.isfinite(r.metrics["evaluation"]["env_runners"]["rollout/return_mean"]) for r in results)
+
+
+@pytest.mark.slow
+def test_a_tune_stopper_on_rllibs_episode_return_stops_the_run(tmp_path, small_config):
+    from ray import tune
+
+    # Any return beats -1e9: the stopper must end the trial after its first iteration, well before 5.
+    results = tune.Tuner(
+        StarPO, param_space=small_config(validation_interval=0),
+        run_config=tune.RunConfig(stop={"env_runners/episode_return_mean": -1e9, "training_iteration": 5},
+                                  storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    assert not results.errors and results[0].metrics["training_iteration"] == 1

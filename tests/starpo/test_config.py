@@ -87,3 +87,18 @@ def test_every_starpo_knob_is_a_documented_keyword_of_training():
     assert [k for k in STARPO_S_DEFAULTS if k not in StarPOConfig.training.__doc__] == []
     with pytest.raises(TypeError, match="num_group"):
         StarPOConfig().training(num_group=4)
+
+
+def test_building_the_module_logs_no_deprecation_notice():
+    import subprocess
+    import sys
+
+    # RLlib logs this once per process, so a fresh one: RLModule's own __init__ builds the deprecated config.
+    code = ("from ray.rllib.core import DEFAULT_MODULE_ID\n"
+            "from rllib_ragen import StarPOConfig\n"
+            "from rllib_ragen.starpo.llm_rl_module import PLACEHOLDER_SPACE\n"
+            "StarPOConfig().get_rl_module_spec(spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)})"
+            ".build()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "deprecated" not in done.stderr, done.stderr[-2000:]

@@ -44,7 +44,7 @@ def test_starpo_iteration_on_vllm_engines_syncs_the_learners_weights(ray_session
     config.env_runners(num_env_runners=num_env_runners)
     algo = config.build_algo()
     try:
-        engine = algo.inference_engines.engines[0]
+        engine = algo.engine_actors.clients[0]
         result = algo.train()
         learner = result["learners"]["default_policy"]
         assert learner["actor/first_step_logprob_deviation"] == 0.0  # the learner recomputed the old log-probs
@@ -55,9 +55,7 @@ def test_starpo_iteration_on_vllm_engines_syncs_the_learners_weights(ray_session
         module = config.get_rl_module_spec(inference_only=True,
                                            spaces={"default_policy": (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}).build()
         module.set_state(state["learner"]["rl_module"]["default_policy"])
-        import ray
-
-        engine_now = torch.tensor(ray.get(engine.sequence_logprobs.remote(sequence)))
+        engine_now = torch.tensor(engine.sequence_logprobs(sequence))
         assert torch.allclose(engine_now, _sequence_logprobs(module.policy, sequence), atol=1e-4)
     finally:
         algo.stop()

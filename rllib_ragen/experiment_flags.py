@@ -1,0 +1,215 @@
+"""Command-line flags of a main job, generated from its ``StarPOConfig`` and its :class:`JobSettings`.
+
+Every ``StarPOConfig.training`` knob is a flag (``num_groups`` -> ``--num-groups``), with the help text of its
+entry in ``training``'s docstring and the job's own value as the default; so are the RLlib fields a job needs
+(learning rate, environment, model, seed, resources) and the driver's settings. There is no second list of knobs
+to keep in step: a knob added to ``STARPO_S_DEFAULTS`` and documented in ``training`` is a flag.
+
+Precedence, lowest first: the job's config, then on a CUDA machine the ``"reference-gpu"`` preset and the job's
+own GPU settings, then ``--preset``, then every other flag given. The result is validated; a bad value exits
+with code 2 and ``validate()``'s message, which names the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .rollout.vllm_backend import vllm_available
+
+
+def _help(text: str, **kwargs):
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass
+class JobSettings:
+    """What the driver itself needs; the method's settings are the job's ``StarPOConfig``."""
+
+    output_dir: str = _help("where metrics, plots, rollouts and the exported model go", default="outputs/starpo")
+    iterations: int = _help("StarPO training iterations (one rollout batch and update each)", default=20)
+    threads: int = _help("torch threads in the driver process", default=2)
+    warm_start_episodes: int = _help("demonstration episodes for the supervised warm start (0: none)", default=512)
+    warm_start_steps: int = _help("supervised warm-start steps (0: start RL from the model as loaded)", default=200)
+    warm_start_lr: float = _help("warm-start learning rate", default=2e-3)
+    warm_start_batch_size: int = _help("warm-start batch size (episodes)", default=16)
+    pass_bar: float = _help("least rise of validation success over the warm start that counts as learning",
+                            default=0.05)
+
+
+# On a CUDA machine: the reference's run length, and no warm start (the reference starts from the instruct model).
+REFERENCE_GPU_JOB = {"iterations": 200, "warm_start_steps": 0}
+
+# RLlib's own fields (and the model's) that a job sets: flag -> (config setter, argument, help).
+RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
+    "env": ("environment", "env", "registered text-environment id"),
+    "env_config": ("environment", "env_config", "environment constructor arguments as JSON, e.g. "
+                                                "'{\"reward\": \"success\"}'"),
+    "model": ("rl_module", "model", "'tiny', 'smollm2-135m', or a Hugging Face id / local path"),
+    "dtype": ("rl_module", "dtype", "parameter dtype: 'float32' or 'bfloat16'"),
+    "critic": ("rl_module", "critic", "'separate' (a value model, the reference's) or 'head' (a value head)"),
+    "lr": ("training", "lr", "the actor's learning rate"),
+    "gamma": ("training", "gamma", "discount (1.0: trajectory-level credit)"),
+    "grad_clip": ("training", "grad_clip", "global-norm gradient clip of actor and critic, each (null: none)"),
+    "minibatch_size": ("training", "minibatch_size", "trajectories per optimizer step (null: the kept batch "
+                                                     "split into updates_per_rollout_batch steps)"),
+    "num_epochs": ("training", "num_epochs", "passes over each rollout batch"),
+    "seed": ("debugging", "seed", "seeds the model init, warm start, rollouts and updates"),
+    "num_env_runners": ("env_runners", "num_env_runners", "remote env runners (0: sample in the driver process)"),
+    "num_learners": ("learners", "num_learners", "remote learners (0: learn in the driver process)"),
+    "num_gpus_per_learner": ("learners", "num_gpus_per_learner", "GPUs per learner"),
+}
+
+
+def training_knob_help() -> dict[str, str]:
+    """Each knob's entry in ``StarPOConfig.training``'s ``Args:`` section, one line (``a, b: text`` serves both)."""
+    from .starpo.starpo import StarPOConfig
+
+    doc = inspect.getdoc(StarPOConfig.training) or ""
+    args = doc.split("Args:", 1)[1] if "Args:" in doc else ""
+    entries: dict[str, str] = {}
+    for match in re.finditer(r"^    (\w+(?:, \w+)*): (.*?)(?=^    \w|\Z)", args, re.MULTILINE | re.DOTALL):
+        text = " ".join(match.group(2).split())
+        for name in match.group(1).split(", "):
+            entries[name] = text
+    return entries
+
+
+def config_value(config, name: str) -> Any:
+    """The value of flag ``name`` in ``config``."""
+    if name in RLLIB_FLAGS:
+        setter, argument, _ = RLLIB_FLAGS[name]
+        if setter == "rl_module":
+            return config.model_config[argument]
+        return getattr(config, argument)
+    return getattr(config, name)
+
+
+def set_config_value(config, name: str, value: Any) -> None:
+    """Set flag ``name`` to ``value`` through the config's own setter (so the setter's merging rules apply)."""
+    if name in RLLIB_FLAGS:
+        setter, argument, _ = RLLIB_FLAGS[name]
+        if setter == "rl_module":  # rl_module replaces model_config: pass the others on unchanged
+            config.rl_module(model_config={**user_model_config(config), argument: value})
+        else:
+            getattr(config, setter)(**{argument: value})
+    else:
+        config.training(**{name: value})
+
+
+def user_model_config(config) -> dict[str, Any]:
+    """The model settings the user chose: ``model_config`` without the keys the config derives itself."""
+    derived = config._model_config_auto_includes
+    return {k: v for k, v in config.model_config.items() if k not in derived}
+
+
+def config_flag_names() -> list[str]:
+    from .starpo.starpo import STARPO_S_DEFAULTS
+
+    return list(RLLIB_FLAGS) + list(STARPO_S_DEFAULTS)
+
+
+def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, gpu_config=None,
+                   description: str | None = None):
+    """Flags over the job's ``config`` and ``job`` settings; returns ``(config, job)``, validated, both new objects.
+
+    Args:
+        config: the job's ``StarPOConfig`` (not modified).
+        job: the job's :class:`JobSettings` (not modified).
+        argv: the flags (default: ``sys.argv[1:]``).
+        gpu_config: on a CUDA machine, called as ``gpu_config(config)`` after the ``"reference-gpu"`` preset: the
+            job's own GPU settings (e.g. a harder environment variant).
+        description: the ``--help`` headline.
+    """
+    parser = job_parser(config, job, description)
+    return apply_job_args(parser, parser.parse_args(argv), config, job, gpu_config=gpu_config)
+
+
+def job_parser(config, job: JobSettings, description: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every job and config flag, defaults from ``config`` and ``job``; add a script's own flags
+    to it, then hand what it parsed to :func:`apply_job_args`."""
+    help_texts = training_knob_help()
+    parser = argparse.ArgumentParser(description=description or f"StarPO on {config.env}")
+    parser.add_argument("--preset", default=argparse.SUPPRESS,
+                        help="named settings applied before the other flags: 'starpo-s' (the defaults: filter, "
+                             "critic, no KL, clip-higher), 'starpo' (vanilla) or 'reference-gpu' (default: none)")
+    driver = parser.add_argument_group("driver")
+    for f in dataclasses.fields(JobSettings):
+        _add_flag(driver, f.name, getattr(job, f.name), f.metadata["help"])
+    knobs = parser.add_argument_group("method (StarPOConfig; see its training() docstring)")
+    for name in config_flag_names():
+        text = RLLIB_FLAGS[name][2] if name in RLLIB_FLAGS else help_texts.get(name, "")
+        _add_flag(knobs, name, config_value(config, name), text)
+    return parser
+
+
+def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespace, config, job: JobSettings, *,
+                   gpu_config=None):
+    """Lay the parsed flags over copies of ``config`` and ``job`` (see the module docstring for the order) and
+    validate; a bad value exits through ``parser.error`` with ``validate()``'s message."""
+    config = config.copy(copy_frozen=False)
+    job_fields = {f.name for f in dataclasses.fields(JobSettings)}
+    given = vars(namespace)  # flags not given are absent (SUPPRESS): a given null is a value, None
+    if torch.cuda.is_available():
+        config.preset("reference-gpu")
+        if vllm_available():
+            config.training(inference_backend="vllm")
+        if gpu_config is not None:
+            gpu_config(config)
+        job = dataclasses.replace(job, **REFERENCE_GPU_JOB)
+    job = dataclasses.replace(job, **{k: v for k, v in given.items() if k in job_fields})
+    try:
+        if "preset" in given:
+            config.preset(given["preset"])
+        for name in config_flag_names():
+            if name in given:
+                set_config_value(config, name, given[name])
+        config.validate()
+    except ValueError as error:
+        parser.error(str(error))
+    return config, job
+
+
+def _add_flag(group, name: str, default: Any, text: str) -> None:
+    """``--name`` parsing its value like ``default``: a switch for booleans, JSON for dicts, tuples and None."""
+    flag = "--" + name.strip("_").replace("_", "-")  # lambda_ -> --lambda
+    shown = f"{text} (default: {json.dumps(default) if isinstance(default, (dict, tuple, type(None))) else default})"
+    unset = argparse.SUPPRESS  # a flag not given leaves no attribute, so `--dual-clip null` can set None
+    if isinstance(default, bool):
+        group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=unset, help=shown)
+    elif isinstance(default, (int, float, str)):
+        group.add_argument(flag, dest=name, type=_parser_like(type(default)), default=unset,
+                           metavar=type(default).__name__.upper(), help=shown)
+    else:
+        group.add_argument(flag, dest=name, type=_parser_like(type(default)), default=unset, metavar="JSON",
+                           help=shown)
+
+
+def _parser_like(kind: type):
+    """Parse a flag's text as a value of ``kind``; ``null`` is None for every knob that may be None."""
+
+    def parse(text: str):
+        if text.lower() in ("null", "none"):
+            return None
+        if kind in (int, float, str):
+            try:
+                # An int knob may take a float (num_gpus_per_learner=0.5); validate() refuses where it must not.
+                return float(text) if kind is int and not text.lstrip("+-").isdigit() else kind(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"not a valid {kind.__name__}: {text!r}") from None
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {text!r}") from None
+        if kind is dict and not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"key\": 1}}', got {text!r}")
+        return tuple(value) if kind is tuple and isinstance(value, list) else value
+
+    return parse

@@ -1,0 +1,82 @@
+"""Every metric name the package logs, in one place (no Ray, no torch).
+
+Where they appear in ``Algorithm.train()``'s result, RLlib's layout:
+
+- ``env_runners/``: the training rollout. RLlib's standard ``episode_return_mean``, ``episode_len_mean`` (turns),
+  ``num_episodes`` and ``num_env_steps_sampled``, plus ours per environment (``{env_id}/success``, ...) and pooled
+  (``rollout/success``, ...).
+- ``evaluation/env_runners/``: the same for the fixed validation set, plus ``iteration`` (when it was played).
+- ``learners/default_policy/``: the update (``actor/``, ``critic/``, ``perf/``, ``rollout/logprob_gap_*``).
+- top level: the update's preparation (``rollout_filter/``, ``update/``) and the driver's timers (``time/``).
+"""
+
+# ---- per-environment rollout metrics: f"{env_id}/{NAME}" and f"{POOLED}/{NAME}" -------------------------------
+POOLED = "rollout"  # the pooled row of every per-environment metric: "rollout/success"
+SUCCESS = "success"
+PASS_AT = "pass@{group_size}"
+NUM_ACTIONS = "num_actions"
+NUM_TURNS = "num_turns"
+VALID_ACTION_RATE = "valid_action_rate"
+EFFECTIVE_ACTION_RATE = "effective_action_rate"
+FORMAT_ERROR_RATE = "format_error_rate"
+RESPONSE_TOKENS_PER_TURN = "response_tokens_per_turn"
+RETURN_MEAN = "return_mean"
+TRUNCATED_RATE = "truncated_rate"
+NUM_TRAJECTORIES = "num_trajectories"
+
+# RLlib's standard env-runner metrics, filled from the same rollout (an episode's length counts its turns).
+EPISODE_RETURN_MEAN = "episode_return_mean"
+EPISODE_LEN_MEAN = "episode_len_mean"
+NUM_EPISODES = "num_episodes"
+NUM_ENV_STEPS_SAMPLED = "num_env_steps_sampled"
+
+# Rollout bookkeeping (under env_runners/).
+ENV_ERRORS = "rollout/env_errors"
+WEIGHTS_SEQ_NO = "perf/weights_seq_no"
+TIME_ROLLOUT = "time/rollout_s"
+TIME_GENERATE = "time/generate_s"
+
+# Validation (under evaluation/env_runners/).
+VALIDATION_ITERATION = "iteration"
+
+# ---- the update's preparation on the driver (top level) -------------------------------------------------------
+FILTER_REWARD_STD = "rollout_filter/reward_std"
+FILTER_REWARD_MEAN = "rollout_filter/reward_mean"
+FILTER_REWARD_MAX = "rollout_filter/reward_max"
+FILTER_KEPT_REWARD_STD = "rollout_filter/kept_reward_std"
+FILTER_KEPT_REWARD_MEAN = "rollout_filter/kept_reward_mean"
+FILTER_KEPT_REWARD_MAX = "rollout_filter/kept_reward_max"
+FILTER_KEPT_GROUPS = "rollout_filter/kept_groups"
+KEPT_TRAJECTORIES = "update/kept_trajectories"
+RESPONSE_LENGTH = "update/response_length"  # generated tokens per kept trajectory
+
+# Driver timers (top level).
+TIME_SAMPLE = "time/sample_s"
+TIME_UPDATE = "time/update_s"
+TIME_SYNC = "time/sync_s"
+TIME_WEIGHT_LOAD = "time/weight_load_s"
+
+# ---- the learner (under learners/default_policy/) -------------------------------------------------------------
+PG_LOSS = "actor/pg_loss"
+PG_CLIPFRAC_UPPER = "actor/pg_clipfrac_upper"
+PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
+PG_CLIPFRAC_DUAL = "actor/pg_clipfrac_dual"
+APPROX_KL = "actor/approx_kl"
+RATIO_MEAN = "actor/ratio_mean"
+ENTROPY = "actor/entropy"
+KL_TO_REFERENCE = "actor/kl_to_reference"
+FIRST_STEP_LOGPROB_DEVIATION = "actor/first_step_logprob_deviation"
+GRAD_NORM = "{optimizer}/grad_norm"  # optimizer: "actor" or "critic"
+VF_LOSS = "critic/vf_loss"
+VF_CLIPFRAC = "critic/vf_clipfrac"
+EXPLAINED_VARIANCE = "critic/explained_variance"
+VALUES_MEAN = "critic/values_mean"
+LOGPROB_GAP_MAX = "rollout/logprob_gap_max"
+LOGPROB_GAP_MEAN = "rollout/logprob_gap_mean"
+UPDATE_TOKENS_PER_S = "perf/update_tokens_per_s"
+OPTIMIZER_STEPS = "perf/optimizer_steps"
+
+
+def env_metric(env_id: str, name: str) -> str:
+    """The name of a per-environment metric: ``env_metric("rllib_ragen/Sokoban-v0", SUCCESS)``."""
+    return f"{env_id}/{name}"

@@ -1,0 +1,71 @@
+"""The token-level context: the chat template used append-only, the turn message and its parser."""
+
+import pytest
+
+from rllib_ragen.rollout.context import (ChatFormat, TemplateError, TurnMessage, last_turn_message, turn_message)
+from rllib_ragen.rollout.models import build_tiny_tokenizer
+from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer(seed=0)
+
+
+def test_turn_pieces_rebuild_the_templates_own_rendering(tokenizer):
+    chat = ChatFormat(tokenizer, system_prompt="Play.")
+    reply_ids = chat.encode("<think>go</think><answer>Up</answer>") + [tokenizer.eos_token_id]
+    ids = chat.prompt_ids("Turn 1") + reply_ids + chat.encode(chat.next_turn_text(reply_ids, "Turn 2"))
+    # ChatML by hand: every message is <|im_start|>role\ncontent<|im_end|>\n, then the generation prompt.
+    assert tokenizer.decode(ids) == ("<|im_start|>system\nPlay.<|im_end|>\n<|im_start|>user\nTurn 1<|im_end|>\n"
+                                     "<|im_start|>assistant\n<think>go</think><answer>Up</answer><|im_end|>\n"
+                                     "<|im_start|>user\nTurn 2<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_reply_is_closed_once_whether_or_not_it_sampled_its_end_token(tokenizer):
+    chat = ChatFormat(tokenizer)
+    answer = chat.encode("<answer>Up</answer>")
+    assert chat.reply_end_text(answer + [tokenizer.eos_token_id]) == "\n"  # <|im_end|> was sampled: only "\n"
+    assert chat.reply_end_text(answer) == "<|im_end|>\n"  # cut by max_new_tokens: the template closes it
+
+
+def test_template_that_rewrites_earlier_turns_is_refused(tokenizer):
+    ChatFormat(tokenizer)  # the tiny ChatML template is append-only
+    stripping = tokenizer.chat_template.replace(
+        "{{ message['content'] }}",
+        "{% if message['role'] == 'assistant' and not loop.last %}{{ message['content'].split('</think>')[-1] }}"
+        "{% else %}{{ message['content'] }}{% endif %}")
+    original = tokenizer.chat_template
+    tokenizer.chat_template = stripping
+    try:
+        with pytest.raises(TemplateError, match="append-only"):
+            ChatFormat(tokenizer)
+    finally:
+        tokenizer.chat_template = original
+
+
+@pytest.mark.parametrize("reward", [None, -0.1, 10.0])
+def test_turn_message_parses_back_to_its_parts(reward):
+    board = "######\n#P_X_#\n#__O_#\n######"
+    message = turn_message(board, turn=3, actions_left=7, reward=reward, enable_thinking=False)
+    assert last_turn_message(message) == TurnMessage(observation=board, turn=3, actions_left=7, reward=reward)
+
+
+def test_the_last_turn_message_of_a_conversation_is_read():
+    first = turn_message("#P_O#", turn=1, actions_left=10)
+    second = turn_message("#_PO#", turn=2, actions_left=9, reward=-0.1)
+    conversation = f"<|im_start|>user\n{first}<|im_end|>\n<answer>Right</answer>\n<|im_start|>user\n{second}"
+    assert last_turn_message(conversation) == TurnMessage("#_PO#", 2, 9, -0.1)
+    with pytest.raises(ValueError, match="Turn N"):
+        last_turn_message("no state here")
+
+
+def test_scripted_policies_read_the_state_through_the_same_parser():
+    # A player left of a box with the target right of it: the solver's first move is Right.
+    level = "######\n#PX_O#\n#____#\n#____#\n#____#\n######"
+    assert "<answer>Right || Right</answer>" in sokoban_solver_policy()(turn_message(level, turn=1, actions_left=10))
+    # Solid ice, goal two cells right of the player: a shortest path starts Right.
+    lake = "P_G_\n____\n____\n____"
+    reply = frozen_lake_optimal_policy(enable_thinking=False, is_slippery=False)(
+        turn_message(lake, turn=1, actions_left=5))
+    assert reply == "<answer>Right</answer>"

@@ -1,0 +1,119 @@
+"""From a rollout to the learner's batch, on hand-built trajectories: filter, rewards on tokens, advantages, shards.
+
+No Ray session: ``prepare_update_batch`` is plain Python on trajectories and a config.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from rllib_ragen import StarPOConfig
+from rllib_ragen.objectives import ADVANTAGE_ESTIMATORS, compute_advantages, register_advantage_estimator
+from rllib_ragen.rollout.engine import Trajectory
+from rllib_ragen.starpo.batch import prepare_update_batch, shard_by_groups
+
+PAD = 0
+
+
+def trajectory(group: int, turn_rewards: list[float], prompt: int = 2, reply: int = 2, observation: int = 1):
+    """A conversation: ``prompt`` tokens, then per turn ``reply`` sampled tokens and (between turns) an observation.
+
+    Token ids count up from 10, so every position is distinguishable; sampled tokens have log-prob -0.5.
+    """
+    ids, mask, spans = list(range(10, 10 + prompt)), [0] * prompt, []
+    for turn in range(len(turn_rewards)):
+        start = len(ids)
+        ids += list(range(len(ids) + 10, len(ids) + 10 + reply))
+        mask += [1] * reply
+        spans.append((start, len(ids)))
+        if turn < len(turn_rewards) - 1:
+            ids += list(range(len(ids) + 10, len(ids) + 10 + observation))
+            mask += [0] * observation
+    logprobs = [-0.5 * m for m in mask]
+    return Trajectory("test/Env-v0", group, 100 + group, ids, mask, logprobs, spans, list(turn_rewards))
+
+
+def config(**training):
+    return StarPOConfig().training(**{"num_groups": 3, "group_size": 2, "rollout_filter_ratio": 1.0, **training})
+
+
+def test_filter_keeps_whole_groups_in_group_order_and_pads_right():
+    # Group stds: g0 = 0 (1, 1), g1 = 0.5 (1, 0), g2 = 1.5 (3, 0). Keeping 2 of 3 keeps g1 and g2.
+    rollout = [trajectory(0, [1.0]), trajectory(0, [1.0]), trajectory(1, [1.0]), trajectory(1, [0.0], reply=3),
+               trajectory(2, [3.0]), trajectory(2, [0.0])]
+    columns, metrics = prepare_update_batch(rollout, config(rollout_filter_ratio=0.5, advantage_estimator="raw"), PAD)
+    assert columns["group"].tolist() == [1, 1, 2, 2]
+    assert metrics["update/kept_trajectories"] == 4 and metrics["rollout_filter/kept_groups"] == 2
+    assert columns["input_ids"].shape == (4, 5)  # the longest kept trajectory: 2 prompt + 3 reply tokens
+    assert columns["input_ids"][0].tolist() == [10, 11, 12, 13, PAD]
+    assert columns["attention_mask"][0].tolist() == [1, 1, 1, 1, 0]
+    assert columns["response_mask"][1].tolist() == [0, 0, 1, 1, 1]
+    assert columns["behaviour_logprobs"][1].tolist() == [0, 0, -0.5, -0.5, -0.5]
+    assert metrics["update/response_length"] == (2 + 3 + 2 + 2) / 4
+
+
+def test_trajectory_rewards_sit_on_the_last_sampled_token_turn_rewards_on_each_turns_last():
+    # Two turns: prompt [0, 1], reply [2, 3], observation [4], reply [5, 6]; rewards -0.1 then 1.0.
+    rollout = [trajectory(0, [-0.1, 1.0]), trajectory(0, [0.0, 0.0])]
+    whole, _ = prepare_update_batch(rollout, config(num_groups=1, advantage_estimator="raw"), PAD)
+    np.testing.assert_allclose(whole["token_rewards"][0], [0, 0, 0, 0, 0, 0, 0.9])
+    per_turn, _ = prepare_update_batch(rollout, config(num_groups=1, advantage_estimator="raw",
+                                                       turn_level_rewards=True), PAD)
+    np.testing.assert_allclose(per_turn["token_rewards"][0], [0, 0, 0, -0.1, 0, 0, 1.0])
+
+
+def test_outcome_advantages_are_computed_on_the_kept_groups_and_cover_only_sampled_tokens():
+    rollout = [trajectory(0, [1.0]), trajectory(0, [0.0]), trajectory(1, [2.0]), trajectory(1, [2.0])]
+    columns, _ = prepare_update_batch(rollout, config(num_groups=2, advantage_estimator="grpo",
+                                                      grpo_normalize_std=False), PAD)
+    # Mean-only GRPO: group 0 returns (1, 0) -> +0.5, -0.5; group 1 (2, 2) -> 0, 0. Prompt tokens get nothing.
+    np.testing.assert_allclose(columns["advantages"], [[0, 0, 0.5, 0.5], [0, 0, -0.5, -0.5], [0] * 4, [0] * 4])
+
+
+def test_critic_estimators_are_left_to_the_learner():
+    columns, _ = prepare_update_batch([trajectory(0, [1.0]), trajectory(0, [0.0])],
+                                      config(num_groups=1, advantage_estimator="gae"), PAD)
+    assert "advantages" not in columns  # no zero placeholder: GAE needs the critic's values
+    assert ADVANTAGE_ESTIMATORS["gae"].needs_critic and StarPOConfig().model_config["value_function"]
+
+
+def test_a_registered_estimator_is_selectable_by_name_and_decides_whether_a_critic_is_built():
+    def twice_the_return(inputs, settings):
+        return 2 * inputs.returns[:, None] * inputs.response_mask, None
+
+    register_advantage_estimator("twice_the_return", twice_the_return)
+    try:
+        cfg = config(num_groups=1, advantage_estimator="twice_the_return")
+        cfg.validate()
+        assert cfg.model_config["value_function"] is False
+        columns, _ = prepare_update_batch([trajectory(0, [1.5]), trajectory(0, [0.0])], cfg, PAD)
+        np.testing.assert_allclose(columns["advantages"][:, 2:], [[3.0, 3.0], [0.0, 0.0]])
+    finally:
+        del ADVANTAGE_ESTIMATORS["twice_the_return"]
+    with pytest.raises(ValueError, match="built in"):
+        register_advantage_estimator("gae", twice_the_return)
+
+
+def test_a_critic_estimator_refuses_to_run_without_values():
+    from rllib_ragen.objectives import AdvantageInputs, AdvantageSettings
+
+    inputs = AdvantageInputs(torch.zeros(1, 3), torch.ones(1, 3), torch.zeros(1), torch.zeros(1, dtype=torch.long))
+    with pytest.raises(ValueError, match="needs the critic"):
+        compute_advantages("gae", inputs, AdvantageSettings())
+
+
+def test_shards_for_remote_learners_never_cut_a_group():
+    # Group sizes 2, 3, 1, 2 (an environment error dropped members): two learners get groups {0, 1} and {2, 3}.
+    groups = np.array([0, 0, 1, 1, 1, 2, 3, 3])
+    columns = {"group": groups, "input_ids": np.arange(8)[:, None]}
+    first, second = shard_by_groups(columns, 2)
+    assert first["group"].tolist() == [0, 0, 1, 1, 1] and second["group"].tolist() == [2, 3, 3]
+    assert np.concatenate([first["input_ids"], second["input_ids"]]).ravel().tolist() == list(range(8))
+
+
+def test_kept_groups_that_do_not_split_over_the_learners_fail_at_validate():
+    # 8 groups x ratio 0.375 -> 3 kept groups: not divisible by 2 learners, though 3 x 4 = 12 trajectories are.
+    bad = StarPOConfig().training(num_groups=8, group_size=4, rollout_filter_ratio=0.375).learners(num_learners=2)
+    with pytest.raises(ValueError, match="keeps 3 groups.*num_learners=2"):
+        bad.validate()
+    StarPOConfig().training(num_groups=8, group_size=4, rollout_filter_ratio=0.25).learners(num_learners=2).validate()
