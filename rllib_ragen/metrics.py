@@ -30,8 +30,12 @@ EPISODE_LEN_MEAN = "episode_len_mean"
 NUM_EPISODES = "num_episodes"
 NUM_ENV_STEPS_SAMPLED = "num_env_steps_sampled"
 
-# Rollout bookkeeping (under env_runners/).
-ENV_ERRORS = "rollout/env_errors"
+# Rollout bookkeeping (under env_runners/): events the rollout handled and counted, summed over env runners.
+ENV_ERRORS = "rollout/env_errors"  # an environment raised; its trajectory is dropped
+NONFINITE_REWARDS = "rollout/nonfinite_rewards"  # an environment paid NaN or inf; its trajectory is dropped
+UNENCODABLE_TEXTS = "rollout/unencodable_texts"  # observation text UTF-8 cannot encode; the characters replaced
+ROLLOUT_COUNTERS = (ENV_ERRORS, NONFINITE_REWARDS, UNENCODABLE_TEXTS)
+ENV_RUNNER_RESTARTS = "rollout/env_runner_restarts"  # remote env runners that died mid-rollout and were restarted
 WEIGHTS_SEQ_NO = "perf/weights_seq_no"
 TIME_ROLLOUT = "time/rollout_s"
 TIME_GENERATE = "time/generate_s"
@@ -75,6 +79,7 @@ LOGPROB_GAP_MAX = "rollout/logprob_gap_max"
 LOGPROB_GAP_MEAN = "rollout/logprob_gap_mean"
 UPDATE_TOKENS_PER_S = "perf/update_tokens_per_s"
 OPTIMIZER_STEPS = "perf/optimizer_steps"
+SKIPPED_OPTIMIZER_STEPS = "perf/skipped_optimizer_steps"  # non-finite loss or gradient: weights left untouched
 
 
 def env_metric(env_id: str, name: str) -> str:

@@ -53,12 +53,15 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 # ---- policy -----------------------------------------------------------------------------------------------------
+LOG_RATIO_BOUND = 20.0  # |log pi - log pi_old| is clamped to this before exp (exp(20) ~ 4.9e8)
+
+
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                 clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float | None = 3.0,
                 aggregation: str = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate with asymmetric ("clip-higher") and dual clipping.
 
-    rho = exp(logp - old_logp)
+    rho = exp(clamp(logp - old_logp, -20, 20))
     L = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))          (arXiv 1707.06347, eqn. 7; DAPO 2503.14476)
     for A < 0 with dual clip c:  L = min(L, -A c)                       (arXiv 1912.09729, eqn. 5)
 
@@ -72,7 +75,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     Returns:
         The scalar loss and metrics: clip fractions (upper, lower, dual), approximate KL (k3), ratio mean.
     """
-    log_ratio = logp - old_logp
+    # Clamped before exp, as verl does: past ~88 exp overflows float32 and the loss turns NaN. A token that far
+    # off the behaviour policy is clipped by PPO anyway, so the clamp changes no finite loss.
+    log_ratio = torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     ratio = torch.exp(log_ratio)
     # k3 estimator of KL(old || new), http://joschu.net/blog/kl-approx.html: (rho - 1) - log rho >= 0.
     approx_kl = (ratio - 1) - log_ratio

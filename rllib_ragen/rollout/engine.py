@@ -8,8 +8,9 @@ The result is one :class:`Trajectory` per environment, exact to the token, plus 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -194,19 +195,23 @@ class RolloutEngine:
             The trajectories (those whose environment raised are dropped) and metrics.
         """
         c = self.config
-        t_start, t_generate, env_errors = time.perf_counter(), 0.0, 0
+        t_start, t_generate = time.perf_counter(), 0.0
+        counts: Counter = Counter({key: 0 for key in M.ROLLOUT_COUNTERS})
         episodes: list[_Episode] = []
         for (group, seed), env in zip(((g, s) for g, s in enumerate(seeds) for _ in range(group_size)),
                                       self._env_pool(len(seeds) * group_size)):
+            text_env = env.unwrapped
             try:
                 observation, _ = env.reset(seed=int(seed))
-                text_env = env.unwrapped
-                first = text_env.describe() + "\n" + self._user_message(observation, 1, c.max_actions_per_episode, None)
-                env_name = getattr(env.spec, "id", None) or type(text_env).__name__
+                description = text_env.describe()
             except Exception:  # an environment's bug must not take the whole rollout down
                 logger.exception("env reset failed for seed %s; dropping that trajectory", seed)
-                env_errors += 1
+                counts[M.ENV_ERRORS] += 1
                 continue
+            observation = _observation_text(text_env, observation, "reset", counts)
+            first = _encodable(description, counts) + "\n" + self._user_message(observation, 1,
+                                                                                c.max_actions_per_episode, None)
+            env_name = getattr(env.spec, "id", None) or type(text_env).__name__
             trajectory = Trajectory(env_name, group, int(seed), [], [], [])
             episode = _Episode(env, trajectory, self.chat.prompt_ids(first))
             episode.actions_left = c.max_actions_per_episode
@@ -222,17 +227,17 @@ class RolloutEngine:
                                                 None if sample_seed is None else sample_seed * 1000 + turn)
             t_generate += time.perf_counter() - t0
             for episode, generation in zip(active, generations):
-                env_errors += self._play_turn(episode, generation, turn)
+                self._play_turn(episode, generation, turn, counts)
         trajectories = [e.trajectory for e in episodes if not e.failed]
         for t in trajectories:
             t.text = self.tokenizer.decode(t.token_ids)
         metrics = rollout_metrics(trajectories, group_size)
-        metrics.update({M.ENV_ERRORS: float(env_errors), M.TIME_ROLLOUT: time.perf_counter() - t_start,
-                        M.TIME_GENERATE: t_generate})
+        metrics.update({key: float(value) for key, value in counts.items()})
+        metrics.update({M.TIME_ROLLOUT: time.perf_counter() - t_start, M.TIME_GENERATE: t_generate})
         return trajectories, metrics
 
-    def _play_turn(self, episode: _Episode, generation, turn: int) -> int:
-        """Execute one reply; returns 1 if the environment raised (the episode is then dropped)."""
+    def _play_turn(self, episode: _Episode, generation, turn: int, counts: Counter) -> None:
+        """Execute one reply. An environment that raises or pays a non-finite reward drops its episode (counted)."""
         c, t = self.config, episode.trajectory
         start = len(t.token_ids)
         episode.append(generation.token_ids, generation.logprobs)
@@ -245,7 +250,18 @@ class RolloutEngine:
         except Exception:
             logger.exception("env step failed in %s (seed %s); dropping that trajectory", t.env_name, t.seed)
             episode.done = episode.failed = True
-            return 1
+            counts[M.ENV_ERRORS] += 1
+            return
+        if not math.isfinite(result.reward):
+            # A NaN return would make RLlib zero the whole gradient and the run look healthy: drop it, say so.
+            if t.env_name not in _WARNED_NONFINITE:
+                _WARNED_NONFINITE.add(t.env_name)
+                logger.warning("%s paid a non-finite reward (%s); its trajectories are dropped and counted as %s "
+                               "(warned once per environment).", t.env_name, result.reward, M.NONFINITE_REWARDS)
+            episode.done = episode.failed = True
+            counts[M.NONFINITE_REWARDS] += 1
+            return
+        observation = _observation_text(episode.env.unwrapped, result.observation, "step", counts)
         episode.actions_left -= len(result.executed)
         t.turn_rewards.append(result.reward)
         t.num_actions += len(result.executed)
@@ -258,16 +274,36 @@ class RolloutEngine:
                         or turn >= episode.max_turns)
         if episode.done:
             episode.append(self.chat.encode(self.chat.reply_end_text(generation.token_ids)))
-            return 0
-        message = self._user_message(result.observation, turn + 1, episode.actions_left, result.reward)
+            return
+        message = self._user_message(observation, turn + 1, episode.actions_left, result.reward)
         continuation = self.chat.encode(self.chat.next_turn_text(generation.token_ids, message))
         if len(t.token_ids) + len(continuation) + 1 > c.max_context_tokens:
             # No room for the next turn: end here rather than cut the context (which would break append-only).
             t.truncated, episode.done = True, True
             episode.append(self.chat.encode(self.chat.reply_end_text(generation.token_ids)))
-            return 0
+            return
         episode.append(continuation)
-        return 0
+
+
+_WARNED_NONFINITE: set[str] = set()  # environments already warned about, once per process
+
+
+def _observation_text(text_env, observation, method: str, counts: Counter) -> str:
+    """An observation as text the tokenizer accepts; a non-string is the environment's bug and is named."""
+    if not isinstance(observation, str):
+        raise TypeError(f"{type(text_env).__name__}.{method}() returned a {type(observation).__name__} observation; "
+                        "text environments must return str (see rllib_ragen.envs.TextEnv).")
+    return _encodable(observation, counts)
+
+
+def _encodable(text: str, counts: Counter) -> str:
+    """``text`` with anything UTF-8 cannot encode (a lone surrogate) replaced by "?", counted."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        counts[M.UNENCODABLE_TEXTS] += 1
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:

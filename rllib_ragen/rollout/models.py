@@ -207,8 +207,13 @@ def load_policy(model: str = TINY, *, dtype: torch.dtype | str = torch.float32, 
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        policy = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(model)
+        try:
+            policy = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(model)
+        except (OSError, ValueError) as error:  # missing folder, bad id, no network: say what was tried
+            where = "a local directory without a loadable model" if os.path.isdir(model) else "no local directory"
+            raise OSError(f"model={model!r} is not a built-in model ({TINY!r}, {SMOLLM2!r}), is {where}, and did "
+                          f"not load as a Hugging Face id ({type(error).__name__}: {error})") from error
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     disable_dropout(policy)

@@ -16,11 +16,11 @@ import gymnasium as gym
 DEFAULT_SEPARATOR = "||"
 DEFAULT_FORMAT_PENALTY = -0.1
 
+# Any think/answer tag, loosely spelled (case, inner spaces): finding one where the template allows none is an
+# error. No nested quantifiers: a scan is linear in the text.
 _TAG = re.compile(r"</?\s*(?:think|answer)\s*>", re.IGNORECASE)
-_WITH_THINK = re.compile(r"\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*",
-                         re.IGNORECASE | re.DOTALL)
-_THINK_OPTIONAL = re.compile(r"\s*(?:<think>(?P<think>.*?)</think>\s*)?<answer>(?P<answer>.*?)</answer>\s*",
-                             re.IGNORECASE | re.DOTALL)
+_WITH_THINK = ("<think>", "</think>", "<answer>", "</answer>")
+_ANSWER_ONLY = ("<answer>", "</answer>")
 
 
 @dataclass(frozen=True)
@@ -43,28 +43,42 @@ class ParsedReply:
 
 
 def parse_reply(
-    text: str, *, enable_thinking: bool = True, max_actions_per_turn: int = 5, separator: str = DEFAULT_SEPARATOR
+    text: str, *, enable_thinking: bool = True, max_actions_per_turn: int | None = 5,
+    separator: str | None = DEFAULT_SEPARATOR,
 ) -> ParsedReply:
-    """Parse a model reply into action strings. Never raises.
+    """Parse a model reply into action strings. Never raises; linear in the length of ``text``.
+
+    The reply's tags, in order, must be exactly ``<think> </think> <answer> </answer>`` (or ``<answer> </answer>``
+    when thinking is off), spelled that way in any case, with nothing but whitespace before, between and after
+    the two blocks.
 
     Args:
         text: the decoded reply (special tokens removed).
         enable_thinking: require a ``<think>`` block before the answer.
-        max_actions_per_turn: pieces kept from the answer; the rest are dropped (and counted).
-        separator: the string between actions inside the answer.
+        max_actions_per_turn: pieces kept from the answer (None: all); the rest are dropped (and counted).
+        separator: the string between actions inside the answer (None or "": the answer is one action).
     """
     if not isinstance(text, str):
         return ParsedReply(format_ok=False)
-    match = (_WITH_THINK if enable_thinking else _THINK_OPTIONAL).fullmatch(text)
-    if match is None:
+    # Five tags are enough to tell: any well-formed reply has two or four.
+    tags = [match for match, _ in zip(_TAG.finditer(text), range(5))]
+    spelled = tuple(match.group().lower() for match in tags)
+    if spelled == _WITH_THINK:
+        open_think, close_think, open_answer, close_answer = tags
+        thinking = text[open_think.end():close_think.start()]
+        between = text[close_think.end():open_answer.start()]
+    elif spelled == _ANSWER_ONLY and not enable_thinking:
+        open_answer, close_answer = tags
+        thinking, between = None, ""
+    else:
         return ParsedReply(format_ok=False)
-    thinking, answer = match.group("think"), match.group("answer")
-    # Lazy groups can swallow extra blocks ("<answer>a</answer><answer>b</answer>"); any tag inside is an error.
-    if _TAG.search(answer) or (thinking is not None and _TAG.search(thinking)):
+    outside = (text[:tags[0].start()], between, text[close_answer.end():])
+    if any(part.strip() for part in outside):
         return ParsedReply(format_ok=False)
-    pieces = [piece.strip() for piece in answer.split(separator)] if separator else [answer.strip()]
-    pieces = [piece for piece in pieces if piece]
-    kept = tuple(pieces[:max(max_actions_per_turn, 0)])
+    answer = text[open_answer.end():close_answer.start()]
+    # map/filter run in C: a megabyte of actions must not take a Python loop per piece.
+    pieces = list(filter(None, map(str.strip, answer.split(separator) if separator else [answer])))
+    kept = tuple(pieces if max_actions_per_turn is None else pieces[:max(max_actions_per_turn, 0)])
     return ParsedReply(True, thinking, kept, len(pieces) - len(kept))
 
 

@@ -19,14 +19,18 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import os
 import tempfile
 import time
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import ray
 import torch
+from ray._common.deprecation import DEPRECATED_VALUE
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -66,13 +70,54 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     "recompute_logprobs": True,
     # optimisation
     "critic_lr": 1e-5, "weight_decay": 0.01, "adam_betas": (0.9, 0.999), "micro_batch_size": None,
-    "updates_per_rollout_batch": 1,
+    "updates_per_rollout_batch": 1, "max_consecutive_skipped_steps": 5,
     # validation and seeds
     "validation_interval": 10, "validation_size": 256, "validation_group_size": 1, "validate_before_training": True,
     "train_seed_start": 10_000, "validation_seed_start": 123,
 }
 
-BUILT_IN_MODELS = (TINY, SMOLLM2)  # built in-process (no Hugging Face directory of their own)
+# Fields RLlib itself leaves at its deprecated-value marker (-1): they stay out of the state, as RLlib wants.
+_RLLIB_PLACEHOLDERS = frozenset(k for k, v in AlgorithmConfig().__dict__.items()
+                                if isinstance(v, int) and not isinstance(v, bool) and v == DEPRECATED_VALUE)
+logger = logging.getLogger(__name__)
+
+BUILT_IN_MODELS = (TINY, SMOLLM2)
+MAX_ROLLOUT_ATTEMPTS = 3  # a rollout played again after env runners died in it, before the step gives up
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+
+# The kinds validate() checks before any range (see StarPOConfig._kind_errors).
+_POSITIVE_INTS = ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_actions_per_episode",
+                  "max_new_tokens_per_turn", "updates_per_rollout_batch", "num_epochs", "validation_size",
+                  "validation_group_size", "inference_batch_size", "max_consecutive_skipped_steps",
+                  "max_context_tokens", "num_inference_engines")
+_INTS = ("validation_interval", "train_seed_start", "validation_seed_start")
+_FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "lambda_", "gamma", "clip_ratio_low",
+                   "clip_ratio_high", "kl_coeff", "entropy_coeff", "vf_loss_coeff", "critic_lr", "weight_decay",
+                   "rollout_filter_ratio")
+_FINITE_NUMBERS_OR_NONE = ("dual_clip", "value_clip", "grad_clip")
+_BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "recompute_logprobs",
+             "validate_before_training")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def env_arguments(env) -> set[str] | None:
+    """The constructor arguments ``env`` (a registered id or a TextEnv class) accepts; None if it takes any."""
+    import inspect
+
+    from ..envs import _load_entry_point
+
+    cls = env if isinstance(env, type) else _load_entry_point(gym.spec(env).entry_point)
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters if p.name != "self"}  # built in-process (no Hugging Face directory of their own)
 VLLM_ENGINE_OPTIONS = {"tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager",
                        "num_gpus_per_engine"}
 
@@ -136,7 +181,7 @@ class StarPOConfig(AlgorithmConfig):
         vf_loss_coeff=NotProvided, recompute_logprobs=NotProvided,
         # optimisation
         critic_lr=NotProvided, weight_decay=NotProvided, adam_betas=NotProvided, micro_batch_size=NotProvided,
-        updates_per_rollout_batch=NotProvided,
+        updates_per_rollout_batch=NotProvided, max_consecutive_skipped_steps=NotProvided,
         # validation and seeds
         validation_interval=NotProvided, validation_size=NotProvided, validation_group_size=NotProvided,
         validate_before_training=NotProvided, train_seed_start=NotProvided, validation_seed_start=NotProvided,
@@ -201,6 +246,9 @@ class StarPOConfig(AlgorithmConfig):
                 so memory drops without changing the update. None: the whole minibatch at once.
             updates_per_rollout_batch: optimizer steps per rollout batch and epoch (the reference's implicit
                 "Online-k"); 1 (fresh rollouts every update) is what the paper recommends.
+            max_consecutive_skipped_steps: an optimizer step whose loss or gradient is not finite is skipped,
+                weights and optimizer state untouched, and counted (``perf/skipped_optimizer_steps``); this many
+                in a row stop training with an error (5).
             validation_interval: play the validation set every k iterations (0: never).
             validation_size: fixed validation initial states (256; seeds 123...).
             validation_group_size: episodes per validation state.
@@ -220,6 +268,20 @@ class StarPOConfig(AlgorithmConfig):
         if model_config is not NotProvided:
             model_config = {**DEFAULT_MODEL_CONFIG, **model_config}
         return super().rl_module(model_config=model_config, **kwargs)
+
+    @override(AlgorithmConfig)
+    def get_state(self) -> dict[str, Any]:
+        """RLlib's state, with every value the user set kept, -1 included.
+
+        RLlib drops each field equal to its "deprecated value" marker, -1, from the state it copies a config into
+        the algorithm and checkpoints with; a knob set to -1 (``format_penalty=-1.0``) would silently become its
+        default. Only RLlib's own deprecated placeholders (-1 in a fresh ``AlgorithmConfig``) stay dropped.
+        """
+        state = super().get_state()
+        for key, value in self.__dict__.items():
+            if key not in state and key not in _RLLIB_PLACEHOLDERS and key not in ("algo_class", "_is_frozen"):
+                state[key] = value
+        return state
 
     def preset(self, name: str) -> "StarPOConfig":
         """Apply the named settings of ``PRESETS``: ``"starpo-s"`` (the defaults), ``"starpo"`` (vanilla: KL 0.001,
@@ -300,6 +362,11 @@ class StarPOConfig(AlgorithmConfig):
             raise ValueError("Invalid StarPOConfig:\n  - " + "\n  - ".join(errors))
 
     def _starpo_errors(self):
+        kind_errors = list(self._kind_errors())
+        if kind_errors:  # the range checks below compare numbers: a string or a NaN would crash them
+            yield from kind_errors
+            return
+
         def choice(field, options):
             if getattr(self, field) not in options:
                 return f"{field}={getattr(self, field)!r}: choose one of {sorted(options)}."
@@ -310,13 +377,26 @@ class StarPOConfig(AlgorithmConfig):
             choice("loss_aggregation", AGGREGATIONS), choice("kl_estimator", KL_ESTIMATORS),
         ]
         yield from (c for c in checks if c)
-        positive_ints = ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_actions_per_episode",
-                         "max_new_tokens_per_turn", "updates_per_rollout_batch", "num_epochs", "validation_size",
-                         "validation_group_size", "inference_batch_size")
-        for field in positive_ints:
-            value = getattr(self, field)
-            if not isinstance(value, (int, np.integer)) or value < 1:
-                yield f"{field}={value!r} must be a positive integer."
+        for field in _POSITIVE_INTS:
+            if getattr(self, field) < 1:
+                yield f"{field}={getattr(self, field)!r} must be a positive integer."
+        for field in ("train_seed_start", "validation_seed_start"):
+            if getattr(self, field) < 0:
+                yield f"{field}={getattr(self, field)!r} must be >= 0 (a reset seed)."
+        # A learning rate <= 0 would train by gradient ascent, or not at all.
+        if _is_number(self.lr) and self.lr <= 0:
+            yield f"lr={self.lr} must be > 0."
+        if self.critic_lr <= 0:
+            yield f"critic_lr={self.critic_lr} must be > 0."
+        for field in ("grad_clip", "value_clip"):
+            if getattr(self, field) is not None and getattr(self, field) <= 0:
+                yield f"{field}={getattr(self, field)} must be > 0, or None to switch it off."
+        if not 0.0 <= self.lambda_ <= 1.0:
+            yield f"lambda_={self.lambda_} must lie in [0, 1]."
+        if not 0.0 < self.gamma <= 1.0:
+            yield f"gamma={self.gamma} must lie in (0, 1]."
+        if self.vf_loss_coeff < 0 or self.weight_decay < 0:
+            yield f"vf_loss_coeff={self.vf_loss_coeff} and weight_decay={self.weight_decay} must be >= 0."
         if self.env not in registered_text_envs() and not isinstance(self.env, type):
             yield (f"env={self.env!r} is not a registered text environment; pick one of {registered_text_envs()} "
                    "or register yours with rllib_ragen.register_text_env.")
@@ -342,8 +422,42 @@ class StarPOConfig(AlgorithmConfig):
             yield f"validation_interval={self.validation_interval} must be >= 0 (0 switches validation off)."
         yield from self._batch_shape_errors()
         yield from self._inference_errors()
-        if self.model_config.get("critic") not in CRITIC_TYPES:
-            yield f"model_config['critic']={self.model_config.get('critic')!r}: choose one of {list(CRITIC_TYPES)}."
+        yield from self._model_and_env_errors()
+
+    def _kind_errors(self):
+        """Each knob of the right kind: numbers finite, booleans booleans, integers integers."""
+        for field in _FINITE_NUMBERS + _FINITE_NUMBERS_OR_NONE:
+            value = getattr(self, field)
+            if value is None and field in _FINITE_NUMBERS_OR_NONE:
+                continue
+            if not _is_number(value) or not math.isfinite(value):
+                yield f"{field}={value!r} must be a finite number{' or None' * (field in _FINITE_NUMBERS_OR_NONE)}."
+        if _is_number(self.lr) and not math.isfinite(self.lr):  # (RLlib also accepts a schedule: a list)
+            yield f"lr={self.lr!r} must be a finite number."
+        for field in _BOOLEANS:
+            if not isinstance(getattr(self, field), (bool, np.bool_)):
+                yield f"{field}={getattr(self, field)!r} must be True or False."
+        for field in _POSITIVE_INTS + _INTS:
+            if not _is_int(getattr(self, field)):
+                yield f"{field}={getattr(self, field)!r} must be an integer."
+        if self.micro_batch_size is not None and not _is_int(self.micro_batch_size):
+            yield f"micro_batch_size={self.micro_batch_size!r} must be a positive integer or None."
+
+    def _model_and_env_errors(self):
+        """Model settings and environment arguments by name: a typo fails here, not at the first train()."""
+        model_config = self.model_config
+        unknown = set(model_config) - set(DEFAULT_MODEL_CONFIG) - set(self._model_config_auto_includes)
+        if unknown:
+            yield f"model_config has unknown keys {sorted(unknown)}; accepted: {sorted(DEFAULT_MODEL_CONFIG)}."
+        if model_config.get("critic") not in CRITIC_TYPES:
+            yield f"model_config['critic']={model_config.get('critic')!r}: choose one of {list(CRITIC_TYPES)}."
+        if str(model_config.get("dtype")).removeprefix("torch.") not in MODEL_DTYPES:
+            yield f"model_config['dtype']={model_config.get('dtype')!r}: choose one of {list(MODEL_DTYPES)}."
+        known_env = isinstance(self.env, type) or self.env in registered_text_envs()
+        accepted = env_arguments(self.env) if known_env else None
+        if accepted is not None and set(self.env_config) - accepted:
+            yield (f"env_config has unknown keys {sorted(set(self.env_config) - accepted)} for {self.env!r}; "
+                   f"accepted: {sorted(accepted)}.")
 
     def _batch_shape_errors(self):
         """The kept batch must split into minibatches and, group by group, over the learners."""
@@ -387,8 +501,6 @@ class StarPOConfig(AlgorithmConfig):
             unknown = set(self.vllm_engine_config) - VLLM_ENGINE_OPTIONS
             if unknown:
                 yield f"vllm_engine_config has unknown keys {sorted(unknown)}; known: {sorted(VLLM_ENGINE_OPTIONS)}."
-        if self.num_inference_engines < 1:
-            yield f"num_inference_engines={self.num_inference_engines!r} must be a positive integer."
 
 
 class StarPO(Algorithm):
@@ -502,24 +614,14 @@ class StarPO(Algorithm):
     def _rollout(self, seeds: list[int], group_size: int, sampling: SamplingParams,
                  sample_seed: int) -> tuple[list[Trajectory], dict[str, float]]:
         """Split the groups over the env runners, play them, and pool trajectories and metrics."""
-        group = self.env_runner_group
-        remote = group.healthy_env_runner_ids() if group.num_remote_env_runners() else []
-        if not remote:
+        restarts = 0
+        if not self.env_runner_group.num_remote_env_runners():
             chunks = {0: [int(s) for s in seeds]}
             runner = self.env_runner
             parts = [(0, runner.sample(seeds=seeds, group_size=group_size, sampling=sampling, sample_seed=sample_seed),
                       runner.get_metrics())]
         else:
-            chunks = {rid: [int(s) for s in chunk] for rid, chunk in zip(remote, np.array_split(seeds, len(remote)))}
-
-            def play(runner):
-                index = runner.worker_index
-                return index, runner.sample(seeds=chunks[index], group_size=group_size, sampling=sampling,
-                                            sample_seed=sample_seed + index), runner.get_metrics()
-
-            parts = group.foreach_env_runner(play, local_env_runner=False, remote_worker_ids=remote)
-            if not parts:
-                raise RuntimeError(f"none of the env runners {remote} returned a rollout; see their logs above.")
+            chunks, parts, restarts = self._play_on_remote_runners(seeds, group_size, sampling, sample_seed)
         # Runners number their groups from 0; make the ids global, in seed order.
         offsets = dict(zip(chunks, np.cumsum([0] + [len(c) for c in chunks.values()]).tolist()))
         trajectories = []
@@ -531,8 +633,52 @@ class StarPO(Algorithm):
         metrics = rollout_metrics(trajectories, group_size)
         for key in (M.TIME_GENERATE, M.TIME_ROLLOUT):
             metrics[key] = max(m.get(key, 0.0) for m in runner_metrics)
-        metrics[M.ENV_ERRORS] = sum(m.get(M.ENV_ERRORS, 0.0) for m in runner_metrics)
+        for key in M.ROLLOUT_COUNTERS:
+            metrics[key] = sum(m.get(key, 0.0) for m in runner_metrics)
+        metrics[M.ENV_RUNNER_RESTARTS] = float(restarts)
         return trajectories, metrics
+
+    def _play_on_remote_runners(self, seeds: list[int], group_size: int, sampling: SamplingParams, sample_seed: int):
+        """Play the groups on the healthy remote env runners; returns (chunks, parts, restarted runners).
+
+        A runner that dies mid-rollout fails its part: RLlib's fault tolerance restarts it
+        (``restart_failed_env_runners``, on by default) and the whole rollout is played again, with the same seeds,
+        so a restart changes no result. Without a restart, the groups go to the runners left.
+        """
+        group, restarts = self.env_runner_group, 0
+        for _ in range(MAX_ROLLOUT_ATTEMPTS):
+            remote = group.healthy_env_runner_ids()
+            if not remote:
+                break
+            chunks = {rid: [int(s) for s in chunk] for rid, chunk in zip(remote, np.array_split(seeds, len(remote)))}
+
+            def play(runner, chunks=chunks):
+                index = runner.worker_index
+                return index, runner.sample(seeds=chunks[index], group_size=group_size, sampling=sampling,
+                                            sample_seed=sample_seed + index), runner.get_metrics()
+
+            parts = group.foreach_env_runner(play, local_env_runner=False, remote_worker_ids=remote)
+            if len(parts) == len(remote):
+                return chunks, parts, restarts
+            restored = self._restore_env_runners_waiting()
+            restarts += len(restored)
+            logger.warning("env runners %s failed during a rollout; restarted %s, playing the rollout again.",
+                           sorted(set(remote) - {index for index, _, _ in parts}), restored)
+        raise RuntimeError(f"the rollout failed on its env runners {MAX_ROLLOUT_ATTEMPTS} times, or none is left "
+                           f"(healthy now: {group.healthy_env_runner_ids()}). See the env runner errors above; "
+                           "restart_failed_env_runners in .fault_tolerance() restarts dead ones.")
+
+    def _restore_env_runners_waiting(self) -> list[int]:
+        """RLlib's restore of dead env runners, repeated while Ray restarts their processes (a ping right after a
+        crash fails), up to ``env_runner_health_probe_timeout_s``; returns the restored runner ids."""
+        group = self.env_runner_group
+        restored = self.restore_env_runners(group)
+        deadline = time.monotonic() + self.config.env_runner_health_probe_timeout_s
+        while (not restored and self.config.restart_failed_env_runners and time.monotonic() < deadline
+               and len(group.healthy_env_runner_ids()) < group.num_remote_env_runners()):
+            time.sleep(1.0)
+            restored = self.restore_env_runners(group)
+        return restored
 
     def _sample_seed(self, purpose: str, iteration: int) -> int:
         words = [self.config.seed or 0, iteration, 0 if purpose == "train" else 1]

@@ -33,6 +33,7 @@ class StarPOTorchLearner(TorchLearner):
     @override(TorchLearner)
     def build(self) -> None:
         super().build()
+        self._skipped_in_a_row = 0  # consecutive optimizer steps skipped for a non-finite loss or gradient
         self._reference = None
         if self.config.kl_coeff > 0:  # the frozen reference policy exists only when the KL term is on
             cfg = self.config.model_config
@@ -99,9 +100,11 @@ class StarPOTorchLearner(TorchLearner):
         self._prepare(data, module, config, [mb[i:i + micro_size] for mb in minibatches[:steps]
                                              for i in range(0, len(mb), micro_size)])
 
-        total = None
+        total, skipped = None, 0
         for step, rows in enumerate(minibatches):
-            total = self._optimizer_step(data, rows, module, module_id, config, micro_size, first=step == 0)
+            total, applied = self._optimizer_step(data, rows, module, module_id, config, micro_size, first=step == 0)
+            skipped += not applied
+        self.metrics.log_value((module_id, M.SKIPPED_OPTIMIZER_STEPS), skipped, window=1)
         tokens = int(data["attention_mask"].sum()) * (config.num_epochs + 1)
         self.metrics.log_value((module_id, M.UPDATE_TOKENS_PER_S), tokens / (time.perf_counter() - t0), window=1)
         self.metrics.log_value((module_id, M.OPTIMIZER_STEPS), len(minibatches), window=1)
@@ -139,11 +142,13 @@ class StarPOTorchLearner(TorchLearner):
         data["old_values"], data["token_advantages"], data["returns"] = old_values, advantages, returns
 
     def _optimizer_step(self, data: dict, rows: torch.Tensor, module, module_id, config, micro_size: int,
-                        first: bool) -> torch.Tensor:
+                        first: bool) -> tuple[torch.Tensor, bool]:
         """One optimizer step on the minibatch ``rows``, accumulating gradients over micro-batches.
 
         Each micro-batch's loss is weighted by its share of the minibatch's normaliser (tokens for token-mean,
-        trajectories for the sequence means), so the accumulated gradient equals the whole minibatch's.
+        trajectories for the sequence means), so the accumulated gradient equals the whole minibatch's. Returns
+        the loss and whether the step was applied: a non-finite loss or gradient skips it (see
+        :meth:`_skip_non_finite`).
         """
         mask = data["response_mask"][rows]
         per_token = config.loss_aggregation == "token-mean"
@@ -163,8 +168,30 @@ class StarPOTorchLearner(TorchLearner):
                 loss.backward()
             total = total + loss.detach()
         gradients = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
+        if self._skip_non_finite(total, gradients, config):
+            return total, False
         self.apply_gradients(self.postprocess_gradients(gradients))
-        return total
+        return total, True
+
+    def _skip_non_finite(self, loss: torch.Tensor, gradients: dict, config) -> bool:
+        """True (and the gradients dropped) when the loss or a gradient is NaN or infinite.
+
+        RLlib would turn such gradients into zeros and the largest float, which fills Adam's moments with values
+        no later step recovers from: the step is skipped instead, weights and optimizer state untouched.
+        """
+        if torch.isfinite(loss) and all(torch.isfinite(g).all() for g in gradients.values()):
+            self._skipped_in_a_row = 0
+            return False
+        for optimizer in self._optimizer_parameters:
+            optimizer.zero_grad(set_to_none=True)
+        self._skipped_in_a_row += 1
+        if self._skipped_in_a_row >= config.max_consecutive_skipped_steps:
+            raise FloatingPointError(
+                f"{self._skipped_in_a_row} optimizer steps in a row had a non-finite loss or gradient (loss "
+                f"{loss.item()}); weights and optimizer state are as before the first. Likely causes: a learning "
+                f"rate too high (lr={config.lr}, critic_lr={config.critic_lr}) or rewards too large "
+                "(rescale the environment's rewards). max_consecutive_skipped_steps sets how many are tolerated.")
+        return True
 
     def _micro_loss(self, data: dict, rows: torch.Tensor, module, module_id, config, first: bool) -> torch.Tensor:
         inputs = _trimmed(data, rows)
