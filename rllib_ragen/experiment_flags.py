@@ -70,7 +70,7 @@ RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
 
 def training_knob_help() -> dict[str, str]:
     """Each knob's entry in ``StarPOConfig.training``'s ``Args:`` section, one line (``a, b: text`` serves both)."""
-    from .starpo.starpo import StarPOConfig
+    from .starpo.config import StarPOConfig
 
     doc = inspect.getdoc(StarPOConfig.training) or ""
     args = doc.split("Args:", 1)[1] if "Args:" in doc else ""
@@ -111,7 +111,7 @@ def user_model_config(config) -> dict[str, Any]:
 
 
 def config_flag_names() -> list[str]:
-    from .starpo.starpo import STARPO_S_DEFAULTS
+    from .starpo.config import STARPO_S_DEFAULTS
 
     return list(RLLIB_FLAGS) + list(STARPO_S_DEFAULTS)
 

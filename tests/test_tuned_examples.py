@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from rllib_ragen.experiment import parse_job_args
-from rllib_ragen.starpo.starpo import STARPO_S_DEFAULTS
+from rllib_ragen.starpo.config import STARPO_S_DEFAULTS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TINY_BUDGET = ["--iterations", "2", "--num-groups", "2", "--group-size", "4", "--validation-size", "8",

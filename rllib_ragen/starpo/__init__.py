@@ -1,8 +1,9 @@
 """StarPO / StarPO-S as a Ray RLlib algorithm: config, algorithm, LLM RLModule, learner and text EnvRunner."""
 
+from .config import PRESETS, STARPO_S_DEFAULTS, StarPOConfig
 from .inference_engines import INFERENCE_BACKENDS, register_inference_backend
 from .llm_rl_module import CausalLMRLModule
-from .starpo import PRESETS, STARPO_S_DEFAULTS, StarPO, StarPOConfig
+from .starpo import StarPO
 from .starpo_learner import StarPOTorchLearner
 from .text_env_runner import TextEnvRunner
 

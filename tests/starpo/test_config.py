@@ -80,7 +80,7 @@ def test_a_valid_config_passes():
 def test_every_starpo_knob_is_a_documented_keyword_of_training():
     import inspect
 
-    from rllib_ragen.starpo.starpo import STARPO_S_DEFAULTS
+    from rllib_ragen.starpo.config import STARPO_S_DEFAULTS
 
     keywords = set(inspect.signature(StarPOConfig.training).parameters) - {"self", "kwargs"}
     assert keywords == set(STARPO_S_DEFAULTS)  # settable by name, so a typo fails instead of being ignored

@@ -1,0 +1,471 @@
+"""StarPO's configuration: the method's knobs with the reference's StarPO-S defaults, presets, and the one place
+every setting is checked (``StarPOConfig.validate``). The algorithm itself is in ``starpo.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from ray._common.deprecation import DEPRECATED_VALUE
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.utils.annotations import override
+
+from ..envs import _load_entry_point, registered_text_envs
+from ..objectives import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS, AdvantageSettings,
+                          num_kept_groups)
+from ..rollout.backends import SamplingParams
+from ..rollout.engine import RolloutConfig
+from ..rollout.models import SMOLLM2, TINY
+from ..rollout.protocol import DEFAULT_FORMAT_PENALTY
+from ..rollout.vllm_backend import VLLM_MISSING, vllm_available
+from .inference_engines import INFERENCE_BACKENDS
+from .llm_rl_module import CRITIC_TYPES, DEFAULT_MODEL_CONFIG, CausalLMRLModule
+
+# The knobs StarPOConfig adds to AlgorithmConfig, with the reference's StarPO-S values (the RAGEN paper, arXiv
+# 2504.20073, and its public training configs).
+STARPO_S_DEFAULTS: dict[str, Any] = {
+    # rollout
+    "num_groups": 8, "group_size": 16, "max_turns": 5, "max_actions_per_turn": 5, "max_actions_per_episode": 10,
+    "temperature": 1.0, "validation_temperature": 0.5, "max_new_tokens_per_turn": 400,
+    "format_penalty": DEFAULT_FORMAT_PENALTY, "enable_thinking": True, "max_context_tokens": 4096,
+    "inference_backend": "hf", "inference_batch_size": 128, "num_inference_engines": 1, "vllm_engine_config": {},
+    # advantages and filter
+    "advantage_estimator": "gae", "grpo_normalize_std": True, "lambda_": 1.0, "turn_level_rewards": False,
+    "rollout_filter": "std", "rollout_filter_ratio": 0.25,
+    # losses
+    "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dual_clip": 3.0, "kl_coeff": 0.0, "kl_estimator": "k3",
+    "entropy_coeff": 0.001, "loss_aggregation": "token-mean", "value_clip": 0.5, "vf_loss_coeff": 1.0,
+    "recompute_logprobs": True,
+    # optimisation
+    "critic_lr": 1e-5, "weight_decay": 0.01, "adam_betas": (0.9, 0.999), "micro_batch_size": None,
+    "updates_per_rollout_batch": 1, "max_consecutive_skipped_steps": 5,
+    # validation and seeds
+    "validation_interval": 10, "validation_size": 256, "validation_group_size": 1, "validate_before_training": True,
+    "train_seed_start": 10_000, "validation_seed_start": 123,
+}
+
+# Fields RLlib itself leaves at its deprecated-value marker (-1): they stay out of the state, as RLlib wants.
+_RLLIB_PLACEHOLDERS = frozenset(k for k, v in AlgorithmConfig().__dict__.items()
+                                if isinstance(v, int) and not isinstance(v, bool) and v == DEPRECATED_VALUE)
+BUILT_IN_MODELS = (TINY, SMOLLM2)
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+
+# The kinds validate() checks before any range (see StarPOConfig._kind_errors).
+_POSITIVE_INTS = ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_actions_per_episode",
+                  "max_new_tokens_per_turn", "updates_per_rollout_batch", "num_epochs", "validation_size",
+                  "validation_group_size", "inference_batch_size", "max_consecutive_skipped_steps",
+                  "max_context_tokens", "num_inference_engines")
+_INTS = ("validation_interval", "train_seed_start", "validation_seed_start")
+_FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "lambda_", "gamma", "clip_ratio_low",
+                   "clip_ratio_high", "kl_coeff", "entropy_coeff", "vf_loss_coeff", "critic_lr", "weight_decay",
+                   "rollout_filter_ratio")
+_FINITE_NUMBERS_OR_NONE = ("dual_clip", "value_clip", "grad_clip")
+_BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "recompute_logprobs",
+             "validate_before_training")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def env_arguments(env) -> set[str] | None:
+    """The constructor arguments ``env`` (a registered id or a TextEnv class) accepts; None if it takes any."""
+    cls = env if isinstance(env, type) else _load_entry_point(gym.spec(env).entry_point)
+    parameters = inspect.signature(cls.__init__).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters if p.name != "self"}  # built in-process (no Hugging Face directory of their own)
+VLLM_ENGINE_OPTIONS = {"tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager",
+                       "num_gpus_per_engine"}
+
+# Named settings, each a map from a config setter (``training``, ``rl_module``, ``learners``) to its arguments.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # StarPO-S (the defaults): rollout filter, critic, no KL, clip-higher.
+    "starpo-s": {"training": {k: STARPO_S_DEFAULTS[k] for k in ("kl_coeff", "clip_ratio_high", "rollout_filter",
+                                                                "rollout_filter_ratio", "advantage_estimator")}},
+    # Vanilla StarPO, the paper's baseline: a KL penalty, symmetric clipping, no rollout filter.
+    "starpo": {"training": {"kl_coeff": 0.001, "clip_ratio_high": 0.2, "rollout_filter": "none",
+                            "rollout_filter_ratio": 1.0}},
+    # The reference's own StarPO-S run: Qwen2.5-0.5B-Instruct, 8 x 16 trajectories, its learning rates and reply
+    # length, 256 validation states, one GPU per learner.
+    "reference-gpu": {
+        "training": {"num_groups": 8, "group_size": 16, "rollout_filter_ratio": 0.25, "lr": 1e-6, "critic_lr": 1e-5,
+                     "max_new_tokens_per_turn": 400, "validation_size": 256},
+        "rl_module": {"model_config": {"model": "Qwen/Qwen2.5-0.5B-Instruct"}},
+        "learners": {"num_gpus_per_learner": 1},
+    },
+}
+
+
+class StarPOConfig(AlgorithmConfig):
+    """Configuration of :class:`StarPO`; defaults are the reference's StarPO-S on the ``tiny`` CPU model.
+
+    Method knobs are set with ``.training(...)`` (see ``STARPO_S_DEFAULTS`` for the full list); the model with
+    ``.rl_module(model_config={"model": ..., "dtype": ..., "critic": "separate" | "head"})``; named settings with
+    ``.preset(name)`` (``PRESETS``).
+    """
+
+    def __init__(self, algo_class=None):
+        from .starpo import StarPO  # the algorithm imports this config
+
+        super().__init__(algo_class=algo_class or StarPO)
+        for key, value in STARPO_S_DEFAULTS.items():
+            setattr(self, key, dict(value) if isinstance(value, dict) else value)  # no shared mutable defaults
+        # Reference optimiser settings; gamma = lambda = 1 (trajectory-level credit).
+        self.lr = 1e-6
+        self.gamma = 1.0
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
+        self.minibatch_size = None  # trajectories per optimizer step; None: kept batch / updates_per_rollout_batch
+        self.num_epochs = 1
+        self.shuffle_batch_per_epoch = True
+        self.env = "rllib_ragen/Sokoban-v0"
+        self._model_config = dict(DEFAULT_MODEL_CONFIG)
+
+    @override(AlgorithmConfig)
+    def training(
+        self, *,
+        # rollout
+        num_groups=NotProvided, group_size=NotProvided, max_turns=NotProvided, max_actions_per_turn=NotProvided,
+        max_actions_per_episode=NotProvided, temperature=NotProvided, validation_temperature=NotProvided,
+        max_new_tokens_per_turn=NotProvided, format_penalty=NotProvided, enable_thinking=NotProvided,
+        max_context_tokens=NotProvided, inference_backend=NotProvided, inference_batch_size=NotProvided,
+        num_inference_engines=NotProvided, vllm_engine_config=NotProvided,
+        # advantages and rollout filter
+        advantage_estimator=NotProvided, grpo_normalize_std=NotProvided, lambda_=NotProvided,
+        turn_level_rewards=NotProvided, rollout_filter=NotProvided, rollout_filter_ratio=NotProvided,
+        # losses
+        clip_ratio_low=NotProvided, clip_ratio_high=NotProvided, dual_clip=NotProvided, kl_coeff=NotProvided,
+        kl_estimator=NotProvided, entropy_coeff=NotProvided, loss_aggregation=NotProvided, value_clip=NotProvided,
+        vf_loss_coeff=NotProvided, recompute_logprobs=NotProvided,
+        # optimisation
+        critic_lr=NotProvided, weight_decay=NotProvided, adam_betas=NotProvided, micro_batch_size=NotProvided,
+        updates_per_rollout_batch=NotProvided, max_consecutive_skipped_steps=NotProvided,
+        # validation and seeds
+        validation_interval=NotProvided, validation_size=NotProvided, validation_group_size=NotProvided,
+        validate_before_training=NotProvided, train_seed_start=NotProvided, validation_seed_start=NotProvided,
+        **kwargs,
+    ) -> "StarPOConfig":
+        """Set StarPO's knobs and RLlib's training fields. Defaults: the reference's StarPO-S (arXiv 2504.20073).
+
+        RLlib's own fields pass through: ``lr`` (the actor's, 1e-6), ``gamma`` (1.0), ``grad_clip`` (1.0, applied
+        to actor and critic separately), ``num_epochs`` (1), ``minibatch_size`` (trajectories per optimizer step;
+        None: the kept batch split into ``updates_per_rollout_batch`` steps).
+
+        Args:
+            num_groups: P, initial states per training step; every group's episodes share one reset seed.
+            group_size: N, episodes per initial state. P x N = 8 x 16 = 128 trajectories per step by default.
+            max_turns: replies per episode (an environment may lower it: the bandit is single-turn).
+            max_actions_per_turn: actions kept from one reply (``A1 || A2 || ...``); the paper finds 5-6 best.
+            max_actions_per_episode: actions executed over the whole episode.
+            temperature: sampling temperature of training rollouts; the learner scores ``softmax(logits / T)``
+                with the same T, so it must be > 0.
+            validation_temperature: sampling temperature on the validation set (0 is greedy).
+            max_new_tokens_per_turn: reply length limit; a cut reply usually fails the format.
+            format_penalty: added to a turn's reward when the reply breaks the protocol (-0.1).
+            enable_thinking: require ``<think>...</think>`` before ``<answer>``.
+            max_context_tokens: an episode whose next prompt would be longer ends there (reported as truncated).
+            inference_backend: a name in ``INFERENCE_BACKENDS`` (``starpo/inference_engines.py``): ``"hf"``
+                (batched KV-cached sampling in the env runner), ``"vllm"`` (vLLM engines as Ray actors, shared by
+                all env runners, new weights loaded after every update; needs vLLM), one you registered with
+                ``register_inference_backend``; or a callable ``(model, tokenizer, config) -> InferenceBackend``.
+            inference_batch_size: prompts per generation batch of the HF backend.
+            num_inference_engines: vLLM engines (Ray actors, ``tensor_parallel_size`` GPUs each).
+            vllm_engine_config: keyword arguments of :class:`~rllib_ragen.rollout.vllm_backend.VLLMEngine`:
+                ``tensor_parallel_size``, ``gpu_memory_utilization``, ``max_model_len``, ``enforce_eager``; plus
+                ``num_gpus_per_engine`` to override the GPUs each engine's bundle asks for.
+            advantage_estimator: a name in ``rllib_ragen.objectives.ADVANTAGE_ESTIMATORS``: ``"gae"`` (PPO with a
+                critic: StarPO-S), ``"grpo"`` (return normalised within its group), ``"brpo"`` (normalised over
+                the batch), ``"raw"`` (the return itself), or one you registered with
+                ``register_advantage_estimator``. Estimators that need a critic run on the learner, the others on
+                the driver.
+            grpo_normalize_std: divide by the group's (batch's) std for grpo/brpo. Off gives mean-only
+                advantages, which avoid amplifying tiny differences in nearly-uniform groups.
+            lambda_: GAE lambda (1.0: with gamma 1 the advantage is return minus value).
+            turn_level_rewards: put each turn's reward on that turn's last token instead of the whole return on
+                the trajectory's last token (turn-level credit; matters with gamma < 1 or a critic).
+            rollout_filter: ``"std"`` keeps the groups whose returns vary most (StarPO-S), ``"reversed_std"``
+                the least, ``"none"`` all.
+            rollout_filter_ratio: share of groups kept (0.25: top quarter); 1.0 keeps everything.
+            clip_ratio_low, clip_ratio_high: PPO clip range [1 - low, 1 + high]; 0.2 / 0.28 is "clip-higher",
+                which leaves room for rare tokens to gain probability.
+            dual_clip: bound c on the loss of negative-advantage tokens (3.0), or None to switch it off.
+            kl_coeff: weight of KL(policy || frozen initial policy); 0 (StarPO-S) does not load the reference.
+            kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (low-variance, >= 0).
+            entropy_coeff: entropy bonus weight (0.001).
+            loss_aggregation: ``"token-mean"`` (every token weighs the same), ``"seq-mean-token-mean"`` (every
+                trajectory weighs the same) or ``"seq-mean-token-sum"``.
+            value_clip: clip range of the value loss around the old values, or None.
+            vf_loss_coeff: weight of the value loss.
+            recompute_logprobs: use the learner's own pass for the old log-probs (the first ratio is then exactly
+                1 whatever the backend); False uses the rollout's. Their gap is logged either way.
+            critic_lr: the critic's learning rate (1e-5; the actor's is ``lr``).
+            weight_decay, adam_betas: AdamW settings of both optimizers.
+            micro_batch_size: trajectories per forward/backward pass; gradients accumulate to the minibatch's,
+                so memory drops without changing the update. None: the whole minibatch at once.
+            updates_per_rollout_batch: optimizer steps per rollout batch and epoch (the reference's implicit
+                "Online-k"); 1 (fresh rollouts every update) is what the paper recommends.
+            max_consecutive_skipped_steps: an optimizer step whose loss or gradient is not finite is skipped,
+                weights and optimizer state untouched, and counted (``perf/skipped_optimizer_steps``); this many
+                in a row stop training with an error (5).
+            validation_interval: play the validation set every k iterations (0: never).
+            validation_size: fixed validation initial states (256; seeds 123...).
+            validation_group_size: episodes per validation state.
+            validate_before_training: also validate before the first update, for a before/after comparison.
+            train_seed_start, validation_seed_start: first training and validation reset seeds. Training seeds
+                advance by ``num_groups`` each step and never repeat.
+        """
+        given = {k: v for k, v in locals().items() if k in STARPO_S_DEFAULTS and v is not NotProvided}
+        super().training(**kwargs)
+        for key, value in given.items():
+            setattr(self, key, value)
+        return self
+
+    @override(AlgorithmConfig)
+    def rl_module(self, *, model_config=NotProvided, **kwargs) -> "StarPOConfig":
+        """``model_config`` is merged over the defaults, so ``{"model": "smollm2-135m"}`` keeps the rest."""
+        if model_config is not NotProvided:
+            model_config = {**DEFAULT_MODEL_CONFIG, **model_config}
+        return super().rl_module(model_config=model_config, **kwargs)
+
+    @override(AlgorithmConfig)
+    def get_state(self) -> dict[str, Any]:
+        """RLlib's state, with every value the user set kept, -1 included.
+
+        RLlib drops each field equal to its "deprecated value" marker, -1, from the state it copies a config into
+        the algorithm and checkpoints with; a knob set to -1 (``format_penalty=-1.0``) would silently become its
+        default. Only RLlib's own deprecated placeholders (-1 in a fresh ``AlgorithmConfig``) stay dropped.
+        """
+        state = super().get_state()
+        for key, value in self.__dict__.items():
+            if key not in state and key not in _RLLIB_PLACEHOLDERS and key not in ("algo_class", "_is_frozen"):
+                state[key] = value
+        return state
+
+    def preset(self, name: str) -> "StarPOConfig":
+        """Apply the named settings of ``PRESETS``: ``"starpo-s"`` (the defaults), ``"starpo"`` (vanilla: KL 0.001,
+        clip 0.2/0.2, no filter) or ``"reference-gpu"`` (the reference's model and scale, on GPUs)."""
+        if name not in PRESETS:
+            raise ValueError(f"preset {name!r}: choose one of {sorted(PRESETS)}.")
+        for setter, arguments in PRESETS[name].items():
+            getattr(self, setter)(**arguments)
+        return self
+
+    # ---- what RLlib builds -----------------------------------------------------------------------------------------
+    @override(AlgorithmConfig)
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        return RLModuleSpec(module_class=CausalLMRLModule)
+
+    @override(AlgorithmConfig)
+    def get_default_learner_class(self):
+        from .starpo_learner import StarPOTorchLearner
+
+        return StarPOTorchLearner
+
+    @property
+    def env_runner_cls(self):
+        from .text_env_runner import TextEnvRunner
+
+        return TextEnvRunner if self._env_runner_cls is None else self._env_runner_cls
+
+    @env_runner_cls.setter
+    def env_runner_cls(self, value):
+        self._env_runner_cls = value
+
+    @property
+    def _model_config_auto_includes(self) -> dict[str, Any]:
+        estimator = ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
+        return {"value_function": bool(estimator and estimator.needs_critic), "temperature": self.temperature}
+
+    @property
+    def model_config(self):
+        # Our auto-includes follow the training settings, so they win over a stale user copy of them.
+        return {**DEFAULT_MODEL_CONFIG, **super().model_config, **self._model_config_auto_includes}
+
+    # ---- derived settings ------------------------------------------------------------------------------------------
+    def rollout_config(self) -> RolloutConfig:
+        return RolloutConfig(env=self.env, env_config=dict(self.env_config), max_turns=self.max_turns,
+                             max_actions_per_turn=self.max_actions_per_turn,
+                             max_actions_per_episode=self.max_actions_per_episode, format_penalty=self.format_penalty,
+                             enable_thinking=self.enable_thinking, max_context_tokens=self.max_context_tokens)
+
+    def sampling_params(self, validation: bool = False) -> SamplingParams:
+        return SamplingParams(temperature=self.validation_temperature if validation else self.temperature,
+                              max_new_tokens=self.max_new_tokens_per_turn)
+
+    def advantage_settings(self) -> AdvantageSettings:
+        return AdvantageSettings(gamma=self.gamma, lam=self.lambda_, normalize_std=self.grpo_normalize_std)
+
+    @property
+    def num_kept_groups(self) -> int:
+        """Groups left for the update after the rollout filter."""
+        return num_kept_groups(self.num_groups, self.rollout_filter_ratio, self.rollout_filter)
+
+    @property
+    def kept_batch_size(self) -> int:
+        """Trajectories left for the update after the rollout filter."""
+        return self.num_kept_groups * self.group_size
+
+    @property
+    def effective_updates_per_rollout_batch(self) -> int:
+        if self.minibatch_size is not None:
+            return max(1, self.kept_batch_size // self.minibatch_size)
+        return self.updates_per_rollout_batch
+
+    # ---- validation: the one place settings are checked ----------------------------------------------------------
+    @override(AlgorithmConfig)
+    def validate(self) -> None:
+        super().validate()
+        errors = list(self._starpo_errors())
+        if errors:
+            raise ValueError("Invalid StarPOConfig:\n  - " + "\n  - ".join(errors))
+
+    def _starpo_errors(self):
+        kind_errors = list(self._kind_errors())
+        if kind_errors:  # the range checks below compare numbers: a string or a NaN would crash them
+            yield from kind_errors
+            return
+
+        def choice(field, options):
+            if getattr(self, field) not in options:
+                return f"{field}={getattr(self, field)!r}: choose one of {sorted(options)}."
+            return None
+
+        checks = [
+            choice("advantage_estimator", ADVANTAGE_ESTIMATORS), choice("rollout_filter", FILTER_MODES),
+            choice("loss_aggregation", AGGREGATIONS), choice("kl_estimator", KL_ESTIMATORS),
+        ]
+        yield from (c for c in checks if c)
+        for field in _POSITIVE_INTS:
+            if getattr(self, field) < 1:
+                yield f"{field}={getattr(self, field)!r} must be a positive integer."
+        for field in ("train_seed_start", "validation_seed_start"):
+            if getattr(self, field) < 0:
+                yield f"{field}={getattr(self, field)!r} must be >= 0 (a reset seed)."
+        # A learning rate <= 0 would train by gradient ascent, or not at all.
+        if _is_number(self.lr) and self.lr <= 0:
+            yield f"lr={self.lr} must be > 0."
+        if self.critic_lr <= 0:
+            yield f"critic_lr={self.critic_lr} must be > 0."
+        for field in ("grad_clip", "value_clip"):
+            if getattr(self, field) is not None and getattr(self, field) <= 0:
+                yield f"{field}={getattr(self, field)} must be > 0, or None to switch it off."
+        if not 0.0 <= self.lambda_ <= 1.0:
+            yield f"lambda_={self.lambda_} must lie in [0, 1]."
+        if not 0.0 < self.gamma <= 1.0:
+            yield f"gamma={self.gamma} must lie in (0, 1]."
+        if self.vf_loss_coeff < 0 or self.weight_decay < 0:
+            yield f"vf_loss_coeff={self.vf_loss_coeff} and weight_decay={self.weight_decay} must be >= 0."
+        if self.env not in registered_text_envs() and not isinstance(self.env, type):
+            yield (f"env={self.env!r} is not a registered text environment; pick one of {registered_text_envs()} "
+                   "or register yours with rllib_ragen.register_text_env.")
+        # The filter keeps ceil(ratio * groups) groups: 0 would keep nothing, > 1 more groups than exist.
+        if not 0.0 < self.rollout_filter_ratio <= 1.0:
+            yield f"rollout_filter_ratio={self.rollout_filter_ratio} must lie in (0, 1]."
+        # The learner scores softmax(logits / T): T = 0 (greedy) has no log-probs to train on.
+        if self.temperature <= 0:
+            yield f"temperature={self.temperature} must be > 0 for training rollouts (their log-probs are trained on)."
+        if self.validation_temperature < 0:
+            yield f"validation_temperature={self.validation_temperature} must be >= 0 (0 is greedy)."
+        if self.clip_ratio_low < 0 or self.clip_ratio_high < 0 or self.clip_ratio_low >= 1:
+            yield f"clip_ratio_low={self.clip_ratio_low}, clip_ratio_high={self.clip_ratio_high} must be >= 0, low < 1."
+        # Dual clipping bounds a negative-advantage token's loss by c * |A|: c <= 1 would undercut the PPO clip.
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            yield f"dual_clip={self.dual_clip} must be > 1, or None to switch it off."
+        if self.kl_coeff < 0 or self.entropy_coeff < 0:
+            yield f"kl_coeff={self.kl_coeff} and entropy_coeff={self.entropy_coeff} must be >= 0."
+        # A group of one has nothing to be compared with: every advantage would be 0.
+        if self.advantage_estimator == "grpo" and self.group_size < 2:
+            yield "advantage_estimator='grpo' compares trajectories within a group: set group_size >= 2."
+        if self.validation_interval is None or self.validation_interval < 0:
+            yield f"validation_interval={self.validation_interval} must be >= 0 (0 switches validation off)."
+        yield from self._batch_shape_errors()
+        yield from self._inference_errors()
+        yield from self._model_and_env_errors()
+
+    def _kind_errors(self):
+        """Each knob of the right kind: numbers finite, booleans booleans, integers integers."""
+        for field in _FINITE_NUMBERS + _FINITE_NUMBERS_OR_NONE:
+            value = getattr(self, field)
+            if value is None and field in _FINITE_NUMBERS_OR_NONE:
+                continue
+            if not _is_number(value) or not math.isfinite(value):
+                yield f"{field}={value!r} must be a finite number{' or None' * (field in _FINITE_NUMBERS_OR_NONE)}."
+        if _is_number(self.lr) and not math.isfinite(self.lr):  # (RLlib also accepts a schedule: a list)
+            yield f"lr={self.lr!r} must be a finite number."
+        for field in _BOOLEANS:
+            if not isinstance(getattr(self, field), (bool, np.bool_)):
+                yield f"{field}={getattr(self, field)!r} must be True or False."
+        for field in _POSITIVE_INTS + _INTS:
+            if not _is_int(getattr(self, field)):
+                yield f"{field}={getattr(self, field)!r} must be an integer."
+        if self.micro_batch_size is not None and not _is_int(self.micro_batch_size):
+            yield f"micro_batch_size={self.micro_batch_size!r} must be a positive integer or None."
+
+    def _model_and_env_errors(self):
+        """Model settings and environment arguments by name: a typo fails here, not at the first train()."""
+        model_config = self.model_config
+        unknown = set(model_config) - set(DEFAULT_MODEL_CONFIG) - set(self._model_config_auto_includes)
+        if unknown:
+            yield f"model_config has unknown keys {sorted(unknown)}; accepted: {sorted(DEFAULT_MODEL_CONFIG)}."
+        if model_config.get("critic") not in CRITIC_TYPES:
+            yield f"model_config['critic']={model_config.get('critic')!r}: choose one of {list(CRITIC_TYPES)}."
+        if str(model_config.get("dtype")).removeprefix("torch.") not in MODEL_DTYPES:
+            yield f"model_config['dtype']={model_config.get('dtype')!r}: choose one of {list(MODEL_DTYPES)}."
+        known_env = isinstance(self.env, type) or self.env in registered_text_envs()
+        accepted = env_arguments(self.env) if known_env else None
+        if accepted is not None and set(self.env_config) - accepted:
+            yield (f"env_config has unknown keys {sorted(set(self.env_config) - accepted)} for {self.env!r}; "
+                   f"accepted: {sorted(accepted)}.")
+
+    def _batch_shape_errors(self):
+        """The kept batch must split into minibatches and, group by group, over the learners."""
+        kept = self.kept_batch_size
+        if self.minibatch_size is not None:
+            if self.minibatch_size > kept:
+                yield (f"minibatch_size={self.minibatch_size} is more than the {kept} trajectories the rollout "
+                       f"filter keeps (num_groups={self.num_groups} x rollout_filter_ratio={self.rollout_filter_ratio}"
+                       f" rounded up, x group_size={self.group_size}): lower minibatch_size or keep more groups.")
+            elif self.updates_per_rollout_batch != 1 and self.updates_per_rollout_batch * self.minibatch_size != kept:
+                yield (f"minibatch_size={self.minibatch_size} and updates_per_rollout_batch="
+                       f"{self.updates_per_rollout_batch} disagree: {kept} kept trajectories make "
+                       f"{kept / self.minibatch_size:g} minibatches; set only one of them.")
+        if self.updates_per_rollout_batch > kept:
+            yield (f"updates_per_rollout_batch={self.updates_per_rollout_batch} is more than the {kept} kept "
+                   "trajectories: each optimizer step needs at least one.")
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            yield f"micro_batch_size={self.micro_batch_size} must be a positive integer or None."
+        # Each remote learner takes whole groups (a group never straddles two learners) and the same number of them.
+        learners = max(1, self.num_learners)
+        if self.num_kept_groups % learners:
+            yield (f"the rollout filter keeps {self.num_kept_groups} groups (num_groups={self.num_groups} x "
+                   f"rollout_filter_ratio={self.rollout_filter_ratio}, rounded up), which do not split evenly over "
+                   f"num_learners={self.num_learners}: make the kept groups a multiple of num_learners.")
+        runners = max(1, self.num_env_runners)
+        if self.num_groups < runners:
+            yield f"num_groups={self.num_groups} is less than num_env_runners={self.num_env_runners}: some would idle."
+
+    def _inference_errors(self):
+        if self.inference_backend not in INFERENCE_BACKENDS and not callable(self.inference_backend):
+            yield (f"inference_backend={self.inference_backend!r}: choose one of {sorted(INFERENCE_BACKENDS)}, "
+                   "register yours with register_inference_backend, or pass a callable "
+                   "(model, tokenizer, config) -> InferenceBackend.")
+        if self.inference_backend == "vllm":
+            if not vllm_available():
+                yield VLLM_MISSING
+            # vLLM's kernels give log-probs within ~1e-3 of the learner's; the PPO ratio must start at exactly 1.
+            if not self.recompute_logprobs:
+                yield ("recompute_logprobs=False with inference_backend='vllm': vLLM's log-probs differ slightly "
+                       "from the learner's, so the PPO ratio needs the learner's own; set recompute_logprobs=True.")
+            unknown = set(self.vllm_engine_config) - VLLM_ENGINE_OPTIONS
+            if unknown:
+                yield f"vllm_engine_config has unknown keys {sorted(unknown)}; known: {sorted(VLLM_ENGINE_OPTIONS)}."
