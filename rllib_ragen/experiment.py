@@ -80,6 +80,7 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     import ray
 
     out = pathlib.Path(job.output_dir).resolve()
+    check_output_paths(out)  # before any work: a run must not train for minutes and then fail to save
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(job.threads)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -120,6 +121,23 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
 
 
 # ---- outputs --------------------------------------------------------------------------------------------------
+OUTPUT_FOLDERS = ("policy", "warm_start")
+OUTPUT_FILES = ("metrics.csv", "summary.json", "learning_curve.png", "validation_rollouts.parquet")
+
+
+def check_output_paths(out: pathlib.Path) -> None:
+    """Fail before any work when an output could not be written where it goes (a file where a folder must be, or
+    the reverse): transformers' ``save_pretrained`` onto a file only logs an error, and the trained policy is lost.
+    """
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"output_dir {out} is a file; choose another --output-dir.")
+    wrong = [out / name for name in OUTPUT_FOLDERS if (out / name).exists() and not (out / name).is_dir()]
+    wrong += [out / name for name in OUTPUT_FILES if (out / name).is_dir()]
+    if wrong:
+        raise FileExistsError(f"these outputs would not be written: {[str(p) for p in wrong]} (a file where a folder "
+                              "goes, or a folder where a file goes); move them or choose another --output-dir.")
+
+
 def _flatten(result: dict, prefix: str = "") -> dict:
     """Scalar results as one flat row, each named by its path in the result (``env_runners/episode_return_mean``)."""
     row = {}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pathlib
 import tempfile
 import time
 
@@ -286,11 +287,16 @@ class StarPO(Algorithm):
     def export_pretrained(self, path) -> None:
         """Save the current policy and tokenizer with ``save_pretrained``: ``AutoModelForCausalLM.from_pretrained(path)``
         loads it with plain transformers."""
+        path = pathlib.Path(path)
+        if path.exists() and not path.is_dir():  # save_pretrained would only log an error and write nothing
+            raise NotADirectoryError(f"cannot export the policy to {path}: it is a file.")
         weights = self._learner_module_state()
         module = self.env_runner.module if self.env_runner is not None else self.config.get_rl_module_spec(
             spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True).build()
         module.set_state(weights)
         module.save_pretrained(path)
+        if not (path / "config.json").is_file():
+            raise OSError(f"exporting the policy to {path} wrote no config.json; see the errors above.")
 
 
 def _absolute(path):

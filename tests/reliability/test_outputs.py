@@ -1,0 +1,37 @@
+"""Outputs that could not be written: the main job fails before any work, and an export never skips silently."""
+
+import pytest
+
+from rllib_ragen import StarPOConfig
+from rllib_ragen.experiment import JobSettings, run_job
+
+
+@pytest.mark.parametrize("blocker", ["policy", "metrics.csv/"])
+def test_a_job_whose_outputs_cannot_be_written_fails_before_any_work(tmp_path, blocker):
+    out = tmp_path / "run"
+    out.mkdir()
+    if blocker.endswith("/"):
+        (out / blocker.rstrip("/")).mkdir()  # a folder where a file goes
+    else:
+        (out / blocker).write_text("not a model")  # a file where the exported policy's folder goes
+    # An invalid env would fail at build: reaching it would mean the outputs were not checked first.
+    with pytest.raises(FileExistsError, match=blocker.rstrip("/")):
+        run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(out), iterations=1))
+    assert sorted(p.name for p in out.iterdir()) == [blocker.rstrip("/")]  # nothing else was written
+
+
+def test_an_output_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "run").write_text("")
+    with pytest.raises(NotADirectoryError, match="--output-dir"):
+        run_job(StarPOConfig(), JobSettings(output_dir=str(tmp_path / "run")))
+
+
+@pytest.mark.slow
+def test_export_onto_a_file_raises(ray_session, small_config, tmp_path):
+    algo = small_config(validation_interval=0).build_algo()
+    try:
+        (tmp_path / "policy").write_text("")
+        with pytest.raises(NotADirectoryError, match="it is a file"):
+            algo.export_pretrained(tmp_path / "policy")
+    finally:
+        algo.stop()
