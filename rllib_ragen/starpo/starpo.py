@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import pathlib
+import pickle
 import tempfile
 import time
 
@@ -32,16 +33,18 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
+from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEARNER_RESULTS,
                                      NUM_ENV_STEPS_SAMPLED_LIFETIME)
 
 from .. import metrics as M
+from ..objectives import ADVANTAGE_ESTIMATORS
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import SeedSchedule, Trajectory, rollout_metrics
 from .batch import prepare_update_batch, shard_by_groups
 from .config import BUILT_IN_MODELS, StarPOConfig
 from .inference_engines import launch_engines
-from .llm_rl_module import PLACEHOLDER_SPACE, CausalLMRLModule
+from .llm_rl_module import DEFAULT_MODEL_CONFIG, PLACEHOLDER_SPACE, CausalLMRLModule
 
 logger = logging.getLogger(__name__)
 
@@ -255,7 +258,34 @@ class StarPO(Algorithm):
 
     @override(Algorithm)
     def restore_from_path(self, path, **kwargs) -> None:
-        return super().restore_from_path(_absolute(path), **kwargs)
+        path = _absolute(path)
+        self._check_checkpoint_fits(path)
+        return super().restore_from_path(path, **kwargs)
+
+    def _check_checkpoint_fits(self, path) -> None:
+        """Refuse a checkpoint whose module this algorithm cannot hold, naming the fields that differ.
+
+        The model, its dtype, the critic's type and whether the estimator builds a critic decide the module's
+        weights and optimizer groups; restoring across them fails deep inside torch (an empty AssertionError or an
+        optimizer group-size mismatch) or loads wrong weights. ``StarPO.from_checkpoint(path)`` always fits.
+        """
+        saved_file = pathlib.Path(str(path)) / Checkpointable.CLASS_AND_CTOR_ARGS_FILE_NAME
+        if "://" in str(path) or not saved_file.is_file():
+            return  # a remote filesystem or a component checkpoint: nothing to compare here
+        with open(saved_file, "rb") as f:
+            saved = pickle.load(f)["ctor_args_and_kwargs"][0][0]  # the config state the checkpoint was built with
+        saved_model = {**DEFAULT_MODEL_CONFIG, **saved.get("_model_config", {})}
+        ours = self.config.model_config
+        differing = {f"model_config[{key!r}]": (saved_model.get(key), ours.get(key))
+                     for key in ("model", "dtype", "critic") if saved_model.get(key) != ours.get(key)}
+        estimator = saved.get("advantage_estimator", "gae")
+        if ADVANTAGE_ESTIMATORS.get(estimator, ADVANTAGE_ESTIMATORS["gae"]).needs_critic != \
+                ADVANTAGE_ESTIMATORS[self.config.advantage_estimator].needs_critic:
+            differing["advantage_estimator"] = (estimator, self.config.advantage_estimator)
+        if differing:
+            listed = "; ".join(f"{name}: checkpoint {a!r}, this algorithm {b!r}" for name, (a, b) in differing.items())
+            raise ValueError(f"the checkpoint at {path} does not fit this algorithm ({listed}). Build the algorithm "
+                             "with the checkpoint's settings, or use StarPO.from_checkpoint(path).")
 
     @classmethod
     def from_checkpoint(cls, path, filesystem=None, **kwargs) -> "StarPO":

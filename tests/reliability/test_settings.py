@@ -65,3 +65,24 @@ def test_minus_one_survives_tune(ray_session, small_config, tmp_path):
                                                    verbose=0)).fit()
     # The trial's own algorithm reports its config in its result: what the trial ran with, not what Tune was given.
     assert not results.errors and results[0].metrics["config"]["format_penalty"] == -1.0
+
+
+@pytest.mark.slow
+def test_restoring_into_a_config_that_cannot_hold_the_checkpoint_names_the_fields(ray_session, small_config, tmp_path):
+    algo = small_config(validation_interval=0).build_algo()  # gae: a separate critic
+    try:
+        checkpoint = algo.save_to_path(tmp_path / "checkpoint")
+    finally:
+        algo.stop()
+    other = small_config(validation_interval=0, advantage_estimator="grpo").rl_module(
+        model_config={"model": "tiny", "critic": "head"}).build_algo()
+    try:
+        with pytest.raises(ValueError) as error:
+            other.restore_from_path(checkpoint)
+    finally:
+        other.stop()
+    message = str(error.value)
+    assert "model_config['critic']: checkpoint 'separate', this algorithm 'head'" in message
+    assert "advantage_estimator: checkpoint 'gae', this algorithm 'grpo'" in message
+    restored = StarPO.from_checkpoint(checkpoint)  # the checkpoint's own settings always fit
+    restored.stop()
