@@ -25,7 +25,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch  # noqa: E402
 
 from rllib_ragen import StarPOConfig  # noqa: E402
-from rllib_ragen.objectives import (aggregate, compute_gae, policy_loss, token_entropy, token_logprobs,  # noqa: E402
+from rllib_ragen.objectives import (aggregate, compute_gae, policy_loss, token_logprobs_and_entropy,  # noqa: E402
                                     value_loss)
 from rllib_ragen.objectives.losses import shift_right  # noqa: E402
 from rllib_ragen.starpo.batch import prepare_update_batch  # noqa: E402
@@ -47,7 +47,7 @@ class BareLoop:
         logits = self.policy(input_ids=ids, attention_mask=attention, use_cache=False).logits
         temperature = self.config.temperature
         values = shift_right(self.critic(ids, attention)[:, :-1])  # position t scores token t
-        return token_logprobs(logits, ids, temperature), token_entropy(logits, temperature), values
+        return (*token_logprobs_and_entropy(logits, ids, temperature), values)
 
     def update(self, batch: dict[str, torch.Tensor]) -> float:
         c = self.config

@@ -116,17 +116,27 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
     Returns:
         (B, T) float32 log-probs.
     """
-    scaled = logits[:, :-1].float() / temperature
-    logp = torch.log_softmax(scaled, -1).gather(-1, token_ids[:, 1:, None]).squeeze(-1)
-    return shift_right(logp)
+    return _logprobs_of(_next_token_logits(logits, temperature), token_ids)
 
 
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of the distribution each token was drawn from, aligned like :func:`token_logprobs`.
+def token_logprobs_and_entropy(logits: torch.Tensor, token_ids: torch.Tensor,
+                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` and the entropy of each distribution a token was drawn from, from one scaled copy of
+    the logits (a (B, T, V) float tensor: large for a large vocabulary).
 
-    out[b, t] = H(softmax(logits[b, t - 1] / temperature)) for t >= 1; out[b, 0] = 0. (B, T, V) -> (B, T).
+    entropy[b, t] = H(softmax(logits[b, t - 1] / temperature)) for t >= 1; entropy[b, 0] = 0. Both (B, T).
     """
-    return shift_right(entropy_from_logits(logits[:, :-1].float() / temperature))
+    scaled = _next_token_logits(logits, temperature)
+    return _logprobs_of(scaled, token_ids), shift_right(entropy_from_logits(scaled))
+
+
+def _next_token_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(B, T, V) -> (B, T-1, V) float32 logits of tokens 1..T-1, divided by the temperature."""
+    return logits[:, :-1].float() / temperature
+
+
+def _logprobs_of(scaled: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    return shift_right(torch.log_softmax(scaled, -1).gather(-1, token_ids[:, 1:, None]).squeeze(-1))
 
 
 def shift_right(x: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 
-from ..objectives import token_entropy, token_logprobs
+from ..objectives import token_logprobs_and_entropy
 from ..objectives.losses import shift_right
 from ..rollout.models import load_policy
 
@@ -102,8 +102,8 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         ids, mask = batch["input_ids"], batch["attention_mask"]
         out = self.policy(input_ids=ids, attention_mask=mask, use_cache=False,
                           output_hidden_states=self.critic_type == "head")
-        result = {"logp": token_logprobs(out.logits, ids, self.temperature),
-                  "entropy": token_entropy(out.logits, self.temperature)}
+        logp, entropy = token_logprobs_and_entropy(out.logits, ids, self.temperature)
+        result = {"logp": logp, "entropy": entropy}
         if self.critic_type == "separate":
             result["values"] = shift_right(self.critic(ids, mask)[:, :-1])
         elif self.critic_type == "head":

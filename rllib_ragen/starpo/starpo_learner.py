@@ -179,7 +179,9 @@ class StarPOTorchLearner(TorchLearner):
         RLlib would turn such gradients into zeros and the largest float, which fills Adam's moments with values
         no later step recovers from: the step is skipped instead, weights and optimizer state untouched.
         """
-        if torch.isfinite(loss) and all(torch.isfinite(g).all() for g in gradients.values()):
+        # One device sync for all gradients, not one per parameter tensor.
+        finite = torch.stack([torch.isfinite(loss).all()] + [torch.isfinite(g).all() for g in gradients.values()])
+        if finite.all():
             self._skipped_in_a_row = 0
             return False
         for optimizer in self._optimizer_parameters:
