@@ -79,6 +79,7 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     """
     import ray
 
+    job.validate()
     out = pathlib.Path(job.output_dir).resolve()
     check_output_paths(out)  # before any work: a run must not train for minutes and then fail to save
     out.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import inspect
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,25 @@ class JobSettings:
     warm_start_batch_size: int = _help("warm-start batch size (episodes)", default=16)
     pass_bar: float = _help("least rise of validation success over the warm start that counts as learning",
                             default=0.05)
+
+    def validate(self) -> None:
+        """Raise ValueError naming each field of the wrong kind or out of range."""
+        errors = []
+        least_values = {"iterations": 1, "threads": 1, "warm_start_batch_size": 1, "warm_start_episodes": 0,
+                        "warm_start_steps": 0}  # 0 episodes or steps: no warm start
+        for name, least in least_values.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                errors.append(f"{name}={value!r} must be an integer >= {least}.")
+        for name, positive in (("warm_start_lr", True), ("pass_bar", False)):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or (
+                    positive and value <= 0):
+                errors.append(f"{name}={value!r} must be a finite number{' > 0' * positive}.")
+        if not isinstance(self.output_dir, str) or not self.output_dir:
+            errors.append(f"output_dir={self.output_dir!r} must be a folder path.")
+        if errors:
+            raise ValueError("Invalid JobSettings:\n  - " + "\n  - ".join(errors))
 
 
 # On a CUDA machine: the reference's run length, and no warm start (the reference starts from the instruct model).
@@ -172,6 +192,7 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
             if name in given:
                 set_config_value(config, name, given[name])
         config.validate()
+        job.validate()
     except ValueError as error:
         parser.error(str(error))
     return config, job

@@ -35,3 +35,20 @@ def test_export_onto_a_file_raises(ray_session, small_config, tmp_path):
             algo.export_pretrained(tmp_path / "policy")
     finally:
         algo.stop()
+
+
+@pytest.mark.parametrize("field, value", [("iterations", 0), ("threads", 1.5), ("warm_start_steps", -1),
+                                          ("warm_start_lr", 0.0), ("pass_bar", float("nan")), ("iterations", True)])
+def test_bad_job_settings_fail_before_any_work_naming_the_field(tmp_path, field, value):
+    job = JobSettings(output_dir=str(tmp_path / "run"), **{field: value})
+    with pytest.raises(ValueError, match=f"{field}={value!r}"):
+        run_job(StarPOConfig(), job)
+    assert not (tmp_path / "run").exists()  # nothing was written
+
+
+def test_a_bad_job_flag_exits_with_code_2_naming_the_field(capsys):
+    from rllib_ragen.experiment import parse_job_args
+
+    with pytest.raises(SystemExit) as exit_code:
+        parse_job_args(StarPOConfig(), JobSettings(), ["--warm-start-lr", "-0.001"])
+    assert exit_code.value.code == 2 and "warm_start_lr=-0.001" in capsys.readouterr().err
