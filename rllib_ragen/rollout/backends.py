@@ -1,7 +1,9 @@
 """Inference backends: token ids in, sampled token ids and their log-probs out.
 
 The interface is deliberately small so that a vLLM engine can implement it too:
-``generate(prompts, params, seed) -> list[Generation]`` and ``load_weights(state_dict)``.
+``generate(prompts, params, seed, max_new_tokens) -> list[Generation]`` and ``load_weights(state_dict)``.
+``max_new_tokens`` is an optional per-prompt cap below ``params.max_new_tokens``: the rollout engine passes the
+room each conversation has left under ``max_context_tokens``.
 
 Log-probs are ``log_softmax(raw_logits / temperature)`` of the sampled token, the quantity the learner
 recomputes. Top-p/top-k truncation changes what is sampled but not this formula, so leave them off (the
@@ -43,8 +45,8 @@ class Generation:
 
 
 class InferenceBackend(Protocol):
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 seed: int | None = None) -> list[Generation]: ...
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[Generation]: ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
@@ -110,14 +112,16 @@ class HFBackend:
         self._caches.clear()  # cached keys/values belong to the old weights
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 seed: int | None = None) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[Generation]:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ())))
+        caps = reply_caps(params, len(prompts), max_new_tokens)
         out: list[Generation] = []
         for chunk, start in enumerate(range(0, len(prompts), self.max_batch_size)):
-            out += self._generate_batch(chunk, [list(p) for p in prompts[start:start + self.max_batch_size]],
-                                        params, generator)
+            end = start + self.max_batch_size
+            out += self._generate_batch(chunk, [list(p) for p in prompts[start:end]], params, caps[start:end],
+                                        generator)
         return out
 
     def _token_text(self, token: int) -> str:
@@ -152,7 +156,7 @@ class HFBackend:
                             past_key_values=cache, use_cache=True)
         return output.logits[:, -1].float(), output.past_key_values, mask
 
-    def _generate_batch(self, chunk: int, prompts: list[list[int]], params: SamplingParams,
+    def _generate_batch(self, chunk: int, prompts: list[list[int]], params: SamplingParams, caps: list[int],
                         generator: torch.Generator) -> list[Generation]:
         from transformers import DynamicCache
 
@@ -173,7 +177,7 @@ class HFBackend:
         replies: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         texts, running = [""] * batch, [True] * batch
-        for step in range(params.max_new_tokens):
+        for step in range(max(caps)):
             tokens, token_logprobs = _sample(logits, params, generator)
             feed = []
             for row in range(batch):
@@ -184,10 +188,11 @@ class HFBackend:
                 replies[row].append(token)
                 logprobs[row].append(float(token_logprobs[row]))
                 texts[row] = (texts[row] + self._token_text(token))[-64:]
-                if token == eos or any(s in texts[row] for s in params.stop_strings):
-                    running[row] = False  # its last token is never fed, like a row cut by max_new_tokens
+                if (token == eos or len(replies[row]) >= caps[row]
+                        or any(s in texts[row] for s in params.stop_strings)):
+                    running[row] = False  # its last token is never fed
                 feed.append([token] if running[row] else [])
-            if not any(running) or step == params.max_new_tokens - 1:
+            if not any(running):
                 break
             # A row that stopped is fed nothing: _forward gives it a hole (mask 0), keeping the batch rectangular.
             logits, cache, mask = self._forward(feed, cache, mask)
@@ -196,6 +201,16 @@ class HFBackend:
             cached_rows = [p + r[:-1] if r else p for p, r in zip(prompts, replies)]
             self._caches[chunk] = _PrefixCache(cached_rows, cache, mask)
         return [Generation(r, lp) for r, lp in zip(replies, logprobs)]
+
+
+def reply_caps(params: SamplingParams, num_prompts: int, max_new_tokens: Sequence[int] | None) -> list[int]:
+    """Each prompt's reply length limit: ``params.max_new_tokens``, lowered by a per-prompt cap where given."""
+    if max_new_tokens is None:
+        return [params.max_new_tokens] * num_prompts
+    if len(max_new_tokens) != num_prompts or min(max_new_tokens, default=1) < 1:
+        raise ValueError(f"max_new_tokens needs one cap >= 1 per prompt; got {list(max_new_tokens)[:8]} for "
+                         f"{num_prompts} prompts.")
+    return [min(int(cap), params.max_new_tokens) for cap in max_new_tokens]
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator):
@@ -237,12 +252,12 @@ class ScriptedBackend:
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """A scripted policy has no weights; accepting them keeps training loops backend-agnostic."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 seed: int | None = None) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[Generation]:
         out = []
-        for prompt in prompts:
+        for prompt, cap in zip(prompts, reply_caps(params, len(prompts), max_new_tokens)):
             reply = self.policy(self.tokenizer.decode(prompt))
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"][:params.max_new_tokens - 1]
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"][:cap - 1]
             ids.append(self.tokenizer.eos_token_id)
             out.append(Generation(ids, [0.0] * len(ids)))
         return out

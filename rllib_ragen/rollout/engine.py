@@ -36,7 +36,9 @@ class RolloutConfig:
         max_actions_per_episode: actions executed per episode, over all turns.
         format_penalty: added to a turn's reward when its reply breaks the protocol.
         enable_thinking: require ``<think>`` before ``<answer>``.
-        max_context_tokens: a trajectory whose next prompt would be longer ends there (counted as truncated).
+        max_context_tokens: no trajectory grows longer. Each reply may take only the room left; a trajectory with
+            no room for another turn ends there (truncated); an episode whose first prompt leaves no room is not
+            played (counted as ``rollout/prompts_too_long``).
         system_prompt: opens every conversation.
     """
 
@@ -169,6 +171,8 @@ class RolloutEngine:
     def __init__(self, config: RolloutConfig, backend: InferenceBackend, tokenizer):
         self.config, self.backend, self.tokenizer = config, backend, tokenizer
         self.chat = ChatFormat(tokenizer, config.system_prompt)
+        # Kept free after every reply: the longest text that can close it (a reply cut short lacks its eos).
+        self.reply_reserve = len(self.chat.encode(self.chat.close))
         self._envs: list = []
 
     def _env_pool(self, size: int) -> list:
@@ -180,6 +184,20 @@ class RolloutEngine:
         c = self.config
         return turn_message(observation, turn=turn, actions_left=actions_left, reward=reward,
                             enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn)
+
+    def _reply_room(self, trajectory: Trajectory) -> int:
+        """Tokens the next reply may take so that the trajectory, reply closed, fits ``max_context_tokens``."""
+        return self.config.max_context_tokens - len(trajectory.token_ids) - self.reply_reserve
+
+    def first_prompt_length(self, seed: int) -> int:
+        """Tokens of the first prompt for the initial state ``seed`` (what the policy reads before turn 1)."""
+        env = self._env_pool(1)[0]
+        observation, _ = env.reset(seed=int(seed))
+        counts: Counter = Counter()
+        first = (_encodable(env.unwrapped.describe(), counts) + "\n"
+                 + self._user_message(_observation_text(env.unwrapped, observation, "reset", counts), 1,
+                                      self.config.max_actions_per_episode, None))
+        return len(self.chat.prompt_ids(first))
 
     def rollout(self, seeds: Sequence[int], group_size: int, sampling: SamplingParams,
                 sample_seed: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
@@ -198,6 +216,7 @@ class RolloutEngine:
         t_start, t_generate = time.perf_counter(), 0.0
         counts: Counter = Counter({key: 0 for key in M.ROLLOUT_COUNTERS})
         episodes: list[_Episode] = []
+        too_long: list[int] = []  # lengths of first prompts that leave no room for a reply
         for (group, seed), env in zip(((g, s) for g, s in enumerate(seeds) for _ in range(group_size)),
                                       self._env_pool(len(seeds) * group_size)):
             text_env = env.unwrapped
@@ -214,17 +233,25 @@ class RolloutEngine:
             env_name = getattr(env.spec, "id", None) or type(text_env).__name__
             trajectory = Trajectory(env_name, group, int(seed), [], [], [])
             episode = _Episode(env, trajectory, self.chat.prompt_ids(first))
+            if self._reply_room(trajectory) < 1:
+                # Nothing could be sampled: playing it would only feed the learner a prompt with no reply.
+                too_long.append(len(trajectory.token_ids))
+                continue
             episode.actions_left = c.max_actions_per_episode
             episode.max_turns = min(c.max_turns, getattr(text_env, "max_turns", None) or c.max_turns)
             episodes.append(episode)
 
+        if too_long:
+            self._report_prompts_too_long(too_long, played=len(episodes))
+            counts[M.PROMPTS_TOO_LONG] += len(too_long)
         for turn in range(1, c.max_turns + 1):
             active = [e for e in episodes if not e.done]
             if not active:
                 break
             t0 = time.perf_counter()
             generations = self.backend.generate([e.trajectory.token_ids for e in active], sampling,
-                                                None if sample_seed is None else sample_seed * 1000 + turn)
+                                                None if sample_seed is None else sample_seed * 1000 + turn,
+                                                max_new_tokens=[self._reply_room(e.trajectory) for e in active])
             t_generate += time.perf_counter() - t0
             for episode, generation in zip(active, generations):
                 self._play_turn(episode, generation, turn, counts)
@@ -235,6 +262,19 @@ class RolloutEngine:
         metrics.update({key: float(value) for key, value in counts.items()})
         metrics.update({M.TIME_ROLLOUT: time.perf_counter() - t_start, M.TIME_GENERATE: t_generate})
         return trajectories, metrics
+
+    def _report_prompts_too_long(self, lengths: list[int], played: int) -> None:
+        c = self.config
+        message = (f"{len(lengths)} first prompt(s) of {c.env} leave no room for a reply under max_context_tokens="
+                   f"{c.max_context_tokens} (shortest {min(lengths)} tokens, plus {self.reply_reserve} to close a "
+                   "reply)")
+        if not played:
+            raise ValueError(f"{message}: no episode can be played. Raise max_context_tokens, or shorten the "
+                             "observation or the system prompt.")
+        if c.env not in _WARNED_TOO_LONG:
+            _WARNED_TOO_LONG.add(c.env)
+            logger.warning("%s; those episodes are not played and are counted as %s (warned once per environment).",
+                           message, M.PROMPTS_TOO_LONG)
 
     def _play_turn(self, episode: _Episode, generation, turn: int, counts: Counter) -> None:
         """Execute one reply. An environment that raises or pays a non-finite reward drops its episode (counted)."""
@@ -277,7 +317,7 @@ class RolloutEngine:
             return
         message = self._user_message(observation, turn + 1, episode.actions_left, result.reward)
         continuation = self.chat.encode(self.chat.next_turn_text(generation.token_ids, message))
-        if len(t.token_ids) + len(continuation) + 1 > c.max_context_tokens:
+        if len(t.token_ids) + len(continuation) + self.reply_reserve + 1 > c.max_context_tokens:
             # No room for the next turn: end here rather than cut the context (which would break append-only).
             t.truncated, episode.done = True, True
             episode.append(self.chat.encode(self.chat.reply_end_text(generation.token_ids)))
@@ -286,6 +326,7 @@ class RolloutEngine:
 
 
 _WARNED_NONFINITE: set[str] = set()  # environments already warned about, once per process
+_WARNED_TOO_LONG: set = set()
 
 
 def _observation_text(text_env, observation, method: str, counts: Counter) -> str:

@@ -5,7 +5,7 @@ HF backend). A :class:`VLLMBackend` implements the rollout engine's ``InferenceB
 engines: token ids in, sampled token ids and their log-probs out, no re-tokenization. It sends each conversation
 back to the engine that served its previous turn, so that engine's prefix cache holds the history.
 
-An engine, as the backend sees it, is anything with ``submit(prompts, params, seed) -> Future`` (a
+An engine, as the backend sees it, is anything with ``submit(prompts, params, seed, max_new_tokens) -> Future`` (a
 ``concurrent.futures.Future`` of the generations), ``load_weights(state_dict, version) -> seconds`` and
 ``get_stats()``: a :class:`VLLMEngine` in this process, or a client of one running elsewhere
 (``rllib_ragen.starpo.inference_engines`` runs them as Ray actors). Nothing here imports Ray, and nothing imports
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .backends import Generation, SamplingParams
+from .backends import Generation, SamplingParams, reply_caps
 
 VLLM_MISSING = (
     "inference_backend='vllm' needs vLLM, which is not installed. On a CUDA machine: pip install "
@@ -71,20 +71,21 @@ class VLLMEngine:
         self.weights_version = 0
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "generate_s": 0.0, "weight_loads": 0}
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 seed: int | None = None) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[Generation]:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
         base = dict(temperature=max(params.temperature, 0.0), top_p=params.top_p, top_k=params.top_k,
-                    max_tokens=params.max_new_tokens, stop=list(params.stop_strings),
-                    include_stop_str_in_output=True, logprobs=0, detokenize=True)
+                    stop=list(params.stop_strings), include_stop_str_in_output=True, logprobs=0, detokenize=True)
+        caps = reply_caps(params, len(prompts), max_new_tokens)
         # One seed per request (the same seed for all would give identical replies to identical prompts). vLLM's
         # CPU build fails on seeded requests whose prefill is split over steps ("CPU Generator does not use
         # offset"), so there the engine's own seeded generator samples, reproducible only for the same batches.
         seeded = seed is not None and self._seeded_requests
-        requests = [VLLMSamplingParams(**base, seed=(seed * 1_000_003 + i) % 2**63 if seeded else None)
+        requests = [VLLMSamplingParams(**base, max_tokens=caps[i],
+                                       seed=(seed * 1_000_003 + i) % 2**63 if seeded else None)
                     for i in range(len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests,
                                     use_tqdm=False)
@@ -99,10 +100,11 @@ class VLLMEngine:
         self.stats["generate_s"] += time.perf_counter() - t0
         return generations
 
-    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None) -> Future:
+    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
+               max_new_tokens: Sequence[int] | None = None) -> Future:
         """:meth:`generate`, run now, as the finished future :class:`VLLMBackend` collects."""
         future: Future = Future()
-        future.set_result(self.generate(prompts, params, seed))
+        future.set_result(self.generate(prompts, params, seed, max_new_tokens))
         return future
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> float:
@@ -160,18 +162,19 @@ class VLLMBackend:
                 load[owners[i]] += 1
         return owners
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 seed: int | None = None) -> list[Generation]:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
+                 max_new_tokens: Sequence[int] | None = None) -> list[Generation]:
         if not self.engines:
             raise RuntimeError("this VLLMBackend has no engines: StarPO attaches them when it builds; "
                                "standalone, pass VLLMEngine objects.")
-        owners = self._route(prompts)
+        owners, caps = self._route(prompts), reply_caps(params, len(prompts), max_new_tokens)
         pending = []
         for e, engine in enumerate(self.engines):
             rows = [i for i, owner in enumerate(owners) if owner == e]
             if rows:
                 engine_seed = None if seed is None else seed + 7919 * e
-                pending.append((rows, engine.submit([list(prompts[i]) for i in rows], params, engine_seed)))
+                pending.append((rows, engine.submit([list(prompts[i]) for i in rows], params, engine_seed,
+                                                    [caps[i] for i in rows])))
         results: list[Generation | None] = [None] * len(prompts)
         for rows, future in pending:
             for i, generation in zip(rows, future.result()):

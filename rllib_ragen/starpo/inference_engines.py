@@ -56,8 +56,9 @@ class RemoteEngine:
     def __init__(self, actor):
         self.actor = actor
 
-    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None) -> Future:
-        return self.actor.generate.remote(prompts, params, seed).future()
+    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
+               max_new_tokens: Sequence[int] | None = None) -> Future:
+        return self.actor.generate.remote(prompts, params, seed, max_new_tokens).future()
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> float:
         return ray.get(self.actor.load_weights.remote(state_dict, version))

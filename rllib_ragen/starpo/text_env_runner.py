@@ -37,8 +37,22 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self.tokenizer = self.module.tokenizer
         self.backend = make_backend(self.config.inference_backend, self.module.policy, self.tokenizer, self.config)
         self.engine = RolloutEngine(self.config.rollout_config(), self.backend, self.tokenizer)
+        self._check_first_prompts_fit()
         self._weights_seq_no = 0
         self._metrics: dict[str, float] = {}
+
+    def _check_first_prompts_fit(self, num_probes: int = 4) -> None:
+        """Fail at build, not at the first ``train()``, when no first prompt leaves room for a reply.
+
+        Probes the first validation states; if some fit, the rollout drops (and counts) any that do not.
+        """
+        seeds = range(self.config.validation_seed_start, self.config.validation_seed_start + num_probes)
+        lengths = [self.engine.first_prompt_length(seed) for seed in seeds]
+        if min(lengths) + self.engine.reply_reserve >= self.config.max_context_tokens:
+            raise ValueError(
+                f"max_context_tokens={self.config.max_context_tokens} leaves no room for a reply: the first prompts "
+                f"of {self.config.env} take {min(lengths)}-{max(lengths)} tokens (validation seeds {seeds.start}-"
+                f"{seeds.stop - 1}). Raise max_context_tokens, or shorten the observation or system prompt.")
 
     # ---- EnvRunner API ---------------------------------------------------------------------------------------------
     @override(EnvRunner)

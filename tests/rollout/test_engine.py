@@ -69,8 +69,8 @@ class _Recording:
     def __init__(self, backend):
         self.backend, self.generations = backend, []
 
-    def generate(self, prompts, params, seed=None):
-        out = self.backend.generate(prompts, params, seed)
+    def generate(self, prompts, params, seed=None, max_new_tokens=None):
+        out = self.backend.generate(prompts, params, seed, max_new_tokens)
         self.generations.append(out)
         return out
 

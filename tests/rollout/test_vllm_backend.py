@@ -21,10 +21,11 @@ class RecordingEngine:
     """Replies with a fixed token per engine and records what it was sent: routing is checked, not sampling."""
 
     def __init__(self, token):
-        self.token, self.calls = token, []
+        self.token, self.calls, self.caps = token, [], []
 
-    def submit(self, prompts, params, seed=None):
+    def submit(self, prompts, params, seed=None, max_new_tokens=None):
         self.calls.append([list(p) for p in prompts])
+        self.caps.append(list(max_new_tokens))
         future = Future()
         future.set_result([Generation([self.token, 0], [-1.0, -1.0]) for _ in prompts])
         return future
@@ -39,9 +40,12 @@ def test_next_turns_go_back_to_the_engine_that_served_the_conversation():
     owner = {tuple(p): r.token_ids[0] for p, r in zip(first, replies)}
     # Turn two: each prompt extends its own first turn (prompt + reply + observation), order shuffled, one done.
     second = [p + r.token_ids + [9] for p, r in zip(first, replies)][::-1][:3]
-    replies = backend.generate(second, SamplingParams())
+    caps = [5, 6, 7]  # each conversation's room under max_context_tokens travels with it to its engine
+    replies = backend.generate(second, SamplingParams(), max_new_tokens=caps)
     for prompt, reply in zip(second, replies):
         assert reply.token_ids[0] == owner[tuple(prompt[:2])]
+    sent = {tuple(p): cap for e in engines for p, cap in zip(e.calls[1], e.caps[1])}
+    assert [sent[tuple(p)] for p in second] == caps
     with pytest.raises(RuntimeError, match="no engines"):
         VLLMBackend().generate([[1]], SamplingParams())
 
