@@ -42,6 +42,7 @@ from ..objectives import ADVANTAGE_ESTIMATORS
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import SeedSchedule, Trajectory, rollout_metrics
 from .batch import prepare_update_batch, shard_by_groups
+from .checkpoints import recover_interrupted_save, write_atomically
 from .config import BUILT_IN_MODELS, StarPOConfig
 from .inference_engines import launch_engines
 from .llm_rl_module import DEFAULT_MODEL_CONFIG, PLACEHOLDER_SPACE, CausalLMRLModule
@@ -254,11 +255,18 @@ class StarPO(Algorithm):
     # RLlib hands a path string to pyarrow, which refuses relative ones ("URI has empty scheme"); resolve them.
     @override(Algorithm)
     def save_to_path(self, path=None, **kwargs) -> str:
-        return super().save_to_path(_absolute(path), **kwargs)
+        """RLlib's save, made atomic for local directories: a kill at any moment leaves either the old checkpoint
+        or the new one at ``path``, never a mix (see :mod:`rllib_ragen.starpo.checkpoints`)."""
+        path = _absolute(path)
+        if path is None or "://" in str(path) or kwargs.get("filesystem") is not None:
+            return super().save_to_path(path, **kwargs)
+        return write_atomically(path, lambda directory: super(StarPO, self).save_to_path(directory, **kwargs))
 
     @override(Algorithm)
     def restore_from_path(self, path, **kwargs) -> None:
         path = _absolute(path)
+        if "://" not in str(path):
+            recover_interrupted_save(path)
         self._check_checkpoint_fits(path)
         return super().restore_from_path(path, **kwargs)
 
@@ -289,7 +297,10 @@ class StarPO(Algorithm):
 
     @classmethod
     def from_checkpoint(cls, path, filesystem=None, **kwargs) -> "StarPO":
-        return super().from_checkpoint(_absolute(path), filesystem, **kwargs)
+        path = _absolute(path)
+        if isinstance(path, (str, os.PathLike)) and "://" not in str(path):
+            recover_interrupted_save(path)
+        return super().from_checkpoint(path, filesystem, **kwargs)
 
     @override(Algorithm)
     def get_state(self, *args, **kwargs):
