@@ -52,6 +52,10 @@ logger = logging.getLogger(__name__)
 MAX_ROLLOUT_ATTEMPTS = 3  # a rollout played again after env runners died in it, before the step gives up
 
 
+class LearnerDiedError(RuntimeError):
+    """A remote learner died; the algorithm cannot go on (resume from a checkpoint)."""
+
+
 class StarPO(Algorithm):
     """StarPO / StarPO-S: trajectory-level PPO or GRPO over whole multi-turn LLM-agent episodes."""
 
@@ -100,6 +104,7 @@ class StarPO(Algorithm):
                 # Env runners only route prompts to the engines: the new weights go to the engines alone.
                 self._log({M.TIME_WEIGHT_LOAD: self._sync_inference_engines()})
             else:
+                self._check_learners_alive()
                 self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group,
                                                    inference_only=True, timeout_seconds=600.0)
         if config.validation_interval and (iteration + 1) % config.validation_interval == 0:
@@ -107,6 +112,32 @@ class StarPO(Algorithm):
 
     def _update(self, columns: dict[str, np.ndarray], env_steps: int) -> list[dict]:
         """One learner-group update on the prepared batch; with remote learners, one whole-group shard each."""
+        self._check_learners_alive()
+        try:
+            return self._update_learners(columns, env_steps)
+        except ray.exceptions.RayActorError as error:
+            self._check_learners_alive(error)
+            raise
+
+    def _check_learners_alive(self, cause: BaseException | None = None) -> None:
+        """Raise :class:`LearnerDiedError` once any remote learner is gone.
+
+        RLlib does not restart learners, and after one dies its ``LearnerGroup`` updates the survivors only (none:
+        silently nothing) and fails later with an ``IndexError``; a dead learner also takes its optimizer state.
+        """
+        if self.learner_group.is_local:
+            return
+        manager = self.learner_group._worker_manager
+        dead = sorted(set(manager.actor_ids()) - set(manager.healthy_actor_ids()))
+        if dead:
+            why = str(cause).splitlines()[0] if cause is not None else "found dead before the update"
+            raise LearnerDiedError(
+                f"remote learner(s) {dead} of {manager.num_actors()} died ({why})"
+                ". RLlib does not restart learners and their optimizer state died with them, so this algorithm "
+                "cannot train on. Stop it and resume from the last checkpoint: StarPO.from_checkpoint(path), or "
+                "a main job's --resume.") from cause
+
+    def _update_learners(self, columns: dict[str, np.ndarray], env_steps: int) -> list[dict]:
         lifetime = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
             (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME))}
         shards = shard_by_groups(columns, self.config.num_learners) if self.config.num_learners > 1 else [columns]
