@@ -9,7 +9,8 @@ Outputs in ``output_dir``: ``metrics.csv`` (one row per iteration, every scalar 
 result: ``env_runners/...``, ``learners/default_policy/...``), ``learning_curve.png`` (success, reward std,
 entropy, grad norm per iteration; needs matplotlib), ``validation_rollouts.parquet`` (the last validation's
 episodes, with their text), ``policy/`` (the trained model, loadable by plain transformers), ``summary.json``
-(before/after validation metrics, throughput, wall time) and ``warm_start/`` (the SFT model).
+(before/after validation metrics, throughput, wall time), ``warm_start/`` (the SFT model) and ``checkpoint/`` (the
+algorithm every ``checkpoint_interval`` iterations and after the last; ``resume`` continues from it).
 
 Example::
 
@@ -35,6 +36,7 @@ import torch
 from . import metrics as M
 from .experiment_flags import JobSettings, parse_job_args, user_model_config
 from .rollout.engine import Trajectory
+from .starpo.checkpoints import recover_interrupted_save
 
 __all__ = ["JobSettings", "parse_job_args", "run_job", "warm_start"]
 
@@ -82,6 +84,8 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     job.validate()
     out = pathlib.Path(job.output_dir).resolve()
     check_output_paths(out)  # before any work: a run must not train for minutes and then fail to save
+    checkpoint = out / CHECKPOINT
+    check_resume(checkpoint, job.resume)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(job.threads)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -91,20 +95,36 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
 
     base_model = config.model_config["model"]
     if demonstration_policy is not None and job.warm_start_steps > 0 and job.warm_start_episodes > 0:
-        model = warm_start(config, job, demonstration_policy, out / "warm_start")
+        warm_dir = out / "warm_start"
+        if job.resume and (warm_dir / "config.json").is_file():
+            model = str(warm_dir)  # the checkpoint was trained from it; fine-tuning again would only cost time
+            print(f"warm start: reusing {warm_dir}", flush=True)
+        else:
+            model = warm_start(config, job, demonstration_policy, warm_dir)
         config = config.copy(copy_frozen=False).rl_module(model_config={**user_model_config(config), "model": model})
     algo = config.build_algo()
-    t_train = time.perf_counter()  # the time-left estimate counts training iterations only
     rows: list[dict] = []
     validations: list[dict] = []
     try:
-        for _ in range(job.iterations):
+        if job.resume:
+            algo.restore_from_path(checkpoint)
+            rows = _read_csv(out / "metrics.csv", up_to=algo.iteration)
+            for row in rows:
+                _keep_validation(row, validations)
+            print(f"resumed from {checkpoint} at iteration {algo.iteration} ({len(rows)} rows of metrics.csv kept)",
+                  flush=True)
+        t_train, first = time.perf_counter(), algo.iteration  # the time-left estimate counts this run's iterations
+        while algo.iteration < job.iterations:
             row = _flatten(algo.train())
             rows.append(row)
             _keep_validation(row, validations)
-            _print_progress(config.env, job.iterations, row, t_train)
+            _print_progress(config.env, job.iterations, row, t_train, first)
             _write_csv(out / "metrics.csv", rows)
-        if not validations or validations[-1][VALIDATED_AT] != algo.iteration:
+            if job.checkpoint_interval and (algo.iteration % job.checkpoint_interval == 0
+                                            or algo.iteration == job.iterations):
+                algo.save_to_path(checkpoint)
+        if (not algo.last_validation or not validations
+                or validations[-1][VALIDATED_AT] != algo.iteration):
             _keep_validation(_flatten({"evaluation": {"env_runners": algo.evaluate_validation_set()}}), validations)
         _write_rollouts(out / "validation_rollouts.parquet", algo.last_validation)
         algo.export_pretrained(out / "policy")
@@ -122,7 +142,8 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
 
 
 # ---- outputs --------------------------------------------------------------------------------------------------
-OUTPUT_FOLDERS = ("policy", "warm_start")
+CHECKPOINT = "checkpoint"
+OUTPUT_FOLDERS = ("policy", "warm_start", CHECKPOINT)
 OUTPUT_FILES = ("metrics.csv", "summary.json", "learning_curve.png", "validation_rollouts.parquet")
 
 
@@ -137,6 +158,29 @@ def check_output_paths(out: pathlib.Path) -> None:
     if wrong:
         raise FileExistsError(f"these outputs would not be written: {[str(p) for p in wrong]} (a file where a folder "
                               "goes, or a folder where a file goes); move them or choose another --output-dir.")
+
+
+def check_resume(checkpoint: pathlib.Path, resume: bool) -> None:
+    """Before any work: ``resume`` needs a checkpoint, and a fresh run must not overwrite an earlier run's."""
+    recover_interrupted_save(checkpoint)  # a kill mid-save may have left the last checkpoint beside its place
+    if resume and not (checkpoint / "rllib_checkpoint.json").is_file():
+        raise FileNotFoundError(f"--resume: there is no checkpoint at {checkpoint}. Resume with the --output-dir of "
+                                "the run to continue, or start without --resume.")
+    if not resume and checkpoint.exists():
+        raise FileExistsError(f"{checkpoint.parent} holds the checkpoint of an earlier run. Continue it with --resume "
+                              "(raise --iterations to train longer), or choose another --output-dir. Nothing was "
+                              "overwritten.")
+
+
+def _read_csv(path: pathlib.Path, up_to: int) -> list[dict]:
+    """The rows of a metrics.csv written by an earlier run, up to iteration ``up_to`` (later ones were never
+    checkpointed: they are trained again)."""
+    if not path.is_file():
+        logging.getLogger(__name__).warning("%s is missing: the resumed run's metrics start at this iteration.", path)
+        return []
+    with open(path, newline="") as f:
+        rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+    return [row for row in rows if row.get("training_iteration", math.inf) <= up_to]
 
 
 def _flatten(result: dict, prefix: str = "") -> dict:
@@ -162,10 +206,10 @@ def _keep_validation(row: dict, validations: list[dict]) -> None:
         validations.append({k: v for k, v in row.items() if k.startswith(VALIDATION)})
 
 
-def _print_progress(env: str, iterations: int, row: dict, t_start: float) -> None:
+def _print_progress(env: str, iterations: int, row: dict, t_start: float, first: int = 0) -> None:
     done = int(row["training_iteration"])
     elapsed = time.perf_counter() - t_start
-    left = elapsed / done * (iterations - done)
+    left = elapsed / (done - first) * (iterations - done)
     print(f"iter {done:3d}/{iterations} | success {row.get(TRAINING + M.env_metric(env, M.SUCCESS), math.nan):.2f} "
           f"| reward {row.get(TRAINING + M.EPISODE_RETURN_MEAN, math.nan):+.3f} "
           f"(in-group std {row.get(M.FILTER_REWARD_STD, math.nan):.3f}) "

@@ -43,12 +43,16 @@ class JobSettings:
     warm_start_batch_size: int = _help("warm-start batch size (episodes)", default=16)
     pass_bar: float = _help("least rise of validation success over the warm start that counts as learning",
                             default=0.05)
+    checkpoint_interval: int = _help("save the algorithm to output_dir/checkpoint every N iterations and after "
+                                     "the last (0: never)", default=5)
+    resume: bool = _help("continue the run in output_dir from its checkpoint (after a crash, or with a larger "
+                         "--iterations); iterations after that checkpoint are trained again", default=False)
 
     def validate(self) -> None:
         """Raise ValueError naming each field of the wrong kind or out of range."""
         errors = []
         least_values = {"iterations": 1, "threads": 1, "warm_start_batch_size": 1, "warm_start_episodes": 0,
-                        "warm_start_steps": 0}  # 0 episodes or steps: no warm start
+                        "warm_start_steps": 0, "checkpoint_interval": 0}  # 0: no warm start / no checkpoints
         for name, least in least_values.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -58,6 +62,8 @@ class JobSettings:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or (
                     positive and value <= 0):
                 errors.append(f"{name}={value!r} must be a finite number{' > 0' * positive}.")
+        if not isinstance(self.resume, bool):
+            errors.append(f"resume={self.resume!r} must be True or False.")
         if not isinstance(self.output_dir, str) or not self.output_dir:
             errors.append(f"output_dir={self.output_dir!r} must be a folder path.")
         if errors:

@@ -124,11 +124,15 @@ def test_vllm_backend_without_vllm_is_refused_with_the_install_command():
 @pytest.mark.slow
 def test_tune_sweep_runs_its_grid_and_reports_the_best_trial(tmp_path):
     script = ROOT / "tuned_examples" / "tune_sokoban.py"
-    done = subprocess.run([sys.executable, str(script), "--actions-per-turn", "1,5", "--updates", "1",
-                           "--keep-ratios", "1.0", "--iterations", "1", "--validation-size", "4",
-                           "--warm-start-steps", "3", "--warm-start-episodes", "8", "--output-dir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    flags = [sys.executable, str(script), "--actions-per-turn", "1,5", "--updates", "1", "--keep-ratios", "1.0",
+             "--iterations", "1", "--validation-size", "4", "--warm-start-steps", "3", "--warm-start-episodes", "8",
+             "--output-dir", str(tmp_path)]
+    done = subprocess.run(flags, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
+    # Every trial checkpointed its last iteration, so an interrupted search could go on with --resume.
+    assert len(list((tmp_path / "tune_sokoban").glob("*/checkpoint_*/rllib_checkpoint.json"))) == 2
+    again = subprocess.run(flags, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert again.returncode == 2 and "continue it with --resume" in again.stderr  # nothing overwritten
     with open(tmp_path / "trials.csv") as f:
         trials = list(csv.DictReader(f))
     assert sorted(int(t["max_actions_per_turn"]) for t in trials) == [1, 5]  # one trial per grid point

@@ -7,7 +7,9 @@ for a 2-core CPU (two 1-CPU trials at a time); give larger grids and budgets by 
 
     python tuned_examples/tune_sokoban.py [--actions-per-turn 1,5] [--updates 1,2] [--keep-ratios 0.25,1.0] [--help]
 
-Every knob of the main jobs is a flag here too (``--iterations``, ``--validation-size``, ``--model``, ...).
+Every knob of the main jobs is a flag here too (``--iterations``, ``--validation-size``, ``--model``, ...). Each trial
+checkpoints every ``--checkpoint-interval`` iterations; ``--resume`` continues an interrupted search (same
+``--output-dir``): finished trials are kept, the others go on from their last checkpoint.
 """
 
 import csv
@@ -50,24 +52,37 @@ def main() -> None:
         base.training(validation_interval=settings.iterations)
 
     out = pathlib.Path(settings.output_dir).resolve()
+    experiment = out / "tune_sokoban"
+    if settings.resume and not tune.Tuner.can_restore(str(experiment)):
+        parser.error(f"--resume: there is no Tune experiment at {experiment} to continue.")
+    if not settings.resume and experiment.exists():
+        parser.error(f"{experiment} holds an earlier search: continue it with --resume, or choose another "
+                     "--output-dir. Nothing was overwritten.")
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(include_dashboard=False, log_to_driver=False)
-    # Warm-start once; every trial starts from the same model, so the knobs alone differ.
-    if settings.warm_start_steps > 0:
-        model = warm_start(base, settings, sokoban_solver_policy(max(cli.actions_per_turn)), out / "warm_start")
-        base.rl_module(model_config={"model": model})
-
-    param_space = (base.resources(num_cpus_for_main_process=cli.cpus_per_trial)
-                   .training(max_actions_per_turn=tune.grid_search(cli.actions_per_turn),
-                             updates_per_rollout_batch=tune.grid_search(cli.updates),
-                             rollout_filter_ratio=tune.grid_search(cli.keep_ratios)))
-    results = tune.Tuner(
-        StarPO, param_space=param_space,
-        run_config=tune.RunConfig(name="tune_sokoban", storage_path=str(out), verbose=1,
-                                  stop={"training_iteration": settings.iterations}),
-        tune_config=tune.TuneConfig(metric=METRIC, mode="max"),
-    ).fit()
+    if settings.resume:
+        # Finished trials keep their results; unfinished and crashed ones go on from their last checkpoint.
+        tuner = tune.Tuner.restore(str(experiment), StarPO, resume_errored=True)
+    else:
+        # Warm-start once; every trial starts from the same model, so the knobs alone differ.
+        if settings.warm_start_steps > 0:
+            model = warm_start(base, settings, sokoban_solver_policy(max(cli.actions_per_turn)), out / "warm_start")
+            base.rl_module(model_config={"model": model})
+        param_space = (base.resources(num_cpus_for_main_process=cli.cpus_per_trial)
+                       .training(max_actions_per_turn=tune.grid_search(cli.actions_per_turn),
+                                 updates_per_rollout_batch=tune.grid_search(cli.updates),
+                                 rollout_filter_ratio=tune.grid_search(cli.keep_ratios)))
+        checkpoints = tune.CheckpointConfig(checkpoint_frequency=settings.checkpoint_interval,
+                                            checkpoint_at_end=settings.checkpoint_interval > 0)
+        tuner = tune.Tuner(
+            StarPO, param_space=param_space,
+            run_config=tune.RunConfig(name=experiment.name, storage_path=str(out), verbose=1,
+                                      stop={"training_iteration": settings.iterations},
+                                      checkpoint_config=checkpoints),
+            tune_config=tune.TuneConfig(metric=METRIC, mode="max"),
+        )
+    results = tuner.fit()
 
     rows = []
     for result in results:
