@@ -63,10 +63,14 @@ TIME_WEIGHT_LOAD = "time/weight_load_s"
 
 # ---- the learner (under learners/default_policy/) -------------------------------------------------------------
 PG_LOSS = "actor/pg_loss"
-PG_CLIPFRAC_UPPER = "actor/pg_clipfrac_upper"
-PG_CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
-PG_CLIPFRAC_DUAL = "actor/pg_clipfrac_dual"
-APPROX_KL = "actor/approx_kl"
+# Clip fractions of the policy's tokens. verl's names differ: its `pg_clipfrac` is ours; its `pg_clipfrac_lower`
+# is the dual-clip fraction, our `pg_clipfrac_dual` (so no metric here is called "lower").
+PG_CLIPFRAC = "actor/pg_clipfrac"  # the clip acted: ratio above 1 + eps_high with A > 0, or below 1 - eps_low, A < 0
+PG_CLIPFRAC_HIGH = "actor/pg_clipfrac_high"  # ratio above 1 + eps_high with A > 0
+PG_CLIPFRAC_LOW = "actor/pg_clipfrac_low"  # ratio below 1 - eps_low with A < 0
+PG_CLIPFRAC_DUAL = "actor/pg_clipfrac_dual"  # A < 0 and the dual clip's bound -A c was taken
+PPO_KL = "actor/ppo_kl"  # mean(log pi_old - log pi) over the update's tokens: k1, verl's `ppo_kl`
+APPROX_KL_K3 = "actor/approx_kl_k3"  # mean((rho - 1) - log rho): the k3 estimate, >= 0, lower variance
 RATIO_MEAN = "actor/ratio_mean"
 ENTROPY = "actor/entropy"
 KL_TO_REFERENCE = "actor/kl_to_reference"

@@ -73,7 +73,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         dual_clip: c > 1 (``StarPOConfig.validate`` checks it), or None to switch dual clipping off.
 
     Returns:
-        The scalar loss and metrics: clip fractions (upper, lower, dual), approximate KL (k3), ratio mean.
+        The scalar loss and metrics: clip fractions (all, high, low, dual), KL of the update (k1 and k3), ratio mean.
+        See ``rllib_ragen.metrics`` for how they map to verl's names.
     """
     # Clamped before exp, as verl does: past ~88 exp overflows float32 and the loss turns NaN. A token that far
     # off the behaviour policy is clipped by PPO anyway, so the clamp changes no finite loss.
@@ -89,11 +90,15 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
         bound = -advantages * dual_clip
         dual = (advantages < 0) & (loss > bound)
         loss = torch.where(advantages < 0, torch.minimum(loss, bound), loss)
+    clipped_high = (ratio > 1 + clip_high) & (advantages > 0)
+    clipped_low = (ratio < 1 - clip_low) & (advantages < 0)
     metrics = {
-        M.PG_CLIPFRAC_UPPER: masked_mean(((ratio > 1 + clip_high) & (advantages > 0)).float(), mask),
-        M.PG_CLIPFRAC_LOWER: masked_mean(((ratio < 1 - clip_low) & (advantages < 0)).float(), mask),
+        M.PG_CLIPFRAC: masked_mean((clipped_high | clipped_low).float(), mask),
+        M.PG_CLIPFRAC_HIGH: masked_mean(clipped_high.float(), mask),
+        M.PG_CLIPFRAC_LOW: masked_mean(clipped_low.float(), mask),
         M.PG_CLIPFRAC_DUAL: masked_mean(dual.float(), mask),
-        M.APPROX_KL: masked_mean(approx_kl, mask),
+        M.PPO_KL: masked_mean(-log_ratio, mask),
+        M.APPROX_KL_K3: masked_mean(approx_kl, mask),
         M.RATIO_MEAN: masked_mean(ratio, mask),
     }
     total = aggregate(loss, mask, aggregation)
@@ -182,9 +187,12 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     if clip is None:
         loss, clipfrac = 0.5 * unclipped, torch.zeros_like(unclipped)
     else:
-        clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
+        # Where the clamp does not act, old + (V - old) is V up to rounding; use V itself, so a token counts as
+        # clipped only when the clip really moved its value and that made the loss larger.
+        moved = (values - old_values).abs() > clip
+        clipped_values = torch.where(moved, old_values + torch.clamp(values - old_values, -clip, clip), values)
         clipped = (clipped_values - returns) ** 2
-        loss, clipfrac = 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+        loss, clipfrac = 0.5 * torch.maximum(unclipped, clipped), (moved & (clipped > unclipped)).float()
     total = aggregate(loss, mask, aggregation)
     return total, {M.VF_LOSS: total.item(), M.VF_CLIPFRAC: masked_mean(clipfrac, mask),
                    M.EXPLAINED_VARIANCE: explained_variance(values, returns, mask)}

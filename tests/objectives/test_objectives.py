@@ -41,12 +41,18 @@ def test_clip_fractions_and_first_update_ratio():
     advantages = torch.tensor([[1.0, -1.0, 1.0, -1.0]])
     mask = torch.ones_like(ratios)
     _, m = policy_loss(torch.log(ratios), torch.zeros_like(ratios), advantages, mask)
-    assert m["actor/pg_clipfrac_upper"] == 0.25 and m["actor/pg_clipfrac_lower"] == 0.25
+    # 1.5 with A > 0 clips high, 0.5 with A < 0 clips low; none reaches the dual clip's bound (ratio 3).
+    assert m["actor/pg_clipfrac_high"] == 0.25 and m["actor/pg_clipfrac_low"] == 0.25
+    assert m["actor/pg_clipfrac"] == 0.5 and m["actor/pg_clipfrac_dual"] == 0.0
+    # k1 = mean(-log r), k3 = mean(r - 1 - log r) over [1.5, 0.5, 1.0, 1.1].
+    logs = [math.log(r) for r in (1.5, 0.5, 1.0, 1.1)]
+    assert m["actor/ppo_kl"] == pytest.approx(-sum(logs) / 4, abs=1e-6)
+    assert m["actor/approx_kl_k3"] == pytest.approx(sum(math.exp(x) - 1 - x for x in logs) / 4, abs=1e-6)
     # First update: logp == old_logp -> ratio 1, KL 0, loss = -token-mean(A), gradient -A / n per token.
     logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     adv = torch.tensor([[2.0, -1.0, 0.5]])
     loss, m = policy_loss(logp, logp.detach().clone(), adv, torch.ones(1, 3))
-    assert m["actor/ratio_mean"] == 1.0 and m["actor/approx_kl"] == 0.0
+    assert m["actor/ratio_mean"] == 1.0 and m["actor/approx_kl_k3"] == 0.0 and m["actor/ppo_kl"] == 0.0
     assert loss.item() == pytest.approx(-(2.0 - 1.0 + 0.5) / 3)
     loss.backward()
     assert torch.allclose(logp.grad, -adv / 3)
@@ -99,6 +105,10 @@ def test_group_advantages_and_zero_std_groups():
     assert torch.allclose(compute_group_advantages(returns, groups), torch.tensor([0, 0, 0, -1, 0, 1.0]), atol=1e-5)
     assert torch.allclose(compute_group_advantages(returns, groups, normalize_std=False),
                           torch.tensor([0, 0, 0, -2, 0, 2.0]))
+    # Equal returns whose float32 mean rounds off (10.9 x 8): exactly zero, not a rounding error over a tiny std.
+    for value in (10.9, 0.1, -3.7, 1e6 + 0.3):
+        assert torch.equal(compute_group_advantages(torch.full((8,), value), torch.zeros(8, dtype=torch.long)),
+                           torch.zeros(8))
     # BRPO: one group over the batch: mean 1.5.
     brpo = compute_batch_advantages(returns, normalize_std=False)
     assert torch.allclose(brpo, returns - 1.5)
@@ -139,6 +149,9 @@ def test_entropy_kl_value_loss_explained_variance():
     # V = 1, V_old = 0, R = 2, clip 0.5: clipped V = 0.5 -> 0.5 * max(1, 2.25) = 1.125, clipped.
     loss, m = value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[2.0]]), torch.ones(1, 1))
     assert loss.item() == pytest.approx(1.125) and m["critic/vf_clipfrac"] == 1.0
+    # |V - V_old| = 0.3 < 0.5: the clip does not act, whatever old + (V - old) rounds to.
+    loss, m = value_loss(torch.tensor([[-0.2]]), torch.tensor([[0.1]]), torch.tensor([[-0.2]]), torch.ones(1, 1))
+    assert m["critic/vf_clipfrac"] == 0.0 and loss.item() == 0.0
     r = torch.tensor([[1.0, 2.0, 3.0]])
     assert explained_variance(r, r, torch.ones(1, 3)) == 1.0
     assert explained_variance(torch.full_like(r, 2.0), r, torch.ones(1, 3)) == pytest.approx(0.0)
