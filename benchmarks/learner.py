@@ -6,7 +6,10 @@ surrogate - entropy bonus + clipped value loss) with AdamW for the actor and the
 baseline calls the same pure objective functions directly, with no Ray, RLlib batch or metrics machinery, so
 the ratio is what the RLlib integration costs. Before timing, both sides' first losses are checked to match.
 
-    python benchmarks/learner.py [--model tiny] [--groups 8] [--group-size 4] [--repeats 5]
+First, the cost of every advantage estimator on a synthetic 128 x 4096 batch of 8-turn trajectories (target:
+under 0.2 s each), against ``gae`` timed in the same run.
+
+    python benchmarks/learner.py [--model tiny] [--groups 8] [--group-size 4] [--repeats 5] [--estimators-only]
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch  # noqa: E402
 
 from rllib_ragen import StarPOConfig  # noqa: E402
-from rllib_ragen.objectives import (aggregate, compute_gae, policy_loss, token_logprobs_and_entropy,  # noqa: E402
-                                    value_loss)
+from rllib_ragen.objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageSettings,  # noqa: E402
+                                    aggregate, compute_advantages, compute_gae, place_rewards, policy_loss,
+                                    token_logprobs_and_entropy, value_loss)
 from rllib_ragen.objectives.losses import shift_right  # noqa: E402
 from rllib_ragen.starpo.batch import prepare_update_batch  # noqa: E402
 from rllib_ragen.starpo.llm_rl_module import ValueModel  # noqa: E402
@@ -70,6 +74,47 @@ class BareLoop:
         return loss.item()
 
 
+def estimator_inputs(batch: int = 128, width: int = 4096, turns: int = 8, group_size: int = 8) -> AdvantageInputs:
+    """A batch shaped like a long multi-turn rollout: each row alternates replies and observations up to ``width``,
+    one reward per turn, random values, and states that repeat within a group (for GiGPO's anchors)."""
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.zeros(batch, width)
+    ends, rewards, states = [], [], []
+    span = width // turns
+    for row in range(batch):
+        row_ends = []
+        for turn in range(turns):
+            start = turn * span + span // 3  # the first third of each span is the observation
+            mask[row, start:(turn + 1) * span] = 1
+            row_ends.append((turn + 1) * span - 1)
+        ends.append(row_ends)
+        rewards.append(torch.randn(turns, generator=generator).tolist())
+        states.append([f"state {int(torch.randint(3, (1,), generator=generator))}" for _ in range(turns)])
+    token_rewards = place_rewards(ends, rewards, (batch, width), per_turn=True)
+    return AdvantageInputs(token_rewards=token_rewards, response_mask=mask, returns=token_rewards.sum(-1),
+                           group_ids=torch.arange(batch) // group_size, values=torch.randn(batch, width),
+                           turn_rewards=rewards, turn_states=states)
+
+
+def time_estimators(repeats: int) -> None:
+    inputs, settings = estimator_inputs(), AdvantageSettings()
+    shape = tuple(inputs.response_mask.shape)
+    timings = {}
+    for name in ADVANTAGE_ESTIMATORS:
+        compute_advantages(name, inputs, settings)  # warm-up
+        runs = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            compute_advantages(name, inputs, settings)
+            runs.append(time.perf_counter() - t0)
+        timings[name] = statistics.median(runs)
+    print(f"advantage estimators on a {shape[0]} x {shape[1]} batch of 8-turn trajectories (median of {repeats}, "
+          f"{torch.get_num_threads()} threads):")
+    for name, seconds in timings.items():
+        verdict = "ok" if seconds < 0.2 else "OVER the 0.2 s target"
+        print(f"  {name:13s} {seconds * 1000:8.1f} ms  ({seconds / timings['gae']:.2f} x gae)  {verdict}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="tiny")
@@ -78,8 +123,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--estimators-only", action="store_true", help="time the advantage estimators only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    time_estimators(args.repeats)
+    if args.estimators_only:
+        return
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
     # Filter off and one minibatch: the whole rollout batch is one optimizer step on both sides.

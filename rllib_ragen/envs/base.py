@@ -76,6 +76,12 @@ class TextEnv(gym.Env[str, str]):
         """Whether the episode's goal has been reached (the value every ``step`` info reports)."""
         return self._success
 
+    def state_key(self) -> str:
+        """A key of the current state: turns whose states have equal keys are compared with each other by GiGPO's
+        step-level advantage (its "anchor states"). Default: the rendered observation. Override it when the text
+        shows less or more than the state (hidden information, a turn counter)."""
+        return self._render_text()
+
     @property
     def observation(self) -> str:
         """The current state as text (what the last ``reset`` or ``step`` returned)."""

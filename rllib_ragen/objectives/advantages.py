@@ -63,19 +63,161 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torc
     Returns:
         advantages (B, T) and returns = advantages + values (B, T), zero off the mask.
     """
-    mask = response_mask.float()
-    advantages = torch.zeros_like(rewards, dtype=torch.float32)
-    next_value = torch.zeros(rewards.shape[0])
-    next_advantage = torch.zeros(rewards.shape[0])
-    for t in reversed(range(rewards.shape[1])):
-        m = mask[:, t]
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        advantage = delta + gamma * lam * next_advantage
-        advantages[:, t] = advantage * m
-        # Only a response token becomes the "next" of earlier tokens; other positions leave the carry unchanged.
-        next_value = torch.where(m > 0, values[:, t].float(), next_value)
-        next_advantage = torch.where(m > 0, advantage, next_advantage)
+    mask = response_mask > 0
+    delta = rewards.float() + gamma * _next_masked(values.float(), mask) - values.float()
+    # Off the mask the carry passes through unchanged (factor 1, nothing added): observation tokens are skipped.
+    advantages = _reverse_linear_recurrence(torch.where(mask, delta, 0.0),
+                                            torch.where(mask, gamma * lam, 1.0)) * mask
     return advantages, (advantages + values) * mask
+
+
+def _next_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T): at each position, ``x`` at the next *later* position where ``mask`` is set; 0 where there is none."""
+    width = x.shape[1]
+    positions = torch.where(mask, torch.arange(width), width)
+    first_from = positions.flip(-1).cummin(-1).values.flip(-1)  # smallest masked position >= t
+    after = torch.nn.functional.pad(first_from[:, 1:], (0, 1), value=width)  # ... > t
+    return torch.nn.functional.pad(x, (0, 1)).gather(1, after)
+
+
+def _reverse_linear_recurrence(a: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """x_t = a_t + k_t x_{t+1} along the last dimension, x_T = 0: every GAE-style recursion, one fused multiply-add
+    per position (the tensors are walked column by column in (T, B) layout)."""
+    a_t, k_t = a.T.contiguous(), k.T.contiguous()
+    out = torch.empty_like(a_t)
+    carry = torch.zeros_like(a_t[0])
+    for t in range(a_t.shape[0] - 1, -1, -1):
+        carry = torch.addcmul(a_t[t], k_t[t], carry, out=out[t])
+    return out.T
+
+
+def turn_end_mask(response_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: the last position of each contiguous run of ``response_mask == 1``, i.e. each turn's last
+    sampled token (where :func:`place_rewards` puts turn rewards)."""
+    mask = response_mask > 0
+    after = torch.nn.functional.pad(mask[:, 1:], (0, 1), value=False)
+    return mask & ~after
+
+
+def turn_index(response_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) long: the turn (0, 1, ...) each sampled token belongs to, -1 off the mask."""
+    mask = response_mask > 0
+    before = torch.nn.functional.pad(mask[:, :-1], (1, 0), value=False)
+    starts = (mask & ~before).long()
+    return torch.where(mask, starts.cumsum(-1) - 1, torch.full_like(starts, -1))
+
+
+def _turn_level_gae(rewards: torch.Tensor, values: torch.Tensor, ends: torch.Tensor, gamma: float,
+                    lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over turns, read at the turn-end tokens: delta_k = r_k + gamma V(e_{k+1}) - V(e_k),
+    A_k = delta_k + gamma lam A_{k+1}. All (B, T); the advantages and the returns (A_k + V(e_k)) sit on the
+    turn-end positions, zero elsewhere."""
+    delta = rewards.float() + gamma * _next_masked(values.float(), ends) - values.float()
+    advantages = _reverse_linear_recurrence(torch.where(ends, delta, 0.0), torch.where(ends, gamma * lam, 1.0))
+    advantages = advantages * ends
+    return advantages, (advantages + values.float()) * ends
+
+
+def compute_bi_level_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                         gamma_turn: float = 0.95, gamma_token: float = 1.0,
+                         lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRICO's bi-level GAE (VAGEN): turn-level credit across turns, token-level credit inside each turn.
+
+    Turn ends e_k are the last positions of the contiguous runs of ``response_mask == 1``; rewards sit there.
+
+    1. Turn level, over the turn ends: delta_k = r_k + gamma_turn V(e_{k+1}) - V(e_k) (V(e_{K+1}) = 0),
+       A_k = delta_k + gamma_turn lam A_{k+1}, and the turn's return G_k = A_k + V(e_k).
+    2. Token level, inside turn k, backwards from its end: the end token takes G_k as its reward with nothing
+       after it (no bootstrapping past a turn's end), A(e_k) = G_k - V(e_k); each earlier token t of the turn has
+       delta_t = r_t + gamma_token V(t + 1) - V(t), A_t = delta_t + gamma_token lam A_{t+1}.
+
+    With gamma_turn = gamma_token = lam = 1 this is :func:`compute_gae` with gamma = lam = 1 on per-turn rewards.
+    Unlike the reference's implementation, a turn whose reward is exactly 0 is still a turn (it finds turn ends
+    from the mask, not from non-zero rewards).
+
+    Args:
+        rewards: (B, T), non-zero only on turn ends.
+        values: (B, T) critic values; read on response tokens only.
+        response_mask: (B, T) 1 on tokens the policy sampled.
+
+    Returns:
+        advantages (B, T) and returns = advantages + values (B, T), zero off the mask, before any whitening.
+    """
+    mask, ends = response_mask > 0, turn_end_mask(response_mask)
+    r, v = rewards.float(), values.float()
+    _, turn_returns = _turn_level_gae(r, v, ends, gamma_turn, lam)
+    # A turn is a contiguous run: the next token of a non-end token is t + 1, in the same turn.
+    next_value = torch.nn.functional.pad(v[:, 1:], (0, 1))
+    delta = torch.where(ends, turn_returns - v, r + gamma_token * next_value - v)
+    inside = mask & ~ends  # the only positions whose advantage continues from the next one
+    advantages = _reverse_linear_recurrence(torch.where(mask, delta, 0.0),
+                                            torch.where(inside, gamma_token * lam, 0.0)) * mask
+    return advantages, (advantages + v) * mask
+
+
+def compute_turn_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                     gamma: float = 0.95, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One GAE advantage per turn: the turn-level recursion of :func:`compute_bi_level_gae` over the turn-end values,
+    A_k given to every token of turn k, and G_k = A_k + V(e_k) as every one of its tokens' return.
+
+    Returns:
+        advantages (B, T) and returns (B, T), constant within each turn, zero off the mask.
+    """
+    turn_advantages, turn_returns = _turn_level_gae(rewards, values, turn_end_mask(response_mask), gamma, lam)
+    return _spread_over_turns(turn_advantages, response_mask), _spread_over_turns(turn_returns, response_mask)
+
+
+def _spread_over_turns(at_turn_ends: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) values sitting on turn ends -> the same value on every sampled token of that turn."""
+    index = turn_index(response_mask)
+    ends = turn_end_mask(response_mask)
+    per_turn = torch.zeros(response_mask.shape[0], int(index.max().item()) + 2 if index.numel() else 1)
+    rows, cols = ends.nonzero(as_tuple=True)
+    per_turn[rows, index[rows, cols]] = at_turn_ends[rows, cols].float()
+    return torch.where(index >= 0, per_turn.gather(1, index.clamp(min=0)), 0.0)
+
+
+def compute_gigpo_step_advantages(turn_rewards: list[list[float]], turn_states: list[list[str]],
+                                  group_ids: torch.Tensor, gamma: float = 0.95, normalize_std: bool = True,
+                                  eps: float = 1e-6) -> list[list[float]]:
+    """GiGPO's step-level advantage (arXiv 2505.10978): each turn's discounted return from that turn on,
+    R_k = sum_{j >= k} gamma^(j - k) r_j, relative to the other turns of the same group that saw the same state
+    (its anchor-state group), as in :func:`compute_group_advantages`. A state seen once in its group gets 0.
+
+    Returns:
+        Per trajectory, one step advantage per turn.
+    """
+    step_returns: list[list[float]] = []
+    for rewards in turn_rewards:
+        running, out = 0.0, []
+        for r in reversed(rewards):
+            running = r + gamma * running
+            out.append(running)
+        step_returns.append(out[::-1])
+    anchors: dict[tuple, list[tuple[int, int]]] = {}
+    for i, (group, states) in enumerate(zip(group_ids.tolist(), turn_states)):
+        for k, state in enumerate(states):
+            anchors.setdefault((group, state), []).append((i, k))
+    flat = torch.tensor([R for returns in step_returns for R in returns], dtype=torch.float64)
+    offsets = [0]
+    for returns in step_returns:
+        offsets.append(offsets[-1] + len(returns))
+    anchor_ids = torch.zeros(len(flat), dtype=torch.long)
+    for a, members in enumerate(anchors.values()):
+        for i, k in members:
+            anchor_ids[offsets[i] + k] = a
+    advantages = compute_group_advantages(flat, anchor_ids, normalize_std, eps) if len(flat) else flat.float()
+    return [advantages[offsets[i]:offsets[i + 1]].tolist() for i in range(len(step_returns))]
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over the masked positions (Bessel-corrected variance), zero off the mask:
+    how the reference (verl's GAE) normalises advantages over a batch's generated tokens."""
+    m = mask.float()
+    count = m.sum()
+    mean = (x * m).sum() / count.clamp(min=1)
+    var = (((x - mean) * m) ** 2).sum() / (count - 1).clamp(min=1)
+    return (x - mean) * torch.rsqrt(var + eps) * m
 
 
 def compute_group_advantages(returns: torch.Tensor, group_ids: torch.Tensor, normalize_std: bool = True,
@@ -98,11 +240,13 @@ def compute_group_advantages(returns: torch.Tensor, group_ids: torch.Tensor, nor
     advantages = torch.zeros_like(returns, dtype=torch.float32)
     for group in group_ids.unique():
         members = group_ids == group
-        centred = returns[members].float() - returns[members].float().mean()
+        values = returns[members].double()  # float32 rounding of the mean of equal returns is not their value
+        if bool((values == values[0]).all()):
+            continue  # no signal: exactly zero, not a rounding error divided by a tiny std
+        centred = values - values.mean()
         if normalize_std and members.sum() > 1:
-            std = returns[members].float().std()
-            centred = torch.zeros_like(centred) if std < eps else centred / (std + eps)
-        advantages[members] = centred
+            centred = centred / (values.std() + eps)
+        advantages[members] = centred.float()
     return advantages
 
 
@@ -122,6 +266,8 @@ class AdvantageInputs:
         returns: (B,) each trajectory's return (the sum of its turn rewards).
         group_ids: (B,) the group (shared initial state) of each trajectory.
         values: (B, T) the critic's values, or None where no critic exists (the driver).
+        turn_rewards, turn_states: per trajectory, each turn's reward and state key (the driver has them; the
+            learner, which sees token tensors only, does not).
     """
 
     token_rewards: torch.Tensor
@@ -129,15 +275,31 @@ class AdvantageInputs:
     returns: torch.Tensor
     group_ids: torch.Tensor
     values: torch.Tensor | None = None
+    turn_rewards: list[list[float]] | None = None
+    turn_states: list[list[str]] | None = None
 
 
 @dataclass(frozen=True)
 class AdvantageSettings:
-    """The estimator knobs of ``StarPOConfig``: ``gamma``, ``lambda_`` and ``grpo_normalize_std``."""
+    """The estimator knobs of ``StarPOConfig`` (see its ``training()`` docstring for each).
+
+    Attributes:
+        gamma, lam: ``gae``'s discount and lambda (``gamma``, ``lambda_``); ``lam`` serves every GAE-family one.
+        normalize_std: divide by the std for ``grpo``, ``brpo`` and GiGPO's two parts (``grpo_normalize_std``).
+        gamma_turn, gamma_token: ``bi_level_gae``'s discounts across and inside turns; ``turn_gae`` uses
+            ``gamma_turn``.
+        step_gamma, omega: GiGPO's step-return discount and the weight of its step-level advantage.
+        whiten: whiten the advantages of estimators with a critic over the batch's generated tokens.
+    """
 
     gamma: float = 1.0
     lam: float = 1.0
     normalize_std: bool = True
+    gamma_turn: float = 0.95
+    gamma_token: float = 1.0
+    step_gamma: float = 0.95
+    omega: float = 1.0
+    whiten: bool = True
 
 
 EstimatorFn = Callable[[AdvantageInputs, AdvantageSettings], "tuple[torch.Tensor, torch.Tensor | None]"]
@@ -167,6 +329,35 @@ def _gae(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Te
     return compute_gae(inputs.token_rewards, inputs.values, inputs.response_mask, settings.gamma, settings.lam)
 
 
+def _bi_level_gae(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    return compute_bi_level_gae(inputs.token_rewards, inputs.values, inputs.response_mask, settings.gamma_turn,
+                                settings.gamma_token, settings.lam)
+
+
+def _turn_gae(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    return compute_turn_gae(inputs.token_rewards, inputs.values, inputs.response_mask, settings.gamma_turn,
+                            settings.lam)
+
+
+def _gigpo(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, None]:
+    if inputs.turn_rewards is None or inputs.turn_states is None:
+        raise ValueError("gigpo needs each trajectory's turn rewards and state keys (AdvantageInputs.turn_rewards, "
+                         ".turn_states); StarPO passes them on the driver.")
+    episode, _ = _grpo(inputs, settings)
+    steps = compute_gigpo_step_advantages(inputs.turn_rewards, inputs.turn_states, inputs.group_ids,
+                                          settings.step_gamma, settings.normalize_std)
+    index = turn_index(inputs.response_mask)
+    turns = [len(s) for s in steps]
+    if (index.max(-1).values + 1).tolist() != turns:
+        raise ValueError(f"gigpo: the response mask holds {(index.max(-1).values + 1).tolist()} turns per trajectory "
+                         f"but the turn rewards {turns}; every turn must be one contiguous run of sampled tokens.")
+    per_turn = torch.zeros(len(steps), max(turns, default=0) + 1)
+    for i, values in enumerate(steps):
+        per_turn[i, :len(values)] = torch.tensor(values)
+    step = torch.where(index >= 0, per_turn.gather(1, index.clamp(min=0)), 0.0)
+    return episode + settings.omega * step, None
+
+
 def _grpo(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, None]:
     return _outcome(compute_group_advantages(inputs.returns, inputs.group_ids, settings.normalize_std), inputs)
 
@@ -181,10 +372,16 @@ def _raw(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Te
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "gae": AdvantageEstimator(_gae, needs_critic=True),  # PPO with a critic: StarPO-S
+    "bi_level_gae": AdvantageEstimator(_bi_level_gae, needs_critic=True),  # TRICO: across turns, then inside each
+    "turn_gae": AdvantageEstimator(_turn_gae, needs_critic=True),  # one GAE advantage per turn
+    "gigpo": AdvantageEstimator(_gigpo, needs_critic=False),  # GRPO + omega x anchor-state step advantage
     "grpo": AdvantageEstimator(_grpo, needs_critic=False),  # the return against its group's
     "brpo": AdvantageEstimator(_brpo, needs_critic=False),  # the return against the whole batch's
     "raw": AdvantageEstimator(_raw, needs_critic=False),  # the return itself
 }
+
+
+BUILT_IN_ESTIMATORS = frozenset(ADVANTAGE_ESTIMATORS)
 
 
 def register_advantage_estimator(name: str, fn: EstimatorFn, *, needs_critic: bool = False) -> None:
@@ -198,17 +395,24 @@ def register_advantage_estimator(name: str, fn: EstimatorFn, *, needs_critic: bo
         fn: ``fn(inputs: AdvantageInputs, settings: AdvantageSettings) -> (advantages, returns or None)``.
         needs_critic: whether ``fn`` reads ``inputs.values`` (and returns the critic's targets).
     """
-    if name in ("gae", "grpo", "brpo", "raw"):
+    if name in BUILT_IN_ESTIMATORS:
         raise ValueError(f"advantage estimator {name!r} is built in; register yours under another name.")
     ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(fn, needs_critic)
 
 
 def compute_advantages(name: str, inputs: AdvantageInputs,
                        settings: AdvantageSettings) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run the estimator registered as ``name``; (advantages (B, T), returns (B, T) or None)."""
+    """Run the estimator registered as ``name``; (advantages (B, T), returns (B, T) or None).
+
+    The advantages of an estimator with a critic are whitened over the batch's generated tokens when
+    ``settings.whiten`` (the reference's default); the returns, the critic's targets, never are.
+    """
     if name not in ADVANTAGE_ESTIMATORS:
         raise KeyError(f"advantage estimator {name!r}: choose one of {sorted(ADVANTAGE_ESTIMATORS)}.")
     estimator = ADVANTAGE_ESTIMATORS[name]
     if estimator.needs_critic and inputs.values is None:
         raise ValueError(f"advantage estimator {name!r} needs the critic's values; it runs on the learner.")
-    return estimator.fn(inputs, settings)
+    advantages, returns = estimator.fn(inputs, settings)
+    if estimator.needs_critic and settings.whiten:
+        advantages = masked_whiten(advantages, inputs.response_mask)
+    return advantages, returns

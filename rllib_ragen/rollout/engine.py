@@ -63,6 +63,7 @@ class Trajectory:
         behaviour_logprobs: (T,) log-prob of each sampled token under the rollout policy, 0 elsewhere.
         turn_spans: per turn, [start, end) of its reply in ``token_ids``.
         turn_rewards: per turn, the env rewards plus any format penalty.
+        turn_states: per turn, the key of the state the policy saw before replying (``TextEnv.state_key``).
         group: index of the group (initial state) within the rollout; seed: that state's reset seed.
     """
 
@@ -74,6 +75,7 @@ class Trajectory:
     behaviour_logprobs: list[float]
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
+    turn_states: list[str] = field(default_factory=list)
     success: bool = False
     num_actions: int = 0
     num_valid: int = 0
@@ -148,6 +150,7 @@ class _Episode:
         trajectory.response_mask.extend([0] * len(prompt_ids))
         trajectory.behaviour_logprobs.extend([0.0] * len(prompt_ids))
         self.actions_left = 0
+        self.state_key = ""  # of the state the next reply answers
         self.max_turns = 0
         self.done = False
         self.failed = False  # the environment raised; the trajectory is dropped
@@ -238,6 +241,7 @@ class RolloutEngine:
                 too_long.append(len(trajectory.token_ids))
                 continue
             episode.actions_left = c.max_actions_per_episode
+            episode.state_key = _state_key(text_env, observation)
             episode.max_turns = min(c.max_turns, getattr(text_env, "max_turns", None) or c.max_turns)
             episodes.append(episode)
 
@@ -282,6 +286,7 @@ class RolloutEngine:
         start = len(t.token_ids)
         episode.append(generation.token_ids, generation.logprobs)
         t.turn_spans.append((start, len(t.token_ids)))
+        t.turn_states.append(episode.state_key)
         reply = parse_reply(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True),
                             enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn)
         try:
@@ -302,6 +307,7 @@ class RolloutEngine:
             counts[M.NONFINITE_REWARDS] += 1
             return
         observation = _observation_text(episode.env.unwrapped, result.observation, "step", counts)
+        episode.state_key = _state_key(episode.env.unwrapped, observation)
         episode.actions_left -= len(result.executed)
         t.turn_rewards.append(result.reward)
         t.num_actions += len(result.executed)
@@ -335,6 +341,12 @@ def _observation_text(text_env, observation, method: str, counts: Counter) -> st
         raise TypeError(f"{type(text_env).__name__}.{method}() returned a {type(observation).__name__} observation; "
                         "text environments must return str (see rllib_ragen.envs.TextEnv).")
     return _encodable(observation, counts)
+
+
+def _state_key(text_env, observation: str) -> str:
+    """``TextEnv.state_key()``, or the observation for environments without one."""
+    key = getattr(text_env, "state_key", None)
+    return str(key()) if callable(key) else observation
 
 
 def _encodable(text: str, counts: Counter) -> str:

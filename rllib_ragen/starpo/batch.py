@@ -1,8 +1,8 @@
 """From a rollout to the learner's batch: the rollout filter, outcome advantages, rewards on tokens, padding.
 
 Runs on the driver, once per training step. Estimators that need the critic (``gae``) are computed on the
-learner, where the values are; the others (``grpo``, ``brpo``, ``raw``, and any registered without a critic) are
-computed here, on the kept groups, each of which is kept whole.
+learner, where the values are; the others (``grpo``, ``gigpo``, ``brpo``, ``raw``, and any registered without a
+critic) are computed here, on the kept groups, each of which is kept whole.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def prepare_update_batch(trajectories: Sequence[Trajectory], config,
     columns["group"] = np.array([t.group for t in kept], dtype=np.int64)
     if not ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
         inputs = AdvantageInputs(token_rewards=rewards, response_mask=torch.from_numpy(columns["response_mask"]),
-                                 returns=returns[order], group_ids=groups[order])
+                                 returns=returns[order], group_ids=groups[order],
+                                 turn_rewards=[t.turn_rewards for t in kept], turn_states=[t.turn_states for t in kept])
         advantages, _ = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings())
         columns["advantages"] = advantages.numpy().astype(np.float32)
     metrics[M.KEPT_TRAJECTORIES] = float(len(kept))

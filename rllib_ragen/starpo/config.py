@@ -36,6 +36,7 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     "inference_backend": "hf", "inference_batch_size": 128, "num_inference_engines": 1, "vllm_engine_config": {},
     # advantages and filter
     "advantage_estimator": "gae", "grpo_normalize_std": True, "lambda_": 1.0, "turn_level_rewards": False,
+    "whiten_advantages": True, "gamma_turn": 0.95, "gamma_token": 1.0, "gigpo_step_gamma": 0.95, "gigpo_omega": 1.0,
     "rollout_filter": "std", "rollout_filter_ratio": 0.25,
     # losses
     "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dual_clip": 3.0, "kl_coeff": 0.0, "kl_estimator": "k3",
@@ -63,9 +64,9 @@ _POSITIVE_INTS = ("num_groups", "group_size", "max_turns", "max_actions_per_turn
 _INTS = ("validation_interval", "train_seed_start", "validation_seed_start")
 _FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "lambda_", "gamma", "clip_ratio_low",
                    "clip_ratio_high", "kl_coeff", "entropy_coeff", "vf_loss_coeff", "critic_lr", "weight_decay",
-                   "rollout_filter_ratio")
+                   "rollout_filter_ratio", "gamma_turn", "gamma_token", "gigpo_step_gamma", "gigpo_omega")
 _FINITE_NUMBERS_OR_NONE = ("dual_clip", "value_clip", "grad_clip")
-_BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "recompute_logprobs",
+_BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "whiten_advantages", "recompute_logprobs",
              "validate_before_training")
 
 
@@ -142,7 +143,9 @@ class StarPOConfig(AlgorithmConfig):
         num_inference_engines=NotProvided, vllm_engine_config=NotProvided,
         # advantages and rollout filter
         advantage_estimator=NotProvided, grpo_normalize_std=NotProvided, lambda_=NotProvided,
-        turn_level_rewards=NotProvided, rollout_filter=NotProvided, rollout_filter_ratio=NotProvided,
+        turn_level_rewards=NotProvided, whiten_advantages=NotProvided, gamma_turn=NotProvided,
+        gamma_token=NotProvided, gigpo_step_gamma=NotProvided, gigpo_omega=NotProvided, rollout_filter=NotProvided,
+        rollout_filter_ratio=NotProvided,
         # losses
         clip_ratio_low=NotProvided, clip_ratio_high=NotProvided, dual_clip=NotProvided, kl_coeff=NotProvided,
         kl_estimator=NotProvided, entropy_coeff=NotProvided, loss_aggregation=NotProvided, value_clip=NotProvided,
@@ -173,7 +176,9 @@ class StarPOConfig(AlgorithmConfig):
             max_new_tokens_per_turn: reply length limit; a cut reply usually fails the format.
             format_penalty: added to a turn's reward when the reply breaks the protocol (-0.1).
             enable_thinking: require ``<think>...</think>`` before ``<answer>``.
-            max_context_tokens: an episode whose next prompt would be longer ends there (reported as truncated).
+            max_context_tokens: no trajectory grows longer: each reply may take only the room left, an episode with
+                no room for another turn ends (truncated), one whose first prompt leaves no room is not played
+                (``rollout/prompts_too_long``).
             inference_backend: a name in ``INFERENCE_BACKENDS`` (``starpo/inference_engines.py``): ``"hf"``
                 (batched KV-cached sampling in the env runner), ``"vllm"`` (vLLM engines as Ray actors, shared by
                 all env runners, new weights loaded after every update; needs vLLM), one you registered with
@@ -184,13 +189,24 @@ class StarPOConfig(AlgorithmConfig):
                 ``tensor_parallel_size``, ``gpu_memory_utilization``, ``max_model_len``, ``enforce_eager``; plus
                 ``num_gpus_per_engine`` to override the GPUs each engine's bundle asks for.
             advantage_estimator: a name in ``rllib_ragen.objectives.ADVANTAGE_ESTIMATORS``: ``"gae"`` (PPO with a
-                critic: StarPO-S), ``"grpo"`` (return normalised within its group), ``"brpo"`` (normalised over
-                the batch), ``"raw"`` (the return itself), or one you registered with
+                critic: StarPO-S), ``"bi_level_gae"`` (TRICO: GAE across turns with ``gamma_turn``, then inside
+                each turn with ``gamma_token``), ``"turn_gae"`` (one GAE advantage per turn, from the turn-end
+                values), ``"gigpo"`` (GRPO plus ``gigpo_omega`` x a step advantage among the group's turns that saw
+                the same state), ``"grpo"`` (return normalised within its group), ``"brpo"`` (normalised over the
+                batch), ``"raw"`` (the return itself), or one you registered with
                 ``register_advantage_estimator``. Estimators that need a critic run on the learner, the others on
-                the driver.
+                the driver. The turn-aware ones want ``turn_level_rewards=True``.
             grpo_normalize_std: divide by the group's (batch's) std for grpo/brpo. Off gives mean-only
                 advantages, which avoid amplifying tiny differences in nearly-uniform groups.
-            lambda_: GAE lambda (1.0: with gamma 1 the advantage is return minus value).
+            lambda_: GAE lambda of every GAE-family estimator (1.0: with gamma 1 the advantage is return minus
+                value).
+            whiten_advantages: whiten the advantages of estimators with a critic (gae, bi_level_gae, turn_gae)
+                over the batch's generated tokens (masked mean, Bessel std), as the reference does. With several
+                learners each whitens its own shard.
+            gamma_turn, gamma_token: ``bi_level_gae``'s discounts across turns (0.95, the reference's) and inside
+                a turn (1.0); ``turn_gae`` discounts with ``gamma_turn``. ``gae`` uses ``gamma``.
+            gigpo_step_gamma: discount of GiGPO's step returns (0.95).
+            gigpo_omega: weight of GiGPO's step-level advantage (1.0).
             turn_level_rewards: put each turn's reward on that turn's last token instead of the whole return on
                 the trajectory's last token (turn-level credit; matters with gamma < 1 or a critic).
             rollout_filter: ``"std"`` keeps the groups whose returns vary most (StarPO-S), ``"reversed_std"``
@@ -303,7 +319,10 @@ class StarPOConfig(AlgorithmConfig):
                               max_new_tokens=self.max_new_tokens_per_turn)
 
     def advantage_settings(self) -> AdvantageSettings:
-        return AdvantageSettings(gamma=self.gamma, lam=self.lambda_, normalize_std=self.grpo_normalize_std)
+        return AdvantageSettings(gamma=self.gamma, lam=self.lambda_, normalize_std=self.grpo_normalize_std,
+                                 gamma_turn=self.gamma_turn, gamma_token=self.gamma_token,
+                                 step_gamma=self.gigpo_step_gamma, omega=self.gigpo_omega,
+                                 whiten=self.whiten_advantages)
 
     @property
     def num_kept_groups(self) -> int:
@@ -361,8 +380,11 @@ class StarPOConfig(AlgorithmConfig):
                 yield f"{field}={getattr(self, field)} must be > 0, or None to switch it off."
         if not 0.0 <= self.lambda_ <= 1.0:
             yield f"lambda_={self.lambda_} must lie in [0, 1]."
-        if not 0.0 < self.gamma <= 1.0:
-            yield f"gamma={self.gamma} must lie in (0, 1]."
+        for field in ("gamma", "gamma_turn", "gamma_token", "gigpo_step_gamma"):
+            if not 0.0 < getattr(self, field) <= 1.0:
+                yield f"{field}={getattr(self, field)} must lie in (0, 1]."
+        if self.gigpo_omega < 0:
+            yield f"gigpo_omega={self.gigpo_omega} must be >= 0 (0 is GRPO)."
         if self.vf_loss_coeff < 0 or self.weight_decay < 0:
             yield f"vf_loss_coeff={self.vf_loss_coeff} and weight_decay={self.weight_decay} must be >= 0."
         if self.env not in registered_text_envs() and not isinstance(self.env, type):
@@ -384,8 +406,9 @@ class StarPOConfig(AlgorithmConfig):
         if self.kl_coeff < 0 or self.entropy_coeff < 0:
             yield f"kl_coeff={self.kl_coeff} and entropy_coeff={self.entropy_coeff} must be >= 0."
         # A group of one has nothing to be compared with: every advantage would be 0.
-        if self.advantage_estimator == "grpo" and self.group_size < 2:
-            yield "advantage_estimator='grpo' compares trajectories within a group: set group_size >= 2."
+        if self.advantage_estimator in ("grpo", "gigpo") and self.group_size < 2:
+            yield (f"advantage_estimator={self.advantage_estimator!r} compares trajectories within a group: set "
+                   "group_size >= 2.")
         if self.validation_interval is None or self.validation_interval < 0:
             yield f"validation_interval={self.validation_interval} must be >= 0 (0 switches validation off)."
         yield from self._batch_shape_errors()

@@ -184,3 +184,21 @@ def test_an_environments_own_turn_limit_caps_the_episode(tiny):
     assert all(t.turn_rewards == [-0.1] and not t.success for t in trajectories)
     sokoban = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3), babble, tokenizer)
     assert [t.num_turns for t in sokoban.rollout([0], 2, SamplingParams())[0]] == [3, 3]  # no own limit
+
+
+def test_each_turn_records_the_state_it_answered(tiny):
+    _, tokenizer = tiny
+    config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3, max_actions_per_turn=1)
+    # Off-format replies execute nothing: the board never changes, so every turn answers the reset state.
+    babble = RolloutEngine(config, ScriptedBackend(lambda prompt: "no idea", tokenizer), tokenizer)
+    (stuck,), _ = babble.rollout([5], 1, SamplingParams())
+    env = gym.make("rllib_ragen/Sokoban-v0")
+    reset_board, _ = env.reset(seed=5)
+    assert stuck.turn_states == [reset_board] * 3
+    # The solver moves every turn: each turn answers the board its previous move left.
+    solver = RolloutEngine(config, ScriptedBackend(sokoban_solver_policy(1), tokenizer), tokenizer)
+    (solved,), _ = solver.rollout([5], 1, SamplingParams())
+    boards = [reset_board]
+    for action in solve_level(env.unwrapped.level)[:solved.num_turns - 1]:
+        boards.append(env.step(action)[0])
+    assert solved.turn_states == boards and len(set(boards)) == len(boards)
