@@ -100,7 +100,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # length, 256 validation states, one GPU per learner.
     "reference-gpu": {
         "training": {"num_groups": 8, "group_size": 16, "rollout_filter_ratio": 0.25, "lr": 1e-6, "critic_lr": 1e-5,
-                     "max_new_tokens_per_turn": 400, "validation_size": 256},
+                     "max_new_tokens_per_turn": 400, "validation_size": 256, "whiten_advantages": True},
         "rl_module": {"model_config": {"model": "Qwen/Qwen2.5-0.5B-Instruct"}},
         "learners": {"num_gpus_per_learner": 1},
     },
