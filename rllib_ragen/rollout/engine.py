@@ -20,7 +20,7 @@ from .. import metrics as M
 from ..envs import make_text_env
 from .backends import InferenceBackend, SamplingParams
 from .context import DEFAULT_SYSTEM_PROMPT, ChatFormat, turn_message
-from .protocol import DEFAULT_FORMAT_PENALTY, execute_turn, parse_reply
+from .protocol import DEFAULT_FORMAT_PENALTY, REGION_OTHER, execute_turn, parse_reply, reply_regions
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,8 @@ class Trajectory:
         turn_spans: per turn, [start, end) of its reply in ``token_ids``.
         turn_rewards: per turn, the env rewards plus any format penalty.
         turn_states: per turn, the key of the state the policy saw before replying (``TextEnv.state_key``).
+        token_regions: (T,) the part of its reply each sampled token belongs to (``protocol.REGION_THINK``,
+            ``REGION_ANSWER``, else ``REGION_OTHER``, as is every token not sampled).
         group: index of the group (initial state) within the rollout; seed: that state's reset seed.
     """
 
@@ -76,6 +78,7 @@ class Trajectory:
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
     turn_states: list[str] = field(default_factory=list)
+    token_regions: list[int] = field(default_factory=list)
     success: bool = False
     num_actions: int = 0
     num_valid: int = 0
@@ -149,17 +152,19 @@ class _Episode:
         trajectory.token_ids.extend(prompt_ids)
         trajectory.response_mask.extend([0] * len(prompt_ids))
         trajectory.behaviour_logprobs.extend([0.0] * len(prompt_ids))
+        trajectory.token_regions.extend([REGION_OTHER] * len(prompt_ids))
         self.actions_left = 0
         self.state_key = ""  # of the state the next reply answers
         self.max_turns = 0
         self.done = False
         self.failed = False  # the environment raised; the trajectory is dropped
 
-    def append(self, ids: list[int], logprobs: list[float] | None = None) -> None:
+    def append(self, ids: list[int], logprobs: list[float] | None = None, regions: list[int] | None = None) -> None:
         t = self.trajectory
         t.token_ids.extend(ids)
         t.response_mask.extend([1 if logprobs is not None else 0] * len(ids))
         t.behaviour_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        t.token_regions.extend(regions if regions is not None else [REGION_OTHER] * len(ids))
 
 
 class RolloutEngine:
@@ -176,6 +181,7 @@ class RolloutEngine:
         self.chat = ChatFormat(tokenizer, config.system_prompt)
         # Kept free after every reply: the longest text that can close it (a reply cut short lacks its eos).
         self.reply_reserve = len(self.chat.encode(self.chat.close))
+        self._token_texts: dict[int, str] = {}
         self._envs: list = []
 
     def _env_pool(self, size: int) -> list:
@@ -187,6 +193,13 @@ class RolloutEngine:
         c = self.config
         return turn_message(observation, turn=turn, actions_left=actions_left, reward=reward,
                             enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn)
+
+    def _token_text(self, token: int) -> str:
+        """One token's decoded text, memoised (every sampled token is looked up to find its reply region)."""
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.tokenizer.decode([token])
+        return text
 
     def _reply_room(self, trajectory: Trajectory) -> int:
         """Tokens the next reply may take so that the trajectory, reply closed, fits ``max_context_tokens``."""
@@ -284,7 +297,8 @@ class RolloutEngine:
         """Execute one reply. An environment that raises or pays a non-finite reward drops its episode (counted)."""
         c, t = self.config, episode.trajectory
         start = len(t.token_ids)
-        episode.append(generation.token_ids, generation.logprobs)
+        episode.append(generation.token_ids, generation.logprobs,
+                       reply_regions([self._token_text(token) for token in generation.token_ids]))
         t.turn_spans.append((start, len(t.token_ids)))
         t.turn_states.append(episode.state_key)
         reply = parse_reply(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True),

@@ -82,6 +82,48 @@ def parse_reply(
     return ParsedReply(True, thinking, kept, len(pieces) - len(kept))
 
 
+# What part of a reply a sampled token belongs to (``reply_regions``); StarPOConfig.loss_mask trains some of them.
+REGION_OTHER, REGION_THINK, REGION_ANSWER = 0, 1, 2
+LOSS_MASK_REGIONS = {
+    "all": (REGION_OTHER, REGION_THINK, REGION_ANSWER),  # every sampled token (the reference's)
+    "no_think": (REGION_OTHER, REGION_ANSWER),  # all but the reasoning inside <think>...</think>
+    "answer": (REGION_ANSWER,),  # the <answer>...</answer> block alone, tags included
+}
+
+
+def reply_regions(token_texts: list[str]) -> list[int]:
+    """Each reply token's region: ``REGION_THINK`` for a token wholly inside the text of the first
+    ``<think>...</think>`` (an unclosed block runs to the end), ``REGION_ANSWER`` for a token touching the first
+    ``<answer>...</answer>`` after it, tags included, else ``REGION_OTHER`` (the think tags, whitespace, the
+    end-of-turn token). Tags are matched as the template writes them; linear in the reply's length.
+
+    Args:
+        token_texts: the decoded text of each token of the reply, in order.
+    """
+    text = "".join(token_texts)
+    think = answer = None
+    think_open = text.find("<think>")
+    if think_open >= 0:
+        start = think_open + len("<think>")
+        close = text.find("</think>", start)
+        think = (start, close if close >= 0 else len(text))
+    answer_open = text.find("<answer>", think[1] if think else 0)
+    if answer_open >= 0:
+        close = text.find("</answer>", answer_open)
+        answer = (answer_open, close + len("</answer>") if close >= 0 else len(text))
+    regions, position = [], 0
+    for piece in token_texts:
+        end = position + len(piece)
+        if think and think[0] <= position < end <= think[1]:
+            regions.append(REGION_THINK)
+        elif answer and position < answer[1] and end > answer[0]:
+            regions.append(REGION_ANSWER)
+        else:
+            regions.append(REGION_OTHER)
+        position = end
+    return regions
+
+
 @dataclass
 class TurnResult:
     """The outcome of executing one parsed reply in an environment.

@@ -15,6 +15,7 @@ import torch
 from .. import metrics as M
 from ..objectives import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages, place_rewards, select_groups
 from ..rollout.engine import Trajectory, pad_trajectories
+from ..rollout.protocol import LOSS_MASK_REGIONS, REGION_OTHER
 
 
 def prepare_update_batch(trajectories: Sequence[Trajectory], config,
@@ -30,7 +31,8 @@ def prepare_update_batch(trajectories: Sequence[Trajectory], config,
         Right-padded (B, T) columns of the kept trajectories, in group order: ``input_ids``, ``attention_mask``,
         ``response_mask`` (1 on sampled tokens), ``behaviour_logprobs``, ``token_rewards`` (the return on the
         last sampled token, or each turn's reward on its own last token with ``turn_level_rewards``),
-        ``advantages`` (B, T) for estimators without a critic, and ``group`` (B,). Plus the filter's metrics.
+        ``advantages`` (B, T) for estimators without a critic, ``loss_mask`` (B, T: the sampled tokens the policy
+        loss trains, by ``config.loss_mask``) and ``group`` (B,). Plus the filter's metrics.
     """
     returns = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)
     groups = torch.tensor([t.group for t in trajectories])
@@ -44,6 +46,7 @@ def prepare_update_batch(trajectories: Sequence[Trajectory], config,
     rewards = place_rewards([[end - 1 for _, end in t.turn_spans] for t in kept], [t.turn_rewards for t in kept],
                             shape, per_turn=config.turn_level_rewards)
     columns["token_rewards"] = rewards.numpy()
+    columns["loss_mask"] = _loss_mask(kept, columns["response_mask"], config.loss_mask)
     columns["group"] = np.array([t.group for t in kept], dtype=np.int64)
     if not ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
         inputs = AdvantageInputs(token_rewards=rewards, response_mask=torch.from_numpy(columns["response_mask"]),
@@ -54,6 +57,14 @@ def prepare_update_batch(trajectories: Sequence[Trajectory], config,
     metrics[M.KEPT_TRAJECTORIES] = float(len(kept))
     metrics[M.RESPONSE_LENGTH] = float(columns["response_mask"].sum(-1).mean())
     return columns, metrics
+
+
+def _loss_mask(kept: Sequence[Trajectory], response_mask: np.ndarray, mode: str) -> np.ndarray:
+    """(B, T) float32: the sampled tokens ``loss_mask`` trains, by the reply region each one belongs to."""
+    regions = np.full(response_mask.shape, REGION_OTHER, dtype=np.int64)
+    for row, t in enumerate(kept):
+        regions[row, :len(t.token_regions)] = t.token_regions
+    return response_mask * np.isin(regions, LOSS_MASK_REGIONS[mode]).astype(np.float32)
 
 
 def shard_by_groups(columns: dict[str, np.ndarray], num_shards: int) -> list[dict[str, np.ndarray]]:

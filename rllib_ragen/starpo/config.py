@@ -21,7 +21,7 @@ from ..objectives import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, FILTER_MODES, KL_E
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import RolloutConfig
 from ..rollout.models import SMOLLM2, TINY
-from ..rollout.protocol import DEFAULT_FORMAT_PENALTY
+from ..rollout.protocol import DEFAULT_FORMAT_PENALTY, LOSS_MASK_REGIONS
 from ..rollout.vllm_backend import VLLM_MISSING, vllm_available
 from .inference_engines import INFERENCE_BACKENDS
 from .llm_rl_module import CRITIC_TYPES, DEFAULT_MODEL_CONFIG, CausalLMRLModule
@@ -40,7 +40,7 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     "rollout_filter": "std", "rollout_filter_ratio": 0.25,
     # losses
     "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dual_clip": 3.0, "kl_coeff": 0.0, "kl_estimator": "k3",
-    "entropy_coeff": 0.001, "loss_aggregation": "token-mean", "value_clip": 0.5, "vf_loss_coeff": 1.0,
+    "entropy_coeff": 0.001, "loss_aggregation": "token-mean", "loss_mask": "all", "value_clip": 0.5, "vf_loss_coeff": 1.0,
     "recompute_logprobs": True,
     # optimisation
     "critic_lr": 1e-5, "weight_decay": 0.01, "adam_betas": (0.9, 0.999), "micro_batch_size": None,
@@ -148,7 +148,8 @@ class StarPOConfig(AlgorithmConfig):
         rollout_filter_ratio=NotProvided,
         # losses
         clip_ratio_low=NotProvided, clip_ratio_high=NotProvided, dual_clip=NotProvided, kl_coeff=NotProvided,
-        kl_estimator=NotProvided, entropy_coeff=NotProvided, loss_aggregation=NotProvided, value_clip=NotProvided,
+        kl_estimator=NotProvided, entropy_coeff=NotProvided, loss_aggregation=NotProvided, loss_mask=NotProvided,
+        value_clip=NotProvided,
         vf_loss_coeff=NotProvided, recompute_logprobs=NotProvided,
         # optimisation
         critic_lr=NotProvided, weight_decay=NotProvided, adam_betas=NotProvided, micro_batch_size=NotProvided,
@@ -220,6 +221,11 @@ class StarPOConfig(AlgorithmConfig):
             entropy_coeff: entropy bonus weight (0.001).
             loss_aggregation: ``"token-mean"`` (every token weighs the same), ``"seq-mean-token-mean"`` (every
                 trajectory weighs the same) or ``"seq-mean-token-sum"``.
+            loss_mask: which sampled tokens the policy loss (and its entropy and KL terms) trains: ``"all"`` (the
+                reference's), ``"no_think"`` (all but the reasoning inside ``<think>...</think>``) or
+                ``"answer"`` (the ``<answer>...</answer>`` block alone). Template and observation tokens are never
+                trained. The advantage recursion and the value loss always run over every sampled token: rewards
+                sit on each turn's last one.
             value_clip: clip range of the value loss around the old values, or None.
             vf_loss_coeff: weight of the value loss.
             recompute_logprobs: use the learner's own pass for the old log-probs (the first ratio is then exactly
@@ -362,6 +368,7 @@ class StarPOConfig(AlgorithmConfig):
         checks = [
             choice("advantage_estimator", ADVANTAGE_ESTIMATORS), choice("rollout_filter", FILTER_MODES),
             choice("loss_aggregation", AGGREGATIONS), choice("kl_estimator", KL_ESTIMATORS),
+            choice("loss_mask", LOSS_MASK_REGIONS),
         ]
         yield from (c for c in checks if c)
         for field in _POSITIVE_INTS:

@@ -26,7 +26,7 @@ from ..objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, aggregate, comp
 from ..rollout.models import load_policy
 
 INPUT_COLUMNS = ("input_ids", "attention_mask")
-LOSS_COLUMNS = ("response_mask", "old_logp", "token_advantages", "ref_logp", "old_values", "returns")
+LOSS_COLUMNS = ("response_mask", "loss_mask", "old_logp", "token_advantages", "ref_logp", "old_values", "returns")
 
 
 class StarPOTorchLearner(TorchLearner):
@@ -114,6 +114,7 @@ class StarPOTorchLearner(TorchLearner):
     def _prepare(self, data: dict, module, config, micro_batches: list[torch.Tensor]) -> None:
         """Fill ``old_logp``, ``old_values``, ``ref_logp``, ``token_advantages`` and ``returns`` into ``data``."""
         mask = data["response_mask"]
+        data.setdefault("loss_mask", mask)  # a batch not built by prepare_update_batch trains every sampled token
         old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask)
         ref_logp = torch.zeros_like(mask) if self._reference is not None else None
         for rows in micro_batches:
@@ -150,21 +151,25 @@ class StarPOTorchLearner(TorchLearner):
         the loss and whether the step was applied: a non-finite loss or gradient skips it (see
         :meth:`_skip_non_finite`).
         """
-        mask = data["response_mask"][rows]
         per_token = config.loss_aggregation == "token-mean"
-        denominator = (mask.sum() if per_token else (mask.sum(-1) > 0).sum()).clamp(min=1)
+
+        def normaliser(mask: torch.Tensor) -> torch.Tensor:  # what the aggregation divides by
+            return mask.sum() if per_token else (mask.sum(-1) > 0).sum()
+
+        # The policy terms are normalised over the trained tokens, the value loss over every sampled token.
+        denominators = {key: normaliser(data[key][rows]).clamp(min=1) for key in ("loss_mask", "response_mask")}
         for optimizer in self._optimizer_parameters:
             optimizer.zero_grad(set_to_none=True)
         micro_batches = [rows[i:i + micro_size] for i in range(0, len(rows), micro_size)]
         total = torch.zeros(())
         for index, micro in enumerate(micro_batches):
-            micro_mask = data["response_mask"][micro]
-            share = (micro_mask.sum() if per_token else (micro_mask.sum(-1) > 0).sum()) / denominator
-            if share == 0:
+            shares = {key: normaliser(data[key][micro]) / denominators[key] for key in denominators}
+            if not any(share > 0 for share in shares.values()):
                 continue
             sync = index == len(micro_batches) - 1 or not hasattr(module, "no_sync")
             with contextlib.nullcontext() if sync else module.no_sync():
-                loss = self._micro_loss(data, micro, module, module_id, config, first and index == 0) * share
+                loss = self._micro_loss(data, micro, module, module_id, config, first and index == 0,
+                                        policy_share=shares["loss_mask"], value_share=shares["response_mask"])
                 loss.backward()
             total = total + loss.detach()
         gradients = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
@@ -195,10 +200,14 @@ class StarPOTorchLearner(TorchLearner):
                 "(rescale the environment's rewards). max_consecutive_skipped_steps sets how many are tolerated.")
         return True
 
-    def _micro_loss(self, data: dict, rows: torch.Tensor, module, module_id, config, first: bool) -> torch.Tensor:
+    def _micro_loss(self, data: dict, rows: torch.Tensor, module, module_id, config, first: bool, *,
+                    policy_share: torch.Tensor, value_share: torch.Tensor) -> torch.Tensor:
+        """The loss of micro-batch ``rows``, its policy and value terms weighted by their shares of the minibatch's
+        normalisers, so that the accumulated gradient is the whole minibatch's."""
         inputs = _trimmed(data, rows)
         width = inputs["input_ids"].shape[1]
-        batch = {**inputs, **{key: data[key][rows, :width] for key in LOSS_COLUMNS if data.get(key) is not None}}
+        batch = {**inputs, **{key: data[key][rows, :width] for key in LOSS_COLUMNS if data.get(key) is not None},
+                 "policy_share": policy_share, "value_share": value_share}
         fwd_out = module.forward_train(inputs)
         if first:  # before any step: old and new log-probs come from the same weights and the same computation
             deviation = ((fwd_out["logp"] - batch["old_logp"]).abs() * batch["response_mask"]).max().item()
@@ -209,24 +218,28 @@ class StarPOTorchLearner(TorchLearner):
     def compute_loss_for_module(self, *, module_id, config, batch: dict[str, Any], fwd_out: dict[str, Any]):
         """The StarPO loss on one prepared batch: clipped surrogate - entropy bonus (+ KL) (+ value loss).
 
-        ``batch`` holds ``response_mask``, ``old_logp``, ``token_advantages`` and, as configured, ``ref_logp``,
-        ``old_values`` and ``returns`` (all (B, T)); ``fwd_out`` is ``forward_train``'s output on it.
+        ``batch`` holds ``response_mask`` (every sampled token), ``loss_mask`` (those the policy terms train),
+        ``old_logp``, ``token_advantages`` and, as configured, ``ref_logp``, ``old_values`` and ``returns`` (all
+        (B, T)), plus the micro-batch's ``policy_share`` and ``value_share`` (1 for a whole minibatch);
+        ``fwd_out`` is ``forward_train``'s output on it.
         """
         mask, agg = batch["response_mask"], config.loss_aggregation
-        pg, metrics = policy_loss(fwd_out["logp"], batch["old_logp"], batch["token_advantages"], mask,
+        trained = batch["loss_mask"]
+        pg, metrics = policy_loss(fwd_out["logp"], batch["old_logp"], batch["token_advantages"], trained,
                                   clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
                                   dual_clip=config.dual_clip, aggregation=agg)
-        entropy = aggregate(fwd_out["entropy"], mask, agg)
-        loss = pg - config.entropy_coeff * entropy
+        entropy = aggregate(fwd_out["entropy"], trained, agg)
+        policy = pg - config.entropy_coeff * entropy
         metrics[M.ENTROPY] = entropy.item()
         if batch.get("ref_logp") is not None:
-            kl = aggregate(kl_penalty(fwd_out["logp"], batch["ref_logp"], config.kl_estimator), mask, agg)
-            loss = loss + config.kl_coeff * kl
+            kl = aggregate(kl_penalty(fwd_out["logp"], batch["ref_logp"], config.kl_estimator), trained, agg)
+            policy = policy + config.kl_coeff * kl
             metrics[M.KL_TO_REFERENCE] = kl.item()
+        loss = batch.get("policy_share", 1.0) * policy
         if "values" in fwd_out:
             vf, critic_metrics = value_loss(fwd_out["values"], batch["old_values"], batch["returns"], mask,
                                             clip=config.value_clip, aggregation=agg)
-            loss = loss + config.vf_loss_coeff * vf
+            loss = loss + batch.get("value_share", 1.0) * config.vf_loss_coeff * vf
             metrics.update(critic_metrics)
             metrics[M.VALUES_MEAN] = float((fwd_out["values"].detach() * mask).sum() / mask.sum().clamp(min=1))
         for key, value in metrics.items():

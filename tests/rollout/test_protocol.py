@@ -129,3 +129,15 @@ def test_budget_and_episode_end_stop_the_turn():
                           actions_left=10)
     assert result.executed == ["Right", "Right"] and result.terminated and result.success
     assert result.reward == pytest.approx(-0.1 + 10.9)
+
+
+def test_reply_regions_mark_thinking_and_answer_tokens():
+    from rllib_ragen.rollout.protocol import REGION_ANSWER as A, REGION_OTHER as O, REGION_THINK as T, reply_regions
+
+    tokens = ["<think>", "go", " left", "</think>", "<answer>", "Left", "</answer>", "<|im_end|>"]
+    assert reply_regions(tokens) == [O, T, T, O, A, A, A, O]
+    # Tags split over tokens: a token only partly inside the reasoning is not reasoning; one touching the answer is.
+    assert reply_regions(["<th", "ink>a", "b", "</thi", "nk><answer>L", "</answer>"]) == [O, O, T, O, A, A]
+    assert reply_regions(["<think>", "abc", "def"]) == [O, T, T]  # unclosed: reasoning to the end
+    assert reply_regions(["<answer>", "Up", " || ", "Left"]) == [A, A, A, A]  # unclosed answer, no thinking
+    assert reply_regions(["I", " do", " not", " know"]) == [O] * 4

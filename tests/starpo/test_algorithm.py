@@ -78,6 +78,37 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(aggregation, small_
     assert_same_update(full, micro)
 
 
+def test_micro_batches_stay_exact_when_the_loss_mask_trains_a_subset(small_config):
+    """The policy terms are normalised over the trained tokens, the value loss over every sampled one: each micro-
+    batch weighs in by its share of both, so micro-batching still gives the whole minibatch's update."""
+    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+    from rllib_ragen.starpo.batch import prepare_update_batch
+
+    configs = [small_config(micro_batch_size=size, validation_interval=0, grad_clip=None) for size in (None, 1)]
+    algos = [config.build_algo() for config in configs]
+    try:
+        runner = algos[0].env_runner
+        trajectories = runner.sample(seeds=[0, 1], group_size=4, sampling=configs[0].sampling_params(), sample_seed=0)
+        columns, _ = prepare_update_batch(trajectories, configs[0], runner.tokenizer.pad_token_id)
+        # A subset unlike the response mask in every row's share, as "no_think" or "answer" give: even rows train
+        # all their sampled tokens, odd rows only their first.
+        mask = columns["response_mask"]
+        first_only = (np.cumsum(mask, axis=1) == 1) * mask
+        columns["loss_mask"] = np.where((np.arange(len(mask)) % 2 == 0)[:, None], mask, first_only)
+        losses = []
+        for algo in algos:
+            result = algo.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(columns))},
+                                                                     env_steps=len(trajectories)))
+            losses.append(float(result[0][DEFAULT_MODULE_ID]["total_loss"].peek()))
+        # The accumulated loss is the whole minibatch's (Adam's first step hides gradient scale, the loss does not).
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-6)
+        assert_same_update(learner_weights(algos[0]), learner_weights(algos[1]))
+    finally:
+        for algo in algos:
+            algo.stop()
+
+
 def test_checkpoint_resume_is_exact(tmp_path, small_config):
     # Two epochs of two shuffled minibatches: the shuffle order must resume too.
     make = lambda: small_config(validation_interval=3, num_epochs=2, updates_per_rollout_batch=2).build_algo()  # noqa: E731

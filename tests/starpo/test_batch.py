@@ -117,3 +117,17 @@ def test_kept_groups_that_do_not_split_over_the_learners_fail_at_validate():
     with pytest.raises(ValueError, match="keeps 3 groups.*num_learners=2"):
         bad.validate()
     StarPOConfig().training(num_groups=8, group_size=4, rollout_filter_ratio=0.25).learners(num_learners=2).validate()
+
+
+@pytest.mark.parametrize("mode, trained", [("all", [1, 1, 1, 1, 1]), ("no_think", [1, 0, 1, 1, 1]),
+                                           ("answer", [0, 0, 1, 1, 0])])
+def test_loss_mask_trains_the_chosen_reply_regions_only(mode, trained):
+    from rllib_ragen.rollout.protocol import REGION_ANSWER as A, REGION_OTHER as O, REGION_THINK as T
+
+    # Prompt [0, 1], one reply of 5 sampled tokens: <think> tag, reasoning, the answer (2 tokens), end of turn.
+    rollout = [trajectory(group, [1.0 - group], reply=5) for group in (0, 0)]
+    for t in rollout:
+        t.token_regions = [O, O, O, T, A, A, O]
+    columns, _ = prepare_update_batch(rollout, config(num_groups=1, advantage_estimator="raw", loss_mask=mode), PAD)
+    np.testing.assert_array_equal(columns["loss_mask"][0], [0, 0] + trained)
+    assert (columns["loss_mask"] <= columns["response_mask"]).all()  # never a token the policy did not sample
