@@ -171,10 +171,17 @@ def _spread_over_turns(at_turn_ends: torch.Tensor, response_mask: torch.Tensor) 
     """(B, T) values sitting on turn ends -> the same value on every sampled token of that turn."""
     index = turn_index(response_mask)
     ends = turn_end_mask(response_mask)
-    per_turn = torch.zeros(response_mask.shape[0], int(index.max().item()) + 2 if index.numel() else 1)
+    per_turn = torch.zeros(response_mask.shape[0], int(index.max().item()) + 1 if index.numel() else 0)
     rows, cols = ends.nonzero(as_tuple=True)
     per_turn[rows, index[rows, cols]] = at_turn_ends[rows, cols].float()
-    return torch.where(index >= 0, per_turn.gather(1, index.clamp(min=0)), 0.0)
+    return _turn_values_on_tokens(per_turn, index)
+
+
+def _turn_values_on_tokens(per_turn: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(B, K) one value per turn -> (B, T) that value on every token of the turn (``index``: :func:`turn_index`),
+    zero off the mask."""
+    padded = torch.nn.functional.pad(per_turn, (0, 1))  # a column for the -1 of tokens outside every turn
+    return torch.where(index >= 0, padded.gather(1, index.clamp(min=0)), 0.0)
 
 
 def compute_gigpo_step_advantages(turn_rewards: list[list[float]], turn_states: list[list[str]],
@@ -351,11 +358,10 @@ def _gigpo(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.
     if (index.max(-1).values + 1).tolist() != turns:
         raise ValueError(f"gigpo: the response mask holds {(index.max(-1).values + 1).tolist()} turns per trajectory "
                          f"but the turn rewards {turns}; every turn must be one contiguous run of sampled tokens.")
-    per_turn = torch.zeros(len(steps), max(turns, default=0) + 1)
+    per_turn = torch.zeros(len(steps), max(turns, default=0))
     for i, values in enumerate(steps):
         per_turn[i, :len(values)] = torch.tensor(values)
-    step = torch.where(index >= 0, per_turn.gather(1, index.clamp(min=0)), 0.0)
-    return episode + settings.omega * step, None
+    return episode + settings.omega * _turn_values_on_tokens(per_turn, index), None
 
 
 def _grpo(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, None]:
