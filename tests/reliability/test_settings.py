@@ -43,15 +43,20 @@ def test_a_model_that_is_neither_built_in_nor_found_says_so():
 @pytest.mark.slow
 def test_minus_one_survives_the_build_and_a_checkpoint(ray_session, small_config, tmp_path):
     # RLlib's config state drops every value equal to -1, its "deprecated" marker: the default came back silently.
-    algo = small_config(format_penalty=-1.0, validation_interval=0).build_algo()
+    # The knobs of turn-aware credit, off their defaults, must survive the same way.
+    credit = dict(whiten_advantages=False, gamma_turn=0.9, gamma_token=0.8, gigpo_step_gamma=0.7, gigpo_omega=0.5,
+                  loss_mask="no_think")
+    algo = small_config(format_penalty=-1.0, validation_interval=0, **credit).build_algo()
     try:
         assert algo.config.format_penalty == -1.0 and algo.env_runner.engine.config.format_penalty == -1.0
+        assert {k: getattr(algo.config, k) for k in credit} == credit
         checkpoint = algo.save_to_path(tmp_path / "checkpoint")
     finally:
         algo.stop()
     restored = StarPO.from_checkpoint(checkpoint)
     try:
         assert restored.config.format_penalty == -1.0
+        assert {k: getattr(restored.config, k) for k in credit} == credit
     finally:
         restored.stop()
 
