@@ -1,16 +1,18 @@
 """StarPO's math as pure torch functions on padded tensors: advantages, the rollout filter, losses. No Ray."""
 
-from .advantages import (ADVANTAGE_ESTIMATORS, AdvantageEstimator, AdvantageInputs, AdvantageSettings,
-                         compute_advantages, compute_batch_advantages, compute_bi_level_gae, compute_gae,
-                         compute_gigpo_step_advantages, compute_group_advantages, compute_turn_gae, masked_whiten,
-                         place_rewards, register_advantage_estimator, turn_end_mask, turn_index)
+from .advantages import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AdvantageEstimator, AdvantageInputs,
+                         AdvantageSettings, advantage_recursion_mask, compute_advantages, compute_batch_advantages,
+                         compute_bi_level_gae, compute_gae, compute_gigpo_step_advantages, compute_group_advantages,
+                         compute_turn_gae, masked_whiten, place_rewards, register_advantage_estimator, turn_end_mask,
+                         turn_index)
 from .losses import (AGGREGATIONS, KL_ESTIMATORS, aggregate, entropy_from_logits, explained_variance, kl_penalty,
                      policy_loss, token_logprobs, token_logprobs_and_entropy, value_loss)
 from .rollout_filter import FILTER_MODES, num_kept_groups, select_groups
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "AdvantageEstimator", "AdvantageInputs", "AdvantageSettings",
-    "FILTER_MODES", "KL_ESTIMATORS", "aggregate", "compute_advantages", "compute_batch_advantages",
+    "ADVANTAGE_ESTIMATORS", "ADVANTAGE_MASKS", "AGGREGATIONS", "AdvantageEstimator", "AdvantageInputs",
+    "AdvantageSettings", "FILTER_MODES", "KL_ESTIMATORS", "advantage_recursion_mask", "aggregate",
+    "compute_advantages", "compute_batch_advantages",
     "compute_bi_level_gae", "compute_gae", "compute_gigpo_step_advantages", "compute_group_advantages",
     "compute_turn_gae", "entropy_from_logits", "explained_variance", "kl_penalty", "masked_whiten",
     "num_kept_groups", "place_rewards", "policy_loss", "register_advantage_estimator", "select_groups",

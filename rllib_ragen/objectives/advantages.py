@@ -99,6 +99,30 @@ def turn_end_mask(response_mask: torch.Tensor) -> torch.Tensor:
     return mask & ~after
 
 
+# Which tokens the critic estimators' recursion steps through (StarPOConfig.advantage_mask), VAGEN's "GAE mask".
+ADVANTAGE_MASKS = (
+    "sampled",  # the policy's own tokens only: observation tokens are skipped (the reference's)
+    "sampled_and_observations",  # every token from the first sampled one to the last: observations are steps too
+)
+
+
+def advantage_recursion_mask(response_mask: torch.Tensor, mode: str = "sampled") -> torch.Tensor:
+    """(B, T) float: the tokens the advantage recursion runs over (``ADVANTAGE_MASKS``).
+
+    ``"sampled_and_observations"`` adds the environment's tokens between a trajectory's first and last sampled
+    token: each is a step with no reward, so with gamma * lambda < 1 credit fades across long observations. The
+    first prompt and the padding are never steps.
+    """
+    if mode not in ADVANTAGE_MASKS:
+        raise ValueError(f"advantage mask {mode!r}: choose one of {ADVANTAGE_MASKS}.")
+    mask = response_mask > 0
+    if mode == "sampled":
+        return mask.to(response_mask.dtype)
+    started = mask.long().cumsum(-1) > 0
+    not_over = mask.flip(-1).long().cumsum(-1).flip(-1) > 0
+    return (started & not_over).to(response_mask.dtype)
+
+
 def turn_index(response_mask: torch.Tensor) -> torch.Tensor:
     """(B, T) long: the turn (0, 1, ...) each sampled token belongs to, -1 off the mask."""
     mask = response_mask > 0
@@ -406,12 +430,13 @@ def register_advantage_estimator(name: str, fn: EstimatorFn, *, needs_critic: bo
     ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(fn, needs_critic)
 
 
-def compute_advantages(name: str, inputs: AdvantageInputs,
-                       settings: AdvantageSettings) -> tuple[torch.Tensor, torch.Tensor | None]:
+def compute_advantages(name: str, inputs: AdvantageInputs, settings: AdvantageSettings,
+                       whiten_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the estimator registered as ``name``; (advantages (B, T), returns (B, T) or None).
 
-    The advantages of an estimator with a critic are whitened over the batch's generated tokens when
-    ``settings.whiten`` (the reference's default); the returns, the critic's targets, never are.
+    The advantages of an estimator with a critic are whitened over ``whiten_mask`` (default: the estimator's own
+    ``inputs.response_mask``; the learner passes the generated tokens) when ``settings.whiten`` (the reference's
+    default); the returns, the critic's targets, never are.
     """
     if name not in ADVANTAGE_ESTIMATORS:
         raise KeyError(f"advantage estimator {name!r}: choose one of {sorted(ADVANTAGE_ESTIMATORS)}.")
@@ -420,5 +445,5 @@ def compute_advantages(name: str, inputs: AdvantageInputs,
         raise ValueError(f"advantage estimator {name!r} needs the critic's values; it runs on the learner.")
     advantages, returns = estimator.fn(inputs, settings)
     if estimator.needs_critic and settings.whiten:
-        advantages = masked_whiten(advantages, inputs.response_mask)
+        advantages = masked_whiten(advantages, inputs.response_mask if whiten_mask is None else whiten_mask)
     return advantages, returns

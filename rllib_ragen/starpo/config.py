@@ -16,8 +16,8 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 
 from ..envs import _load_entry_point, registered_text_envs
-from ..objectives import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS, AdvantageSettings,
-                          num_kept_groups)
+from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS,
+                          AdvantageSettings, num_kept_groups)
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import RolloutConfig
 from ..rollout.models import SMOLLM2, TINY
@@ -41,7 +41,7 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     # losses
     "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dual_clip": 3.0, "kl_coeff": 0.0, "kl_estimator": "k3",
     "entropy_coeff": 0.001, "loss_aggregation": "token-mean", "loss_mask": "all", "value_clip": 0.5, "vf_loss_coeff": 1.0,
-    "recompute_logprobs": True,
+    "advantage_mask": "sampled", "recompute_logprobs": True,
     # optimisation
     "critic_lr": 1e-5, "weight_decay": 0.01, "adam_betas": (0.9, 0.999), "micro_batch_size": None,
     "updates_per_rollout_batch": 1, "max_consecutive_skipped_steps": 5,
@@ -149,7 +149,7 @@ class StarPOConfig(AlgorithmConfig):
         # losses
         clip_ratio_low=NotProvided, clip_ratio_high=NotProvided, dual_clip=NotProvided, kl_coeff=NotProvided,
         kl_estimator=NotProvided, entropy_coeff=NotProvided, loss_aggregation=NotProvided, loss_mask=NotProvided,
-        value_clip=NotProvided,
+        advantage_mask=NotProvided, value_clip=NotProvided,
         vf_loss_coeff=NotProvided, recompute_logprobs=NotProvided,
         # optimisation
         critic_lr=NotProvided, weight_decay=NotProvided, adam_betas=NotProvided, micro_batch_size=NotProvided,
@@ -224,8 +224,14 @@ class StarPOConfig(AlgorithmConfig):
             loss_mask: which sampled tokens the policy loss (and its entropy and KL terms) trains: ``"all"`` (the
                 reference's), ``"no_think"`` (all but the reasoning inside ``<think>...</think>``) or
                 ``"answer"`` (the ``<answer>...</answer>`` block alone). Template and observation tokens are never
-                trained. The advantage recursion and the value loss always run over every sampled token: rewards
-                sit on each turn's last one.
+                trained. The advantage recursion and the value loss run over the ``advantage_mask``'s tokens,
+                which hold every sampled token: rewards sit on each turn's last one.
+            advantage_mask: which tokens ``gae``'s recursion steps through and the critic is trained on (VAGEN's
+                "GAE mask"): ``"sampled"`` (the policy's own tokens, skipping the environment's: the reference's)
+                or ``"sampled_and_observations"`` (the observation tokens between turns are steps too, with no
+                reward, so with gamma * lambda_ < 1 credit fades across them: the reference's ablation without
+                the mask). Only sampled tokens are ever trained. The turn-level estimators recurse over turns and
+                the critic-free ones do not recurse, so it applies to ``gae`` alone.
             value_clip: clip range of the value loss around the old values, or None.
             vf_loss_coeff: weight of the value loss.
             recompute_logprobs: use the learner's own pass for the old log-probs (the first ratio is then exactly
@@ -368,7 +374,7 @@ class StarPOConfig(AlgorithmConfig):
         checks = [
             choice("advantage_estimator", ADVANTAGE_ESTIMATORS), choice("rollout_filter", FILTER_MODES),
             choice("loss_aggregation", AGGREGATIONS), choice("kl_estimator", KL_ESTIMATORS),
-            choice("loss_mask", LOSS_MASK_REGIONS),
+            choice("loss_mask", LOSS_MASK_REGIONS), choice("advantage_mask", ADVANTAGE_MASKS),
         ]
         yield from (c for c in checks if c)
         for field in _POSITIVE_INTS:
@@ -390,6 +396,10 @@ class StarPOConfig(AlgorithmConfig):
         for field in ("gamma", "gamma_turn", "gamma_token", "gigpo_step_gamma"):
             if not 0.0 < getattr(self, field) <= 1.0:
                 yield f"{field}={getattr(self, field)} must lie in (0, 1]."
+        if self.advantage_mask != "sampled" and self.advantage_estimator != "gae":
+            yield (f"advantage_mask={self.advantage_mask!r} applies to advantage_estimator='gae' only (the turn-level "
+                   f"estimators recurse over turns, the critic-free ones not at all); with "
+                   f"advantage_estimator={self.advantage_estimator!r} set advantage_mask='sampled'.")
         if self.gigpo_omega < 0:
             yield f"gigpo_omega={self.gigpo_omega} must be >= 0 (0 is GRPO)."
         if self.vf_loss_coeff < 0 or self.weight_decay < 0:

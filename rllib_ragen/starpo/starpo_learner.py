@@ -21,12 +21,13 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
 from .. import metrics as M
-from ..objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, aggregate, compute_advantages, kl_penalty,
-                          policy_loss, token_logprobs, value_loss)
+from ..objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, advantage_recursion_mask, aggregate,
+                          compute_advantages, kl_penalty, policy_loss, token_logprobs, value_loss)
 from ..rollout.models import load_policy
 
 INPUT_COLUMNS = ("input_ids", "attention_mask")
-LOSS_COLUMNS = ("response_mask", "loss_mask", "old_logp", "token_advantages", "ref_logp", "old_values", "returns")
+LOSS_COLUMNS = ("response_mask", "loss_mask", "value_mask", "old_logp", "token_advantages", "ref_logp", "old_values",
+                "returns")
 
 
 class StarPOTorchLearner(TorchLearner):
@@ -134,13 +135,18 @@ class StarPOTorchLearner(TorchLearner):
                                (gap.sum() / mask.sum().clamp(min=1)).item(), window=1)
         data["old_logp"] = old_logp * mask if config.recompute_logprobs else behaviour * mask
         data["ref_logp"] = ref_logp
+        # The critic learns, and the recursion reads, values on the tokens of the advantage mask.
+        value_mask = advantage_recursion_mask(mask, config.advantage_mask)
         if ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
-            inputs = AdvantageInputs(token_rewards=data["token_rewards"], response_mask=mask,
+            inputs = AdvantageInputs(token_rewards=data["token_rewards"], response_mask=value_mask,
                                      returns=data["token_rewards"].sum(-1), group_ids=data["group"], values=old_values)
-            advantages, returns = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings())
+            advantages, returns = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings(),
+                                                     whiten_mask=mask)
+            advantages = advantages * mask  # only sampled tokens are trained: observation steps keep none
         else:  # computed on the driver from the whole kept batch
             advantages, returns = data["advantages"], torch.zeros_like(mask)
         data["old_values"], data["token_advantages"], data["returns"] = old_values, advantages, returns
+        data["value_mask"] = value_mask
 
     def _optimizer_step(self, data: dict, rows: torch.Tensor, module, module_id, config, micro_size: int,
                         first: bool) -> tuple[torch.Tensor, bool]:
@@ -156,8 +162,8 @@ class StarPOTorchLearner(TorchLearner):
         def normaliser(mask: torch.Tensor) -> torch.Tensor:  # what the aggregation divides by
             return mask.sum() if per_token else (mask.sum(-1) > 0).sum()
 
-        # The policy terms are normalised over the trained tokens, the value loss over every sampled token.
-        denominators = {key: normaliser(data[key][rows]).clamp(min=1) for key in ("loss_mask", "response_mask")}
+        # The policy terms are normalised over the trained tokens, the value loss over the advantage mask's.
+        denominators = {key: normaliser(data[key][rows]).clamp(min=1) for key in ("loss_mask", "value_mask")}
         for optimizer in self._optimizer_parameters:
             optimizer.zero_grad(set_to_none=True)
         micro_batches = [rows[i:i + micro_size] for i in range(0, len(rows), micro_size)]
@@ -169,7 +175,7 @@ class StarPOTorchLearner(TorchLearner):
             sync = index == len(micro_batches) - 1 or not hasattr(module, "no_sync")
             with contextlib.nullcontext() if sync else module.no_sync():
                 loss = self._micro_loss(data, micro, module, module_id, config, first and index == 0,
-                                        policy_share=shares["loss_mask"], value_share=shares["response_mask"])
+                                        policy_share=shares["loss_mask"], value_share=shares["value_mask"])
                 loss.backward()
             total = total + loss.detach()
         gradients = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
@@ -219,11 +225,13 @@ class StarPOTorchLearner(TorchLearner):
         """The StarPO loss on one prepared batch: clipped surrogate - entropy bonus (+ KL) (+ value loss).
 
         ``batch`` holds ``response_mask`` (every sampled token), ``loss_mask`` (those the policy terms train),
+        ``value_mask`` (those the value loss trains: the advantage recursion's; default ``response_mask``),
         ``old_logp``, ``token_advantages`` and, as configured, ``ref_logp``, ``old_values`` and ``returns`` (all
         (B, T)), plus the micro-batch's ``policy_share`` and ``value_share`` (1 for a whole minibatch);
         ``fwd_out`` is ``forward_train``'s output on it.
         """
-        mask, agg = batch["response_mask"], config.loss_aggregation
+        agg = config.loss_aggregation
+        mask = batch["value_mask"] if batch.get("value_mask") is not None else batch["response_mask"]
         trained = batch["loss_mask"]
         pg, metrics = policy_loss(fwd_out["logp"], batch["old_logp"], batch["token_advantages"], trained,
                                   clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,

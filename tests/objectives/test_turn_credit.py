@@ -4,8 +4,8 @@ reference's advantage whitening."""
 import pytest
 import torch
 
-from rllib_ragen.objectives import (AdvantageInputs, AdvantageSettings, compute_advantages, compute_bi_level_gae,
-                                    compute_gae, compute_gigpo_step_advantages, compute_turn_gae, masked_whiten,
+from rllib_ragen.objectives import (AdvantageInputs, AdvantageSettings, advantage_recursion_mask, compute_advantages,
+                                    compute_bi_level_gae, compute_gae, compute_gigpo_step_advantages, compute_turn_gae, masked_whiten,
                                     place_rewards, turn_end_mask, turn_index)
 
 # Row 0: turn 1 on tokens 0-2 (reward 1), an observation on 3-4 (values there must never be read), turn 2 on 5-6
@@ -18,6 +18,31 @@ VALUES = torch.tensor([[0.5, 0.4, 0.3, 9.0, 9.0, 0.2, 0.1], [0.2, 0.1, 5.0, 0.3,
 def test_turn_ends_and_indices_come_from_the_mask():
     assert turn_end_mask(MASK).nonzero().tolist() == [[0, 2], [0, 6], [1, 1], [1, 3]]
     assert turn_index(MASK).tolist() == [[0, 0, 0, -1, -1, 1, 1], [0, 0, -1, 1, -1, -1, -1]]
+
+
+def test_advantage_mask_through_observations_spans_first_to_last_sampled_token():
+    assert advantage_recursion_mask(MASK, "sampled").tolist() == MASK.tolist()
+    assert advantage_recursion_mask(MASK, "sampled_and_observations").tolist() == [[1] * 7, [1, 1, 1, 1, 0, 0, 0]]
+    late_start = torch.tensor([[0, 0, 1, 0, 1, 0]])  # the first prompt and the padding after the end are no steps
+    assert advantage_recursion_mask(late_start, "sampled_and_observations").tolist() == [[0, 0, 1, 1, 1, 0]]
+    with pytest.raises(ValueError, match="choose one of"):
+        advantage_recursion_mask(MASK, "everything")
+
+
+def test_gae_through_observations_by_hand():
+    # gamma 1, lambda 0.5. Stepping through the observation (values 9.0 at tokens 3-4), row 0:
+    # A6 = 2 - 0.1 = 1.9, A5 = (0.1 - 0.2) + 0.5 * 1.9 = 0.85, A4 = (0.2 - 9) + 0.5 * 0.85 = -8.375,
+    # A3 = (9 - 9) + 0.5 * -8.375 = -4.1875, A2 = (1 + 9 - 0.3) + 0.5 * -4.1875 = 7.60625,
+    # A1 = (0.3 - 0.4) + 0.5 * 7.60625 = 3.703125, A0 = (0.4 - 0.5) + 0.5 * 3.703125 = 1.7515625.
+    # Row 1: A3 = 0.7, A2 = (0.3 - 5) + 0.35 = -4.35, A1 = (5 - 0.1) - 2.175 = 2.725, A0 = (0.1 - 0.2) + 1.3625.
+    through = advantage_recursion_mask(MASK, "sampled_and_observations")
+    advantages, _ = compute_gae(REWARDS, VALUES, through, gamma=1.0, lam=0.5)
+    torch.testing.assert_close(advantages, torch.tensor([
+        [1.7515625, 3.703125, 7.60625, -4.1875, -8.375, 0.85, 1.9],
+        [1.2625, 2.725, -4.35, 0.7, 0, 0, 0]]))
+    # Skipping the observation (the default) the same rewards give A2 = (1 + 0.2 - 0.3) + 0.5 * 0.85 = 1.325, ...
+    skipped, _ = compute_gae(REWARDS, VALUES, MASK, gamma=1.0, lam=0.5)
+    torch.testing.assert_close(skipped[0], torch.tensor([0.18125, 0.5625, 1.325, 0, 0, 0.85, 1.9]))
 
 
 def test_bi_level_gae_by_hand():

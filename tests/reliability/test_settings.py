@@ -45,7 +45,7 @@ def test_minus_one_survives_the_build_and_a_checkpoint(ray_session, small_config
     # RLlib's config state drops every value equal to -1, its "deprecated" marker: the default came back silently.
     # The knobs of turn-aware credit, off their defaults, must survive the same way.
     credit = dict(whiten_advantages=False, gamma_turn=0.9, gamma_token=0.8, gigpo_step_gamma=0.7, gigpo_omega=0.5,
-                  loss_mask="no_think")
+                  loss_mask="no_think", advantage_mask="sampled_and_observations")
     algo = small_config(format_penalty=-1.0, validation_interval=0, **credit).build_algo()
     try:
         assert algo.config.format_penalty == -1.0 and algo.env_runner.engine.config.format_penalty == -1.0

@@ -69,13 +69,44 @@ def assert_same_update(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], l
     assert moved < 0.05 * lr, f"the two updates differ by {moved}"
 
 
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
-def test_micro_batches_accumulate_to_the_full_batch_gradient(aggregation, small_config):
+@pytest.mark.parametrize("aggregation, advantage_mask", [("token-mean", "sampled"), ("seq-mean-token-mean", "sampled"),
+                                                          ("token-mean", "sampled_and_observations")])
+def test_micro_batches_accumulate_to_the_full_batch_gradient(aggregation, advantage_mask, small_config):
     full, micro = (weights_after_one_iteration(small_config(micro_batch_size=micro_batch_size,
                                                             loss_aggregation=aggregation, validation_interval=0,
-                                                            grad_clip=None))
+                                                            advantage_mask=advantage_mask, grad_clip=None))
                    for micro_batch_size in (None, 1))
     assert_same_update(full, micro)
+
+
+def test_advantage_mask_through_observations_trains_the_critic_there_and_the_policy_on_sampled_tokens(small_config):
+    from rllib_ragen.objectives import compute_gae, masked_whiten
+    from rllib_ragen.starpo.batch import prepare_update_batch
+
+    config = small_config(advantage_mask="sampled_and_observations", lambda_=0.5, validation_interval=0,
+                          rollout_filter_ratio=1.0)
+    algo = config.build_algo()
+    try:
+        runner = algo.env_runner
+        trajectories = runner.sample(seeds=[0, 1], group_size=4, sampling=config.sampling_params(), sample_seed=0)
+        columns, _ = prepare_update_batch(trajectories, config, runner.tokenizer.pad_token_id)
+        data = {key: torch.as_tensor(value) for key, value in columns.items()}
+        learner = algo.learner_group._learner
+        learner._prepare(data, learner.module[DEFAULT_MODULE_ID], config, [torch.arange(len(data["input_ids"]))])
+        sampled = data["response_mask"]
+        observations = data["value_mask"] - sampled  # the environment's tokens between two turns
+        assert observations.min() >= 0 and observations.sum() > 0, "no two-turn trajectory to test on"
+        # The recursion stepped through the observations (lambda 0.5 makes that visible), was whitened over the
+        # sampled tokens, and left no advantage on an observation token: those are never trained.
+        raw, returns = compute_gae(data["token_rewards"], data["old_values"], data["value_mask"], gamma=1.0, lam=0.5)
+        torch.testing.assert_close(data["token_advantages"], masked_whiten(raw, sampled) * sampled)
+        skipped, _ = compute_gae(data["token_rewards"], data["old_values"], sampled, gamma=1.0, lam=0.5)
+        assert not torch.allclose(raw * sampled, skipped)
+        # The critic gets targets on the observation tokens the recursion read its values on.
+        torch.testing.assert_close(data["returns"], returns)
+        assert (returns * observations).abs().sum() > 0
+    finally:
+        algo.stop()
 
 
 def test_micro_batches_stay_exact_when_the_loss_mask_trains_a_subset(small_config):

@@ -30,6 +30,9 @@ def test_a_turn_aware_estimator_trains_one_iteration(small_config, estimator, cr
     (dict(gamma_turn=0.0), "gamma_turn=0.0 must lie in (0, 1]"),
     (dict(gigpo_omega=-1.0), "gigpo_omega=-1.0 must be >= 0"),
     (dict(whiten_advantages="yes"), "whiten_advantages='yes' must be True or False"),
+    (dict(advantage_mask="observations"), "advantage_mask='observations': choose one of"),
+    (dict(advantage_estimator="bi_level_gae", advantage_mask="sampled_and_observations"),
+     "applies to advantage_estimator='gae' only"),
 ])
 def test_bad_estimator_settings_fail_at_validate(small_config, knobs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
