@@ -1,0 +1,38 @@
+"""Paired before/after comparison: hand-computed interval and exact McNemar p-values."""
+
+import math
+
+import pytest
+
+from rllib_ragen.paired_stats import exact_mcnemar_p, paired_comparison
+
+
+def test_exact_mcnemar_by_hand():
+    # 5 flips all one way: P(X <= 0) = 1/32 per tail, two-sided 2/32.
+    assert exact_mcnemar_p(5, 0) == pytest.approx(2 / 32)
+    # 3 up, 1 down: P(X <= 1) = (1 + 4) / 16, doubled = 0.625.
+    assert exact_mcnemar_p(3, 1) == pytest.approx(0.625)
+    assert exact_mcnemar_p(2, 2) == 1.0 and exact_mcnemar_p(0, 0) == 1.0  # never above 1; no flips, no evidence
+
+
+def test_paired_comparison_by_hand():
+    # Four states: one up, one down, two unchanged -> differences (1, -1, 0, 0); plus two more up.
+    before = {1: 0.0, 2: 1.0, 3: 1.0, 4: 0.0, 5: 0.0, 6: 0.0}
+    after = {1: 1.0, 2: 0.0, 3: 1.0, 4: 0.0, 5: 1.0, 6: 1.0}
+    result = paired_comparison(before, after)
+    diffs = [1, -1, 0, 0, 1, 1]
+    mean = sum(diffs) / 6
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 5)
+    assert (result.n, result.before, result.after, result.difference) == (6, pytest.approx(2 / 6),
+                                                                        pytest.approx(4 / 6), pytest.approx(mean))
+    assert result.ci_high - result.difference == pytest.approx(1.959964 * sd / math.sqrt(6), rel=1e-6)
+    assert (result.improved, result.worsened) == (3, 1)
+    assert result.p_value == pytest.approx(0.625)
+    assert "+0.333" in result.describe()
+
+
+def test_states_must_match():
+    with pytest.raises(ValueError, match="same states"):
+        paired_comparison({1: 0.0, 2: 1.0}, {1: 0.0, 3: 1.0})
+    with pytest.raises(ValueError, match="at least 2"):
+        paired_comparison({1: 0.0}, {1: 1.0})
