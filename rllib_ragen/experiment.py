@@ -5,12 +5,13 @@ folder, iterations, warm start, pass bar); :func:`parse_job_args` lays the comma
 :func:`run_job` warm-starts the policy on demonstrations, builds the algorithm, trains it while printing progress,
 and writes what a user needs to judge the run.
 
-Outputs in ``output_dir``: ``metrics.csv`` (one row per iteration, every scalar result, named by its path in the
-result: ``env_runners/...``, ``learners/default_policy/...``), ``learning_curve.png`` (success, reward std,
-entropy, grad norm per iteration; needs matplotlib), ``validation_rollouts.parquet`` (the last validation's
-episodes, with their text), ``policy/`` (the trained model, loadable by plain transformers), ``summary.json``
-(before/after validation metrics, throughput, wall time), ``warm_start/`` (the SFT model) and ``checkpoint/`` (the
-algorithm every ``checkpoint_interval`` iterations and after the last; ``resume`` continues from it).
+Each run writes to its own folder, ``<output_dir>/<timestamp>_seed<seed>/`` with ``<output_dir>/latest`` pointing
+at the newest (see ``experiment_outputs``): ``run_config.json``, ``metrics.csv`` (one row per iteration, every
+scalar result, named by its path in the result: ``env_runners/...``, ``learners/default_policy/...``),
+``tensorboard/``, ``learning_curve.png``, ``validation_rollouts.parquet`` (the last validation's episodes, with their
+text), ``policy/`` (the trained model, loadable by plain transformers), ``summary.json`` (before/after validation
+metrics, throughput, wall time), ``job.log``, ``warm_start/`` (the SFT model) and ``checkpoint/`` (the algorithm every
+``checkpoint_interval`` iterations and after the last; ``resume`` continues from it).
 
 Example::
 
@@ -21,12 +22,12 @@ Example::
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import math
 import os
 import pathlib
+import statistics
 import sys
 import time
 from typing import Callable
@@ -35,16 +36,13 @@ import torch
 
 from . import metrics as M
 from .experiment_flags import JobSettings, parse_job_args, user_model_config
-from .rollout.engine import Trajectory
-from .starpo.checkpoints import recover_interrupted_save
+from .experiment_outputs import (CHECKPOINT, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED_AT, VALIDATION,
+                                 TensorBoardLog, check_output_paths, check_resume, close_run_log,
+                                 keep_notices_off_the_console, plot_learning_curve, read_csv, resolve_run_folder,
+                                 send_notices_to, start_run_folder, trailing_mean, write_csv, write_rollouts)
 
-__all__ = ["JobSettings", "parse_job_args", "run_job", "warm_start"]
+__all__ = ["JobSettings", "flatten_result", "parse_job_args", "run_job", "warm_start"]
 
-# Where the driver reads its numbers in a flattened result row (paths in Algorithm.train()'s result).
-TRAINING = "env_runners/"
-VALIDATION = "evaluation/env_runners/"
-LEARNER = "learners/default_policy/"
-VALIDATED_AT = VALIDATION + M.VALIDATION_ITERATION
 SUMMARY_METRICS = (M.SUCCESS, "pass@1", M.VALID_ACTION_RATE, M.FORMAT_ERROR_RATE, M.RETURN_MEAN, M.NUM_ACTIONS)
 
 
@@ -71,27 +69,44 @@ def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pat
     return str(path)
 
 
-def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str] | None = None) -> dict:
+def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str] | None = None,
+            reference_lines: dict[str, float] | None = None) -> dict:
     """Warm start (when a demonstration policy is given), train, and write the outputs. Returns the summary.
 
-    Validation runs before training and every ``validation_interval`` iterations, as the config says, and once
-    more after the last iteration when that one did not validate, so "after" is always the trained policy. The
-    verdict against ``job.pass_bar`` (the least rise of validation success over the warm start that counts as
-    learning) is printed and stored in the summary (``success_gain``, ``passed``).
+    The run gets its own folder (``experiment_outputs``); its path is printed first and stored in the summary
+    (``run_dir``). Validation runs before training and every ``validation_interval`` iterations, as the config
+    says, and once more after the last iteration when that one did not validate, so "after" is always the trained
+    policy. The verdict against ``job.pass_bar`` (the least rise of validation success over the warm start that
+    counts as learning) is printed and stored in the summary (``success_gain``, ``passed``).
+    ``reference_lines`` (e.g. ``{"random policy": 0.22, "optimal policy": 1.0}``) are drawn on the success panel.
     """
+    job.validate()
+    if not job.verbose:
+        keep_notices_off_the_console()
+    out = resolve_run_folder(job.output_dir, job.run_name, job.resume, config.seed or 0)
+    check_output_paths(out)  # before any work: a run must not train for minutes and then fail to save
+    check_resume(out / CHECKPOINT, job.resume)
+    start_run_folder(out, config, job)
+    try:
+        return _run(config, job, demonstration_policy, out, reference_lines or {})
+    finally:
+        close_run_log()
+
+
+def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, reference_lines: dict) -> dict:
     import ray
 
-    job.validate()
-    out = pathlib.Path(job.output_dir).resolve()
-    check_output_paths(out)  # before any work: a run must not train for minutes and then fail to save
-    checkpoint = out / CHECKPOINT
-    check_resume(checkpoint, job.resume)
-    out.mkdir(parents=True, exist_ok=True)
+    if not job.verbose:
+        send_notices_to(out / "job.log")
     torch.set_num_threads(job.threads)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False)
+        ray.init(include_dashboard=False, log_to_driver=False,
+                 **({} if job.verbose else {"logging_level": logging.ERROR}))
+        if not job.verbose:
+            keep_notices_off_the_console()  # ray.init set up its console handler again
     t_start = time.perf_counter()
+    _print_plan(config, job, out, demonstration_policy is not None)
 
     base_model = config.model_config["model"]
     if demonstration_policy is not None and job.warm_start_steps > 0 and job.warm_start_episodes > 0:
@@ -102,95 +117,126 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
         else:
             model = warm_start(config, job, demonstration_policy, warm_dir)
         config = config.copy(copy_frozen=False).rl_module(model_config={**user_model_config(config), "model": model})
+    # The "before" validation runs here, not inside the first train(): its score is printed as soon as it is known
+    # and its one-off cost stays out of the iteration times. Same seeds and sampling seed, so the same numbers.
+    validate_first = bool(not job.resume and config.validation_interval and config.validate_before_training)
+    if validate_first:
+        config = config.copy(copy_frozen=False).training(validate_before_training=False)
     algo = config.build_algo()
     rows: list[dict] = []
     validations: list[dict] = []
+    clock = _Clock(job.iterations, config.validation_interval)
+    tensorboard = TensorBoardLog(out / "tensorboard")
     try:
         if job.resume:
-            algo.restore_from_path(checkpoint)
-            rows = _read_csv(out / "metrics.csv", up_to=algo.iteration)
+            algo.restore_from_path(out / CHECKPOINT)
+            rows = read_csv(out / "metrics.csv", up_to=algo.iteration)
             for row in rows:
                 _keep_validation(row, validations)
-            print(f"resumed from {checkpoint} at iteration {algo.iteration} ({len(rows)} rows of metrics.csv kept)",
-                  flush=True)
-        t_train, first = time.perf_counter(), algo.iteration  # the time-left estimate counts this run's iterations
+            print(f"resumed from {out / CHECKPOINT} at iteration {algo.iteration} ({len(rows)} rows of metrics.csv "
+                  "kept)", flush=True)
+        elif validate_first:
+            t0 = time.perf_counter()
+            before = flatten_result({"evaluation": {"env_runners": algo.evaluate_validation_set()}})
+            clock.validation_s = time.perf_counter() - t0
+            _keep_validation(before, validations)
+            tensorboard.write(before, 0)
+            print(f"before RL: validation success {_validation_success(before, config.env):.3f} on "
+                  f"{config.validation_size} held-out states ({clock.validation_s:.0f} s)", flush=True)
         while algo.iteration < job.iterations:
-            row = _flatten(algo.train())
+            t0 = time.perf_counter()
+            row = flatten_result(algo.train())
             rows.append(row)
-            _keep_validation(row, validations)
-            _print_progress(config.env, job.iterations, row, t_train, first)
-            _write_csv(out / "metrics.csv", rows)
+            validated = _keep_validation(row, validations)
+            clock.record(time.perf_counter() - t0, validated)
+            _print_progress(config.env, job.iterations, rows, clock)
+            if validated:
+                print(f"  validation at iteration {algo.iteration}: success "
+                      f"{_validation_success(validations[-1], config.env):.3f} (before RL "
+                      f"{_validation_success(validations[0], config.env):.3f})", flush=True)
+            write_csv(out / "metrics.csv", rows)
+            # Rows between validations repeat the last validation's numbers: TensorBoard gets them once, at the
+            # iteration they were measured.
+            tensorboard.write(row if validated else {k: v for k, v in row.items() if not k.startswith(VALIDATION)},
+                              algo.iteration)
             if job.checkpoint_interval and (algo.iteration % job.checkpoint_interval == 0
                                             or algo.iteration == job.iterations):
-                algo.save_to_path(checkpoint)
+                algo.save_to_path(out / CHECKPOINT)
         if (not algo.last_validation or not validations
                 or validations[-1][VALIDATED_AT] != algo.iteration):
-            _keep_validation(_flatten({"evaluation": {"env_runners": algo.evaluate_validation_set()}}), validations)
-        _write_rollouts(out / "validation_rollouts.parquet", algo.last_validation)
+            after = flatten_result({"evaluation": {"env_runners": algo.evaluate_validation_set()}})
+            _keep_validation(after, validations)
+            tensorboard.write(after, algo.iteration)
+        write_rollouts(out / "validation_rollouts.parquet", algo.last_validation)
         algo.export_pretrained(out / "policy")
     finally:
         algo.stop()
+        tensorboard.close()
     summary = _summary(config, base_model, rows, validations, time.perf_counter() - t_start)
     summary["success_gain"] = summary["after"][M.SUCCESS] - summary["before"][M.SUCCESS]
     summary["passed"] = bool(summary["success_gain"] >= job.pass_bar)
+    summary["run_dir"] = str(out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    _plot(out / "learning_curve.png", rows, validations, config.env)
+    title = (f"{config.env} | model {pathlib.Path(str(base_model)).name} | seed {config.seed} | "
+             f"{summary['iterations']} iterations")
+    plot_learning_curve(out / "learning_curve.png", rows, validations, config.env, title,
+                        {"warm start": summary["before"][M.SUCCESS], **reference_lines})
     _print_table(summary, config)
     print(f"success gain {summary['success_gain']:+.3f} (bar {job.pass_bar}): "
           f"{'PASS' if summary['passed'] else 'below the bar'}")
+    print(f"outputs: {out}")
     return summary
 
 
-# ---- outputs --------------------------------------------------------------------------------------------------
-CHECKPOINT = "checkpoint"
-OUTPUT_FOLDERS = ("policy", "warm_start", CHECKPOINT)
-OUTPUT_FILES = ("metrics.csv", "summary.json", "learning_curve.png", "validation_rollouts.parquet")
+def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool) -> None:
+    print(f"run folder: {out} ({pathlib.Path(job.output_dir) / LATEST} points here)", flush=True)
+    steps = []
+    if warm_starts and job.warm_start_steps > 0 and job.warm_start_episodes > 0 and not job.resume:
+        steps.append(f"warm start {job.warm_start_steps} steps on {job.warm_start_episodes} demonstrations")
+    steps.append(f"{job.iterations} StarPO iterations of {config.num_groups} x {config.group_size} episodes")
+    if config.validation_interval:
+        steps.append(f"validation on {config.validation_size} held-out states every {config.validation_interval} "
+                     "iterations and after the last")
+    estimate = f"; about {job.expected_minutes:g} min on a 2-core CPU" if job.expected_minutes else ""
+    print(f"plan: {', '.join(steps)}{estimate}", flush=True)
 
 
-def check_output_paths(out: pathlib.Path) -> None:
-    """Fail before any work when an output could not be written where it goes (a file where a folder must be, or
-    the reverse): transformers' ``save_pretrained`` onto a file only logs an error, and the trained policy is lost.
-    """
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"output_dir {out} is a file; choose another --output-dir.")
-    wrong = [out / name for name in OUTPUT_FOLDERS if (out / name).exists() and not (out / name).is_dir()]
-    wrong += [out / name for name in OUTPUT_FILES if (out / name).is_dir()]
-    if wrong:
-        raise FileExistsError(f"these outputs would not be written: {[str(p) for p in wrong]} (a file where a folder "
-                              "goes, or a folder where a file goes); move them or choose another --output-dir.")
+class _Clock:
+    """Time left from the iterations seen so far: a typical iteration (the median of those without validation)
+    times the iterations left, plus one validation's cost per validation left. One-off costs (warm start, model
+    loading, the "before" validation) are not iterations and do not inflate it."""
+
+    def __init__(self, iterations: int, validation_interval: int):
+        self.iterations, self.interval = iterations, validation_interval
+        self.plain: list[float] = []
+        self.validating: list[float] = []
+        self.validation_s: float | None = None  # one validation's cost, when the driver timed one
+        self.last_s = math.nan
+
+    def record(self, seconds: float, validated: bool) -> None:
+        (self.validating if validated else self.plain).append(seconds)
+        self.last_s = seconds
+
+    def seconds_left(self, iteration: int) -> float:
+        typical = statistics.median(self.plain or self.validating)
+        validation = self.validation_s
+        if validation is None and self.validating and self.plain:
+            validation = max(0.0, statistics.mean(self.validating) - typical)
+        left = range(iteration + 1, self.iterations + 1)
+        validations = sum(1 for i in left if self.interval and i % self.interval == 0)
+        if self.iterations > iteration and not (self.interval and self.iterations % self.interval == 0):
+            validations += 1  # the closing validation after the last iteration
+        return typical * len(left) + (validation or 0.0) * validations
 
 
-def check_resume(checkpoint: pathlib.Path, resume: bool) -> None:
-    """Before any work: ``resume`` needs a checkpoint, and a fresh run must not overwrite an earlier run's."""
-    recover_interrupted_save(checkpoint)  # a kill mid-save may have left the last checkpoint beside its place
-    if resume and not (checkpoint / "rllib_checkpoint.json").is_file():
-        raise FileNotFoundError(f"--resume: there is no checkpoint at {checkpoint}. Resume with the --output-dir of "
-                                "the run to continue, or start without --resume.")
-    if not resume and checkpoint.exists():
-        raise FileExistsError(f"{checkpoint.parent} holds the checkpoint of an earlier run. Continue it with --resume "
-                              "(raise --iterations to train longer), or choose another --output-dir. Nothing was "
-                              "overwritten.")
-
-
-def _read_csv(path: pathlib.Path, up_to: int) -> list[dict]:
-    """The rows of a metrics.csv written by an earlier run, up to iteration ``up_to`` (later ones were never
-    checkpointed: they are trained again)."""
-    if not path.is_file():
-        logging.getLogger(__name__).warning("%s is missing: the resumed run's metrics start at this iteration.", path)
-        return []
-    with open(path, newline="") as f:
-        rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
-    return [row for row in rows if row.get("training_iteration", math.inf) <= up_to]
-
-
-def _flatten(result: dict, prefix: str = "") -> dict:
+def flatten_result(result: dict, prefix: str = "") -> dict:
     """Scalar results as one flat row, each named by its path in the result (``env_runners/episode_return_mean``)."""
     row = {}
     for key, value in result.items():
         if key == "config":
             continue
         if isinstance(value, dict):
-            row.update(_flatten(value, f"{prefix}{key}/"))
+            row.update(flatten_result(value, f"{prefix}{key}/"))
         elif isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "item"):
             try:
                 row[prefix + key] = float(value)
@@ -199,42 +245,32 @@ def _flatten(result: dict, prefix: str = "") -> dict:
     return row
 
 
-def _keep_validation(row: dict, validations: list[dict]) -> None:
-    """Remember a row's validation metrics once: rows between validations repeat (or lack) the last ones."""
+def _keep_validation(row: dict, validations: list[dict]) -> bool:
+    """Remember a row's validation metrics once (rows between validations repeat or lack the last ones); True
+    when the row brought a new validation."""
     validated_at = row.get(VALIDATED_AT, math.nan)
     if math.isfinite(validated_at) and (not validations or validations[-1][VALIDATED_AT] != validated_at):
         validations.append({k: v for k, v in row.items() if k.startswith(VALIDATION)})
+        return True
+    return False
 
 
-def _print_progress(env: str, iterations: int, row: dict, t_start: float, first: int = 0) -> None:
+def _validation_success(row: dict, env: str) -> float:
+    return row.get(VALIDATION + M.env_metric(env, M.SUCCESS), math.nan)
+
+
+def _print_progress(env: str, iterations: int, rows: list[dict], clock: _Clock) -> None:
+    row = rows[-1]
     done = int(row["training_iteration"])
-    elapsed = time.perf_counter() - t_start
-    left = elapsed / (done - first) * (iterations - done)
-    print(f"iter {done:3d}/{iterations} | success {row.get(TRAINING + M.env_metric(env, M.SUCCESS), math.nan):.2f} "
+    key = TRAINING + M.env_metric(env, M.SUCCESS)
+    smoothed = trailing_mean([r.get(key, math.nan) for r in rows], SMOOTHING)[-1]
+    print(f"iter {done:3d}/{iterations} | success {row.get(key, math.nan):.2f} ({SMOOTHING}-it mean {smoothed:.2f}) "
           f"| reward {row.get(TRAINING + M.EPISODE_RETURN_MEAN, math.nan):+.3f} "
           f"(in-group std {row.get(M.FILTER_REWARD_STD, math.nan):.3f}) "
           f"| entropy {row.get(LEARNER + M.ENTROPY, math.nan):.3f} "
           f"| format errors {row.get(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), math.nan):.2f} "
-          f"| {row.get('time_this_iter_s', math.nan):.1f} s/it | left ~{left / 60:.1f} min", flush=True)
-
-
-def _write_csv(path: pathlib.Path, rows: list[dict]) -> None:
-    columns = sorted({k for row in rows for k in row})
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def _write_rollouts(path: pathlib.Path, trajectories: list[Trajectory]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    records = [{"env": t.env_name, "group": t.group, "seed": t.seed, "success": t.success, "return": t.total_return,
-                "turn_rewards": t.turn_rewards, "num_turns": t.num_turns, "num_actions": t.num_actions,
-                "format_errors": t.format_errors, "response_tokens": int(sum(t.response_mask)),
-                "total_tokens": len(t.token_ids), "truncated": t.truncated, "text": t.text} for t in trajectories]
-    pq.write_table(pa.Table.from_pylist(records), path)
+          f"| {clock.last_s:.1f} s/it "
+          f"| left ~{clock.seconds_left(done) / 60:.1f} min", flush=True)
 
 
 def _summary(config, base_model: str, rows: list[dict], validations: list[dict], wall_s: float) -> dict:
@@ -266,29 +302,3 @@ def _print_table(summary: dict, config) -> None:
     print(f"{'rollout tokens/s':28s}{summary['rollout_tokens_per_s']:20,.0f}")
     print(f"{'update tokens/s':28s}{summary['update_tokens_per_s']:20,.0f}")
     print(f"{'wall time':28s}{summary['wall_time_s'] / 60:17.1f} min")
-
-
-def _plot(path: pathlib.Path, rows: list[dict], validations: list[dict], env: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"(no {path.name}: pip install matplotlib, or rllib_ragen[plots])")
-        return
-    success = M.env_metric(env, M.SUCCESS)
-    panels = [(TRAINING + success, "training success"), (M.FILTER_REWARD_STD, "in-group reward std"),
-              (LEARNER + M.ENTROPY, "entropy"), (LEARNER + M.GRAD_NORM.format(optimizer="actor"), "actor grad norm")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3))
-    steps = [r["training_iteration"] for r in rows]
-    for ax, (key, title) in zip(axes, panels):
-        ax.plot(steps, [r.get(key, math.nan) for r in rows], marker=".")
-        ax.set_title(title)
-        ax.set_xlabel("iteration")
-    axes[0].plot([v[VALIDATED_AT] for v in validations], [v.get(VALIDATION + success) for v in validations],
-                 "s", color="tab:red", label="validation (held out)")
-    axes[0].legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

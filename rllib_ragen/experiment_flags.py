@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .experiment_outputs import keep_notices_off_the_console
 from .rollout.vllm_backend import vllm_available
 
 
@@ -34,7 +35,8 @@ def _help(text: str, **kwargs):
 class JobSettings:
     """What the driver itself needs; the method's settings are the job's ``StarPOConfig``."""
 
-    output_dir: str = _help("where metrics, plots, rollouts and the exported model go", default="outputs/starpo")
+    output_dir: str = _help("the job's folder: each run writes its metrics, plots, rollouts and model to a folder of "
+                            "its own inside it", default="outputs/starpo")
     iterations: int = _help("StarPO training iterations (one rollout batch and update each)", default=20)
     threads: int = _help("torch threads in the driver process", default=2)
     warm_start_episodes: int = _help("demonstration episodes for the supervised warm start (0: none)", default=512)
@@ -45,8 +47,14 @@ class JobSettings:
                             default=0.05)
     checkpoint_interval: int = _help("save the algorithm to output_dir/checkpoint every N iterations and after "
                                      "the last (0: never)", default=5)
-    resume: bool = _help("continue the run in output_dir from its checkpoint (after a crash, or with a larger "
-                         "--iterations); iterations after that checkpoint are trained again", default=False)
+    run_name: str = _help("the run's folder inside output_dir (empty: <timestamp>_seed<seed>); with --resume, the "
+                          "run to continue (empty: the one output_dir/latest points at)", default="")
+    resume: bool = _help("continue a run from its checkpoint (after a crash, or with a larger --iterations); "
+                         "iterations after that checkpoint are trained again", default=False)
+    verbose: bool = _help("show library notices (RLlib, Ray, transformers) and loading bars on the console; "
+                          "otherwise they go to the run folder's job.log", default=False)
+    expected_minutes: float = _help("wall minutes this job took with its defaults on a 2-core CPU, printed at start "
+                                    "as a guide (0: none)", default=0.0)
 
     def validate(self) -> None:
         """Raise ValueError naming each field of the wrong kind or out of range."""
@@ -62,8 +70,14 @@ class JobSettings:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or (
                     positive and value <= 0):
                 errors.append(f"{name}={value!r} must be a finite number{' > 0' * positive}.")
-        if not isinstance(self.resume, bool):
-            errors.append(f"resume={self.resume!r} must be True or False.")
+        for name in ("resume", "verbose"):
+            if not isinstance(getattr(self, name), bool):
+                errors.append(f"{name}={getattr(self, name)!r} must be True or False.")
+        if not isinstance(self.run_name, str) or "/" in self.run_name or self.run_name in (".", "..", "latest"):
+            errors.append(f"run_name={self.run_name!r} must be a plain folder name (not 'latest'), or empty.")
+        if (not isinstance(self.expected_minutes, (int, float)) or isinstance(self.expected_minutes, bool)
+                or not math.isfinite(self.expected_minutes) or self.expected_minutes < 0):
+            errors.append(f"expected_minutes={self.expected_minutes!r} must be a finite number >= 0.")
         if not isinstance(self.output_dir, str) or not self.output_dir:
             errors.append(f"output_dir={self.output_dir!r} must be a folder path.")
         if errors:
@@ -191,6 +205,8 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
             gpu_config(config)
         job = dataclasses.replace(job, **REFERENCE_GPU_JOB)
     job = dataclasses.replace(job, **{k: v for k, v in given.items() if k in job_fields})
+    if job.verbose is False:  # RLlib's API-stack notice comes at validate(): hold it for the run's job.log
+        keep_notices_off_the_console()
     try:
         if "preset" in given:
             config.preset(given["preset"])

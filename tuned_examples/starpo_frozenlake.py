@@ -29,11 +29,15 @@ config = (
               # default whitens as the reference does, which on the bandit job gave 0.828 instead of 0.867.
               whiten_advantages=False,
               max_turns=10, max_actions_per_turn=1, max_actions_per_episode=10, max_new_tokens_per_turn=32,
-              validation_size=256, validation_interval=25)  # validate before training and after the last iteration
+              validation_size=256, validation_interval=5)  # 6 validation points; 256 maps take ~10 s
     .debugging(seed=0)
 )
 job = JobSettings(output_dir="outputs/starpo_frozenlake", iterations=25, warm_start_episodes=1000,
-                  warm_start_steps=300, pass_bar=0.05)  # validation success must rise at least this much
+                  warm_start_steps=300, pass_bar=0.05,  # validation success must rise at least this much
+                  expected_minutes=11)
+# Measured on the 256 validation maps with 10 uniformly random moves (8 plays each): 0.216. On solid ice every map
+# has a path to the goal, so the optimal policy always succeeds.
+SOLID_ICE_REFERENCE_LINES = {"random moves": 0.216, "optimal policy": 1.0}
 
 
 def gpu_config(config):
@@ -44,4 +48,7 @@ def gpu_config(config):
 if __name__ == "__main__":
     config, job = parse_job_args(config, job, gpu_config=gpu_config, description=__doc__.splitlines()[0])
     slippery = gym.make(config.env, **config.env_config).unwrapped.is_slippery
-    run_job(config, job, frozen_lake_optimal_policy(config.enable_thinking, is_slippery=slippery))
+    measured_on = (config.env, config.max_actions_per_episode, config.validation_seed_start) == (
+        "rllib_ragen/FrozenLakeNotSlippery-v0", 10, 123)  # the lines hold for the maps and budget they were measured on
+    run_job(config, job, frozen_lake_optimal_policy(config.enable_thinking, is_slippery=slippery),
+            SOLID_ICE_REFERENCE_LINES if measured_on else None)

@@ -25,12 +25,20 @@ config = (
               # default whitens as the reference does, which on the bandit job gave 0.828 instead of 0.867.
               whiten_advantages=False,
               max_turns=5, max_actions_per_turn=5, max_actions_per_episode=10, max_new_tokens_per_turn=48,
-              validation_size=256, validation_interval=80)  # validate before training and after the last iteration
+              validation_size=256, validation_interval=20)  # 5 validation points; 256 levels take ~40 s
     .debugging(seed=0)
 )
 job = JobSettings(output_dir="outputs/starpo_sokoban", iterations=80, warm_start_episodes=2000, warm_start_steps=500,
-                  pass_bar=0.05)  # validation success must rise at least this much over the warm start
+                  pass_bar=0.05,  # validation success must rise at least this much over the warm start
+                  expected_minutes=17)
+# Measured on the 256 validation levels: 10 uniformly random moves (8 plays each) solve 0.308 of them, and the
+# solver solves 0.996 within the job's 10 moves. Random moves are a strong baseline on these small levels: the
+# agent, unlike them, also loses turns to format errors.
+REFERENCE_LINES = {"random moves": 0.308, "optimal policy": 0.996}
 
 if __name__ == "__main__":
     config, job = parse_job_args(config, job, description=__doc__.splitlines()[0])
-    run_job(config, job, sokoban_solver_policy(config.max_actions_per_turn, config.enable_thinking))
+    measured_on = (config.env, config.max_actions_per_episode, config.validation_seed_start) == (
+        "rllib_ragen/Sokoban-v0", 10, 123)  # the lines hold for the levels and the move budget they were measured on
+    run_job(config, job, sokoban_solver_policy(config.max_actions_per_turn, config.enable_thinking),
+            REFERENCE_LINES if measured_on else None)

@@ -7,9 +7,11 @@ for a 2-core CPU (two 1-CPU trials at a time); give larger grids and budgets by 
 
     python tuned_examples/tune_sokoban.py [--actions-per-turn 1,5] [--updates 1,2] [--keep-ratios 0.25,1.0] [--help]
 
-Every knob of the main jobs is a flag here too (``--iterations``, ``--validation-size``, ``--model``, ...). Each trial
-checkpoints every ``--checkpoint-interval`` iterations; ``--resume`` continues an interrupted search (same
-``--output-dir``): finished trials are kept, the others go on from their last checkpoint.
+Every knob of the main jobs is a flag here too (``--iterations``, ``--validation-size``, ``--model``, ...). The search
+lives in ``<output-dir>/<run-name>`` (default ``tune_sokoban``), Tune's experiment folder, with TensorBoard events per
+trial. Each trial checkpoints every ``--checkpoint-interval`` iterations; ``--resume`` continues an interrupted
+search (same ``--output-dir`` and ``--run-name``): finished trials are kept, the others go on from their last
+checkpoint.
 """
 
 import csv
@@ -22,6 +24,7 @@ from ray import tune
 from rllib_ragen import StarPO, StarPOConfig
 from rllib_ragen.experiment import JobSettings, warm_start
 from rllib_ragen.experiment_flags import apply_job_args, job_parser
+from rllib_ragen.experiment_outputs import keep_notices_off_the_console, send_notices_to
 from rllib_ragen.rollout.scripted import sokoban_solver_policy
 
 config = (
@@ -52,7 +55,7 @@ def main() -> None:
         base.training(validation_interval=settings.iterations)
 
     out = pathlib.Path(settings.output_dir).resolve()
-    experiment = out / "tune_sokoban"
+    experiment = out / (settings.run_name or "tune_sokoban")  # Tune's experiment folder: one per search
     if settings.resume and not tune.Tuner.can_restore(str(experiment)):
         parser.error(f"--resume: there is no Tune experiment at {experiment} to continue.")
     if not settings.resume and experiment.exists():
@@ -60,7 +63,11 @@ def main() -> None:
                      "--output-dir. Nothing was overwritten.")
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(include_dashboard=False, log_to_driver=False)
+    if not settings.verbose:  # library notices go to job.log; Tune's own trial table stays on the console
+        send_notices_to(out / "job.log")
+    ray.init(include_dashboard=False, log_to_driver=False, **({} if settings.verbose else {"logging_level": "ERROR"}))
+    if not settings.verbose:
+        keep_notices_off_the_console()
     if settings.resume:
         # Finished trials keep their results; unfinished and crashed ones go on from their last checkpoint.
         tuner = tune.Tuner.restore(str(experiment), StarPO, resume_errored=True)

@@ -16,14 +16,20 @@ def test_a_job_whose_outputs_cannot_be_written_fails_before_any_work(tmp_path, b
         (out / blocker).write_text("not a model")  # a file where the exported policy's folder goes
     # An invalid env would fail at build: reaching it would mean the outputs were not checked first.
     with pytest.raises(FileExistsError, match=blocker.rstrip("/")):
-        run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(out), iterations=1))
+        run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path), run_name="run",
+                                                                   iterations=1))
     assert sorted(p.name for p in out.iterdir()) == [blocker.rstrip("/")]  # nothing else was written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # not even the "latest" link
 
 
 def test_an_output_dir_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "run").write_text("")
     with pytest.raises(NotADirectoryError, match="--output-dir"):
         run_job(StarPOConfig(), JobSettings(output_dir=str(tmp_path / "run")))
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "named").write_text("")
+    with pytest.raises(NotADirectoryError, match="--run-name"):
+        run_job(StarPOConfig(), JobSettings(output_dir=str(tmp_path / "job"), run_name="named"))
 
 
 @pytest.mark.slow
@@ -38,7 +44,9 @@ def test_export_onto_a_file_raises(ray_session, small_config, tmp_path):
 
 
 @pytest.mark.parametrize("field, value", [("iterations", 0), ("threads", 1.5), ("warm_start_steps", -1),
-                                          ("warm_start_lr", 0.0), ("pass_bar", float("nan")), ("iterations", True)])
+                                          ("warm_start_lr", 0.0), ("pass_bar", float("nan")), ("iterations", True),
+                                          ("run_name", "a/b"), ("run_name", "latest"), ("verbose", "no"),
+                                          ("expected_minutes", -1.0)])
 def test_bad_job_settings_fail_before_any_work_naming_the_field(tmp_path, field, value):
     job = JobSettings(output_dir=str(tmp_path / "run"), **{field: value})
     with pytest.raises(ValueError, match=f"{field}={value!r}"):

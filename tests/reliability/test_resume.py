@@ -1,6 +1,8 @@
 """Main jobs checkpoint as they go and ``--resume`` continues a crashed run exactly where its checkpoint left it."""
 
 import csv
+import json
+import pathlib
 
 import pytest
 
@@ -8,18 +10,38 @@ from rllib_ragen import StarPO, StarPOConfig
 from rllib_ragen.experiment import JobSettings, run_job
 
 
-def test_resume_without_a_checkpoint_fails_before_any_work(tmp_path):
+def test_resume_without_a_run_or_a_checkpoint_fails_before_any_work(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--resume: .* holds no run to continue"):
+        run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path / "job"), resume=True))
+    assert not (tmp_path / "job").exists()
     with pytest.raises(FileNotFoundError, match="--resume: there is no checkpoint at"):
-        run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path / "run"), resume=True))
-    assert not (tmp_path / "run").exists()
+        run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path / "job"), run_name="a",
+                                                                   resume=True))
+    assert not (tmp_path / "job").exists()
 
 
-def test_a_fresh_run_never_overwrites_an_earlier_runs_checkpoint(tmp_path):
-    (tmp_path / "checkpoint").mkdir()
-    (tmp_path / "checkpoint" / "rllib_checkpoint.json").write_text("{}")
+def test_a_named_run_never_overwrites_an_earlier_runs_checkpoint(tmp_path):
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint" / "rllib_checkpoint.json").write_text("{}")
     with pytest.raises(FileExistsError, match="Continue it with --resume"):
+        run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path), run_name="run"))
+    assert (tmp_path / "run" / "checkpoint" / "rllib_checkpoint.json").read_text() == "{}"
+
+
+def test_a_second_run_gets_its_own_folder_and_leaves_the_first_alone(tmp_path):
+    first = tmp_path / "20260101-000000_seed0"
+    (first / "checkpoint").mkdir(parents=True)
+    (first / "metrics.csv").write_text("training_iteration\n1\n")
+    (tmp_path / "latest").symlink_to(first.name)
+    before = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
+    # The environment does not exist: the run stops at build, after its folder was made.
+    with pytest.raises(ValueError, match="Nope-v0"):
         run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path)))
-    assert (tmp_path / "checkpoint" / "rllib_checkpoint.json").read_text() == "{}"
+    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before
+    second = (tmp_path / "latest").resolve()
+    assert second != first.resolve() and second.parent == tmp_path.resolve() and second.name.endswith("_seed0")
+    recorded = json.loads((second / "run_config.json").read_text())
+    assert recorded["config"]["env"] == "Nope-v0" and recorded["job"]["output_dir"] == str(tmp_path)
 
 
 def _rows(path):
@@ -34,7 +56,6 @@ def test_a_crashed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(
     job = JobSettings(iterations=3, checkpoint_interval=2, warm_start_steps=0, threads=1)
     whole = run_job(config, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "whole")}))
 
-    crashed = tmp_path / "crashed"
     training_step = StarPO.training_step
 
     def crash_in_the_third_iteration(self):
@@ -44,17 +65,22 @@ def test_a_crashed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(
 
     monkeypatch.setattr(StarPO, "training_step", crash_in_the_third_iteration)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_job(config, JobSettings(**{**vars(job), "output_dir": str(crashed)}))
+        run_job(config, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "crashed")}))
+    crashed = (tmp_path / "crashed" / "latest").resolve()
     assert len(_rows(crashed)) == 2  # iterations 1 and 2 done, 2 checkpointed
     monkeypatch.setattr(StarPO, "training_step", training_step)
-    resumed = run_job(config, JobSettings(**{**vars(job), "output_dir": str(crashed), "resume": True}))
+    # --resume with the job's folder continues the run its "latest" link points at.
+    resumed = run_job(config, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "crashed"), "resume": True}))
+    assert resumed["run_dir"] == str(crashed)
 
     # Same seeds, same weights, same optimizer state: the resumed run's numbers are the uninterrupted run's.
     columns = ["training_iteration", "env_runners/episode_return_mean", "learners/default_policy/actor/pg_loss",
-               "learners/default_policy/actor/entropy", "evaluation/env_runners/rollout/success"]
-    assert [[r[c] for c in columns] for r in _rows(crashed)] == [[r[c] for c in columns] for r in _rows(tmp_path / "whole")]
+               "learners/default_policy/actor/entropy"]
+    assert [[r[c] for c in columns] for r in _rows(crashed)] == [[r[c] for c in columns]
+                                                                 for r in _rows(pathlib.Path(whole["run_dir"]))]
     assert resumed["before"] == whole["before"] and resumed["after"] == whole["after"]
     assert resumed["validated_at"] == whole["validated_at"] == [0, 3]
+    assert len(json.loads((crashed / "run_config.json").read_text())["resumed"]) == 1
     final = StarPO.from_checkpoint(crashed / "checkpoint")
     assert final.iteration == 3  # the last iteration is always checkpointed
     final.stop()

@@ -1,0 +1,295 @@
+"""What a main job writes, and where: run folders, metrics.csv, TensorBoard events, the learning curve, rollouts.
+
+Every run gets its own folder, ``<output_dir>/<YYYYmmdd-HHMMSS>_seed<seed>/`` (or ``<output_dir>/<run_name>/``),
+and ``<output_dir>/latest`` points at the newest; ``--resume`` continues the run ``latest`` points at (or the one
+``--run-name`` names). A run folder holds ``run_config.json`` (the config and settings it ran with, and the
+command), ``metrics.csv``, ``tensorboard/`` (``tensorboard --logdir outputs/`` shows every run),
+``learning_curve.png``, ``validation_rollouts.parquet``, ``summary.json``, ``job.log`` (library notices kept off
+the console), ``warm_start/``, ``checkpoint/`` and ``policy/``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import logging.handlers
+import math
+import os
+import pathlib
+import sys
+import time
+
+from . import metrics as M
+from .rollout.engine import Trajectory
+from .starpo.checkpoints import recover_interrupted_save
+
+CHECKPOINT = "checkpoint"
+LATEST = "latest"
+RUN_CONFIG = "run_config.json"
+OUTPUT_FOLDERS = ("policy", "warm_start", CHECKPOINT, "tensorboard")
+OUTPUT_FILES = ("metrics.csv", "summary.json", "learning_curve.png", "validation_rollouts.parquet", RUN_CONFIG,
+                "job.log")
+
+# Where the driver reads its numbers in a flattened result row (paths in Algorithm.train()'s result).
+TRAINING = "env_runners/"
+VALIDATION = "evaluation/env_runners/"
+LEARNER = "learners/default_policy/"
+VALIDATED_AT = VALIDATION + M.VALIDATION_ITERATION
+
+
+# ---- run folders ------------------------------------------------------------------------------------------------
+def resolve_run_folder(output_dir: str, run_name: str, resume: bool, seed: int) -> pathlib.Path:
+    """The run's folder (not created): ``run_name``'s, else for ``resume`` the one ``latest`` points at, else a
+    new ``<timestamp>_seed<seed>`` one. Fails before any work when there is nothing to resume."""
+    base = pathlib.Path(output_dir).resolve()
+    if base.exists() and not base.is_dir():
+        raise NotADirectoryError(f"output_dir {base} is a file; choose another --output-dir.")
+    if run_name:
+        return base / run_name
+    if resume:
+        latest = base / LATEST
+        if not latest.is_dir():
+            raise FileNotFoundError(f"--resume: {base} holds no run to continue (no '{LATEST}' link). Give the "
+                                    "--output-dir of the job, or --run-name of the run to continue.")
+        return latest.resolve()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run, n = base / f"{stamp}_seed{seed}", 1
+    while run.exists():  # two runs started in the same second
+        n += 1
+        run = base / f"{stamp}_seed{seed}-{n}"
+    return run
+
+
+def check_output_paths(out: pathlib.Path) -> None:
+    """Fail before any work when an output could not be written where it goes (a file where a folder must be, or
+    the reverse): transformers' ``save_pretrained`` onto a file only logs an error, and the trained policy is lost.
+    """
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"run folder {out} is a file; choose another --output-dir or --run-name.")
+    wrong = [out / name for name in OUTPUT_FOLDERS if (out / name).exists() and not (out / name).is_dir()]
+    wrong += [out / name for name in OUTPUT_FILES if (out / name).is_dir()]
+    if wrong:
+        raise FileExistsError(f"these outputs would not be written: {[str(p) for p in wrong]} (a file where a folder "
+                              "goes, or a folder where a file goes); move them or choose another --run-name.")
+
+
+def check_resume(checkpoint: pathlib.Path, resume: bool) -> None:
+    """Before any work: ``resume`` needs a checkpoint, and a fresh run must not overwrite an earlier run's."""
+    recover_interrupted_save(checkpoint)  # a kill mid-save may have left the last checkpoint beside its place
+    if resume and not (checkpoint / "rllib_checkpoint.json").is_file():
+        raise FileNotFoundError(f"--resume: there is no checkpoint at {checkpoint}. Resume with the --output-dir of "
+                                "the run to continue, or start without --resume.")
+    if not resume and checkpoint.exists():
+        raise FileExistsError(f"{checkpoint.parent} holds the checkpoint of an earlier run. Continue it with --resume "
+                              "(raise --iterations to train longer), or choose another --run-name. Nothing was "
+                              "overwritten.")
+
+
+def start_run_folder(out: pathlib.Path, config, job) -> None:
+    """Create the run folder, point ``latest`` at it, and record what it runs with."""
+    out.mkdir(parents=True, exist_ok=True)
+    latest = out.parent / LATEST
+    if not latest.exists() or latest.is_symlink():  # never replace a real folder a user named "latest"
+        link = out.parent / f".{LATEST}.{os.getpid()}"
+        link.unlink(missing_ok=True)
+        link.symlink_to(out.name, target_is_directory=True)
+        os.replace(link, latest)  # atomic: ``latest`` always points at a whole run folder
+    record = {"command": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "job": vars(job),
+              "config": {k: v for k, v in config.to_dict().items() if _is_json(v)}}
+    runs = json.loads((out / RUN_CONFIG).read_text()).get("resumed", []) if (out / RUN_CONFIG).is_file() else []
+    if job.resume:
+        record["resumed"] = [*runs, record["started"]]
+    write_text_atomically(out / RUN_CONFIG, json.dumps(record, indent=1, default=str))
+
+
+def _is_json(value) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def write_text_atomically(path: pathlib.Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+# ---- quiet console ------------------------------------------------------------------------------------------------
+NOISY_LOGGERS = ("ray", "ray.rllib", "transformers", "huggingface_hub", "torch", "accelerate", "py.warnings")
+# Notices raised before the run folder exists (RLlib's API-stack notice comes at config validation) wait here.
+_EARLY_NOTICES = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
+
+
+_run_log: logging.Handler | None = None  # the current run's job.log
+
+
+def keep_notices_off_the_console() -> None:
+    """Library and framework notices (RLlib's API-stack notice and deprecations, "Install gputil", Python
+    warnings, transformers' loading bars) stay off the console; errors still reach it. Until
+    :func:`send_notices_to` names a run's log file they are held in memory. Safe to call again (Ray re-creates
+    its console handler at ``ray.init``)."""
+    logging.captureWarnings(True)
+    for name in NOISY_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handler.setLevel(logging.ERROR)  # the console handlers (Ray's own is a subclass)
+        if _run_log not in logger.handlers and _EARLY_NOTICES not in logger.handlers:
+            logger.addHandler(_EARLY_NOTICES)
+        if not name.startswith("ray"):  # Ray's loggers do not propagate already
+            logger.propagate = False  # the root logger's console handler would print them anyway
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        disable_progress_bars()
+    except ImportError:
+        pass
+
+
+def send_notices_to(log_file: pathlib.Path) -> None:
+    """Write the held notices, and every later one, to ``log_file`` (until :func:`close_run_log`)."""
+    global _run_log
+    close_run_log()
+    _run_log = logging.FileHandler(log_file)
+    _run_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    _EARLY_NOTICES.setTarget(_run_log)
+    _EARLY_NOTICES.flush()
+    _EARLY_NOTICES.setTarget(None)
+    for name in NOISY_LOGGERS:
+        logger = logging.getLogger(name)
+        if _EARLY_NOTICES in logger.handlers:
+            logger.removeHandler(_EARLY_NOTICES)
+            logger.addHandler(_run_log)
+
+
+def close_run_log() -> None:
+    """Stop writing to the run's log file: notices after a run must not land in its folder."""
+    global _run_log
+    if _run_log is None:
+        return
+    for name in NOISY_LOGGERS:
+        logger = logging.getLogger(name)
+        if _run_log in logger.handlers:
+            logger.removeHandler(_run_log)
+            logger.addHandler(_EARLY_NOTICES)
+    _run_log.close()
+    _run_log = None
+
+
+# ---- metrics.csv and TensorBoard -------------------------------------------------------------------------------
+def read_csv(path: pathlib.Path, up_to: int) -> list[dict]:
+    """The rows of a metrics.csv written by an earlier run, up to iteration ``up_to`` (later ones were never
+    checkpointed: they are trained again)."""
+    if not path.is_file():
+        logging.getLogger(__name__).warning("%s is missing: the resumed run's metrics start at this iteration.", path)
+        return []
+    with open(path, newline="") as f:
+        rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
+    return [row for row in rows if row.get("training_iteration", math.inf) <= up_to]
+
+
+def write_csv(path: pathlib.Path, rows: list[dict]) -> None:
+    columns = sorted({k for row in rows for k in row})
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(partial, path)
+
+
+class TensorBoardLog:
+    """Every scalar of every iteration's row as TensorBoard events in ``folder``, at step = training iteration.
+
+    A resumed run appends to the same folder; TensorBoard shows the later value where steps repeat.
+    """
+
+    def __init__(self, folder: pathlib.Path):
+        from tensorboardX import SummaryWriter  # a dependency of ray[tune]
+
+        self._writer = SummaryWriter(logdir=str(folder), flush_secs=30)
+
+    def write(self, row: dict, step: int) -> None:
+        for name, value in row.items():
+            if isinstance(value, float) and math.isfinite(value) and name != "training_iteration":
+                self._writer.add_scalar(name, value, global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [{"env": t.env_name, "group": t.group, "seed": t.seed, "success": t.success, "return": t.total_return,
+                "turn_rewards": t.turn_rewards, "num_turns": t.num_turns, "num_actions": t.num_actions,
+                "format_errors": t.format_errors, "response_tokens": int(sum(t.response_mask)),
+                "total_tokens": len(t.token_ids), "truncated": t.truncated, "text": t.text} for t in trajectories]
+    pq.write_table(pa.Table.from_pylist(records), path)
+
+
+# ---- the learning curve -----------------------------------------------------------------------------------------
+def trailing_mean(values: list[float], window: int) -> list[float]:
+    """Mean of the last ``window`` finite values up to each point (NaN until one exists)."""
+    out = []
+    for i in range(len(values)):
+        recent = [v for v in values[max(0, i + 1 - window):i + 1] if math.isfinite(v)]
+        out.append(sum(recent) / len(recent) if recent else math.nan)
+    return out
+
+
+SMOOTHING = 5  # iterations in the trailing mean drawn over noisy training series
+
+
+def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[dict], env: str, title: str,
+                        reference_lines: dict[str, float] | None = None) -> None:
+    """Six panels over iterations: success (training raw and smoothed, validation joined, reference lines),
+    format-error rate, response length, in-group reward std, entropy, actor grad norm."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"(no {path.name}: pip install matplotlib, or rllib_ragen[plots])")
+        return
+    steps = [r["training_iteration"] for r in rows]
+    success = M.env_metric(env, M.SUCCESS)
+    panels = [
+        (TRAINING + success, "success"),
+        (TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), "format-error rate"),
+        (M.RESPONSE_LENGTH, "generated tokens per trajectory"),
+        (M.FILTER_REWARD_STD, "in-group reward std"),
+        (LEARNER + M.ENTROPY, "entropy"),
+        (LEARNER + M.GRAD_NORM.format(optimizer="actor"), "actor grad norm"),
+    ]
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    for ax, (key, name) in zip(axes.flat, panels):
+        series = [r.get(key, math.nan) for r in rows]
+        ax.plot(steps, series, color="tab:blue", alpha=0.35, linewidth=1, label="training (raw)")
+        ax.plot(steps, trailing_mean(series, SMOOTHING), color="tab:blue", linewidth=2,
+                label=f"training ({SMOOTHING}-iteration mean)")
+        ax.set_title(name)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    ax = axes.flat[0]
+    if validations:
+        ax.plot([v[VALIDATED_AT] for v in validations], [v.get(VALIDATION + success, math.nan) for v in validations],
+                "s-", color="tab:red", label="validation (held-out states)")
+    styles = iter(["--", ":", "-."])
+    for name, value in (reference_lines or {}).items():
+        if value is not None and math.isfinite(value):
+            ax.axhline(value, color="gray", linestyle=next(styles, "--"), linewidth=1, label=f"{name} {value:.2f}")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(loc="best", fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
