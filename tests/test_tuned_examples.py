@@ -37,15 +37,24 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
 
     done = run_example(example, *TINY_BUDGET, "--output-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
+    run = (tmp_path / "latest").resolve()  # the run's own folder
+    assert done.stdout.startswith(f"run folder: {run}")  # where the outputs go, first
     assert "iter   2/2 | success" in done.stdout  # progress while it runs
+    # The warm start's validation score is shown as soon as it is known: before the first iteration ends.
+    assert done.stdout.index("before RL: validation success") < done.stdout.index("iter   1/2")
     assert "before" in done.stdout and "after" in done.stdout and "wall time" in done.stdout  # the final table
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    # Quiet: library notices and loading bars go to the run's job.log, not the console.
+    for noise in ("new API stack", "Loading weights", "Started a local Ray instance", "gputil"):
+        assert noise not in done.stdout + done.stderr, noise
+    assert "new API stack" in (run / "job.log").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["run_dir"] == str(run)
     assert summary["validated_at"] == [0, 2] and summary["validation_episodes"] == 8
-    rollouts = pq.read_table(tmp_path / "validation_rollouts.parquet").to_pylist()
+    rollouts = pq.read_table(run / "validation_rollouts.parquet").to_pylist()
     assert len(rollouts) == 8 and all(r["text"] and r["num_turns"] >= 1 for r in rollouts)
     # "after" is the trained policy's score on exactly the saved validation episodes; "before" is iteration 0's.
     assert summary["after"]["success"] == sum(r["success"] for r in rollouts) / 8
-    with open(tmp_path / "metrics.csv") as f:
+    with open(run / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     env = summary["env"]
     assert summary["before"]["success"] == float(rows[0][f"evaluation/env_runners/{env}/success"])
@@ -53,9 +62,37 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     assert summary["passed"] == (summary["success_gain"] >= bar)  # the job's pass bar, applied and recorded
     assert "(bar " in done.stdout
     assert len(rows) == 2 and "learners/default_policy/actor/entropy" in rows[0]  # one row per iteration
-    assert (tmp_path / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
-    AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
-    AutoModelForCausalLM.from_pretrained(tmp_path / "warm_start")
+    assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    AutoModelForCausalLM.from_pretrained(run / "policy")
+    AutoModelForCausalLM.from_pretrained(run / "warm_start")
+    # TensorBoard events: every iteration's scalars, and the validations at their iterations.
+    scalars = read_tensorboard_scalars(run / "tensorboard")
+    assert [step for step, _ in scalars["learners/default_policy/actor/entropy"]] == [1, 2]
+    assert [step for step, _ in scalars[f"evaluation/env_runners/{env}/success"]] == [0, 2]
+    assert scalars[f"evaluation/env_runners/{env}/success"][0][1] == pytest.approx(summary["before"]["success"])
+    recorded = json.loads((run / "run_config.json").read_text())
+    assert recorded["job"]["iterations"] == 2 and recorded["config"]["num_groups"] == 2
+
+
+def read_tensorboard_scalars(folder) -> dict[str, list[tuple[int, float]]]:
+    """Parse TensorBoard event files (TFRecord framing: length, CRC, an Event proto, CRC) without TensorBoard."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    files = sorted(pathlib.Path(folder).glob("events.out.tfevents.*"))
+    assert files, f"no event files in {folder}"
+    for path in files:
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack_from("<Q", data, offset)
+            event = Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
 
 
 def test_flags_override_the_jobs_config_and_leave_it_unchanged():
@@ -131,6 +168,8 @@ def test_tune_sweep_runs_its_grid_and_reports_the_best_trial(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     # Every trial checkpointed its last iteration, so an interrupted search could go on with --resume.
     assert len(list((tmp_path / "tune_sokoban").glob("*/checkpoint_*/rllib_checkpoint.json"))) == 2
+    # Each trial writes TensorBoard events (Tune's logger), so `tensorboard --logdir outputs/` shows the search.
+    assert len(list((tmp_path / "tune_sokoban").glob("*/events.out.tfevents.*"))) == 2
     again = subprocess.run(flags, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert again.returncode == 2 and "continue it with --resume" in again.stderr  # nothing overwritten
     with open(tmp_path / "trials.csv") as f:
@@ -140,3 +179,26 @@ def test_tune_sweep_runs_its_grid_and_reports_the_best_trial(tmp_path):
     assert all(not t["error"] and float(t["success_after"]) * 4 in (0, 1, 2, 3, 4) for t in trials)
     assert "best: {'max_actions_per_turn'" in done.stdout
     assert (tmp_path / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_estimator_study_compares_estimators_on_the_same_states_and_resumes(tmp_path):
+    flags = ["--env", "frozenlake", "--estimators", "gae,gigpo", "--iterations", "1", "--validation-size", "4",
+             "--warm-start-steps", "2", "--warm-start-episodes", "8", "--output-dir", str(tmp_path)]
+    done = run_example("estimator_study.py", *flags, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "frozenlake"
+    before = json.loads((out / "before.json").read_text())
+    assert len(before) == 4  # one outcome per held-out state, keyed by its reset seed
+    for name in ("gae", "gigpo"):
+        after = json.loads((out / name / "after.json").read_text())
+        assert after["outcomes"].keys() == before.keys()  # the same states, so the comparison can pair them
+        assert after["vs_before"]["n"] == 4 and after["vs_before"]["before"] == sum(before.values()) / 4
+        with open(out / name / "metrics.csv") as f:
+            assert len(list(csv.DictReader(f))) == 1
+    table = (out / "results.md").read_text()
+    assert "| gae |" in table and "| gigpo |" in table and table in done.stdout
+    # Run again on the same folder: the warm start and both estimators are reused, nothing is trained twice.
+    again = run_example("estimator_study.py", *flags, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("reusing") == 3 and "| success" not in again.stdout
