@@ -36,10 +36,12 @@ import torch
 
 from . import metrics as M
 from .experiment_flags import JobSettings, parse_job_args, user_model_config
-from .experiment_outputs import (CHECKPOINT, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED_AT, VALIDATION,
-                                 TensorBoardLog, check_output_paths, check_resume, close_run_log,
-                                 keep_notices_off_the_console, plot_learning_curve, read_csv, resolve_run_folder,
-                                 send_notices_to, start_run_folder, trailing_mean, write_csv, write_rollouts)
+from .experiment_outputs import (AFTER_ROLLOUTS, BEFORE_ROLLOUTS, CHECKPOINT, LATEST, LEARNER, SMOOTHING, TRAINING,
+                                 VALIDATED_AT, VALIDATION, TensorBoardLog, check_output_paths, check_resume,
+                                 close_run_log, keep_notices_off_the_console, plot_learning_curve, read_csv,
+                                 read_outcomes, resolve_run_folder, send_notices_to, start_run_folder, trailing_mean,
+                                 write_csv, write_rollouts)
+from .paired_stats import PairedComparison, paired_comparison
 
 __all__ = ["JobSettings", "flatten_result", "parse_job_args", "run_job", "warm_start"]
 
@@ -141,6 +143,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             clock.validation_s = time.perf_counter() - t0
             _keep_validation(before, validations)
             tensorboard.write(before, 0)
+            write_rollouts(out / BEFORE_ROLLOUTS, algo.last_validation)  # kept for the paired comparison
             print(f"before RL: validation success {_validation_success(before, config.env):.3f} on "
                   f"{config.validation_size} held-out states ({clock.validation_s:.0f} s)", flush=True)
         while algo.iteration < job.iterations:
@@ -167,7 +170,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             after = flatten_result({"evaluation": {"env_runners": algo.evaluate_validation_set()}})
             _keep_validation(after, validations)
             tensorboard.write(after, algo.iteration)
-        write_rollouts(out / "validation_rollouts.parquet", algo.last_validation)
+        write_rollouts(out / AFTER_ROLLOUTS, algo.last_validation)
         algo.export_pretrained(out / "policy")
     finally:
         algo.stop()
@@ -175,6 +178,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     summary = _summary(config, base_model, rows, validations, time.perf_counter() - t_start)
     summary["success_gain"] = summary["after"][M.SUCCESS] - summary["before"][M.SUCCESS]
     summary["passed"] = bool(summary["success_gain"] >= job.pass_bar)
+    summary["paired"] = _paired(out)
     summary["run_dir"] = str(out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     title = (f"{config.env} | model {pathlib.Path(str(base_model)).name} | seed {config.seed} | "
@@ -182,10 +186,22 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     plot_learning_curve(out / "learning_curve.png", rows, validations, config.env, title,
                         {"warm start": summary["before"][M.SUCCESS], **reference_lines})
     _print_table(summary, config)
+    if summary["paired"]:
+        print(f"{'paired (same states)':28s}{PairedComparison(**summary['paired']).describe()}")
     print(f"success gain {summary['success_gain']:+.3f} (bar {job.pass_bar}): "
           f"{'PASS' if summary['passed'] else 'below the bar'}")
     print(f"outputs: {out}")
     return summary
+
+
+def _paired(out: pathlib.Path) -> dict | None:
+    """Each held-out state's success before and after RL, paired (``paired_stats``); None without both files."""
+    if not (out / BEFORE_ROLLOUTS).is_file() or not (out / AFTER_ROLLOUTS).is_file():
+        return None
+    before, after = (read_outcomes(out / name) for name in (BEFORE_ROLLOUTS, AFTER_ROLLOUTS))
+    if before.keys() != after.keys() or len(before) < 2:
+        return None  # e.g. a resumed run whose validation settings changed: not the same states
+    return paired_comparison(before, after).as_dict()
 
 
 def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool) -> None:

@@ -4,8 +4,9 @@ Every run gets its own folder, ``<output_dir>/<YYYYmmdd-HHMMSS>_seed<seed>/`` (o
 and ``<output_dir>/latest`` points at the newest; ``--resume`` continues the run ``latest`` points at (or the one
 ``--run-name`` names). A run folder holds ``run_config.json`` (the config and settings it ran with, and the
 command), ``metrics.csv``, ``tensorboard/`` (``tensorboard --logdir outputs/`` shows every run),
-``learning_curve.png``, ``validation_rollouts.parquet``, ``summary.json``, ``job.log`` (library notices kept off
-the console), ``warm_start/``, ``checkpoint/`` and ``policy/``.
+``learning_curve.png``, ``validation_before.parquet`` and ``validation_rollouts.parquet`` (the validation
+episodes before and after RL, with their text), ``summary.json`` (with the paired before/after comparison),
+``job.log`` (library notices kept off the console), ``warm_start/``, ``checkpoint/`` and ``policy/``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ CHECKPOINT = "checkpoint"
 LATEST = "latest"
 RUN_CONFIG = "run_config.json"
 OUTPUT_FOLDERS = ("policy", "warm_start", CHECKPOINT, "tensorboard")
-OUTPUT_FILES = ("metrics.csv", "summary.json", "learning_curve.png", "validation_rollouts.parquet", RUN_CONFIG,
+BEFORE_ROLLOUTS = "validation_before.parquet"  # the warm start's validation episodes
+AFTER_ROLLOUTS = "validation_rollouts.parquet"  # the trained policy's
+OUTPUT_FILES = ("metrics.csv", "summary.json", "learning_curve.png", BEFORE_ROLLOUTS, AFTER_ROLLOUTS, RUN_CONFIG,
                 "job.log")
 
 # Where the driver reads its numbers in a flattened result row (paths in Algorithm.train()'s result).
@@ -233,6 +236,17 @@ def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory]) -> None:
                 "format_errors": t.format_errors, "response_tokens": int(sum(t.response_mask)),
                 "total_tokens": len(t.token_ids), "truncated": t.truncated, "text": t.text} for t in trajectories]
     pq.write_table(pa.Table.from_pylist(records), path)
+
+
+def read_outcomes(path: pathlib.Path) -> dict[str, float]:
+    """Success per validation episode of a rollouts file, keyed ``"<seed>/<k>"`` (the k-th episode of that seed)."""
+    import pyarrow.parquet as pq
+
+    outcomes, seen = {}, {}
+    for record in pq.read_table(path, columns=["seed", "success"]).to_pylist():
+        k = seen[record["seed"]] = seen.get(record["seed"], -1) + 1
+        outcomes[f"{record['seed']}/{k}"] = float(record["success"])
+    return outcomes
 
 
 # ---- the learning curve -----------------------------------------------------------------------------------------

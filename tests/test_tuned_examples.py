@@ -54,6 +54,13 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     assert len(rollouts) == 8 and all(r["text"] and r["num_turns"] >= 1 for r in rollouts)
     # "after" is the trained policy's score on exactly the saved validation episodes; "before" is iteration 0's.
     assert summary["after"]["success"] == sum(r["success"] for r in rollouts) / 8
+    # The warm start's episodes are kept too, and each state is paired with itself after RL.
+    before_rollouts = pq.read_table(run / "validation_before.parquet").to_pylist()
+    assert sorted(r["seed"] for r in before_rollouts) == sorted(r["seed"] for r in rollouts)
+    paired = summary["paired"]
+    assert paired["n"] == 8 and paired["before"] == summary["before"]["success"]
+    assert paired["after"] == summary["after"]["success"] and 0 <= paired["p_value"] <= 1
+    assert "paired (same states)" in done.stdout
     with open(run / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     env = summary["env"]
