@@ -17,7 +17,8 @@ and the comparison), ``<estimator>/metrics.csv``, and ``results.md`` (the table)
     python tuned_examples/estimator_study.py --env frozenlake [--iterations 25] [--validation-size 512]
     python tuned_examples/estimator_study.py --env sokoban [--estimators gae,grpo] [--output-dir DIR]
 
-On a 2-core CPU: FrozenLake ~35 min (warm start 5 min, 5 min per estimator), Sokoban ~55 min.
+On a 2-core CPU: FrozenLake ~35 min (warm start 5 min, ~6 min per estimator), Sokoban ~40 min (warm start 6-11
+min, ~5.5 min per estimator).
 """
 
 from __future__ import annotations
