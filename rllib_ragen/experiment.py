@@ -218,23 +218,28 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool) 
 
 
 class _Clock:
-    """Time left from the iterations seen so far: a typical iteration (the median of those without validation)
-    times the iterations left, plus one validation's cost per validation left. One-off costs (warm start, model
-    loading, the "before" validation) are not iterations and do not inflate it."""
+    """Time left from the iterations seen so far: a typical iteration (the median of those without validation,
+    the first left out once there are others: it carries warm-up) times the iterations left, plus one
+    validation's cost per validation left. One-off costs (warm start, model loading, the "before" validation)
+    are not iterations and do not inflate it."""
 
     def __init__(self, iterations: int, validation_interval: int):
         self.iterations, self.interval = iterations, validation_interval
         self.plain: list[float] = []
         self.validating: list[float] = []
         self.validation_s: float | None = None  # one validation's cost, when the driver timed one
+        self.first_s: float | None = None
         self.last_s = math.nan
 
     def record(self, seconds: float, validated: bool) -> None:
-        (self.validating if validated else self.plain).append(seconds)
+        if self.first_s is None:
+            self.first_s = seconds  # warm-up (first passes through the model, allocator growth): not typical
+        else:
+            (self.validating if validated else self.plain).append(seconds)
         self.last_s = seconds
 
     def seconds_left(self, iteration: int) -> float:
-        typical = statistics.median(self.plain or self.validating)
+        typical = statistics.median(self.plain or self.validating or [self.first_s])
         validation = self.validation_s
         if validation is None and self.validating and self.plain:
             validation = max(0.0, statistics.mean(self.validating) - typical)
