@@ -284,7 +284,7 @@ def _print_progress(env: str, iterations: int, rows: list[dict], clock: _Clock) 
     row = rows[-1]
     done = int(row["training_iteration"])
     key = TRAINING + M.env_metric(env, M.SUCCESS)
-    smoothed = trailing_mean([r.get(key, math.nan) for r in rows], SMOOTHING)[-1]
+    smoothed = trailing_mean([r.get(key, math.nan) for r in rows[-SMOOTHING:]], SMOOTHING)[-1]
     print(f"iter {done:3d}/{iterations} | success {row.get(key, math.nan):.2f} ({SMOOTHING}-it mean {smoothed:.2f}) "
           f"| reward {row.get(TRAINING + M.EPISODE_RETURN_MEAN, math.nan):+.3f} "
           f"(in-group std {row.get(M.FILTER_REWARD_STD, math.nan):.3f}) "

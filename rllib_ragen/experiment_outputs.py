@@ -144,14 +144,11 @@ def keep_notices_off_the_console() -> None:
             logger.addHandler(_EARLY_NOTICES)
         if not name.startswith("ray"):  # Ray's loggers do not propagate already
             logger.propagate = False  # the root logger's console handler would print them anyway
-    try:
-        from huggingface_hub.utils import disable_progress_bars
-        from transformers.utils import logging as hf_logging
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()
-        disable_progress_bars()
-    except ImportError:
-        pass
+    hf_logging.disable_progress_bar()  # "Loading weights" bars
+    disable_progress_bars()  # "Writing model shards" bars
 
 
 def send_notices_to(log_file: pathlib.Path) -> None:
@@ -238,15 +235,23 @@ def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory]) -> None:
     pq.write_table(pa.Table.from_pylist(records), path)
 
 
+def outcomes_by_state(episodes) -> dict[str, float]:
+    """Success per validation episode, keyed ``"<seed>/<k>"`` (the k-th episode of that seed, so several
+    episodes per state never overwrite one another): what a paired comparison pairs. ``episodes`` yields
+    ``(seed, success)``."""
+    outcomes, seen = {}, {}
+    for seed, success in episodes:
+        k = seen[seed] = seen.get(seed, -1) + 1
+        outcomes[f"{seed}/{k}"] = float(success)
+    return outcomes
+
+
 def read_outcomes(path: pathlib.Path) -> dict[str, float]:
-    """Success per validation episode of a rollouts file, keyed ``"<seed>/<k>"`` (the k-th episode of that seed)."""
+    """:func:`outcomes_by_state` of a rollouts file written by :func:`write_rollouts`."""
     import pyarrow.parquet as pq
 
-    outcomes, seen = {}, {}
-    for record in pq.read_table(path, columns=["seed", "success"]).to_pylist():
-        k = seen[record["seed"]] = seen.get(record["seed"], -1) + 1
-        outcomes[f"{record['seed']}/{k}"] = float(record["success"])
-    return outcomes
+    records = pq.read_table(path, columns=["seed", "success"]).to_pylist()
+    return outcomes_by_state((r["seed"], r["success"]) for r in records)
 
 
 # ---- the learning curve -----------------------------------------------------------------------------------------

@@ -36,3 +36,14 @@ def test_states_must_match():
         paired_comparison({1: 0.0, 2: 1.0}, {1: 0.0, 3: 1.0})
     with pytest.raises(ValueError, match="at least 2"):
         paired_comparison({1: 0.0}, {1: 1.0})
+
+
+def test_several_episodes_of_one_state_are_paired_one_by_one_never_overwritten():
+    from rllib_ragen.experiment_outputs import outcomes_by_state
+
+    # validation_group_size=2: two episodes per state; keyed by seed alone the second would replace the first.
+    before = outcomes_by_state([(123, 0.0), (123, 1.0), (124, 0.0), (124, 0.0)])
+    after = outcomes_by_state([(123, 1.0), (123, 1.0), (124, 0.0), (124, 1.0)])
+    assert before == {"123/0": 0.0, "123/1": 1.0, "124/0": 0.0, "124/1": 0.0}
+    result = paired_comparison(before, after)
+    assert (result.n, result.improved, result.worsened) == (4, 2, 0)

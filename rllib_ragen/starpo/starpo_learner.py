@@ -225,14 +225,13 @@ class StarPOTorchLearner(TorchLearner):
         """The StarPO loss on one prepared batch: clipped surrogate - entropy bonus (+ KL) (+ value loss).
 
         ``batch`` holds ``response_mask`` (every sampled token), ``loss_mask`` (those the policy terms train),
-        ``value_mask`` (those the value loss trains: the advantage recursion's; default ``response_mask``),
+        ``value_mask`` (those the value loss trains: the advantage recursion's),
         ``old_logp``, ``token_advantages`` and, as configured, ``ref_logp``, ``old_values`` and ``returns`` (all
         (B, T)), plus the micro-batch's ``policy_share`` and ``value_share`` (1 for a whole minibatch);
         ``fwd_out`` is ``forward_train``'s output on it.
         """
         agg = config.loss_aggregation
-        mask = batch["value_mask"] if batch.get("value_mask") is not None else batch["response_mask"]
-        trained = batch["loss_mask"]
+        mask, trained = batch["value_mask"], batch["loss_mask"]
         pg, metrics = policy_loss(fwd_out["logp"], batch["old_logp"], batch["token_advantages"], trained,
                                   clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
                                   dual_clip=config.dual_clip, aggregation=agg)
