@@ -90,3 +90,26 @@ SKIPPED_OPTIMIZER_STEPS = "perf/skipped_optimizer_steps"  # non-finite loss or g
 def env_metric(env_id: str, name: str) -> str:
     """The name of a per-environment metric: ``env_metric("rllib_ragen/Sokoban-v0", SUCCESS)``."""
     return f"{env_id}/{name}"
+
+# ---- echo-trap diagnostics (``collapse.py``) ----------------------------------------------------------------------
+# Every iteration, from the training rollout (under env_runners/).
+THINK_TOKENS_PER_TURN = "collapse/think_tokens_per_turn"  # reply tokens inside <think>...</think>
+ANSWER_TOKENS_PER_TURN = "collapse/answer_tokens_per_turn"  # reply tokens of the <answer> block, tags included
+DISTINCT_2 = "collapse/distinct_2"  # distinct token bigrams over all bigrams of the batch's replies
+DISTINCT_2_IN_GROUP = "collapse/distinct_2_in_group"  # the same within each group, averaged over groups
+REPEAT_RATE = "collapse/repeat_rate"  # replies identical to another reply of their group at the same turn
+# Every collapse_diagnostics_interval iterations, on the learner, before the update (under learners/default_policy/).
+RETRIEVAL_ACCURACY = "collapse/retrieval_accuracy"  # a reasoning's own prompt explains it best (chance 1/m)
+MI_ESTIMATE = "collapse/mi_estimate"  # InfoNCE bound on I(prompt; reasoning), nats, at most log m
+CROSS_SCORE_MARGIN = "collapse/cross_score_margin"  # own prompt's log-likelihood minus the best other's, nats
+GRAD_NORM_BUCKET = "collapse/grad_norm_{bucket}"  # the policy gradient's norm on one reward-variance bucket
+BUCKET_SHARE = "collapse/groups_{bucket}"  # share of the rollout's groups in that bucket
+TIME_COLLAPSE_PROBE = "time/collapse_probe_s"  # the probe's seconds (top level)
+
+# The sentinel (top level).
+SENTINEL_FIRINGS = "sentinel/firings"  # rules fired this iteration
+SENTINEL_TOTAL_FIRINGS = "sentinel/total_firings"  # over the run
+SENTINEL_ROLLBACKS = "sentinel/rollbacks"  # rollbacks over the run
+SENTINEL_LR_FACTOR = "sentinel/lr_factor"  # the actor learning rate's multiplier, after any rollbacks
+SENTINEL_STOP = "sentinel/stop"  # 1.0 once a stop rule fired
+SENTINEL_EVENTS = "sentinel/events"  # this iteration's firings as a JSON list (rule, value, action, what was done)

@@ -66,6 +66,7 @@ class Trajectory:
         turn_states: per turn, the key of the state the policy saw before replying (``TextEnv.state_key``).
         token_regions: (T,) the part of its reply each sampled token belongs to (``protocol.REGION_THINK``,
             ``REGION_ANSWER``, else ``REGION_OTHER``, as is every token not sampled).
+        turn_actions: per turn, the canonical names of the actions the environment executed.
         group: index of the group (initial state) within the rollout; seed: that state's reset seed.
     """
 
@@ -79,6 +80,7 @@ class Trajectory:
     turn_rewards: list[float] = field(default_factory=list)
     turn_states: list[str] = field(default_factory=list)
     token_regions: list[int] = field(default_factory=list)
+    turn_actions: list[list[str]] = field(default_factory=list)
     success: bool = False
     num_actions: int = 0
     num_valid: int = 0
@@ -324,6 +326,7 @@ class RolloutEngine:
         episode.state_key = _state_key(episode.env.unwrapped, observation)
         episode.actions_left -= len(result.executed)
         t.turn_rewards.append(result.reward)
+        t.turn_actions.append(list(result.executed))
         t.num_actions += len(result.executed)
         t.num_valid += result.num_valid
         t.num_invalid += result.num_invalid

@@ -18,14 +18,16 @@ from ..rollout.engine import Trajectory, pad_trajectories
 from ..rollout.protocol import LOSS_MASK_REGIONS, REGION_OTHER
 
 
-def prepare_update_batch(trajectories: Sequence[Trajectory], config,
-                         pad_token_id: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+def prepare_update_batch(trajectories: Sequence[Trajectory], config, pad_token_id: int,
+                         keep_ratio: float | None = None) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """The learner's batch from one rollout.
 
     Args:
         trajectories: the rollout, group ids 0..P-1.
         config: the :class:`~rllib_ragen.starpo.StarPOConfig` (filter, estimator and reward settings).
         pad_token_id: the tokenizer's padding id.
+        keep_ratio: the rollout filter's share of groups kept, when a sentinel rollback changed it (None: the
+            config's ``rollout_filter_ratio``).
 
     Returns:
         Right-padded (B, T) columns of the kept trajectories, in group order: ``input_ids``, ``attention_mask``,
@@ -36,7 +38,8 @@ def prepare_update_batch(trajectories: Sequence[Trajectory], config,
     """
     returns = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)
     groups = torch.tensor([t.group for t in trajectories])
-    keep, metrics = select_groups(returns, groups, config.rollout_filter_ratio, config.rollout_filter)
+    ratio = config.rollout_filter_ratio if keep_ratio is None else keep_ratio
+    keep, metrics = select_groups(returns, groups, ratio, config.rollout_filter)
     order = torch.tensor(sorted(np.flatnonzero(keep.numpy()).tolist(), key=lambda i: trajectories[i].group),
                          dtype=torch.long)  # group order; a stable sort keeps the rollout's order within a group
     kept = [trajectories[i] for i in order.tolist()]

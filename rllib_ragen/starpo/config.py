@@ -4,6 +4,7 @@ every setting is checked (``StarPOConfig.validate``). The algorithm itself is in
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 from typing import Any
@@ -48,6 +49,9 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     # validation and seeds
     "validation_interval": 10, "validation_size": 256, "validation_group_size": 1, "validate_before_training": True,
     "train_seed_start": 10_000, "validation_seed_start": 123,
+    # echo-trap diagnostics and the sentinel (collapse.py, sentinel.py)
+    "collapse_diagnostics_interval": 5, "collapse_subsample": 8, "sentinel_rules": [], "sentinel_max_rollbacks": 3,
+    "sentinel_snapshot_interval": 1,
 }
 
 # Fields RLlib itself leaves at its deprecated-value marker (-1): they stay out of the state, as RLlib wants.
@@ -60,8 +64,9 @@ MODEL_DTYPES = ("float32", "bfloat16", "float16")
 _POSITIVE_INTS = ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_actions_per_episode",
                   "max_new_tokens_per_turn", "updates_per_rollout_batch", "num_epochs", "validation_size",
                   "validation_group_size", "inference_batch_size", "max_consecutive_skipped_steps",
-                  "max_context_tokens", "num_inference_engines")
-_INTS = ("validation_interval", "train_seed_start", "validation_seed_start")
+                  "max_context_tokens", "num_inference_engines", "sentinel_snapshot_interval")
+_INTS = ("validation_interval", "train_seed_start", "validation_seed_start", "collapse_diagnostics_interval",
+         "collapse_subsample", "sentinel_max_rollbacks")
 _FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "lambda_", "gamma", "clip_ratio_low",
                    "clip_ratio_high", "kl_coeff", "entropy_coeff", "vf_loss_coeff", "critic_lr", "weight_decay",
                    "rollout_filter_ratio", "gamma_turn", "gamma_token", "gigpo_step_gamma", "gigpo_omega")
@@ -120,7 +125,7 @@ class StarPOConfig(AlgorithmConfig):
 
         super().__init__(algo_class=algo_class or StarPO)
         for key, value in STARPO_S_DEFAULTS.items():
-            setattr(self, key, dict(value) if isinstance(value, dict) else value)  # no shared mutable defaults
+            setattr(self, key, copy.copy(value) if isinstance(value, (dict, list)) else value)  # none shared
         # Reference optimiser settings; gamma = lambda = 1 (trajectory-level credit).
         self.lr = 1e-6
         self.gamma = 1.0
@@ -157,6 +162,9 @@ class StarPOConfig(AlgorithmConfig):
         # validation and seeds
         validation_interval=NotProvided, validation_size=NotProvided, validation_group_size=NotProvided,
         validate_before_training=NotProvided, train_seed_start=NotProvided, validation_seed_start=NotProvided,
+        # echo-trap diagnostics and the sentinel
+        collapse_diagnostics_interval=NotProvided, collapse_subsample=NotProvided, sentinel_rules=NotProvided,
+        sentinel_max_rollbacks=NotProvided, sentinel_snapshot_interval=NotProvided,
         **kwargs,
     ) -> "StarPOConfig":
         """Set StarPO's knobs and RLlib's training fields. Defaults: the reference's StarPO-S (arXiv 2504.20073).
@@ -251,6 +259,15 @@ class StarPOConfig(AlgorithmConfig):
             validate_before_training: also validate before the first update, for a before/after comparison.
             train_seed_start, validation_seed_start: first training and validation reset seeds. Training seeds
                 advance by ``num_groups`` each step and never repeat.
+            collapse_diagnostics_interval: run the learner's echo-trap probe (cross-scoring: retrieval accuracy and
+                MI estimate; the policy-gradient norm per reward-variance bucket) every k iterations, on the
+                current rollout before its update (0: never). The cheap reply diagnostics run every iteration.
+            collapse_subsample: first-turn reasonings cross-scored by the probe (m; m x m scoring passes).
+            sentinel_rules: :class:`~rllib_ragen.sentinel.Rule` objects watched after every iteration (none by
+                default); see ``rllib_ragen/sentinel.py``.
+            sentinel_max_rollbacks: rollbacks allowed per run; a rollback rule firing after that stops the run.
+            sentinel_snapshot_interval: with a rollback rule, keep the weights and optimizer state of every k-th
+                healthy iteration (on local disk) as the rollback point.
         """
         given = {k: v for k, v in locals().items() if k in STARPO_S_DEFAULTS and v is not NotProvided}
         super().training(**kwargs)
@@ -429,6 +446,7 @@ class StarPOConfig(AlgorithmConfig):
         if self.validation_interval is None or self.validation_interval < 0:
             yield f"validation_interval={self.validation_interval} must be >= 0 (0 switches validation off)."
         yield from self._batch_shape_errors()
+        yield from self._sentinel_errors()
         yield from self._inference_errors()
         yield from self._model_and_env_errors()
 
@@ -493,6 +511,40 @@ class StarPOConfig(AlgorithmConfig):
         runners = max(1, self.num_env_runners)
         if self.num_groups < runners:
             yield f"num_groups={self.num_groups} is less than num_env_runners={self.num_env_runners}: some would idle."
+
+    def _sentinel_errors(self):
+        from ..sentinel import as_rule
+
+        if self.collapse_diagnostics_interval < 0:
+            yield (f"collapse_diagnostics_interval={self.collapse_diagnostics_interval} must be >= 0 (0 switches the "
+                   "probe off).")
+        if self.collapse_subsample < 2:
+            yield f"collapse_subsample={self.collapse_subsample} must be >= 2: cross-scoring compares prompts."
+        if self.sentinel_max_rollbacks < 0:
+            yield f"sentinel_max_rollbacks={self.sentinel_max_rollbacks} must be >= 0."
+        if not isinstance(self.sentinel_rules, (list, tuple)):
+            yield f"sentinel_rules={self.sentinel_rules!r} must be a list of rllib_ragen.sentinel.Rule."
+            return
+        rules = []
+        for item in self.sentinel_rules:
+            try:
+                rules.append(as_rule(item))
+            except ValueError as error:
+                yield f"sentinel_rules: {error}"
+        for rule in rules:
+            yield from (f"sentinel_rules: {error}" for error in rule.errors())
+            ratio = rule.knobs.get("rollout_filter_ratio")
+            if isinstance(ratio, (int, float)) and 0 < ratio <= 1:
+                if self.rollout_filter == "none":
+                    yield (f"sentinel_rules: {rule.label}: knobs['rollout_filter_ratio'] has no effect with "
+                           "rollout_filter='none'; set rollout_filter='std' or drop the knob.")
+                probe = copy.copy(self)
+                probe.rollout_filter_ratio = ratio
+                yield from (f"sentinel_rules: {rule.label}: after its rollback, {error}"
+                            for error in probe._batch_shape_errors())
+        labels = [r.label for r in rules]
+        if len(set(labels)) != len(labels):
+            yield "sentinel_rules: two rules have the same name; give each its own (Rule(name=...))."
 
     def _inference_errors(self):
         if self.inference_backend not in INFERENCE_BACKENDS and not callable(self.inference_backend):

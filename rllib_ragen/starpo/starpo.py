@@ -19,10 +19,13 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import pathlib
 import pickle
+import shutil
 import tempfile
 import time
 
@@ -30,17 +33,19 @@ import numpy as np
 import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.core import DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEARNER_RESULTS,
-                                     NUM_ENV_STEPS_SAMPLED_LIFETIME)
+                                     NUM_ENV_STEPS_SAMPLED_LIFETIME, WEIGHTS_SEQ_NO)
 
 from .. import metrics as M
+from ..collapse import cross_scoring_pairs, reply_diagnostics
 from ..objectives import ADVANTAGE_ESTIMATORS
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import SeedSchedule, Trajectory, rollout_metrics
+from ..sentinel import Firing, Sentinel
 from .batch import prepare_update_batch, shard_by_groups
 from .checkpoints import recover_interrupted_save, write_atomically
 from .config import BUILT_IN_MODELS, StarPOConfig
@@ -72,7 +77,12 @@ class StarPO(Algorithm):
         self.seed_schedule = SeedSchedule(config.train_seed_start, config.validation_seed_start)
         self.last_validation: list[Trajectory] = []
         self.last_rollout: list[Trajectory] = []
+        # The last probed rollout's token advantages, by index in that rollout (kept episodes only).
+        self.last_token_advantages: dict[int, list[float]] = {}
         self.engine_actors = self._start_inference_engines() if config.inference_backend == "vllm" else None
+        self.sentinel = Sentinel(config.sentinel_rules, config.sentinel_max_rollbacks)
+        rollback = any(rule.action == "rollback" for rule in self.sentinel.rules)
+        self._snapshot_dir = tempfile.mkdtemp(prefix="rllib_ragen_sentinel_") if rollback else None
 
     # ---- one iteration: rollout -> prepare -> update -> sync ----------------------------------------------------
     @override(Algorithm)
@@ -85,30 +95,45 @@ class StarPO(Algorithm):
             trajectories, rollout_results = self._rollout(
                 self.seed_schedule.train(config.num_groups), config.group_size, config.sampling_params(),
                 self._sample_seed("train", iteration))
-        self.last_rollout = trajectories
+        self.last_rollout, self.last_token_advantages = trajectories, {}
         if not trajectories:
             raise RuntimeError("every environment of this rollout failed; see the env runner logs.")
         self._log(rollout_results, ENV_RUNNER_RESULTS)
         self.metrics.log_value((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME),
                                rollout_results[M.NUM_ENV_STEPS_SAMPLED], reduce="lifetime_sum")
+        self._log(reply_diagnostics(trajectories))
 
-        columns, update_metrics = prepare_update_batch(trajectories, config, self._pad_token_id())
+        columns, update_metrics = prepare_update_batch(trajectories, config, self._pad_token_id(),
+                                                       keep_ratio=self.sentinel.rollout_filter_ratio)
         self._log(update_metrics)
+        if config.collapse_diagnostics_interval and iteration % config.collapse_diagnostics_interval == 0:
+            with self._timer(M.TIME_COLLAPSE_PROBE):
+                self._log(self._collapse_probe(columns, trajectories))
 
         with self._timer(M.TIME_UPDATE):
             learner_results = self._update(columns, env_steps=int(rollout_results[M.NUM_ENV_STEPS_SAMPLED]))
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
 
         with self._timer(M.TIME_SYNC):
-            if self.engine_actors is not None:
-                # Env runners only route prompts to the engines: the new weights go to the engines alone.
-                self._log({M.TIME_WEIGHT_LOAD: self._sync_inference_engines()})
-            else:
-                self._check_learners_alive()
-                self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group,
-                                                   inference_only=True, timeout_seconds=600.0)
+            self._sync_rollout_weights()
         if config.validation_interval and (iteration + 1) % config.validation_interval == 0:
             self._validate(iteration + 1)
+
+    def _collapse_probe(self, columns: dict[str, np.ndarray], trajectories: list[Trajectory]) -> dict[str, float]:
+        """The learner's echo-trap probe on this rollout, before its update (``collapse.py``). With several learners
+        the first one probes the whole batch (outside DDP's gradient sync)."""
+        pairs = cross_scoring_pairs(trajectories, self.config.collapse_subsample)
+        first = None if self.learner_group.is_local else self.learner_group._worker_manager.healthy_actor_ids()[:1]
+        results = self.learner_group.foreach_learner(lambda learner: learner.collapse_probe(columns, pairs),
+                                                     remote_actor_ids=first)
+        metrics, advantages = next(iter(results)).get()
+        # Batch rows are the kept groups in group order, each group's episodes in rollout order.
+        rows = iter(range(len(columns["group"])))
+        kept = set(columns["group"].tolist())
+        self.last_token_advantages = {index: advantages[next(rows), :len(t.token_ids)].tolist()
+                                      for index, t in sorted(enumerate(trajectories), key=lambda p: p[1].group)
+                                      if t.group in kept}
+        return metrics
 
     def _update(self, columns: dict[str, np.ndarray], env_steps: int) -> list[dict]:
         """One learner-group update on the prepared batch; with remote learners, one whole-group shard each."""
@@ -162,6 +187,82 @@ class StarPO(Algorithm):
         self._log(results, EVALUATION_RESULTS, ENV_RUNNER_RESULTS)
         return results
 
+    # ---- the sentinel (sentinel.py): watch each result, act on firings --------------------------------------------
+    @override(Algorithm)
+    def step(self) -> dict:
+        result = super().step()
+        if not self.sentinel.rules:
+            return result
+        iteration = self.iteration + 1  # RLlib counts the iteration after step() returns
+        fired = self.sentinel.observe(iteration, result)
+        for firing in fired:
+            self._act_on(firing)
+            logger.warning(firing.describe())
+        if not fired and self.sentinel.healthy and self._snapshot_dir is not None \
+                and iteration % self.config.sentinel_snapshot_interval == 0:
+            self._save_healthy_snapshot(iteration)
+        result.update({M.SENTINEL_FIRINGS: float(len(fired)),
+                       M.SENTINEL_TOTAL_FIRINGS: float(len(self.sentinel.firings)),
+                       M.SENTINEL_ROLLBACKS: float(self.sentinel.rollbacks),
+                       M.SENTINEL_LR_FACTOR: self.sentinel.lr_factor, M.SENTINEL_STOP: float(self.sentinel.stopped),
+                       M.SENTINEL_EVENTS: json.dumps([dataclasses.asdict(f) for f in fired])})
+        if self.sentinel.stopped:
+            result["done"] = True  # ends a Tune trial and a main job's loop
+        return result
+
+    def _act_on(self, firing: Firing) -> None:
+        if firing.action == "stop":
+            self.sentinel.stopped = True
+            firing.done = "stopped the run (result['done'] = True)"
+        elif firing.action == "rollback":
+            firing.done = self._roll_back(firing)
+        else:
+            firing.done = "warned"
+
+    def _save_healthy_snapshot(self, iteration: int) -> None:
+        """The learner's weights and optimizer state now, atomically, as the next rollback point."""
+        state = self.learner_group.get_state(components=[f"learner/{COMPONENT_RL_MODULE}",
+                                                         f"learner/{COMPONENT_OPTIMIZER}"])["learner"]
+        path = os.path.join(self._snapshot_dir, "healthy.pt")
+        torch.save({"iteration": iteration, "learner": state}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+    def _roll_back(self, firing: Firing) -> str:
+        """Restore the last healthy snapshot (if any), apply the rule's knobs, send the weights to the rollout."""
+        path = os.path.join(self._snapshot_dir, "healthy.pt")
+        words = []
+        if os.path.isfile(path):
+            snapshot = torch.load(path, weights_only=False)
+            state = snapshot["learner"]
+            # Newer than the learners' and the env runners' current weights, or they would refuse it.
+            current = max(r.get() for r in self.learner_group.foreach_learner(lambda learner: learner._weights_seq_no))
+            state[WEIGHTS_SEQ_NO] = int(current) + 1
+            self.learner_group.set_state({"learner": state})
+            words.append(f"restored the weights and optimizer state of iteration {snapshot['iteration']}")
+        else:
+            words.append("no healthy snapshot yet: weights kept")
+        self.sentinel.after_rollback(firing.rule)
+        self._apply_lr_factor()
+        rule = next(r for r in self.sentinel.rules if r.label == firing.rule)
+        words += [f"{knob} -> {value:g}" if knob != "lr_factor" else f"learning rates x{value:g} (now x"
+                  f"{self.sentinel.lr_factor:g})" for knob, value in rule.knobs.items()]
+        self._sync_rollout_weights()
+        return "; ".join(words)
+
+    def _apply_lr_factor(self) -> None:
+        factor = self.sentinel.lr_factor
+        self.learner_group.foreach_learner(lambda learner: learner.set_lr_factor(factor))
+
+    def _sync_rollout_weights(self) -> None:
+        """The learner's current policy to whatever plays the rollouts."""
+        if self.engine_actors is not None:
+            # Env runners only route prompts to the engines: the new weights go to the engines alone.
+            self._log({M.TIME_WEIGHT_LOAD: self._sync_inference_engines()})
+        else:
+            self._check_learners_alive()
+            self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group,
+                                               inference_only=True, timeout_seconds=600.0)
+
     # ---- vLLM engines ----------------------------------------------------------------------------------------------
     def _start_inference_engines(self):
         """Launch the vLLM engine actors on the current policy and attach them to every env runner."""
@@ -188,6 +289,8 @@ class StarPO(Algorithm):
         if getattr(self, "engine_actors", None) is not None:
             self.engine_actors.shutdown()
             self.engine_actors = None
+        if getattr(self, "_snapshot_dir", None) is not None:
+            shutil.rmtree(self._snapshot_dir, ignore_errors=True)
         super().cleanup()
 
     # ---- helpers ---------------------------------------------------------------------------------------------------
@@ -264,11 +367,18 @@ class StarPO(Algorithm):
         words = [self.config.seed or 0, iteration, 0 if purpose == "train" else 1]
         return int(np.random.SeedSequence(words).generate_state(1)[0])
 
-    def _pad_token_id(self) -> int:
+    @property
+    def tokenizer(self):
+        """The rollout's tokenizer (the local env runner's, else the first remote one's)."""
         if self.env_runner is not None:
-            return int(self.env_runner.tokenizer.pad_token_id)
-        return int(self.env_runner_group.foreach_env_runner(lambda r: r.tokenizer.pad_token_id,
-                                                            local_env_runner=False)[0])
+            return self.env_runner.tokenizer
+        if getattr(self, "_remote_tokenizer", None) is None:
+            self._remote_tokenizer = self.env_runner_group.foreach_env_runner(lambda r: r.tokenizer,
+                                                                              local_env_runner=False)[0]
+        return self._remote_tokenizer
+
+    def _pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
 
     def _log(self, metrics: dict[str, float], *path: str) -> None:
         """Log each value as the latest of its kind, under ``path`` (e.g. ``env_runners``) in the result."""
@@ -336,7 +446,7 @@ class StarPO(Algorithm):
     @override(Algorithm)
     def get_state(self, *args, **kwargs):
         state = super().get_state(*args, **kwargs)
-        state["starpo"] = {"seed_schedule": self.seed_schedule.get_state()}
+        state["starpo"] = {"seed_schedule": self.seed_schedule.get_state(), "sentinel": self.sentinel.get_state()}
         return state
 
     @override(Algorithm)
@@ -344,6 +454,10 @@ class StarPO(Algorithm):
         super().set_state(state)
         if "starpo" in state:
             self.seed_schedule.set_state(state["starpo"]["seed_schedule"])
+            if "sentinel" in state["starpo"]:
+                self.sentinel.set_state(state["starpo"]["sentinel"])
+                if self.sentinel.lr_factor != 1.0:
+                    self._apply_lr_factor()
         if getattr(self, "engine_actors", None) is not None:
             self._sync_inference_engines()  # restored weights must reach the engines before the next rollout
 

@@ -21,6 +21,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
 from .. import metrics as M
+from ..collapse import VARIANCE_BUCKETS, CrossScoringPairs, cross_scoring, variance_buckets
 from ..objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, advantage_recursion_mask, aggregate,
                           compute_advantages, kl_penalty, policy_loss, token_logprobs, value_loss)
 from ..rollout.models import load_policy
@@ -35,6 +36,7 @@ class StarPOTorchLearner(TorchLearner):
     def build(self) -> None:
         super().build()
         self._skipped_in_a_row = 0  # consecutive optimizer steps skipped for a non-finite loss or gradient
+        self._lr_factor = 1.0  # a sentinel rollback's multiplier of the configured learning rates
         self._reference = None
         if self.config.kl_coeff > 0:  # the frozen reference policy exists only when the KL term is on
             cfg = self.config.model_config
@@ -57,6 +59,21 @@ class StarPOTorchLearner(TorchLearner):
                                     optimizer=torch.optim.AdamW(critic, betas=config.adam_betas,
                                                                 weight_decay=config.weight_decay),
                                     lr_or_lr_schedule=config.critic_lr)
+
+    def set_lr_factor(self, factor: float) -> None:
+        """Multiply every optimizer's configured learning rate by ``factor`` from now on (a sentinel rollback)."""
+        self._lr_factor = float(factor)
+        self._apply_lr_factor()
+
+    def _apply_lr_factor(self) -> None:
+        for optimizer, schedule in self._optimizer_lr_schedules.items():
+            self._set_optimizer_lr(optimizer, lr=float(schedule.get_current_value()) * self._lr_factor)
+
+    @override(TorchLearner)
+    def after_gradient_based_update(self, *, timesteps) -> None:
+        super().after_gradient_based_update(timesteps=timesteps)  # RLlib resets each lr to its schedule's value
+        if self._lr_factor != 1.0:
+            self._apply_lr_factor()
 
     @override(TorchLearner)
     def postprocess_gradients_for_module(self, *, module_id, config=None, module_gradients_dict):
@@ -147,6 +164,78 @@ class StarPOTorchLearner(TorchLearner):
             advantages, returns = data["advantages"], torch.zeros_like(mask)
         data["old_values"], data["token_advantages"], data["returns"] = old_values, advantages, returns
         data["value_mask"] = value_mask
+
+    # ---- the echo-trap probe (collapse.py), every collapse_diagnostics_interval iterations, before the update ----
+    def collapse_probe(self, batch: dict[str, np.ndarray],
+                       pairs: CrossScoringPairs | None) -> tuple[dict[str, float], np.ndarray]:
+        """Cross-scoring and the policy-gradient norm per reward-variance bucket, on the current weights.
+
+        Leaves weights, optimizer state and gradients as they were. ``batch`` is the update's (kept) batch;
+        ``pairs`` the first-turn prompts and reasonings to cross-score (None: skip). Returns the metrics and the
+        batch's (B, T) token advantages, as the update will use them (for the rollout viewer).
+        """
+        module_id = DEFAULT_MODULE_ID
+        config = self.config.get_config_for_module(module_id)
+        module = self.module[module_id]
+        results = self._cross_scores(module.unwrapped(), pairs, config) if pairs is not None else {}
+        data = {k: torch.as_tensor(v).to(self._device) for k, v in batch.items()}
+        micro_size = config.micro_batch_size or data["input_ids"].shape[0]
+        rows = torch.arange(data["input_ids"].shape[0])
+        self._prepare(data, module, config, [rows[i:i + micro_size] for i in range(0, len(rows), micro_size)])
+        buckets = variance_buckets(data["token_rewards"].sum(-1).cpu().numpy(), data["group"].cpu().numpy())
+        num_groups = len(torch.unique(data["group"]))
+        for name in VARIANCE_BUCKETS:
+            in_bucket = torch.as_tensor(buckets.get(name, np.zeros(0, dtype=np.int64)))
+            results[M.BUCKET_SHARE.format(bucket=name)] = len(torch.unique(data["group"][in_bucket])) / num_groups
+            if len(in_bucket):
+                results[M.GRAD_NORM_BUCKET.format(bucket=name)] = self._policy_gradient_norm(
+                    data, in_bucket, module, config, micro_size)
+        return results, (data["token_advantages"] * data["response_mask"]).cpu().numpy()
+
+    @torch.no_grad()
+    def _cross_scores(self, module, pairs: CrossScoringPairs, config) -> dict[str, float]:
+        """Score every reasoning under every prompt (one padded batch per ``inference_batch_size`` rows)."""
+        ids, masks, index = pairs.sequences()
+        scores = np.zeros((len(pairs), len(pairs)))
+        step = max(1, config.inference_batch_size)
+        for start in range(0, len(ids), step):
+            chunk = range(start, min(start + step, len(ids)))
+            width = max(len(ids[r]) for r in chunk)
+            input_ids = torch.zeros((len(chunk), width), dtype=torch.long)
+            attention, scored = torch.zeros_like(input_ids), torch.zeros((len(chunk), width))
+            for row, r in enumerate(chunk):
+                input_ids[row, :len(ids[r])] = torch.tensor(ids[r])
+                attention[row, :len(ids[r])] = 1
+                scored[row, :len(masks[r])] = torch.tensor(masks[r], dtype=torch.float32)
+            input_ids, attention = input_ids.to(self._device), attention.to(self._device)
+            logits = module.policy(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
+            totals = (token_logprobs(logits, input_ids, config.temperature).cpu() * scored).sum(-1)
+            for row, r in enumerate(chunk):
+                scores[index[r]] = float(totals[row])
+        return cross_scoring(scores)
+
+    def _policy_gradient_norm(self, data: dict, rows: torch.Tensor, module, config, micro_size: int) -> float:
+        """Norm of the clipped-surrogate gradient on ``rows`` alone (normalised over their own tokens)."""
+        total_tokens = data["loss_mask"][rows].sum().clamp(min=1)
+        actor = list(module.unwrapped().policy.parameters())
+        no_sync = module.no_sync if hasattr(module, "no_sync") else contextlib.nullcontext
+        with no_sync():
+            for i in range(0, len(rows), micro_size):
+                micro = rows[i:i + micro_size]
+                inputs = _trimmed(data, micro)
+                width = inputs["input_ids"].shape[1]
+                trained = data["loss_mask"][micro, :width]
+                logp = module.forward_train(inputs)["logp"]
+                loss, _ = policy_loss(logp, data["old_logp"][micro, :width], data["token_advantages"][micro, :width],
+                                      trained, clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
+                                      dual_clip=config.dual_clip, aggregation="token-mean")
+                (loss * trained.sum() / total_tokens).backward()
+        grads = [p.grad for p in actor if p.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))) \
+            if grads else 0.0
+        for p in module.parameters():
+            p.grad = None
+        return norm
 
     def _optimizer_step(self, data: dict, rows: torch.Tensor, module, module_id, config, micro_size: int,
                         first: bool) -> tuple[torch.Tensor, bool]:

@@ -1,0 +1,88 @@
+"""The echo-trap probe and the sentinel inside real StarPO runs (tiny model, real learner and env runner)."""
+
+import json
+
+import pytest
+import torch
+
+from rllib_ragen import StarPO
+from rllib_ragen import metrics as M
+from rllib_ragen.sentinel import Rule
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+# Holds at every iteration: the rule's patience alone decides when it fires.
+ALWAYS = dict(signal=M.FILTER_REWARD_STD, kind="below", threshold=1e9, warmup=1)
+
+
+def policy_after(config, iterations: int) -> dict[str, torch.Tensor]:
+    algo = config.build_algo()
+    try:
+        for _ in range(iterations):
+            result = algo.train()
+        return {k: v.clone() for k, v in algo.policy_weights().items()}, result
+    finally:
+        algo.stop()
+
+
+def test_the_probe_reports_every_signal_and_leaves_training_unchanged(small_config):
+    probed, result = policy_after(small_config(collapse_diagnostics_interval=1, validation_interval=0), 2)
+    plain, plain_result = policy_after(small_config(collapse_diagnostics_interval=0, validation_interval=0), 2)
+    assert all(torch.equal(probed[k], plain[k]) for k in plain)  # weights, optimizer and RNG untouched by the probe
+    for name in (M.RETRIEVAL_ACCURACY, M.MI_ESTIMATE, M.CROSS_SCORE_MARGIN, M.TIME_COLLAPSE_PROBE,
+                 M.THINK_TOKENS_PER_TURN, M.DISTINCT_2, M.REPEAT_RATE):
+        assert name in result, name
+    assert 0.0 <= result[M.RETRIEVAL_ACCURACY] <= 1.0
+    assert any(k.startswith("collapse/grad_norm_") for k in result)
+    # Shares of the groups in the three reward-variance buckets sum to one.
+    assert sum(result[M.BUCKET_SHARE.format(bucket=b)] for b in ("zero", "low", "high")) == pytest.approx(1.0)
+    assert M.MI_ESTIMATE not in plain_result and M.DISTINCT_2 in plain_result  # the cheap ones run always
+
+
+def test_a_rollback_restores_the_last_healthy_weights_lowers_the_lr_and_survives_a_checkpoint(tmp_path, small_config):
+    rule = Rule(**ALWAYS, patience=2, action="rollback", knobs={"lr_factor": 0.5}, name="always")
+    algo = small_config(sentinel_rules=[rule], validation_interval=0, collapse_diagnostics_interval=0).build_algo()
+    try:
+        algo.train()  # iteration 1: warm-up value, healthy: the rollback point
+        healthy = {k: v.clone() for k, v in algo.policy_weights().items()}
+        second = algo.train()  # holds once
+        assert second[M.SENTINEL_FIRINGS] == 0
+        assert not all(torch.equal(healthy[k], v) for k, v in algo.policy_weights().items())
+        third = algo.train()  # holds twice: rollback
+        events = json.loads(third[M.SENTINEL_EVENTS])
+        assert [e["action"] for e in events] == ["rollback"] and events[0]["iteration"] == 3
+        assert "restored the weights and optimizer state of iteration 1" in events[0]["done"]
+        assert third[M.SENTINEL_ROLLBACKS] == 1 and third[M.SENTINEL_LR_FACTOR] == 0.5
+        after = algo.policy_weights()
+        assert all(torch.equal(healthy[k], after[k]) for k in healthy)
+        # The env runner plays the restored weights.
+        runner = algo.env_runner.module.policy_state(algo.env_runner.module.get_state())
+        assert all(torch.equal(after[k], runner[k]) for k in after)
+        lrs = lambda a: [g["lr"] for o in a.learner_group._learner._named_optimizers.values() for g in o.param_groups]
+        assert lrs(algo) == pytest.approx([0.5e-3, 0.5e-3])
+        algo.train()  # RLlib resets each lr after an update: the factor must hold
+        assert lrs(algo) == pytest.approx([0.5e-3, 0.5e-3])
+        algo.save_to_path(tmp_path / "checkpoint")
+        restored = StarPO.from_checkpoint(tmp_path / "checkpoint")
+        try:
+            assert restored.sentinel.lr_factor == 0.5 and restored.sentinel.rollbacks == 1
+            assert [f.rule for f in restored.sentinel.firings] == ["always"]
+            assert lrs(restored) == pytest.approx([0.5e-3, 0.5e-3])
+        finally:
+            restored.stop()
+    finally:
+        algo.stop()
+
+
+@pytest.mark.slow
+def test_a_stop_rule_ends_a_tune_trial(tmp_path, small_config):
+    from ray import tune
+
+    rule = Rule(**ALWAYS, patience=1, action="stop", name="stop at once")
+    results = tune.Tuner(
+        StarPO, param_space=small_config(sentinel_rules=[rule], validation_interval=0, collapse_diagnostics_interval=0),
+        run_config=tune.RunConfig(stop={"training_iteration": 5}, storage_path=str(tmp_path), verbose=0),
+    ).fit()
+    # Warm-up at iteration 1, fires (stop) at iteration 2: the trial ends there, not at 5.
+    assert not results.errors
+    assert results[0].metrics["training_iteration"] == 2 and results[0].metrics[M.SENTINEL_STOP] == 1.0

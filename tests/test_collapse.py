@@ -1,0 +1,105 @@
+"""The echo-trap diagnostics against hand-computed values (no Ray, no model)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from rllib_ragen import metrics as M
+from rllib_ragen.collapse import (cross_scoring, cross_scoring_pairs, distinct_n, reply_diagnostics,
+                                  variance_buckets)
+from rllib_ragen.rollout.engine import Trajectory
+from rllib_ragen.rollout.protocol import REGION_ANSWER, REGION_OTHER, REGION_THINK
+
+O, T, A = REGION_OTHER, REGION_THINK, REGION_ANSWER
+
+
+def trajectory(group, prompt, replies, regions):
+    """A trajectory of `prompt` then each reply (no observation between them: enough for these statistics)."""
+    ids, spans, token_regions = list(prompt), [], [O] * len(prompt)
+    for reply, reply_regions in zip(replies, regions):
+        spans.append((len(ids), len(ids) + len(reply)))
+        ids += reply
+        token_regions += reply_regions
+    return Trajectory(env_name="e", group=group, seed=group, token_ids=ids, response_mask=[0] * len(ids),
+                      behaviour_logprobs=[0.0] * len(ids), turn_spans=spans, turn_rewards=[0.0] * len(spans),
+                      token_regions=token_regions)
+
+
+def test_reply_diagnostics_by_hand():
+    # Group 0: two episodes whose first replies are identical (an echo), second replies differ.
+    # Group 1: one episode of one reply.
+    a = trajectory(0, [1, 2], [[5, 6, 7, 9], [5, 8]], [[O, T, T, A], [O, A]])
+    b = trajectory(0, [1, 2], [[5, 6, 7, 9], [6, 8]], [[O, T, T, A], [T, A]])
+    c = trajectory(1, [3], [[5, 6, 5, 6]], [[T, T, T, A]])
+    d = reply_diagnostics([a, b, c])
+    # Turns: 5. Think tokens 2, 0, 2, 1, 3 -> 8/5; answer tokens 1, 1, 1, 1, 1 -> 1.
+    assert d[M.THINK_TOKENS_PER_TURN] == pytest.approx(8 / 5)
+    assert d[M.ANSWER_TOKENS_PER_TURN] == pytest.approx(1.0)
+    # Bigrams: (5,6)(6,7)(7,9) x2, (5,8), (6,8), (5,6)(6,5)(5,6) = 11 bigrams, distinct:
+    # (5,6)(6,7)(7,9)(5,8)(6,8)(6,5) = 6.
+    assert d[M.DISTINCT_2] == pytest.approx(6 / 11)
+    # Group 0: 8 bigrams, 5 distinct; group 1: 3 bigrams, 2 distinct.
+    assert d[M.DISTINCT_2_IN_GROUP] == pytest.approx((5 / 8 + 2 / 3) / 2)
+    # The two identical first replies of group 0 repeat each other: 2 of 5 replies.
+    assert d[M.REPEAT_RATE] == pytest.approx(2 / 5)
+
+
+def test_identical_replies_at_different_turns_are_not_repeats():
+    a = trajectory(0, [1], [[5, 6], [7, 8]], [[T, A], [T, A]])
+    b = trajectory(0, [1], [[7, 8], [5, 6]], [[T, A], [T, A]])
+    assert reply_diagnostics([a, b])[M.REPEAT_RATE] == 0.0
+
+
+def test_distinct_n_edge_cases():
+    assert distinct_n([[1]], 2) == 1.0  # no bigram at all
+    assert distinct_n([[1, 1, 1, 1]], 2) == pytest.approx(1 / 3)
+    assert distinct_n([[1, 2], [2, 3]], 2) == 1.0  # no bigram spans two replies
+
+
+def test_cross_scoring_by_hand():
+    # Reasoning 0 is best explained by its own prompt, reasoning 1 by prompt 0.
+    scores = np.array([[-1.0, -3.0], [-2.0, -4.0]])
+    d = cross_scoring(scores)
+    assert d[M.RETRIEVAL_ACCURACY] == 0.5
+    # MI: row 0: -1 - log((e^-1 + e^-3) / 2); row 1: -4 - log((e^-2 + e^-4) / 2).
+    row0 = -1 - math.log((math.exp(-1) + math.exp(-3)) / 2)
+    row1 = -4 - math.log((math.exp(-2) + math.exp(-4)) / 2)
+    assert d[M.MI_ESTIMATE] == pytest.approx((row0 + row1) / 2)
+    assert d[M.CROSS_SCORE_MARGIN] == pytest.approx(((-1 + 3) + (-4 + 2)) / 2)
+
+
+def test_cross_scoring_of_state_blind_reasoning_is_chance_and_zero_information():
+    scores = np.tile(np.array([[-5.0, -5.0, -5.0]]), (3, 1))  # every prompt explains every reasoning equally
+    d = cross_scoring(scores)
+    assert d[M.RETRIEVAL_ACCURACY] == 0.0  # a tie is not a retrieval
+    assert d[M.MI_ESTIMATE] == pytest.approx(0.0, abs=1e-12)
+    perfect = cross_scoring(np.where(np.eye(3, dtype=bool), 0.0, -1e6))
+    assert perfect[M.RETRIEVAL_ACCURACY] == 1.0
+    assert perfect[M.MI_ESTIMATE] == pytest.approx(math.log(3))  # the bound: log m
+
+
+def test_cross_scoring_pairs_takes_one_first_turn_per_group_and_scores_the_reasoning():
+    a = trajectory(0, [1, 2], [[5, 6, 7, 9, 4]], [[O, T, T, O, A]])
+    b = trajectory(0, [1, 2], [[5, 8, 8, 9, 4]], [[O, T, T, O, A]])  # same group: skipped
+    c = trajectory(1, [3], [[7, 7, 4]], [[O, A, A]])  # no reasoning: the whole reply is scored
+    pairs = cross_scoring_pairs([a, b, c], subsample=8)
+    assert pairs.prompts == [[1, 2], [3]]
+    assert pairs.continuations == [[5, 6, 7], [7, 7, 4]]  # up to the end of the reasoning
+    assert pairs.scored == [[0, 1, 1], [1, 1, 1]]
+    ids, masks, index = pairs.sequences()
+    assert index == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert ids[1] == [3, 5, 6, 7] and masks[1] == [0, 0, 1, 1]  # reasoning 0 after prompt 1
+    assert cross_scoring_pairs([a, b, c], subsample=1) is None  # one prompt: nothing to compare
+    assert len(cross_scoring_pairs([a, c, trajectory(2, [4], [[1, 2]], [[T, A]])], subsample=2)) == 2
+
+
+def test_variance_buckets():
+    returns = np.array([1, 1, 0, 1, 0, 0, 0, 1, 5, 0])
+    groups = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4, 4])
+    # stds: g0 0, g1 0.5, g2 0, g3 0.5, g4 2.5; the median of the non-zero ones is 0.5.
+    buckets = variance_buckets(returns, groups)
+    assert buckets["zero"].tolist() == [0, 1, 4, 5]
+    assert buckets["low"].tolist() == [2, 3, 6, 7]
+    assert buckets["high"].tolist() == [8, 9]
+    assert set(variance_buckets(np.zeros(4), np.array([0, 0, 1, 1]))) == {"zero"}
