@@ -10,7 +10,7 @@ at the newest (see ``experiment_outputs``): ``run_config.json``, ``metrics.csv``
 scalar result, named by its path in the result: ``env_runners/...``, ``learners/default_policy/...``),
 ``tensorboard/``, ``learning_curve.png``, ``validation_rollouts.parquet`` (the last validation's episodes, with their
 text), ``policy/`` (the trained model, loadable by plain transformers), ``summary.json`` (before/after validation
-metrics, throughput, wall time), ``job.log``, ``warm_start/`` (the SFT model) and ``checkpoint/`` (the algorithm every
+metrics, throughput, wall time), ``job.log``, ``sentinel.json`` (the sentinel's firings), ``warm_start/`` (the SFT model) and ``checkpoint/`` (the algorithm every
 ``checkpoint_interval`` iterations and after the last; ``resume`` continues from it).
 
 Example::
@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -36,12 +37,14 @@ import torch
 
 from . import metrics as M
 from .experiment_flags import JobSettings, parse_job_args, user_model_config
-from .experiment_outputs import (AFTER_ROLLOUTS, BEFORE_ROLLOUTS, CHECKPOINT, LATEST, LEARNER, SMOOTHING, TRAINING,
-                                 VALIDATED_AT, VALIDATION, TensorBoardLog, check_output_paths, check_resume,
-                                 close_run_log, keep_notices_off_the_console, plot_learning_curve, read_csv,
-                                 read_outcomes, resolve_run_folder, send_notices_to, start_run_folder, trailing_mean,
-                                 write_csv, write_rollouts)
+from .experiment_outputs import (AFTER_ROLLOUTS, BEFORE_ROLLOUTS, CHECKPOINT, LATEST, LEARNER, SENTINEL_FILE,
+                                 SMOOTHING, TRAINING, TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, TensorBoardLog,
+                                 check_output_paths, check_resume, close_run_log, keep_notices_off_the_console,
+                                 plot_learning_curve, read_csv, read_outcomes, resolve_run_folder, send_notices_to,
+                                 start_run_folder, trailing_mean, write_csv, write_rollouts, write_text_atomically)
 from .paired_stats import PairedComparison, paired_comparison
+from .sentinel import as_rule, echo_trap_rules
+from .viewer import write_viewer
 
 __all__ = ["JobSettings", "flatten_result", "parse_job_args", "run_job", "warm_start"]
 
@@ -85,6 +88,8 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     job.validate()
     if not job.verbose:
         keep_notices_off_the_console()
+    if not config.sentinel_rules and job.sentinel != "off":  # custom rules (--sentinel-rules) replace the built-in
+        config = config.copy(copy_frozen=False).training(sentinel_rules=echo_trap_rules(job.sentinel))
     out = resolve_run_folder(job.output_dir, job.run_name, job.resume, config.seed or 0)
     check_output_paths(out)  # before any work: a run must not train for minutes and then fail to save
     check_resume(out / CHECKPOINT, job.resume)
@@ -143,13 +148,18 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             clock.validation_s = time.perf_counter() - t0
             _keep_validation(before, validations)
             tensorboard.write(before, 0)
-            write_rollouts(out / BEFORE_ROLLOUTS, algo.last_validation)  # kept for the paired comparison
+            # kept for the paired comparison and the viewer
+            write_rollouts(out / BEFORE_ROLLOUTS, algo.last_validation, algo.tokenizer)
             print(f"before RL: validation success {_validation_success(before, config.env):.3f} on "
                   f"{config.validation_size} held-out states ({clock.validation_s:.0f} s)", flush=True)
         while algo.iteration < job.iterations:
             t0 = time.perf_counter()
-            row = flatten_result(algo.train())
+            result = algo.train()
+            row = flatten_result(result)
             rows.append(row)
+            _record_firings(algo, out)
+            if algo.last_token_advantages:  # the probe ran: keep a sample of this rollout, with its advantages
+                _keep_training_sample(algo, out / TRAINING_ROLLOUTS)
             validated = _keep_validation(row, validations)
             clock.record(time.perf_counter() - t0, validated)
             _print_progress(config.env, job.iterations, rows, clock)
@@ -162,16 +172,22 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             # iteration they were measured.
             tensorboard.write(row if validated else {k: v for k, v in row.items() if not k.startswith(VALIDATION)},
                               algo.iteration)
+            stopping = bool(result.get("done"))
             if job.checkpoint_interval and (algo.iteration % job.checkpoint_interval == 0
-                                            or algo.iteration == job.iterations):
+                                            or algo.iteration == job.iterations or stopping):
                 algo.save_to_path(out / CHECKPOINT)
+            if stopping:
+                print(f"stopped at iteration {algo.iteration} of {job.iterations} by the sentinel (see above and "
+                      f"{out / SENTINEL_FILE})", flush=True)
+                break
         if (not algo.last_validation or not validations
                 or validations[-1][VALIDATED_AT] != algo.iteration):
             after = flatten_result({"evaluation": {"env_runners": algo.evaluate_validation_set()}})
             _keep_validation(after, validations)
             tensorboard.write(after, algo.iteration)
-        write_rollouts(out / AFTER_ROLLOUTS, algo.last_validation)
+        write_rollouts(out / AFTER_ROLLOUTS, algo.last_validation, algo.tokenizer, iteration=algo.iteration)
         algo.export_pretrained(out / "policy")
+        write_viewer(out)
     finally:
         algo.stop()
         tensorboard.close()
@@ -179,6 +195,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     summary["success_gain"] = summary["after"][M.SUCCESS] - summary["before"][M.SUCCESS]
     summary["passed"] = bool(summary["success_gain"] >= job.pass_bar)
     summary["paired"] = _paired(out)
+    summary["sentinel_firings"] = [dataclasses.asdict(f) for f in algo.sentinel.firings]
     summary["run_dir"] = str(out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     title = (f"{config.env} | model {pathlib.Path(str(base_model)).name} | seed {config.seed} | "
@@ -192,6 +209,24 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
           f"{'PASS' if summary['passed'] else 'below the bar'}")
     print(f"outputs: {out}")
     return summary
+
+
+def _keep_training_sample(algo, path: pathlib.Path, unkept: int = 8) -> None:
+    """Append this iteration's trained episodes (with their token advantages) and ``unkept`` of the episodes the
+    rollout filter left out to the training sample the viewer shows."""
+    advantages = algo.last_token_advantages
+    left_out = [i for i in range(len(algo.last_rollout)) if i not in advantages][:unkept]
+    chosen = sorted([*advantages, *left_out])
+    write_rollouts(path, [algo.last_rollout[i] for i in chosen], algo.tokenizer, iteration=algo.iteration,
+                   advantages={new: advantages[old] for new, old in enumerate(chosen) if old in advantages},
+                   append=True)
+
+
+def _record_firings(algo, out: pathlib.Path) -> None:
+    """Keep the run's sentinel firings in ``sentinel.json`` (the algorithm logs each one as a warning)."""
+    if algo.sentinel.rules:
+        write_text_atomically(out / SENTINEL_FILE,
+                              json.dumps([dataclasses.asdict(f) for f in algo.sentinel.firings], indent=2))
 
 
 def _paired(out: pathlib.Path) -> dict | None:
@@ -215,6 +250,9 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool) 
                      "iterations and after the last")
     estimate = f"; about {job.expected_minutes:g} min on a 2-core CPU" if job.expected_minutes else ""
     print(f"plan: {', '.join(steps)}{estimate}", flush=True)
+    rules = [as_rule(r) for r in config.sentinel_rules]
+    if rules:
+        print(f"sentinel: {len(rules)} rules ({', '.join(f'{r.label}: {r.action}' for r in rules)})", flush=True)
 
 
 class _Clock:

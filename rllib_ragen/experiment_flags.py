@@ -53,6 +53,9 @@ class JobSettings:
                          "iterations after that checkpoint are trained again", default=False)
     verbose: bool = _help("show library notices (RLlib, Ray, transformers) and loading bars on the console; "
                           "otherwise they go to the run folder's job.log", default=False)
+    sentinel: str = _help("the built-in echo-trap rules (rllib_ragen.sentinel.echo_trap_rules) and what they do when "
+                          "they fire: 'warn', 'stop', 'rollback' (restore the last healthy weights, halve the "
+                          "learning rates) or 'off'; --sentinel-rules (JSON) replaces them", default="warn")
     expected_minutes: float = _help("wall minutes this job took with its defaults on a 2-core CPU, printed at start "
                                     "as a guide (0: none)", default=0.0)
 
@@ -78,11 +81,15 @@ class JobSettings:
         if (not isinstance(self.expected_minutes, (int, float)) or isinstance(self.expected_minutes, bool)
                 or not math.isfinite(self.expected_minutes) or self.expected_minutes < 0):
             errors.append(f"expected_minutes={self.expected_minutes!r} must be a finite number >= 0.")
+        if self.sentinel not in SENTINEL_CHOICES:
+            errors.append(f"sentinel={self.sentinel!r}: choose one of {list(SENTINEL_CHOICES)}.")
         if not isinstance(self.output_dir, str) or not self.output_dir:
             errors.append(f"output_dir={self.output_dir!r} must be a folder path.")
         if errors:
             raise ValueError("Invalid JobSettings:\n  - " + "\n  - ".join(errors))
 
+
+SENTINEL_CHOICES = ("warn", "stop", "rollback", "off")
 
 # On a CUDA machine: the reference's run length, and no warm start (the reference starts from the instruct model).
 REFERENCE_GPU_JOB = {"iterations": 200, "warm_start_steps": 0}

@@ -12,6 +12,7 @@ episodes before and after RL, with their text), ``summary.json`` (with the paire
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import logging
 import logging.handlers
@@ -23,6 +24,7 @@ import time
 
 from . import metrics as M
 from .rollout.engine import Trajectory
+from .sentinel import as_rule
 from .starpo.checkpoints import recover_interrupted_save
 
 CHECKPOINT = "checkpoint"
@@ -31,8 +33,11 @@ RUN_CONFIG = "run_config.json"
 OUTPUT_FOLDERS = ("policy", "warm_start", CHECKPOINT, "tensorboard")
 BEFORE_ROLLOUTS = "validation_before.parquet"  # the warm start's validation episodes
 AFTER_ROLLOUTS = "validation_rollouts.parquet"  # the trained policy's
+TRAINING_ROLLOUTS = "training_rollouts.parquet"  # a sample of training episodes every few iterations
+VIEWER_PAGE = "rollouts.html"
+SENTINEL_FILE = "sentinel.json"  # the sentinel's firings over the run
 OUTPUT_FILES = ("metrics.csv", "summary.json", "learning_curve.png", BEFORE_ROLLOUTS, AFTER_ROLLOUTS, RUN_CONFIG,
-                "job.log")
+                "job.log", SENTINEL_FILE, TRAINING_ROLLOUTS, VIEWER_PAGE)
 
 # Where the driver reads its numbers in a flattened result row (paths in Algorithm.train()'s result).
 TRAINING = "env_runners/"
@@ -100,6 +105,7 @@ def start_run_folder(out: pathlib.Path, config, job) -> None:
         os.replace(link, latest)  # atomic: ``latest`` always points at a whole run folder
     record = {"command": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "job": vars(job),
               "config": {k: v for k, v in config.to_dict().items() if _is_json(v)}}
+    record["config"]["sentinel_rules"] = [dataclasses.asdict(as_rule(r)) for r in config.sentinel_rules]
     runs = json.loads((out / RUN_CONFIG).read_text()).get("resumed", []) if (out / RUN_CONFIG).is_file() else []
     if job.resume:
         record["resumed"] = [*runs, record["started"]]
@@ -115,8 +121,9 @@ def _is_json(value) -> bool:
 
 
 def write_text_atomically(path: pathlib.Path, text: str) -> None:
+    """A kill at any moment leaves the old file or the new one at ``path``, never half of one."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
+    partial.write_text(text, encoding="utf-8")
     os.replace(partial, path)
 
 
@@ -224,15 +231,49 @@ class TensorBoardLog:
         self._writer.close()
 
 
-def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory]) -> None:
+def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory], tokenizer=None, *, iteration: int = 0,
+                   advantages: dict[int, list[float]] | None = None, append: bool = False) -> None:
+    """Episodes as Parquet rows: outcome columns, the whole conversation's ``text`` and, with a ``tokenizer``,
+    ``turns`` (per turn: the observation before it, the reply, its reasoning and answer, the actions executed, the
+    reward, and the reply's tokens with their advantages where ``advantages`` has them, by trajectory index).
+    ``iteration`` marks when they were played; ``append`` adds them to the file's rows (training samples)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     records = [{"env": t.env_name, "group": t.group, "seed": t.seed, "success": t.success, "return": t.total_return,
                 "turn_rewards": t.turn_rewards, "num_turns": t.num_turns, "num_actions": t.num_actions,
                 "format_errors": t.format_errors, "response_tokens": int(sum(t.response_mask)),
-                "total_tokens": len(t.token_ids), "truncated": t.truncated, "text": t.text} for t in trajectories]
-    pq.write_table(pa.Table.from_pylist(records), path)
+                "total_tokens": len(t.token_ids), "truncated": t.truncated, "text": t.text, "iteration": iteration,
+                **({"turns": episode_turns(t, tokenizer, (advantages or {}).get(index))} if tokenizer else {})}
+               for index, t in enumerate(trajectories)]
+    table = pa.Table.from_pylist(records)
+    if append and path.is_file():
+        table = pa.concat_tables([pq.read_table(path), table], promote_options="default")
+    partial = path.with_name(path.name + ".partial")
+    pq.write_table(table, partial)
+    os.replace(partial, path)
+
+
+def episode_turns(t: Trajectory, tokenizer, advantages: list[float] | None = None) -> list[dict]:
+    """One trajectory turn by turn, as the rollout viewer shows it."""
+    from .rollout.protocol import REGION_ANSWER, REGION_THINK
+
+    turns, previous_end = [], 0
+    for turn, (start, end) in enumerate(t.turn_spans):
+        ids = t.token_ids[start:end]
+        regions = t.token_regions[start:end] if t.token_regions else [0] * len(ids)
+        turns.append({
+            "observation": tokenizer.decode(t.token_ids[previous_end:start]),
+            "reply": tokenizer.decode(ids, skip_special_tokens=True),
+            "think": tokenizer.decode([i for i, r in zip(ids, regions) if r == REGION_THINK]),
+            "answer": tokenizer.decode([i for i, r in zip(ids, regions) if r == REGION_ANSWER]),
+            "actions": t.turn_actions[turn] if turn < len(t.turn_actions) else [],
+            "reward": t.turn_rewards[turn] if turn < len(t.turn_rewards) else 0.0,
+            "tokens": [tokenizer.decode([i]) for i in ids],
+            "advantages": [float(a) for a in advantages[start:end]] if advantages is not None else None,
+        })
+        previous_end = end
+    return turns
 
 
 def outcomes_by_state(episodes) -> dict[str, float]:

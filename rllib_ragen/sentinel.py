@@ -131,9 +131,13 @@ def as_rule(item) -> Rule:
 
 
 def echo_trap_rules(action: str = "warn") -> list[Rule]:
-    """The built-in rules of the main jobs: the echo trap's warning signs (RAGEN sec. 4, RAGEN-2), each with
-    ``action``; a rollback halves the learning rates. The thresholds were checked against healthy runs of the main
-    jobs (README, "Seeing collapse coming")."""
+    """The main jobs' built-in rules: the echo trap's warning signs (RAGEN sec. 4), each with ``action``; a rollback
+    halves the learning rates. Checked silent on healthy runs of the main jobs (README, "Seeing collapse coming").
+
+    The MI estimate is not among them: with the probe's default 8 prompts it moves by ~0.1 nats from one probe
+    to the next, as much as it changes over a run, and a drop-from-peak rule on it fired on a healthy Sokoban run.
+    Add ``Rule(M.MI_ESTIMATE, "drop_from_peak", ...)`` yourself with a larger ``collapse_subsample``.
+    """
     knobs = {"lr_factor": 0.5} if action == "rollback" else {}
     return [
         Rule(M.FILTER_REWARD_STD, "below", 0.01, patience=3, warmup=3, action=action, knobs=knobs,
@@ -142,8 +146,6 @@ def echo_trap_rules(action: str = "warn") -> list[Rule]:
              knobs=knobs, name="entropy collapsed"),
         Rule("learners/default_policy/" + M.GRAD_NORM.format(optimizer="actor"), "spike_over_median", 10.0,
              patience=1, warmup=5, action=action, knobs=knobs, name="grad-norm spike"),
-        Rule(M.MI_ESTIMATE, "drop_from_peak", 0.7, patience=2, warmup=2, action=action, knobs=knobs,
-             name="reasoning stopped depending on the state"),
     ]
 
 

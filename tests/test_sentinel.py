@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from rllib_ragen.sentinel import Rule, Sentinel, lookup
+from rllib_ragen.sentinel import Rule, Sentinel, echo_trap_rules, lookup, replay
 
 ENTROPY = "learners/default_policy/actor/entropy"
 REWARD_STD = "rollout_filter/reward_std"
@@ -113,3 +113,15 @@ def test_a_rollback_knob_that_would_break_the_batch_shape_fails_validate(small_c
         small_config(rollout_filter="none", sentinel_rules=[rule]).validate()
     with pytest.raises(ValueError, match="collapse_subsample=1"):
         small_config(collapse_subsample=1).validate()
+
+
+def test_replay_tries_rules_offline_on_a_finished_runs_flat_rows():
+    # metrics.csv rows are flat: "learners/default_policy/actor/grad_norm" is one key there.
+    rows = [{"training_iteration": i, "rollout_filter/reward_std": 0.3 if i < 6 else 0.0,
+             "learners/default_policy/actor/entropy": 1.0, "learners/default_policy/actor/grad_norm": 1.0}
+            for i in range(1, 13)]
+    fired = replay(echo_trap_rules("rollback"), rows, max_rollbacks=1)
+    # Reward std 0 from iteration 6: patience 3 -> fires at 8 (a rollback), again at 11 (budget spent: stop).
+    assert [(f.iteration, f.rule, f.action) for f in fired] == [(8, "reward std vanished", "rollback"),
+                                                                 (11, "reward std vanished", "stop")]
+    assert replay(echo_trap_rules("warn"), rows[:5]) == []

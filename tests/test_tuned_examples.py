@@ -79,6 +79,18 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     assert scalars[f"evaluation/env_runners/{env}/success"][0][1] == pytest.approx(summary["before"]["success"])
     recorded = json.loads((run / "run_config.json").read_text())
     assert recorded["job"]["iterations"] == 2 and recorded["config"]["num_groups"] == 2
+    # The sentinel watched with the built-in echo-trap rules (warn), recorded with the config.
+    assert [r["action"] for r in recorded["config"]["sentinel_rules"]] == ["warn"] * 3
+    assert "sentinel: 3 rules" in done.stdout and json.loads((run / "sentinel.json").read_text()) == summary[
+        "sentinel_firings"]
+    # Echo-trap diagnostics in every row, the probe's at iteration 1 (its interval is 5); a training sample of
+    # that iteration with its token advantages; and the rollout viewer's page.
+    assert "collapse/distinct_2" in rows[1] and rows[0]["collapse/mi_estimate"] and not rows[1]["collapse/mi_estimate"]
+    sample = pq.read_table(run / "training_rollouts.parquet").to_pylist()
+    assert {r["iteration"] for r in sample} == {1}
+    assert any(turn["advantages"] is not None for r in sample for turn in r["turns"])
+    page = (run / "rollouts.html").read_text()
+    assert '"source": "training"' in page and '"source": "validation after RL"' in page
 
 
 def read_tensorboard_scalars(folder) -> dict[str, list[tuple[int, float]]]:

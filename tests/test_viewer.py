@@ -1,0 +1,101 @@
+"""The rollout viewer, opened in a real browser (headless Chromium): the page lists the expected episodes for each
+filter, shows an episode turn by turn with its tokens shaded by advantage, and loads nothing from the network."""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from rllib_ragen.experiment_outputs import AFTER_ROLLOUTS, SENTINEL_FILE, TRAINING_ROLLOUTS, write_csv, write_rollouts
+from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
+from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.models import load_policy
+from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
+from rllib_ragen.viewer import main as viewer_main
+
+CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
+                 if shutil.which(name)), None)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run folder as a main job leaves it: training samples with advantages, validation episodes of another
+    environment, metrics and one sentinel firing."""
+    torch.set_num_threads(1)
+    _, tokenizer = load_policy("tiny", seed=0)
+    out = tmp_path_factory.mktemp("run")
+    # 3 actions are too few for some levels: a mix of solved and unsolved episodes, several turns each.
+    sokoban = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_actions_per_episode=3,
+                                          max_actions_per_turn=1),
+                            ScriptedBackend(sokoban_solver_policy(max_actions_per_turn=1), tokenizer), tokenizer)
+    training, _ = sokoban.rollout(list(range(10_000, 10_004)), 2, SamplingParams())
+    advantages = {0: [0.5] * len(training[0].token_ids), 1: [-0.25] * len(training[1].token_ids)}
+    write_rollouts(out / TRAINING_ROLLOUTS, training, tokenizer, iteration=5, advantages=advantages)
+    lake = RolloutEngine(RolloutConfig(env="rllib_ragen/FrozenLake-v0"),
+                         ScriptedBackend(frozen_lake_optimal_policy(), tokenizer), tokenizer)
+    validation, _ = lake.rollout(list(range(123, 126)), 1, SamplingParams())
+    write_rollouts(out / AFTER_ROLLOUTS, validation, tokenizer, iteration=10)
+    write_csv(out / "metrics.csv", [{"training_iteration": i, "rollout_filter/reward_std": 0.3 / i,
+                                     "env_runners/rllib_ragen/Sokoban-v0/success": 0.1 * i} for i in range(1, 11)])
+    firing = {"iteration": 7, "rule": "reward std vanished", "signal": "rollout_filter/reward_std", "value": 0.04,
+              "reference": 0.05, "action": "warn", "done": "warned"}
+    (out / SENTINEL_FILE).write_text(json.dumps([firing]))
+    viewer_main([str(out)])
+    return out, training, validation
+
+
+def dom(page, fragment: str) -> str:
+    """The page's DOM after its script ran, opened at ``rollouts.html#fragment``."""
+    if CHROMIUM is None:
+        pytest.skip("no Chromium on this machine (.ci/run installs Debian's chromium where apt is available)")
+    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                           "--dump-dom", f"{page.as_uri()}#{fragment}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def rows(html: str) -> list[str]:
+    return re.findall(r'<tr class="episode-row[^"]*" data-id="(\d+)"', html)
+
+
+def test_the_page_is_self_contained(run_dir):
+    out, _, _ = run_dir
+    page = (out / "rollouts.html").read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # no CDN, no network
+    assert page.count("</script>") == 2  # the data block cannot close the script early
+    assert 'class="firing"' in page and "reward std vanished" in page  # the firing on the curves and in the table
+
+
+def test_filters_list_the_expected_episodes(run_dir):
+    out, training, validation = run_dir
+    page = out / "rollouts.html"
+    everything = dom(page, "")
+    assert len(rows(everything)) == len(training) + len(validation)
+    solved_training = dom(page, "source=training&success=1")
+    assert len(rows(solved_training)) == sum(t.success for t in training) > 0
+    assert len(rows(dom(page, "source=training&success=0"))) == sum(not t.success for t in training) > 0
+    lake = dom(page, "env=rllib_ragen/FrozenLake-v0")
+    assert rows(lake) == [str(len(training) + i) for i in range(len(validation))]
+    assert rows(dom(page, "iteration=5")) == [str(i) for i in range(len(training))]
+    assert f"0 of {len(training) + len(validation)} episodes" in dom(page, "iteration=99")
+
+
+def test_an_episode_shows_each_turn_with_its_board_and_tokens_shaded_by_advantage(run_dir):
+    out, training, _ = run_dir
+    episode = training[0]
+    html = dom(out / "rollouts.html", "episode=0")
+    assert html.count('class="turn"') == episode.num_turns >= 2
+    # Every reply token is a span, shaded (green: advantage 0.5) with its value as a tooltip.
+    tokens = re.findall(r'<span class="token" title="([^"]*)"', html)
+    assert len(tokens) == sum(end - start for start, end in episode.turn_spans)
+    assert set(tokens) == {"advantage 0.5000"}
+    assert "rgba(23, 121, 27" in html
+    # The board before each turn, in a fixed-width block; the executed actions in the turn's heading.
+    assert html.count('<pre class="board">') == episode.num_turns
+    assert all(action in html for actions in episode.turn_actions for action in actions)
+    untrained = dom(out / "rollouts.html", "episode=2")  # no advantages for this one: not shaded
+    detail = untrained.split('id="detail"')[1].split("<script")[0]
+    assert "no advantage" in detail and "rgba(" not in detail
