@@ -103,7 +103,7 @@ def _series(rows: list[dict], env: str) -> list[tuple[str, list[tuple[float, flo
 def curves_svg(rows: list[dict], firings: list[dict], env: str) -> str:
     width, height, pad = 240, 120, 28
     panels = []
-    last = max([r.get("training_iteration", 0) for r in rows] + [1])
+    last = int(max([r.get("training_iteration", 0) for r in rows] + [1]))
     for name, points in _series(rows, env):
         if not points:
             continue

@@ -114,3 +114,15 @@ def test_the_job_file_shown_in_the_readme_is_the_bandit_job():
     knobs = ("env", "num_groups", "group_size", "rollout_filter_ratio", "lr", "critic_lr", "max_turns",
              "max_new_tokens_per_turn", "validation_size", "validation_interval", "seed")
     assert {k: getattr(shown["config"], k) for k in knobs} == {k: getattr(real["config"], k) for k in knobs}
+
+
+def test_sentinel_example_builds_a_valid_config_and_bad_rules_fail_validate():
+    namespace = {}
+    exec(compile(_python_block_after("<!-- sentinel-example -->"), "README sentinel", "exec"), namespace)
+    rules = namespace["config"].sentinel_rules
+    assert [r.action for r in rules] == ["stop", "warn", "rollback"]
+    broken = namespace["config"].copy(copy_frozen=False).training(
+        sentinel_rules=[namespace["Rule"]("x", "below", 1.0, action="rollback", knobs={"lr_factor": 3.0})])
+    with pytest.raises(ValueError, match=r"knobs\['lr_factor'\]=3.0 must lie in \(0, 1\)"):
+        broken.validate()
+

@@ -5,6 +5,7 @@ command-line flags generated from each job's config."""
 import csv
 import importlib.util
 import json
+import math
 import pathlib
 import runpy
 import subprocess
@@ -85,7 +86,8 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
         "sentinel_firings"]
     # Echo-trap diagnostics in every row, the probe's at iteration 1 (its interval is 5); a training sample of
     # that iteration with its token advantages; and the rollout viewer's page.
-    assert "collapse/distinct_2" in rows[1] and rows[0]["collapse/mi_estimate"] and not rows[1]["collapse/mi_estimate"]
+    assert "collapse/distinct_2" in rows[1] and math.isfinite(float(rows[0]["collapse/mi_estimate"]))
+    assert math.isnan(float(rows[1]["collapse/mi_estimate"]))  # not measured at iteration 2
     sample = pq.read_table(run / "training_rollouts.parquet").to_pylist()
     assert {r["iteration"] for r in sample} == {1}
     assert any(turn["advantages"] is not None for r in sample for turn in r["turns"])
@@ -221,3 +223,20 @@ def test_estimator_study_compares_estimators_on_the_same_states_and_resumes(tmp_
     again = run_example("estimator_study.py", *flags, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("reusing") == 3 and "| success" not in again.stdout
+
+
+@pytest.mark.slow
+def test_echo_trap_runs_both_variants_from_one_warm_start_and_reports_the_lead(tmp_path):
+    done = run_example("echo_trap.py", "--iterations", "2", "--validation-size", "8", "--warm-start-steps", "3",
+                       "--output-dir", str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for variant in ("starpo", "starpo-s"):
+        with open(tmp_path / variant / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert [float(r["training_iteration"]) for r in rows] == [0, 1, 2]  # 0: the warm start's validation
+        assert rows[1]["collapse/mi_estimate"] and rows[2]["collapse/mi_estimate"]
+        assert json.loads((tmp_path / variant / "sentinel.json").read_text()) == []  # too short to fire
+    results = (tmp_path / "results.md").read_text()
+    assert "| starpo |" in results and "| starpo-s |" in results
+    assert (tmp_path / "echo_trap.png").read_bytes()[:4] == b"\x89PNG"
+

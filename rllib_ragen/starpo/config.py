@@ -51,7 +51,7 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     "train_seed_start": 10_000, "validation_seed_start": 123,
     # echo-trap diagnostics and the sentinel (collapse.py, sentinel.py)
     "collapse_diagnostics_interval": 5, "collapse_subsample": 8, "sentinel_rules": [], "sentinel_max_rollbacks": 3,
-    "sentinel_snapshot_interval": 1,
+    "sentinel_snapshot_interval": 1, "sentinel_rollback_depth": 3,
 }
 
 # Fields RLlib itself leaves at its deprecated-value marker (-1): they stay out of the state, as RLlib wants.
@@ -64,7 +64,8 @@ MODEL_DTYPES = ("float32", "bfloat16", "float16")
 _POSITIVE_INTS = ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_actions_per_episode",
                   "max_new_tokens_per_turn", "updates_per_rollout_batch", "num_epochs", "validation_size",
                   "validation_group_size", "inference_batch_size", "max_consecutive_skipped_steps",
-                  "max_context_tokens", "num_inference_engines", "sentinel_snapshot_interval")
+                  "max_context_tokens", "num_inference_engines", "sentinel_snapshot_interval",
+                  "sentinel_rollback_depth")
 _INTS = ("validation_interval", "train_seed_start", "validation_seed_start", "collapse_diagnostics_interval",
          "collapse_subsample", "sentinel_max_rollbacks")
 _FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "lambda_", "gamma", "clip_ratio_low",
@@ -165,6 +166,7 @@ class StarPOConfig(AlgorithmConfig):
         # echo-trap diagnostics and the sentinel
         collapse_diagnostics_interval=NotProvided, collapse_subsample=NotProvided, sentinel_rules=NotProvided,
         sentinel_max_rollbacks=NotProvided, sentinel_snapshot_interval=NotProvided,
+        sentinel_rollback_depth=NotProvided,
         **kwargs,
     ) -> "StarPOConfig":
         """Set StarPO's knobs and RLlib's training fields. Defaults: the reference's StarPO-S (arXiv 2504.20073).
@@ -267,7 +269,10 @@ class StarPOConfig(AlgorithmConfig):
                 default); see ``rllib_ragen/sentinel.py``.
             sentinel_max_rollbacks: rollbacks allowed per run; a rollback rule firing after that stops the run.
             sentinel_snapshot_interval: with a rollback rule, keep the weights and optimizer state of every k-th
-                healthy iteration (on local disk) as the rollback point.
+                healthy iteration (on local disk) as rollback points.
+            sentinel_rollback_depth: a rollback restores the oldest of the last this many snapshots (3). The
+                signals can trail a sudden collapse by a few iterations (README, "Seeing collapse coming"), so the
+                newest "healthy" snapshot may already hold collapsed weights.
         """
         given = {k: v for k, v in locals().items() if k in STARPO_S_DEFAULTS and v is not NotProvided}
         super().training(**kwargs)

@@ -195,8 +195,13 @@ class StarPO(Algorithm):
             return result
         iteration = self.iteration + 1  # RLlib counts the iteration after step() returns
         fired = self.sentinel.observe(iteration, result)
+        rolled_back = False
         for firing in fired:
-            self._act_on(firing)
+            if firing.action == "rollback" and rolled_back:  # one rollback per iteration, whatever fired it
+                firing.done = "covered by this iteration's rollback"
+            else:
+                self._act_on(firing)
+                rolled_back |= firing.action == "rollback"
             logger.warning(firing.describe())
         if not fired and self.sentinel.healthy and self._snapshot_dir is not None \
                 and iteration % self.config.sentinel_snapshot_interval == 0:
@@ -219,20 +224,29 @@ class StarPO(Algorithm):
         else:
             firing.done = "warned"
 
+    def _snapshots(self) -> list[pathlib.Path]:
+        """The kept rollback points, oldest first."""
+        return sorted(pathlib.Path(self._snapshot_dir).glob("healthy_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+
     def _save_healthy_snapshot(self, iteration: int) -> None:
-        """The learner's weights and optimizer state now, atomically, as the next rollback point."""
+        """The learner's weights and optimizer state now, atomically, as a rollback point; the last
+        ``sentinel_rollback_depth`` are kept."""
         state = self.learner_group.get_state(components=[f"learner/{COMPONENT_RL_MODULE}",
                                                          f"learner/{COMPONENT_OPTIMIZER}"])["learner"]
-        path = os.path.join(self._snapshot_dir, "healthy.pt")
-        torch.save({"iteration": iteration, "learner": state}, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        path = pathlib.Path(self._snapshot_dir) / f"healthy_{iteration}.pt"
+        torch.save({"iteration": iteration, "learner": state}, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+        for old in self._snapshots()[:-self.config.sentinel_rollback_depth]:
+            old.unlink()
 
     def _roll_back(self, firing: Firing) -> str:
-        """Restore the last healthy snapshot (if any), apply the rule's knobs, send the weights to the rollout."""
-        path = os.path.join(self._snapshot_dir, "healthy.pt")
+        """Restore the oldest kept snapshot (if any), apply the rule's knobs, send the weights to the rollout."""
+        snapshots = self._snapshots()
         words = []
-        if os.path.isfile(path):
-            snapshot = torch.load(path, weights_only=False)
+        if snapshots:
+            snapshot = torch.load(snapshots[0], weights_only=False)
+            for newer in snapshots[1:]:  # on the path that went wrong
+                newer.unlink()
             state = snapshot["learner"]
             # Newer than the learners' and the env runners' current weights, or they would refuse it.
             current = max(r.get() for r in self.learner_group.foreach_learner(lambda learner: learner._weights_seq_no))

@@ -41,7 +41,9 @@ def test_the_probe_reports_every_signal_and_leaves_training_unchanged(small_conf
 
 def test_a_rollback_restores_the_last_healthy_weights_lowers_the_lr_and_survives_a_checkpoint(tmp_path, small_config):
     rule = Rule(**ALWAYS, patience=2, action="rollback", knobs={"lr_factor": 0.5}, name="always")
-    algo = small_config(sentinel_rules=[rule], validation_interval=0, collapse_diagnostics_interval=0).build_algo()
+    twin = Rule(**ALWAYS, patience=2, action="rollback", knobs={"lr_factor": 0.5}, name="always too")
+    algo = small_config(sentinel_rules=[rule, twin], validation_interval=0,
+                        collapse_diagnostics_interval=0).build_algo()
     try:
         algo.train()  # iteration 1: warm-up value, healthy: the rollback point
         healthy = {k: v.clone() for k, v in algo.policy_weights().items()}
@@ -50,8 +52,9 @@ def test_a_rollback_restores_the_last_healthy_weights_lowers_the_lr_and_survives
         assert not all(torch.equal(healthy[k], v) for k, v in algo.policy_weights().items())
         third = algo.train()  # holds twice: rollback
         events = json.loads(third[M.SENTINEL_EVENTS])
-        assert [e["action"] for e in events] == ["rollback"] and events[0]["iteration"] == 3
+        assert [e["action"] for e in events] == ["rollback", "rollback"] and events[0]["iteration"] == 3
         assert "restored the weights and optimizer state of iteration 1" in events[0]["done"]
+        assert events[1]["done"] == "covered by this iteration's rollback"  # one rollback, one halving
         assert third[M.SENTINEL_ROLLBACKS] == 1 and third[M.SENTINEL_LR_FACTOR] == 0.5
         after = algo.policy_weights()
         assert all(torch.equal(healthy[k], after[k]) for k in healthy)
@@ -66,7 +69,7 @@ def test_a_rollback_restores_the_last_healthy_weights_lowers_the_lr_and_survives
         restored = StarPO.from_checkpoint(tmp_path / "checkpoint")
         try:
             assert restored.sentinel.lr_factor == 0.5 and restored.sentinel.rollbacks == 1
-            assert [f.rule for f in restored.sentinel.firings] == ["always"]
+            assert [f.rule for f in restored.sentinel.firings] == ["always", "always too"]
             assert lrs(restored) == pytest.approx([0.5e-3, 0.5e-3])
         finally:
             restored.stop()
