@@ -10,7 +10,9 @@ at the newest (see ``experiment_outputs``): ``run_config.json``, ``metrics.csv``
 scalar result, named by its path in the result: ``env_runners/...``, ``learners/default_policy/...``),
 ``tensorboard/``, ``learning_curve.png``, ``validation_rollouts.parquet`` (the last validation's episodes, with their
 text), ``policy/`` (the trained model, loadable by plain transformers), ``summary.json`` (before/after validation
-metrics, throughput, wall time), ``job.log``, ``sentinel.json`` (the sentinel's firings), ``warm_start/`` (the SFT model) and ``checkpoint/`` (the algorithm every
+metrics, throughput, wall time), ``job.log``, ``sentinel.json`` (the sentinel's firings),
+``training_rollouts.parquet`` (a training sample at every probe iteration, with token advantages), ``rollouts.html``
+(the rollout viewer), ``warm_start/`` (the SFT model) and ``checkpoint/`` (the algorithm every
 ``checkpoint_interval`` iterations and after the last; ``resume`` continues from it).
 
 Example::
@@ -40,8 +42,9 @@ from .experiment_flags import JobSettings, parse_job_args, user_model_config
 from .experiment_outputs import (AFTER_ROLLOUTS, BEFORE_ROLLOUTS, CHECKPOINT, LATEST, LEARNER, SENTINEL_FILE,
                                  SMOOTHING, TRAINING, TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, TensorBoardLog,
                                  check_output_paths, check_resume, close_run_log, keep_notices_off_the_console,
-                                 plot_learning_curve, read_csv, read_outcomes, resolve_run_folder, send_notices_to,
-                                 start_run_folder, trailing_mean, write_csv, write_rollouts, write_text_atomically)
+                                 keep_rollouts_up_to, plot_learning_curve, read_csv, read_outcomes, resolve_run_folder,
+                                 send_notices_to, start_run_folder, trailing_mean, write_csv, write_rollouts,
+                                 write_text_atomically)
 from .paired_stats import PairedComparison, paired_comparison
 from .sentinel import as_rule, echo_trap_rules
 from .viewer import write_viewer
@@ -138,6 +141,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
         if job.resume:
             algo.restore_from_path(out / CHECKPOINT)
             rows = read_csv(out / "metrics.csv", up_to=algo.iteration)
+            keep_rollouts_up_to(out / TRAINING_ROLLOUTS, algo.iteration)  # later ones are played again
             for row in rows:
                 _keep_validation(row, validations)
             print(f"resumed from {out / CHECKPOINT} at iteration {algo.iteration} ({len(rows)} rows of metrics.csv "

@@ -254,6 +254,18 @@ def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory], tokenizer
     os.replace(partial, path)
 
 
+def keep_rollouts_up_to(path: pathlib.Path, iteration: int) -> None:
+    """Drop the episodes a run played after ``iteration`` (a resumed run plays them again)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    if path.is_file():
+        table = pq.read_table(path)
+        partial = path.with_name(path.name + ".partial")
+        pq.write_table(table.filter(pc.less_equal(table["iteration"], iteration)), partial)
+        os.replace(partial, path)
+
+
 def episode_turns(t: Trajectory, tokenizer, advantages: list[float] | None = None) -> list[dict]:
     """One trajectory turn by turn, as the rollout viewer shows it."""
     from .rollout.protocol import REGION_ANSWER, REGION_THINK

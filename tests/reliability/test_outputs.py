@@ -60,3 +60,19 @@ def test_a_bad_job_flag_exits_with_code_2_naming_the_field(capsys):
     with pytest.raises(SystemExit) as exit_code:
         parse_job_args(StarPOConfig(), JobSettings(), ["--warm-start-lr", "-0.001"])
     assert exit_code.value.code == 2 and "warm_start_lr=-0.001" in capsys.readouterr().err
+
+
+def test_a_resumed_run_drops_the_training_samples_it_will_play_again(tmp_path):
+    import pyarrow.parquet as pq
+
+    from rllib_ragen.experiment_outputs import keep_rollouts_up_to, write_rollouts
+    from rllib_ragen.rollout.engine import Trajectory
+
+    episode = Trajectory(env_name="e", group=0, seed=1, token_ids=[1, 2], response_mask=[0, 1],
+                         behaviour_logprobs=[0.0, -0.5], turn_spans=[(1, 2)], turn_rewards=[1.0])
+    path = tmp_path / "training_rollouts.parquet"
+    for iteration in (1, 6, 11):  # samples kept at three probe iterations; the checkpoint was at iteration 10
+        write_rollouts(path, [episode, episode], iteration=iteration, append=True)
+    keep_rollouts_up_to(path, 10)
+    assert [r["iteration"] for r in pq.read_table(path).to_pylist()] == [1, 1, 6, 6]
+    keep_rollouts_up_to(tmp_path / "missing.parquet", 10)  # no sample yet: nothing to do
