@@ -89,3 +89,28 @@ def test_a_stop_rule_ends_a_tune_trial(tmp_path, small_config):
     # Warm-up at iteration 1, fires (stop) at iteration 2: the trial ends there, not at 5.
     assert not results.errors
     assert results[0].metrics["training_iteration"] == 2 and results[0].metrics[M.SENTINEL_STOP] == 1.0
+
+
+@pytest.mark.slow
+def test_probe_and_rollback_with_a_remote_learner_and_a_remote_env_runner(small_config):
+    rule = Rule(**ALWAYS, patience=2, action="rollback", knobs={"lr_factor": 0.5}, name="always")
+    algo = (small_config(sentinel_rules=[rule], validation_interval=0, collapse_diagnostics_interval=1)
+            .env_runners(num_env_runners=1).learners(num_learners=1).build_algo())
+    try:
+        first = algo.train()
+        assert 0.0 <= first[M.RETRIEVAL_ACCURACY] <= 1.0  # the probe ran on the remote learner
+        healthy = {k: v.clone() for k, v in algo.policy_weights().items()}
+        algo.train()
+        third = algo.train()
+        assert third[M.SENTINEL_ROLLBACKS] == 1
+        restored = algo.policy_weights()
+        assert all(torch.equal(healthy[k], restored[k]) for k in healthy)
+        # The remote env runner plays the restored weights, not the collapsed ones it held.
+        remote = algo.env_runner_group.foreach_env_runner(
+            lambda runner: runner.module.policy_state(runner.module.get_state()), local_env_runner=False)[0]
+        assert all(torch.equal(restored[k], remote[k]) for k in restored)
+        lrs = algo.learner_group.foreach_learner(
+            lambda learner: [g["lr"] for o in learner._named_optimizers.values() for g in o.param_groups])
+        assert next(iter(lrs)).get() == pytest.approx([0.5e-3, 0.5e-3])
+    finally:
+        algo.stop()
