@@ -7,7 +7,8 @@ Where they appear in ``Algorithm.train()``'s result, RLlib's layout:
   (``rollout/success``, ...).
 - ``evaluation/env_runners/``: the same for the fixed validation set, plus ``iteration`` (when it was played).
 - ``learners/default_policy/``: the update (``actor/``, ``critic/``, ``perf/``, ``rollout/logprob_gap_*``).
-- top level: the update's preparation (``rollout_filter/``, ``update/``) and the driver's timers (``time/``).
+- top level: the update's preparation (``rollout_filter/``, ``update/``), the driver's timers (``time/``), the
+  echo-trap diagnostics (``collapse/``) and the sentinel (``sentinel/``).
 """
 
 # ---- per-environment rollout metrics: f"{env_id}/{NAME}" and f"{POOLED}/{NAME}" -------------------------------
@@ -92,13 +93,13 @@ def env_metric(env_id: str, name: str) -> str:
     return f"{env_id}/{name}"
 
 # ---- echo-trap diagnostics (``collapse.py``) ----------------------------------------------------------------------
-# Every iteration, from the training rollout (under env_runners/).
+# Every iteration, from the training rollout (top level).
 THINK_TOKENS_PER_TURN = "collapse/think_tokens_per_turn"  # reply tokens inside <think>...</think>
 ANSWER_TOKENS_PER_TURN = "collapse/answer_tokens_per_turn"  # reply tokens of the <answer> block, tags included
 DISTINCT_2 = "collapse/distinct_2"  # distinct token bigrams over all bigrams of the batch's replies
 DISTINCT_2_IN_GROUP = "collapse/distinct_2_in_group"  # the same within each group, averaged over groups
 REPEAT_RATE = "collapse/repeat_rate"  # replies identical to another reply of their group at the same turn
-# Every collapse_diagnostics_interval iterations, on the learner, before the update (under learners/default_policy/).
+# Every collapse_diagnostics_interval iterations, on the learner, before the update (top level).
 RETRIEVAL_ACCURACY = "collapse/retrieval_accuracy"  # a reasoning's own prompt explains it best (chance 1/m)
 MI_ESTIMATE = "collapse/mi_estimate"  # InfoNCE bound on I(prompt; reasoning), nats, at most log m
 CROSS_SCORE_MARGIN = "collapse/cross_score_margin"  # own prompt's log-likelihood minus the best other's, nats
