@@ -44,8 +44,15 @@ def test_a_model_that_is_neither_built_in_nor_found_says_so():
 def test_minus_one_survives_the_build_and_a_checkpoint(ray_session, small_config, tmp_path):
     # RLlib's config state drops every value equal to -1, its "deprecated" marker: the default came back silently.
     # The knobs of turn-aware credit, off their defaults, must survive the same way.
+    from rllib_ragen.sentinel import Rule
+
     credit = dict(whiten_advantages=False, gamma_turn=0.9, gamma_token=0.8, gigpo_step_gamma=0.7, gigpo_omega=0.5,
-                  loss_mask="no_think", advantage_mask="sampled_and_observations")
+                  loss_mask="no_think", advantage_mask="sampled_and_observations",
+                  # and the echo-trap knobs, off their defaults
+                  collapse_diagnostics_interval=3, collapse_subsample=4, sentinel_max_rollbacks=1,
+                  sentinel_snapshot_interval=2, sentinel_rollback_depth=2,
+                  sentinel_rules=[Rule("rollout_filter/reward_std", "below", -1.0, action="rollback",
+                                       knobs={"lr_factor": 0.25})])
     algo = small_config(format_penalty=-1.0, validation_interval=0, **credit).build_algo()
     try:
         assert algo.config.format_penalty == -1.0 and algo.env_runner.engine.config.format_penalty == -1.0
@@ -57,6 +64,7 @@ def test_minus_one_survives_the_build_and_a_checkpoint(ray_session, small_config
     try:
         assert restored.config.format_penalty == -1.0
         assert {k: getattr(restored.config, k) for k in credit} == credit
+        assert restored.sentinel.rules == credit["sentinel_rules"] and restored.sentinel.max_rollbacks == 1
     finally:
         restored.stop()
 
