@@ -56,6 +56,9 @@ FILTER_KEPT_GROUPS = "rollout_filter/kept_groups"
 KEPT_TRAJECTORIES = "update/kept_trajectories"
 RESPONSE_LENGTH = "update/response_length"  # generated tokens per kept trajectory
 
+# One-step off-policy rollouts (max_policy_lag=1; top level).
+POLICY_LAG = "rollout/policy_lag"  # updates between the policy that sampled the trained batch and the learner's
+
 # Driver timers (top level).
 TIME_SAMPLE = "time/sample_s"
 TIME_UPDATE = "time/update_s"
@@ -83,6 +86,9 @@ EXPLAINED_VARIANCE = "critic/explained_variance"
 VALUES_MEAN = "critic/values_mean"
 LOGPROB_GAP_MAX = "rollout/logprob_gap_max"
 LOGPROB_GAP_MEAN = "rollout/logprob_gap_mean"
+# Off-policy correction (max_policy_lag=1): w = min(pi_old / pi_behaviour, cap) on each sampled token.
+IMPORTANCE_WEIGHT_MEAN = "off_policy/importance_weight_mean"
+IMPORTANCE_WEIGHT_TRUNCATED = "off_policy/truncated_share"  # tokens whose weight the cap cut
 UPDATE_TOKENS_PER_S = "perf/update_tokens_per_s"
 OPTIMIZER_STEPS = "perf/optimizer_steps"
 SKIPPED_OPTIMIZER_STEPS = "perf/skipped_optimizer_steps"  # non-finite loss or gradient: weights left untouched

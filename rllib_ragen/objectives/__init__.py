@@ -6,7 +6,8 @@ from .advantages import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AdvantageEstimat
                          compute_turn_gae, masked_whiten, place_rewards, register_advantage_estimator, turn_end_mask,
                          turn_index)
 from .losses import (AGGREGATIONS, KL_ESTIMATORS, aggregate, entropy_from_logits, explained_variance, kl_penalty,
-                     policy_loss, token_logprobs, token_logprobs_and_entropy, value_loss)
+                     policy_loss, token_logprobs, token_logprobs_and_entropy, truncated_importance_weights,
+                     value_loss)
 from .rollout_filter import FILTER_MODES, num_kept_groups, select_groups
 
 __all__ = [
@@ -16,5 +17,5 @@ __all__ = [
     "compute_bi_level_gae", "compute_gae", "compute_gigpo_step_advantages", "compute_group_advantages",
     "compute_turn_gae", "entropy_from_logits", "explained_variance", "kl_penalty", "masked_whiten",
     "num_kept_groups", "place_rewards", "policy_loss", "register_advantage_estimator", "select_groups",
-    "token_logprobs_and_entropy", "token_logprobs", "turn_end_mask", "turn_index", "value_loss",
+    "token_logprobs_and_entropy", "token_logprobs", "truncated_importance_weights", "turn_end_mask", "turn_index", "value_loss",
 ]

@@ -174,6 +174,20 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
     return KL_ESTIMATORS[estimator](logp, ref_logp)
 
 
+def truncated_importance_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
+                                 cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decoupled PPO's per-token weight ``min(pi_prox / pi_behav, cap)`` (B, T), 0 off the mask, and the (B, T)
+    boolean of tokens the cap cut.
+
+    With rollouts played by an older policy pi_behav, the clipped ratio is taken against the proximal policy
+    pi_prox (the learner's before the update) and this weight corrects for where the tokens were sampled from.
+    Multiplying each token's advantage by it equals multiplying its clipped surrogate, since it is positive and
+    constant (no gradient flows through it).
+    """
+    weight = torch.exp((proximal_logp - behaviour_logp) * mask)  # masked positions: exp(0) = 1, zeroed below
+    return weight.clamp(max=cap) * mask, (weight > cap) & (mask > 0)
+
+
 # ---- critic -----------------------------------------------------------------------------------------------------
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
                clip: float | None = 0.5, aggregation: str = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:

@@ -36,6 +36,18 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+# The adapter ranks a vLLM engine can be sized for (its LoRAConfig accepts only these).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def engine_lora_rank(r: int) -> int:
+    """The smallest rank vLLM accepts that holds an adapter of rank ``r``."""
+    fitting = [rank for rank in VLLM_LORA_RANKS if rank >= r]
+    if not fitting:
+        raise ValueError(f"a LoRA rank of {r} is more than vLLM serves ({VLLM_LORA_RANKS[-1]}).")
+    return fitting[0]
+
+
 class VLLMEngine:
     """One vLLM engine (``tensor_parallel_size`` devices) serving token-id prompts.
 
@@ -48,11 +60,13 @@ class VLLMEngine:
         max_model_len: the longest context; the rollout's ``max_context_tokens`` is enough.
         enforce_eager: skip graph capture / compilation (quicker start, slower decoding).
         seed: the engine's global seed (each request still gets its own sampling seed).
+        max_lora_rank: serve a LoRA adapter of at most this rank on top of ``model`` (None: no LoRA). The
+            policy then arrives with :meth:`load_adapter` instead of :meth:`load_weights`.
     """
 
     def __init__(self, model: str, *, dtype: str = "float32", tensor_parallel_size: int = 1,
                  gpu_memory_utilization: float | None = None, max_model_len: int = 4096, enforce_eager: bool = False,
-                 seed: int = 0):
+                 seed: int = 0, max_lora_rank: int | None = None):
         # The engine core runs in this process: generate and weight loads are plain calls, no IPC hop.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
@@ -62,10 +76,14 @@ class VLLMEngine:
         if gpu_memory_utilization is None:
             gpu_memory_utilization = 0.5 if torch.cuda.is_available() else 0.2
         t0 = time.perf_counter()
+        lora = {"enable_lora": True, "max_lora_rank": engine_lora_rank(max_lora_rank), "max_loras": 1} \
+            if max_lora_rank else {}
         self.llm = LLM(model=model, tokenizer=model, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                        enforce_eager=enforce_eager, seed=seed, enable_prefix_caching=True,
-                       logprobs_mode="processed_logprobs")  # after temperature: what the learner recomputes
+                       logprobs_mode="processed_logprobs", **lora)  # after temperature: what the learner recomputes
+        self._adapter = None  # the LoRARequest every generation applies, once load_adapter has run
+        self._adapter_dir = None
         self.start_s = time.perf_counter() - t0
         self._seeded_requests = torch.cuda.is_available()
         self.weights_version = 0
@@ -88,7 +106,7 @@ class VLLMEngine:
                                        seed=(seed * 1_000_003 + i) % 2**63 if seeded else None)
                     for i in range(len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests,
-                                    use_tqdm=False)
+                                    use_tqdm=False, lora_request=self._adapter)
         generations = []
         for output in outputs:
             completion = output.outputs[0]
@@ -118,13 +136,39 @@ class VLLMEngine:
         self.stats["weight_loads"] += 1
         return time.perf_counter() - t0
 
+    def load_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], version: int | None = None) -> float:
+        """Serve a new LoRA adapter (``rollout.lora.adapter_files``' output) on the unchanged base weights; returns
+        the seconds. The files go to this engine's own temporary folder: on a cluster, no shared disk is needed."""
+        import shutil
+        import tempfile
+
+        from vllm.lora.request import LoRARequest
+
+        from .lora import write_adapter
+
+        t0 = time.perf_counter()
+        self.weights_version = self.weights_version + 1 if version is None else version
+        folder = tempfile.mkdtemp(prefix="rllib_ragen_adapter_")
+        write_adapter(folder, config, tensors)
+        previous, previous_dir = self._adapter, self._adapter_dir
+        # A new id per version: vLLM caches adapters by id and would otherwise keep serving the old one.
+        self._adapter = LoRARequest(f"policy-v{self.weights_version}", self.stats["weight_loads"] + 1, folder)
+        self._adapter_dir = folder
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous_dir, ignore_errors=True)
+        self.llm.reset_prefix_cache()  # cached keys/values were computed with the old adapter
+        self.stats["weight_loads"] += 1
+        return time.perf_counter() - t0
+
     def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
         """log pi(x_t | x_<t) of every token after the first under the engine's current weights (T = 1)."""
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         params = VLLMSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-        output = self.llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False)[0]
+        output = self.llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False,
+                                   lora_request=self._adapter)[0]
         return [step[token].logprob for step, token in zip(output.prompt_logprobs[1:], token_ids[1:])]
 
     def get_stats(self) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from ..rollout.backends import SamplingParams
 from ..rollout.engine import RolloutConfig
 from ..rollout.models import SMOLLM2, TINY
 from ..rollout.protocol import DEFAULT_FORMAT_PENALTY, LOSS_MASK_REGIONS
-from ..rollout.vllm_backend import VLLM_MISSING, vllm_available
+from ..rollout.lora import PEFT_MISSING, lora_settings, peft_available
+from ..rollout.vllm_backend import VLLM_LORA_RANKS, VLLM_MISSING, vllm_available
 from .inference_engines import INFERENCE_BACKENDS
 from .llm_rl_module import CRITIC_TYPES, DEFAULT_MODEL_CONFIG, CausalLMRLModule
 
@@ -46,6 +47,8 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     # optimisation
     "critic_lr": 1e-5, "weight_decay": 0.01, "adam_betas": (0.9, 0.999), "micro_batch_size": None,
     "updates_per_rollout_batch": 1, "max_consecutive_skipped_steps": 5,
+    # one-step off-policy rollouts: overlap iteration k+1's generation with iteration k's update (off by default)
+    "max_policy_lag": 0, "importance_weight_cap": 2.0,
     # validation and seeds
     "validation_interval": 10, "validation_size": 256, "validation_group_size": 1, "validate_before_training": True,
     "train_seed_start": 10_000, "validation_seed_start": 123,
@@ -67,10 +70,11 @@ _POSITIVE_INTS = ("num_groups", "group_size", "max_turns", "max_actions_per_turn
                   "max_context_tokens", "num_inference_engines", "sentinel_snapshot_interval",
                   "sentinel_rollback_depth")
 _INTS = ("validation_interval", "train_seed_start", "validation_seed_start", "collapse_diagnostics_interval",
-         "collapse_subsample", "sentinel_max_rollbacks")
+         "collapse_subsample", "sentinel_max_rollbacks", "max_policy_lag")
 _FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "lambda_", "gamma", "clip_ratio_low",
                    "clip_ratio_high", "kl_coeff", "entropy_coeff", "vf_loss_coeff", "critic_lr", "weight_decay",
-                   "rollout_filter_ratio", "gamma_turn", "gamma_token", "gigpo_step_gamma", "gigpo_omega")
+                   "rollout_filter_ratio", "gamma_turn", "gamma_token", "gigpo_step_gamma", "gigpo_omega",
+                   "importance_weight_cap")
 _FINITE_NUMBERS_OR_NONE = ("dual_clip", "value_clip", "grad_clip")
 _BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "whiten_advantages", "recompute_logprobs",
              "validate_before_training")
@@ -117,8 +121,8 @@ class StarPOConfig(AlgorithmConfig):
     """Configuration of :class:`StarPO`; defaults are the reference's StarPO-S on the ``tiny`` CPU model.
 
     Method knobs are set with ``.training(...)`` (see ``STARPO_S_DEFAULTS`` for the full list); the model with
-    ``.rl_module(model_config={"model": ..., "dtype": ..., "critic": "separate" | "head"})``; named settings with
-    ``.preset(name)`` (``PRESETS``).
+    ``.rl_module(model_config={"model": ..., "dtype": ..., "critic": "separate" | "head", "lora": {"r": 16}})``;
+    named settings with ``.preset(name)`` (``PRESETS``).
     """
 
     def __init__(self, algo_class=None):
@@ -160,6 +164,7 @@ class StarPOConfig(AlgorithmConfig):
         # optimisation
         critic_lr=NotProvided, weight_decay=NotProvided, adam_betas=NotProvided, micro_batch_size=NotProvided,
         updates_per_rollout_batch=NotProvided, max_consecutive_skipped_steps=NotProvided,
+        max_policy_lag=NotProvided, importance_weight_cap=NotProvided,
         # validation and seeds
         validation_interval=NotProvided, validation_size=NotProvided, validation_group_size=NotProvided,
         validate_before_training=NotProvided, train_seed_start=NotProvided, validation_seed_start=NotProvided,
@@ -255,6 +260,14 @@ class StarPOConfig(AlgorithmConfig):
             max_consecutive_skipped_steps: an optimizer step whose loss or gradient is not finite is skipped,
                 weights and optimizer state untouched, and counted (``perf/skipped_optimizer_steps``); this many
                 in a row stop training with an error (5).
+            max_policy_lag: 1 plays iteration k+1's rollout on the remote env runners while the learner runs
+                iteration k's update (one-step off-policy: that rollout comes from the policy one update old);
+                0 (the default) alternates them. Needs ``num_env_runners >= 1`` and ``recompute_logprobs``. The
+                lag of every trained batch is logged (``rollout/policy_lag``) and never exceeds this.
+            importance_weight_cap: with ``max_policy_lag=1``, each token's advantage is weighted by
+                ``min(pi_old / pi_behaviour, cap)``, where pi_old is the learner's policy before the update (the
+                PPO ratio's denominator) and pi_behaviour the one that sampled the token (decoupled PPO with a
+                truncated importance weight; 2.0).
             validation_interval: play the validation set every k iterations (0: never).
             validation_size: fixed validation initial states (256; seeds 123...).
             validation_group_size: episodes per validation state.
@@ -451,9 +464,24 @@ class StarPOConfig(AlgorithmConfig):
         if self.validation_interval is None or self.validation_interval < 0:
             yield f"validation_interval={self.validation_interval} must be >= 0 (0 switches validation off)."
         yield from self._batch_shape_errors()
+        yield from self._off_policy_errors()
         yield from self._sentinel_errors()
         yield from self._inference_errors()
         yield from self._model_and_env_errors()
+
+    def _off_policy_errors(self):
+        if self.max_policy_lag not in (0, 1):
+            yield (f"max_policy_lag={self.max_policy_lag}: choose 0 (synchronous) or 1 (one-step off-policy; "
+                   "longer lags are not implemented).")
+        elif self.max_policy_lag == 1:
+            if self.num_env_runners < 1 and not self.in_evaluation:  # (RLlib's evaluation copy has none)
+                yield ("max_policy_lag=1 overlaps the rollout on remote env runners with the local update: set "
+                       "num_env_runners >= 1 in .env_runners().")
+            if not self.recompute_logprobs:
+                yield ("max_policy_lag=1 needs recompute_logprobs=True: the PPO ratio is taken against the learner's "
+                       "pre-update policy, and the behaviour policy's log-probs only weight it.")
+        if self.importance_weight_cap < 1:
+            yield f"importance_weight_cap={self.importance_weight_cap} must be >= 1 (1 drops the correction's upside)."
 
     def _kind_errors(self):
         """Each knob of the right kind: numbers finite, booleans booleans, integers integers."""
@@ -484,6 +512,11 @@ class StarPOConfig(AlgorithmConfig):
             yield f"model_config['critic']={model_config.get('critic')!r}: choose one of {list(CRITIC_TYPES)}."
         if str(model_config.get("dtype")).removeprefix("torch.") not in MODEL_DTYPES:
             yield f"model_config['dtype']={model_config.get('dtype')!r}: choose one of {list(MODEL_DTYPES)}."
+        try:
+            if lora_settings(model_config.get("lora")) and not peft_available():
+                yield PEFT_MISSING
+        except ValueError as error:
+            yield str(error)
         known_env = isinstance(self.env, type) or self.env in registered_text_envs()
         accepted = env_arguments(self.env) if known_env else None
         if accepted is not None and set(self.env_config) - accepted:
@@ -563,6 +596,11 @@ class StarPOConfig(AlgorithmConfig):
             if not self.recompute_logprobs:
                 yield ("recompute_logprobs=False with inference_backend='vllm': vLLM's log-probs differ slightly "
                        "from the learner's, so the PPO ratio needs the learner's own; set recompute_logprobs=True.")
+            lora = self.model_config.get("lora")
+            rank = lora.get("r", 0) if isinstance(lora, dict) else 0  # its type is checked with the model's
+            if isinstance(rank, int) and rank > VLLM_LORA_RANKS[-1]:
+                yield (f"model_config['lora']['r']={rank} with inference_backend='vllm': vLLM serves adapters "
+                       f"up to rank {VLLM_LORA_RANKS[-1]}; lower r or use inference_backend='hf'.")
             unknown = set(self.vllm_engine_config) - VLLM_ENGINE_OPTIONS
             if unknown:
                 yield f"vllm_engine_config has unknown keys {sorted(unknown)}; known: {sorted(VLLM_ENGINE_OPTIONS)}."

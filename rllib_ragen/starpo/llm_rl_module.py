@@ -19,6 +19,7 @@ from ray.rllib.utils.annotations import override
 
 from ..objectives import token_logprobs_and_entropy
 from ..objectives.losses import shift_right
+from ..rollout.lora import attach_lora, is_adapter_key, lora_settings, merged_policy_state
 from ..rollout.models import load_policy
 
 
@@ -44,6 +45,9 @@ DEFAULT_MODEL_CONFIG = {
     # "separate": a value model whose trunk starts as a copy of the policy's (the reference's critic);
     # "head": a linear value head on the policy's own last hidden state (no second trunk, half the memory).
     "critic": "separate",
+    # LoRA adapters ({"r": 16, "alpha": 32, "target_modules": "all-linear"}, needs peft): the learner trains them
+    # alone; env runners get merged weights, vLLM engines the adapter. None trains every weight.
+    "lora": None,
 }
 
 
@@ -65,7 +69,7 @@ class ValueModel(torch.nn.Module):
 class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     """A Hugging Face causal LM as an RLlib module.
 
-    ``model_config`` keys: ``model``, ``dtype``, ``seed``, ``critic`` (see ``DEFAULT_MODEL_CONFIG``), plus what
+    ``model_config`` keys: ``model``, ``dtype``, ``seed``, ``critic``, ``lora`` (see ``DEFAULT_MODEL_CONFIG``), plus what
     the algorithm config adds itself: ``value_function`` (build a critic) and ``temperature`` (log-probs are
     those of ``softmax(logits / temperature)``, the distribution the rollout sampled from).
     """
@@ -77,12 +81,16 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         self.policy, self.tokenizer = load_policy(cfg["model"], dtype=cfg["dtype"], seed=int(cfg["seed"]))
         self.critic_type = cfg["critic"] if cfg.get("value_function") and not self.inference_only else None
         if self.critic_type == "separate":
-            trunk = copy.deepcopy(self.policy.base_model)
+            trunk = copy.deepcopy(self.policy.base_model)  # before any adapter: the critic trains its own trunk
             self.critic = ValueModel(trunk, self.policy.config.hidden_size, self.policy.dtype)
         elif self.critic_type == "head":
             self.value_head = torch.nn.Linear(self.policy.config.hidden_size, 1, dtype=self.policy.dtype)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
+        # Env runners (inference_only) hold the plain policy and receive merged weights: no adapter to sample with.
+        self.lora = None if self.inference_only else lora_settings(cfg.get("lora"))
+        if self.lora:
+            self.policy = attach_lora(self.policy, self.lora, seed=int(cfg["seed"]))
 
     # ---- RLlib API ----------------------------------------------------------------------------------------------
     @override(InferenceOnlyAPI)
@@ -113,7 +121,12 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     # ---- state: torch tensors, not numpy (numpy has no bfloat16) --------------------------------------------------
     @override(TorchRLModule)
     def get_state(self, components=None, *, not_components=None, inference_only: bool = False, **kwargs):
-        state = {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}
+        """The module's weights. With LoRA: ``inference_only`` gives the merged policy (what env runners and the
+        export load); otherwise only what trains, the adapters and the critic (what checkpoints hold)."""
+        if self.lora and inference_only:
+            return {f"policy.{k}": v.cpu().clone() for k, v in merged_policy_state(self.policy).items()}
+        state = {k: v.detach().cpu().clone() for k, v in self.state_dict().items()
+                 if not (self.lora and k.startswith("policy.") and not is_adapter_key(k))}
         if inference_only and not self.inference_only:
             skip = tuple(f"{a}." for a in self.get_non_inference_attributes())
             state = {k: v for k, v in state.items() if not k.startswith(skip)}
@@ -122,9 +135,17 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     @override(TorchRLModule)
     def set_state(self, state) -> None:
         state = {k: torch.as_tensor(v) for k, v in state.items()}
-        missing, _ = self.load_state_dict(state, strict=False)
+        missing, unexpected = self.load_state_dict(state, strict=False)
         if missing and self.inference_only:
             raise ValueError(f"weights for this policy are missing keys {missing[:5]}...: is it the same model?")
+        if self.lora and (unexpected or not any(is_adapter_key(k) for k in state)):
+            # A LoRA learner loads adapters only; plain weights would otherwise be dropped without a word.
+            raise ValueError(f"this LoRA module takes adapter weights, got {(unexpected or list(state))[:3]}...: "
+                             "is the state from a module without model_config['lora']?")
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter weights alone (what vLLM engines receive); empty without LoRA."""
+        return {k: v.detach().cpu().clone() for k, v in self.state_dict().items() if is_adapter_key(k)}
 
     @staticmethod
     def policy_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -132,6 +153,10 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         return {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
 
     def save_pretrained(self, path) -> None:
-        """Write the policy and its tokenizer so that plain ``transformers`` loads them."""
+        """Write the policy and its tokenizer so that plain ``transformers`` loads them (call it on an inference-only
+        module: with LoRA, that one holds the merged weights)."""
+        if self.lora:
+            raise ValueError("save_pretrained on a LoRA learner module would write the adapter; export from an "
+                             "inference-only module loaded with get_state(inference_only=True).")
         self.policy.save_pretrained(path)
         self.tokenizer.save_pretrained(path)

@@ -27,7 +27,9 @@ import pathlib
 import pickle
 import shutil
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import ray
@@ -45,6 +47,7 @@ from ..collapse import cross_scoring_pairs, reply_diagnostics
 from ..objectives import ADVANTAGE_ESTIMATORS
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import SeedSchedule, Trajectory, rollout_metrics
+from ..rollout.lora import adapter_files, lora_settings
 from ..sentinel import Firing, Sentinel
 from .batch import prepare_update_batch, shard_by_groups
 from .checkpoints import recover_interrupted_save, write_atomically
@@ -55,6 +58,7 @@ from .llm_rl_module import DEFAULT_MODEL_CONFIG, PLACEHOLDER_SPACE, CausalLMRLMo
 logger = logging.getLogger(__name__)
 
 MAX_ROLLOUT_ATTEMPTS = 3  # a rollout played again after env runners died in it, before the step gives up
+ROLLOUT_THREAD = "rllib_ragen_rollout"  # the thread that plays the next rollout beside the update (max_policy_lag)
 
 
 class LearnerDiedError(RuntimeError):
@@ -80,6 +84,11 @@ class StarPO(Algorithm):
         # The last probed rollout's token advantages, by index in that rollout (kept episodes only).
         self.last_token_advantages: dict[int, list[float]] = {}
         self.engine_actors = self._start_inference_engines() if config.inference_backend == "vllm" else None
+        # One-step off-policy rollouts (max_policy_lag=1): the next rollout plays in this thread while the learner
+        # updates; _pending holds it (the future, or its result once collected) and the update count it played.
+        self._rollout_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ROLLOUT_THREAD) \
+            if config.max_policy_lag else None
+        self._pending: dict | None = None
         self.sentinel = Sentinel(config.sentinel_rules, config.sentinel_max_rollbacks)
         rollback = any(rule.action == "rollback" for rule in self.sentinel.rules)
         self._snapshot_dir = tempfile.mkdtemp(prefix="rllib_ragen_sentinel_") if rollback else None
@@ -92,9 +101,7 @@ class StarPO(Algorithm):
             self._validate(iteration)
 
         with self._timer(M.TIME_SAMPLE):
-            trajectories, rollout_results = self._rollout(
-                self.seed_schedule.train(config.num_groups), config.group_size, config.sampling_params(),
-                self._sample_seed("train", iteration))
+            trajectories, rollout_results, played_by = self._training_rollout(iteration)
         self.last_rollout, self.last_token_advantages = trajectories, {}
         if not trajectories:
             raise RuntimeError("every environment of this rollout failed; see the env runner logs.")
@@ -110,23 +117,70 @@ class StarPO(Algorithm):
             with self._timer(M.TIME_COLLAPSE_PROBE):
                 self._log(self._collapse_probe(columns, trajectories))
 
+        lag = iteration - played_by  # updates the learner made since the rollout's policy
+        if not 0 <= lag <= config.max_policy_lag:
+            raise RuntimeError(f"a rollout {lag} updates old reached the learner (max_policy_lag="
+                               f"{config.max_policy_lag}); this is a bug in StarPO's rollout scheduling.")
+        self._log({M.POLICY_LAG: float(lag)})
+        if config.max_policy_lag:  # the runners play the next rollout, on the pre-update weights, beside the update
+            self._start_next_rollout(iteration + 1)
+
         with self._timer(M.TIME_UPDATE):
             learner_results = self._update(columns, env_steps=int(rollout_results[M.NUM_ENV_STEPS_SAMPLED]))
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
 
-        with self._timer(M.TIME_SYNC):
-            self._sync_rollout_weights()
+        if not config.max_policy_lag:  # off-policy: the next iteration syncs, once its rollout is in
+            with self._timer(M.TIME_SYNC):
+                self._sync_rollout_weights()
         if config.validation_interval and (iteration + 1) % config.validation_interval == 0:
             self._validate(iteration + 1)
+
+    # ---- one-step off-policy rollouts -------------------------------------------------------------------------------
+    def _training_rollout(self, iteration: int) -> tuple[list[Trajectory], dict[str, float], int]:
+        """This iteration's training rollout and the number of updates its policy had seen: the one played beside
+        the previous update when there is one, else one played now, on the current weights."""
+        if self._pending is not None:
+            trajectories, results = self._collect_pending_rollout()
+            played_by, self._pending = self._pending["played_by"], None
+            with self._timer(M.TIME_SYNC):
+                self._sync_rollout_weights()  # the runners were busy during the update: they get its weights now
+            return trajectories, results, played_by
+        trajectories, results = self._rollout(self.seed_schedule.train(self.config.num_groups), self.config.group_size,
+                                              self.config.sampling_params(), self._sample_seed("train", iteration))
+        return trajectories, results, iteration
+
+    def _start_next_rollout(self, iteration: int) -> None:
+        """Start iteration ``iteration``'s rollout on the env runners, in a thread, with their current weights."""
+        args = (self.seed_schedule.train(self.config.num_groups), self.config.group_size,
+                self.config.sampling_params(), self._sample_seed("train", iteration))
+        self._pending = {"future": self._rollout_thread.submit(self._rollout, *args), "played_by": iteration - 1}
+
+    def _collect_pending_rollout(self) -> tuple[list[Trajectory], dict[str, float]]:
+        """Wait for the rollout in flight (if any) and keep its result; the env runners are idle afterwards."""
+        pending = self._pending
+        if pending is not None and "future" in pending:
+            pending["result"] = pending.pop("future").result()
+        return pending["result"] if pending is not None else (None, None)
+
+    @override(Algorithm)
+    def restore_env_runners(self, env_runner_group):
+        """RLlib's restore of dead env runners, which it runs before every iteration: not while the rollout thread
+        uses them (that thread runs its own restores, through this method, when a runner dies mid-rollout)."""
+        if getattr(self, "_pending", None) is not None and not threading.current_thread().name.startswith(
+                ROLLOUT_THREAD):
+            self._collect_pending_rollout()
+        return super().restore_env_runners(env_runner_group)
+
+    def _drop_pending_rollout(self) -> None:
+        """Forget the rollout in flight (after a rollback its policy is the one rolled back from)."""
+        self._collect_pending_rollout()
+        self._pending = None
 
     def _collapse_probe(self, columns: dict[str, np.ndarray], trajectories: list[Trajectory]) -> dict[str, float]:
         """The learner's echo-trap probe on this rollout, before its update (``collapse.py``). With several learners
         the first one probes the whole batch (outside DDP's gradient sync)."""
         pairs = cross_scoring_pairs(trajectories, self.config.collapse_subsample)
-        first = None if self.learner_group.is_local else self.learner_group._worker_manager.healthy_actor_ids()[:1]
-        results = self.learner_group.foreach_learner(lambda learner: learner.collapse_probe(columns, pairs),
-                                                     remote_actor_ids=first)
-        metrics, advantages = next(iter(results)).get()
+        metrics, advantages = self._on_first_learner(lambda learner: learner.collapse_probe(columns, pairs))
         # Batch rows are the kept groups in group order, each group's episodes in rollout order.
         rows = iter(range(len(columns["group"])))
         kept = set(columns["group"].tolist())
@@ -143,6 +197,11 @@ class StarPO(Algorithm):
         except ray.exceptions.RayActorError as error:
             self._check_learners_alive(error)
             raise
+
+    def _on_first_learner(self, func):
+        """``func(learner)`` on the local learner or the first healthy remote one; its return value."""
+        first = None if self.learner_group.is_local else self.learner_group._worker_manager.healthy_actor_ids()[:1]
+        return next(iter(self.learner_group.foreach_learner(func, remote_actor_ids=first))).get()
 
     def _check_learners_alive(self, cause: BaseException | None = None) -> None:
         """Raise :class:`LearnerDiedError` once any remote learner is gone.
@@ -179,6 +238,9 @@ class StarPO(Algorithm):
     def _validate(self, iteration: int) -> dict[str, float]:
         """Play the fixed validation set at the validation temperature; metrics under ``evaluation/env_runners``."""
         config = self.config
+        if self._pending is not None:  # off-policy: the runners finish the next rollout, then get the new weights
+            self._collect_pending_rollout()
+            self._sync_rollout_weights()
         trajectories, results = self._rollout(self.seed_schedule.validation(config.validation_size),
                                               config.validation_group_size, config.sampling_params(validation=True),
                                               self._sample_seed("validation", 0))
@@ -257,6 +319,9 @@ class StarPO(Algorithm):
             words.append("no healthy snapshot yet: weights kept")
         self.sentinel.after_rollback(firing.rule)
         self._apply_lr_factor()
+        if self._pending is not None:
+            self._drop_pending_rollout()
+            words.append("dropped the rollout played beside the update")
         rule = next(r for r in self.sentinel.rules if r.label == firing.rule)
         words += [f"{knob} -> {value:g}" if knob != "lr_factor" else f"learning rates x{value:g} (now x"
                   f"{self.sentinel.lr_factor:g})" for knob, value in rule.knobs.items()]
@@ -286,6 +351,9 @@ class StarPO(Algorithm):
             model = tempfile.mkdtemp(prefix="rllib_ragen_vllm_")
             self.export_pretrained(model)
         options = {"max_model_len": config.max_context_tokens, **config.vllm_engine_config}
+        lora = lora_settings(config.model_config.get("lora"))
+        if lora:  # the engines serve the base weights and receive only the adapter
+            options["max_lora_rank"] = lora["r"]
         gpus = options.pop("num_gpus_per_engine", None)
         actors = launch_engines(model, config.num_inference_engines, num_gpus_per_engine=gpus,
                                 dtype=config.model_config.get("dtype", "float32"), seed=config.seed or 0, **options)
@@ -295,11 +363,22 @@ class StarPO(Algorithm):
         return actors
 
     def _sync_inference_engines(self) -> float:
-        """Load the learner's current policy weights into every engine; returns the seconds the load took."""
+        """Load the learner's current policy into every engine (with LoRA, its adapter); returns the seconds."""
+        lora = lora_settings(self.config.model_config.get("lora"))
+        if lora:  # from one learner (they hold the same weights), adapters only: the critic stays there
+            adapter = self._on_first_learner(lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped()
+                                             .adapter_state())
+            adapter_config, tensors = adapter_files(adapter, lora, str(self.config.model_config["model"]))
+            return self.engine_actors.load_adapter(adapter_config, tensors, version=self.iteration + 1)
         return self.engine_actors.load_weights(self.policy_weights(), version=self.iteration + 1)
 
     @override(Algorithm)
     def cleanup(self) -> None:
+        if getattr(self, "_rollout_thread", None) is not None:
+            if self._pending is not None and "future" in self._pending:
+                self._pending["future"].exception()  # let it finish: the env runners are stopped next
+            self._rollout_thread.shutdown()
+            self._rollout_thread = None
         if getattr(self, "engine_actors", None) is not None:
             self.engine_actors.shutdown()
             self.engine_actors = None
@@ -441,6 +520,8 @@ class StarPO(Algorithm):
         ours = self.config.model_config
         differing = {f"model_config[{key!r}]": (saved_model.get(key), ours.get(key))
                      for key in ("model", "dtype", "critic") if saved_model.get(key) != ours.get(key)}
+        if lora_settings(saved_model.get("lora")) != lora_settings(ours.get("lora")):  # adapters' shapes and layers
+            differing["model_config['lora']"] = (saved_model.get("lora"), ours.get("lora"))
         estimator = saved.get("advantage_estimator", "gae")
         if ADVANTAGE_ESTIMATORS.get(estimator, ADVANTAGE_ESTIMATORS["gae"]).needs_critic != \
                 ADVANTAGE_ESTIMATORS[self.config.advantage_estimator].needs_critic:
@@ -459,8 +540,14 @@ class StarPO(Algorithm):
 
     @override(Algorithm)
     def get_state(self, *args, **kwargs):
+        # The rollout played beside the last update is part of the run: a resumed run trains on the same one.
+        pending = None
+        if self._pending is not None:
+            trajectories, results = self._collect_pending_rollout()
+            pending = {"trajectories": trajectories, "results": results, "played_by": self._pending["played_by"]}
         state = super().get_state(*args, **kwargs)
-        state["starpo"] = {"seed_schedule": self.seed_schedule.get_state(), "sentinel": self.sentinel.get_state()}
+        state["starpo"] = {"seed_schedule": self.seed_schedule.get_state(), "sentinel": self.sentinel.get_state(),
+                           "pending_rollout": pending}
         return state
 
     @override(Algorithm)
@@ -468,6 +555,10 @@ class StarPO(Algorithm):
         super().set_state(state)
         if "starpo" in state:
             self.seed_schedule.set_state(state["starpo"]["seed_schedule"])
+            pending = state["starpo"].get("pending_rollout")
+            if pending is not None and self.config.max_policy_lag:
+                self._pending = {"result": (pending["trajectories"], pending["results"]),
+                                 "played_by": pending["played_by"]}
             if "sentinel" in state["starpo"]:
                 self.sentinel.set_state(state["starpo"]["sentinel"])
                 if self.sentinel.lr_factor != 1.0:

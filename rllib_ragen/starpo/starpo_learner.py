@@ -23,7 +23,8 @@ from ray.rllib.utils.annotations import override
 from .. import metrics as M
 from ..collapse import VARIANCE_BUCKETS, CrossScoringPairs, cross_scoring, variance_buckets
 from ..objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, advantage_recursion_mask, aggregate,
-                          compute_advantages, kl_penalty, policy_loss, token_logprobs, value_loss)
+                          compute_advantages, kl_penalty, policy_loss, token_logprobs,
+                          truncated_importance_weights, value_loss)
 from ..rollout.models import load_policy
 
 INPUT_COLUMNS = ("input_ids", "attention_mask")
@@ -38,7 +39,9 @@ class StarPOTorchLearner(TorchLearner):
         self._skipped_in_a_row = 0  # consecutive optimizer steps skipped for a non-finite loss or gradient
         self._lr_factor = 1.0  # a sentinel rollback's multiplier of the configured learning rates
         self._reference = None
-        if self.config.kl_coeff > 0:  # the frozen reference policy exists only when the KL term is on
+        # The frozen reference policy exists only when the KL term is on. With LoRA it is the policy with its
+        # adapters switched off (see _reference_logits): no second copy of the weights.
+        if self.config.kl_coeff > 0 and not self.module[DEFAULT_MODULE_ID].unwrapped().lora:
             cfg = self.config.model_config
             self._reference, _ = load_policy(cfg["model"], dtype=cfg.get("dtype", "float32"),
                                              seed=int(cfg.get("seed", 0)))
@@ -48,7 +51,7 @@ class StarPOTorchLearner(TorchLearner):
     @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         module = self._module[module_id]
-        actor = list(module.policy.parameters())
+        actor = [p for p in module.policy.parameters() if p.requires_grad]  # with LoRA: the adapters alone
         self.register_optimizer(module_id=module_id, optimizer_name="actor", params=actor,
                                 optimizer=torch.optim.AdamW(actor, betas=config.adam_betas,
                                                             weight_decay=config.weight_decay),
@@ -134,7 +137,7 @@ class StarPOTorchLearner(TorchLearner):
         mask = data["response_mask"]
         data.setdefault("loss_mask", mask)  # a batch not built by prepare_update_batch trains every sampled token
         old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask)
-        ref_logp = torch.zeros_like(mask) if self._reference is not None else None
+        ref_logp = torch.zeros_like(mask) if config.kl_coeff > 0 else None
         for rows in micro_batches:
             inputs = _trimmed(data, rows)
             width = inputs["input_ids"].shape[1]
@@ -143,7 +146,7 @@ class StarPOTorchLearner(TorchLearner):
             if "values" in out:
                 old_values[rows, :width] = out["values"]
             if ref_logp is not None:
-                logits = self._reference(**inputs, use_cache=False).logits
+                logits = self._reference_logits(module, inputs)
                 ref_logp[rows, :width] = token_logprobs(logits, inputs["input_ids"], config.temperature)
         behaviour = data["behaviour_logprobs"]
         gap = ((old_logp - behaviour).abs() * mask)
@@ -162,8 +165,28 @@ class StarPOTorchLearner(TorchLearner):
             advantages = advantages * mask  # only sampled tokens are trained: observation steps keep none
         else:  # computed on the driver from the whole kept batch
             advantages, returns = data["advantages"], torch.zeros_like(mask)
+        if config.max_policy_lag:
+            advantages = advantages * self._importance_weights(old_logp, behaviour, mask, config)
         data["old_values"], data["token_advantages"], data["returns"] = old_values, advantages, returns
         data["value_mask"] = value_mask
+
+    def _importance_weights(self, old_logp: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor,
+                            config) -> torch.Tensor:
+        """The off-policy correction of a rollout up to ``max_policy_lag`` updates old (see
+        ``truncated_importance_weights``), logged."""
+        weight, truncated = truncated_importance_weights(old_logp, behaviour, mask, config.importance_weight_cap)
+        tokens = mask.sum().clamp(min=1)
+        self.metrics.log_value((DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_MEAN), (weight.sum() / tokens).item(),
+                               window=1)
+        self.metrics.log_value((DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_TRUNCATED),
+                               (truncated.sum() / tokens).item(), window=1)
+        return weight
+
+    def _reference_logits(self, module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self._reference is not None:
+            return self._reference(**inputs, use_cache=False).logits
+        with module.unwrapped().policy.disable_adapter():  # LoRA: the base weights are the reference policy
+            return module.unwrapped().policy(**inputs, use_cache=False).logits
 
     # ---- the echo-trap probe (collapse.py), every collapse_diagnostics_interval iterations, before the update ----
     def collapse_probe(self, batch: dict[str, np.ndarray],

@@ -7,7 +7,7 @@ import torch
 
 from rllib_ragen.objectives import (aggregate, compute_batch_advantages, compute_gae, compute_group_advantages,
                                     entropy_from_logits, explained_variance, kl_penalty, place_rewards, policy_loss,
-                                    select_groups, value_loss)
+                                    select_groups, truncated_importance_weights, value_loss)
 
 
 def _loss_per_token(ratios, advantage, **kwargs):
@@ -155,3 +155,21 @@ def test_entropy_kl_value_loss_explained_variance():
     r = torch.tensor([[1.0, 2.0, 3.0]])
     assert explained_variance(r, r, torch.ones(1, 3)) == 1.0
     assert explained_variance(torch.full_like(r, 2.0), r, torch.ones(1, 3)) == pytest.approx(0.0)
+
+
+def test_truncated_importance_weights_by_hand():
+    # pi_prox / pi_behav = e^0.5, e^1 (cut to the cap 2), e^-0.5, and a masked position.
+    proximal = torch.tensor([[-1.0, -0.5, -2.0, -3.0]])
+    behaviour = torch.tensor([[-1.5, -1.5, -1.5, -0.1]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    weights, truncated = truncated_importance_weights(proximal, behaviour, mask, cap=2.0)
+    assert torch.allclose(weights, torch.tensor([[math.exp(0.5), 2.0, math.exp(-0.5), 0.0]]))
+    assert truncated.tolist() == [[False, True, False, False]]
+    # Weighting the advantage weights the clipped surrogate, dual clip included: w > 0 passes through min and max.
+    logp = torch.tensor([[-0.8, -0.1, -2.6, -3.0]])
+    advantages = torch.tensor([[1.0, -2.0, -1.0, 5.0]])
+    weighted, _ = policy_loss(logp, proximal, advantages * weights, mask, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
+                              aggregation="seq-mean-token-sum")
+    per_token = [policy_loss(logp[:, i:i + 1], proximal[:, i:i + 1], advantages[:, i:i + 1], mask[:, i:i + 1],
+                             clip_low=0.2, clip_high=0.28, dual_clip=3.0, aggregation="seq-mean-token-sum")[0] for i in range(3)]
+    assert torch.allclose(weighted, sum(w * loss for w, loss in zip(weights[0, :3], per_token)))

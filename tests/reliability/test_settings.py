@@ -26,7 +26,7 @@ def test_bad_values_fail_at_validate_naming_the_field(knobs, field):
 
 
 def test_unknown_model_keys_dtypes_and_env_arguments_are_named_with_the_accepted_ones():
-    with pytest.raises(ValueError, match=r"unknown keys \['modle'\]; accepted: \['critic', 'dtype', 'model'"):
+    with pytest.raises(ValueError, match=r"unknown keys \['modle'\]; accepted: \['critic', 'dtype', 'lora', 'model'"):
         StarPOConfig().rl_module(model_config={"modle": "tiny"}).validate()
     with pytest.raises(ValueError, match=r"'dtype'\]='float8': choose one of \['float32', 'bfloat16', 'float16'\]"):
         StarPOConfig().rl_module(model_config={"dtype": "float8"}).validate()
@@ -50,7 +50,7 @@ def test_minus_one_survives_the_build_and_a_checkpoint(ray_session, small_config
                   loss_mask="no_think", advantage_mask="sampled_and_observations",
                   # and the echo-trap knobs, off their defaults
                   collapse_diagnostics_interval=3, collapse_subsample=4, sentinel_max_rollbacks=1,
-                  sentinel_snapshot_interval=2, sentinel_rollback_depth=2,
+                  sentinel_snapshot_interval=2, sentinel_rollback_depth=2, importance_weight_cap=3.0,
                   sentinel_rules=[Rule("rollout_filter/reward_std", "below", -1.0, action="rollback",
                                        knobs={"lr_factor": 0.25})])
     algo = small_config(format_penalty=-1.0, validation_interval=0, **credit).build_algo()
