@@ -9,7 +9,13 @@ the ratio is what the RLlib integration costs. Before timing, both sides' first 
 First, the cost of every advantage estimator on a synthetic 128 x 4096 batch of 8-turn trajectories (target:
 under 0.2 s each), against ``gae`` timed in the same run.
 
+``--full-vs-lora`` instead compares full fine-tuning with LoRA on SmolLM2-135M (GRPO, no critic, so the policy
+is all there is): each side runs in its own fresh process on the same rollout batch, and reports its peak memory
+(the process's, and the rise above it during the updates), seconds per update, what it trains and what its
+checkpoint weighs.
+
     python benchmarks/learner.py [--model tiny] [--groups 8] [--group-size 4] [--repeats 5] [--estimators-only]
+    python benchmarks/learner.py --full-vs-lora [--lora-rank 16] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import pathlib
 import statistics
 import time
 
@@ -115,6 +122,88 @@ def time_estimators(repeats: int) -> None:
         print(f"  {name:13s} {seconds * 1000:8.1f} ms  ({seconds / timings['gae']:.2f} x gae)  {verdict}")
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _update_footprint(lora: dict | None, args, queue) -> None:
+    """In a fresh process: build StarPO on SmolLM2 (full or LoRA), play one fixed rollout, time the updates."""
+    import hashlib
+    import resource
+    import tempfile
+    import threading
+
+    torch.set_num_threads(args.threads)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    config = (StarPOConfig().environment("rllib_ragen/Bandit-v0")
+              .rl_module(model_config={"model": "smollm2-135m", "lora": lora})
+              .training(num_groups=args.groups, group_size=args.group_size, max_turns=1, rollout_filter="none",
+                        advantage_estimator="grpo", max_new_tokens_per_turn=args.max_new_tokens, lr=1e-5,
+                        validation_interval=0, micro_batch_size=args.micro_batch_size)
+              .debugging(seed=0))
+    algo = config.build_algo()
+    runner = algo.env_runner
+    trajectories = runner.sample(seeds=list(range(args.groups)), group_size=args.group_size,
+                                 sampling=config.sampling_params(), sample_seed=0)
+    columns, _ = prepare_update_batch(trajectories, config, runner.tokenizer.pad_token_id)
+    batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=len(trajectories))
+    module = algo.learner_group._learner.module[DEFAULT_MODULE_ID]
+    trained = sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+    before, peak, stop = _rss_bytes(), [0], threading.Event()
+
+    def watch():  # the rise of resident memory during the updates: gradients, optimizer state, activations
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss_bytes())
+            stop.wait(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    seconds = []
+    for _ in range(args.repeats + 1):  # the first update also allocates AdamW's state: timed apart
+        t0 = time.perf_counter()
+        algo.learner_group.update(batch=batch)
+        seconds.append(time.perf_counter() - t0)
+    stop.set()
+    watcher.join()
+    with tempfile.TemporaryDirectory() as folder:
+        algo.save_to_path(folder + "/checkpoint")
+        checkpoint = sum(f.stat().st_size for f in pathlib.Path(folder).rglob("*") if f.is_file())
+    algo.stop()
+    ray.shutdown()
+    queue.put({"tokens": int(columns["attention_mask"].sum()), "trained": trained,
+               "batch": hashlib.sha1(columns["input_ids"].tobytes()).hexdigest()[:12],
+               "first_s": seconds[0], "update_s": statistics.median(seconds[1:]),
+               "rise_mib": (peak[0] - before) / 2**20,
+               "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "checkpoint_mib": checkpoint / 2**20})
+
+
+def compare_full_and_lora(args) -> None:
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # a fresh process each: peak memory is that side's alone
+    lora = {"r": args.lora_rank, "alpha": 2 * args.lora_rank, "target_modules": "all-linear"}
+    results = {}
+    for name, setting in (("full", None), ("lora", lora)):
+        queue = context.Queue()
+        process = context.Process(target=_update_footprint, args=(setting, args, queue))
+        process.start()
+        results[name] = queue.get()
+        process.join()
+    full, low = results["full"], results["lora"]
+    if full["batch"] != low["batch"]:
+        raise SystemExit("the two sides played different rollouts; the comparison would not be like for like")
+    print(f"SmolLM2-135M, {args.groups * args.group_size} bandit episodes, {full['tokens']} tokens per update, "
+          f"GRPO, {args.threads} threads, median of {args.repeats} updates after the first")
+    print(f"{'':22s} {'full fine-tuning':>18s} {'LoRA r=' + str(args.lora_rank):>18s} {'LoRA / full':>12s}")
+    rows = [("trained parameters", "trained", "{:,.0f}"), ("first update, s", "first_s", "{:.2f}"),
+            ("seconds per update", "update_s", "{:.2f}"), ("memory rise in updates, MiB", "rise_mib", "{:.0f}"),
+            ("process peak RSS, MiB", "peak_mib", "{:.0f}"), ("checkpoint, MiB", "checkpoint_mib", "{:.1f}")]
+    for label, key, fmt in rows:
+        print(f"{label:28s} {fmt.format(full[key]):>12s} {fmt.format(low[key]):>18s} {low[key] / full[key]:>12.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="tiny")
@@ -124,7 +213,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--estimators-only", action="store_true", help="time the advantage estimators only")
+    parser.add_argument("--full-vs-lora", action="store_true",
+                        help="SmolLM2-135M: full fine-tuning against LoRA (memory, seconds, checkpoint size)")
+    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--micro-batch-size", type=int, default=None)
     args = parser.parse_args()
+    if args.full_vs_lora:
+        compare_full_and_lora(args)
+        return
     torch.set_num_threads(args.threads)
     time_estimators(args.repeats)
     if args.estimators_only:

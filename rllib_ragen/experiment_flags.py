@@ -102,6 +102,8 @@ RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
     "model": ("rl_module", "model", "'tiny', 'smollm2-135m', or a Hugging Face id / local path"),
     "dtype": ("rl_module", "dtype", "parameter dtype: 'float32' or 'bfloat16'"),
     "critic": ("rl_module", "critic", "'separate' (a value model, the reference's) or 'head' (a value head)"),
+    "lora": ("rl_module", "lora", "LoRA adapters as JSON, e.g. '{\"r\": 16, \"alpha\": 32}' (needs peft; null: "
+                                  "train every weight)"),
     "lr": ("training", "lr", "the actor's learning rate"),
     "gamma": ("training", "gamma", "discount (1.0: trajectory-level credit)"),
     "grad_clip": ("training", "grad_clip", "global-norm gradient clip of actor and critic, each (null: none)"),
