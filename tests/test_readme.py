@@ -126,3 +126,12 @@ def test_sentinel_example_builds_a_valid_config_and_bad_rules_fail_validate():
     with pytest.raises(ValueError, match=r"knobs\['lr_factor'\]=3.0 must lie in \(0, 1\)"):
         broken.validate()
 
+
+
+def test_lora_example_trains_adapters_and_exports_a_plain_model(ray_session, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.chdir(tmp_path)
+    assert _run_block("<!-- lora-example", {}).strip() == "0.0"
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "outputs/readme_lora/policy")
+    assert not any("lora" in name for name, _ in exported.named_parameters())

@@ -156,11 +156,16 @@ class StarPO(Algorithm):
         self._pending = {"future": self._rollout_thread.submit(self._rollout, *args), "played_by": iteration - 1}
 
     def _collect_pending_rollout(self) -> tuple[list[Trajectory], dict[str, float]]:
-        """Wait for the rollout in flight (if any) and keep its result; the env runners are idle afterwards."""
+        """Wait for the rollout in flight and keep its result; the env runners are idle afterwards."""
         pending = self._pending
-        if pending is not None and "future" in pending:
-            pending["result"] = pending.pop("future").result()
-        return pending["result"] if pending is not None else (None, None)
+        if "future" in pending:
+            try:
+                pending["result"] = pending["future"].result()
+            except BaseException:
+                self._pending = None  # it failed (and says why): the next iteration plays its own rollout
+                raise
+            del pending["future"]
+        return pending["result"]
 
     @override(Algorithm)
     def restore_env_runners(self, env_runner_group):
