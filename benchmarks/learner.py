@@ -36,7 +36,8 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch  # noqa: 
 
 from rllib_ragen import StarPOConfig  # noqa: E402
 from rllib_ragen.objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageSettings,  # noqa: E402
-                                    aggregate, compute_advantages, compute_gae, place_rewards, policy_loss,
+                                    aggregate, compute_advantages, compute_gae, masked_whiten, place_rewards,
+                                    policy_loss,
                                     token_logprobs_and_entropy, value_loss)
 from rllib_ragen.objectives.losses import shift_right  # noqa: E402
 from rllib_ragen.starpo.batch import prepare_update_batch  # noqa: E402
@@ -66,6 +67,8 @@ class BareLoop:
         with torch.no_grad():
             old_logp, _, old_values = self._score(ids, attention)
         advantages, returns = compute_gae(batch["token_rewards"], old_values, mask, c.gamma, c.lambda_)
+        if c.whiten_advantages:  # as the learner does (the reference's GAE whitening over generated tokens)
+            advantages = masked_whiten(advantages, mask)
         logp, entropy, values = self._score(ids, attention)
         pg, _ = policy_loss(logp, old_logp * mask, advantages, mask, clip_low=c.clip_ratio_low,
                             clip_high=c.clip_ratio_high, dual_clip=c.dual_clip, aggregation=c.loss_aggregation)
@@ -122,6 +125,17 @@ def time_estimators(repeats: int) -> None:
         print(f"  {name:13s} {seconds * 1000:8.1f} ms  ({seconds / timings['gae']:.2f} x gae)  {verdict}")
 
 
+def build_with_one_rollout(config):
+    """The algorithm, one rollout of ``config.num_groups`` groups played by its local env runner (sample seed 0),
+    and that rollout as the learner's batch columns."""
+    algo = config.build_algo()
+    runner = algo.env_runner
+    trajectories = runner.sample(seeds=list(range(config.num_groups)), group_size=config.group_size,
+                                 sampling=config.sampling_params(), sample_seed=0)
+    columns, _ = prepare_update_batch(trajectories, config, runner.tokenizer.pad_token_id)
+    return algo, trajectories, columns
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -142,11 +156,7 @@ def _update_footprint(lora: dict | None, args, queue) -> None:
                         advantage_estimator="grpo", max_new_tokens_per_turn=args.max_new_tokens, lr=1e-5,
                         validation_interval=0, micro_batch_size=args.micro_batch_size)
               .debugging(seed=0))
-    algo = config.build_algo()
-    runner = algo.env_runner
-    trajectories = runner.sample(seeds=list(range(args.groups)), group_size=args.group_size,
-                                 sampling=config.sampling_params(), sample_seed=0)
-    columns, _ = prepare_update_batch(trajectories, config, runner.tokenizer.pad_token_id)
+    algo, trajectories, columns = build_with_one_rollout(config)
     batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=len(trajectories))
     module = algo.learner_group._learner.module[DEFAULT_MODULE_ID]
     trained = sum(p.numel() for p in module.parameters() if p.requires_grad)
@@ -233,11 +243,7 @@ def main() -> None:
                         max_new_tokens_per_turn=args.max_new_tokens, lr=1e-4, critic_lr=1e-4,
                         validation_interval=0)
               .debugging(seed=0))
-    algo = config.build_algo()
-    runner = algo.env_runner
-    trajectories = runner.sample(seeds=list(range(args.groups)), group_size=args.group_size,
-                                 sampling=config.sampling_params(), sample_seed=0)
-    columns, _ = prepare_update_batch(trajectories, config, runner.tokenizer.pad_token_id)
+    algo, trajectories, columns = build_with_one_rollout(config)
     tokens = int(columns["attention_mask"].sum())
     bare = BareLoop(algo.learner_group._learner.module[DEFAULT_MODULE_ID].policy, config)
     bare_batch = {k: torch.as_tensor(v) for k, v in columns.items()}
