@@ -39,14 +39,17 @@ import torch
 
 from . import metrics as M
 from .experiment_flags import JobSettings, parse_job_args, user_model_config
-from .experiment_outputs import (AFTER_ROLLOUTS, BEFORE_ROLLOUTS, CHECKPOINT, LATEST, LEARNER, SENTINEL_FILE,
-                                 SMOOTHING, TRAINING, TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, TensorBoardLog,
+from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
+                                 CHECKPOINT, LATEST, LEARNER, SENTINEL_FILE, SMOOTHING, TRAINING, TRAINING_ROLLOUTS,
+                                 VALIDATED_AT, VALIDATION, TensorBoardLog,
                                  check_output_paths, check_resume, close_run_log, keep_notices_off_the_console,
                                  keep_rollouts_up_to, plot_learning_curve, read_csv, read_outcomes, resolve_run_folder,
                                  send_notices_to, start_run_folder, trailing_mean, write_csv, write_rollouts,
                                  write_text_atomically)
-from .paired_stats import PairedComparison, paired_comparison
+from .held_out import initial_states
+from .paired_stats import PairedComparison, paired_by_subset, paired_comparison
 from .sentinel import as_rule, echo_trap_rules
+from .sft import DEMONSTRATION_SEED_START
 from .viewer import write_viewer
 
 __all__ = ["JobSettings", "flatten_result", "parse_job_args", "run_job", "warm_start"]
@@ -119,7 +122,8 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     _print_plan(config, job, out, demonstration_policy is not None)
 
     base_model = config.model_config["model"]
-    if demonstration_policy is not None and job.warm_start_steps > 0 and job.warm_start_episodes > 0:
+    warm_started = demonstration_policy is not None and job.warm_start_steps > 0 and job.warm_start_episodes > 0
+    if warm_started:
         warm_dir = out / "warm_start"
         if job.resume and (warm_dir / "config.json").is_file():
             model = str(warm_dir)  # the checkpoint was trained from it; fine-tuning again would only cost time
@@ -154,6 +158,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             tensorboard.write(before, 0)
             # kept for the paired comparison and the viewer
             write_rollouts(out / BEFORE_ROLLOUTS, algo.last_validation, algo.tokenizer)
+            write_rollouts(out / BEFORE_GREEDY_ROLLOUTS, algo.play_validation_states(0.0), algo.tokenizer)
             print(f"before RL: validation success {_validation_success(before, config.env):.3f} on "
                   f"{config.validation_size} held-out states ({clock.validation_s:.0f} s)", flush=True)
         while algo.iteration < job.iterations:
@@ -190,6 +195,8 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             _keep_validation(after, validations)
             tensorboard.write(after, algo.iteration)
         write_rollouts(out / AFTER_ROLLOUTS, algo.last_validation, algo.tokenizer, iteration=algo.iteration)
+        write_rollouts(out / AFTER_GREEDY_ROLLOUTS, algo.play_validation_states(0.0), algo.tokenizer,
+                       iteration=algo.iteration)
         algo.export_pretrained(out / "policy")
         write_viewer(out)
     finally:
@@ -198,7 +205,12 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     summary = _summary(config, base_model, rows, validations, time.perf_counter() - t_start)
     summary["success_gain"] = summary["after"][M.SUCCESS] - summary["before"][M.SUCCESS]
     summary["passed"] = bool(summary["success_gain"] >= job.pass_bar)
-    summary["paired"] = _paired(out)
+    summary["paired"] = _paired(out, BEFORE_ROLLOUTS, AFTER_ROLLOUTS)
+    summary["paired_greedy"] = _paired(out, BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS)
+    trained_seeds = range(config.train_seed_start, algo.seed_schedule.next_train)
+    demonstrations = range(DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + job.warm_start_episodes) \
+        if warm_started else range(0)
+    summary["held_out"] = _held_out(config, out, [*trained_seeds, *demonstrations])
     summary["sentinel_firings"] = [dataclasses.asdict(f) for f in algo.sentinel.firings]
     summary["run_dir"] = str(out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -207,8 +219,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     plot_learning_curve(out / "learning_curve.png", rows, validations, config.env, title,
                         {"warm start": summary["before"][M.SUCCESS], **reference_lines})
     _print_table(summary, config)
-    if summary["paired"]:
-        print(f"{'paired (same states)':28s}{PairedComparison(**summary['paired']).describe()}")
+    _print_paired(summary, config)
     print(f"success gain {summary['success_gain']:+.3f} (bar {job.pass_bar}): "
           f"{'PASS' if summary['passed'] else 'below the bar'}")
     print(f"outputs: {out}")
@@ -233,14 +244,56 @@ def _record_firings(algo, out: pathlib.Path) -> None:
                               json.dumps([dataclasses.asdict(f) for f in algo.sentinel.firings], indent=2))
 
 
-def _paired(out: pathlib.Path) -> dict | None:
-    """Each held-out state's success before and after RL, paired (``paired_stats``); None without both files."""
-    if not (out / BEFORE_ROLLOUTS).is_file() or not (out / AFTER_ROLLOUTS).is_file():
+def _outcome_pair(out: pathlib.Path, before_file: str, after_file: str) -> tuple[dict, dict] | None:
+    """Each held-out state's success before and after RL; None without both files or with different states."""
+    if not (out / before_file).is_file() or not (out / after_file).is_file():
         return None
-    before, after = (read_outcomes(out / name) for name in (BEFORE_ROLLOUTS, AFTER_ROLLOUTS))
+    before, after = read_outcomes(out / before_file), read_outcomes(out / after_file)
     if before.keys() != after.keys() or len(before) < 2:
         return None  # e.g. a resumed run whose validation settings changed: not the same states
-    return paired_comparison(before, after).as_dict()
+    return before, after
+
+
+def _paired(out: pathlib.Path, before_file: str, after_file: str) -> dict | None:
+    """The paired comparison (``paired_stats``) of two validation files of the run; None as ``_outcome_pair``."""
+    pair = _outcome_pair(out, before_file, after_file)
+    return None if pair is None else paired_comparison(*pair).as_dict()
+
+
+def _held_out(config, out: pathlib.Path, training_seeds: list[int]) -> dict | None:
+    """Held-out success split by whether training ever showed the state, and by its optimal solution length
+    (where the environment computes one), sampled and greedy (``held_out.py``)."""
+    pairs = {name: _outcome_pair(out, *files) for name, files in (
+        ("sampled", (BEFORE_ROLLOUTS, AFTER_ROLLOUTS)), ("greedy", (BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS)))}
+    pairs = {name: pair for name, pair in pairs.items() if pair is not None}
+    if not pairs:
+        return None
+    states = next(iter(pairs.values()))[0].keys()  # "seed/k": the k-th episode of that seed
+    seed_of = {state: int(state.split("/")[0]) for state in states}
+    described = initial_states(config.env, dict(config.env_config), set(seed_of.values()), solution_lengths=True)
+    seen = {key for key, _ in initial_states(config.env, dict(config.env_config), training_seeds).values()}
+    seen_label = {s: "seen in training" if described[seed_of[s]][0] in seen else "unseen" for s in states}
+    result = {"training_states": len(seen),
+              "unseen_states": sum(label == "unseen" for label in seen_label.values()),
+              "by_seen": {name: paired_by_subset(*pair, seen_label) for name, pair in pairs.items()}}
+    lengths = {s: described[seed_of[s]][1] for s in states}
+    if any(length is not None for length in lengths.values()):
+        result["by_solution_length"] = {name: paired_by_subset(*pair, lengths) for name, pair in pairs.items()}
+    return result
+
+
+def _print_paired(summary: dict, config) -> None:
+    """The paired before/after lines of the final table: sampled, greedy, unseen states, by solution length."""
+    for key, label in (("paired", f"paired, T={config.validation_temperature:g}"), ("paired_greedy", "paired, greedy")):
+        if summary.get(key):
+            print(f"{label:28s}{PairedComparison(**summary[key]).describe()}")
+    held_out = summary.get("held_out") or {}
+    for name, subsets in held_out.get("by_seen", {}).items():
+        if isinstance(subsets.get("unseen"), dict) and "p_value" in subsets["unseen"]:
+            print(f"{'unseen states, ' + name:28s}{PairedComparison(**subsets['unseen']).describe()}")
+    for name, subsets in held_out.get("by_solution_length", {}).items():
+        cells = ", ".join(f"{length}: {c['before']:.2f}->{c['after']:.2f} (n={c['n']})" for length, c in subsets.items())
+        print(f"{'by solution length, ' + name:28s}{cells}")
 
 
 def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool) -> None:

@@ -33,11 +33,14 @@ RUN_CONFIG = "run_config.json"
 OUTPUT_FOLDERS = ("policy", "warm_start", CHECKPOINT, "tensorboard")
 BEFORE_ROLLOUTS = "validation_before.parquet"  # the warm start's validation episodes
 AFTER_ROLLOUTS = "validation_rollouts.parquet"  # the trained policy's
+BEFORE_GREEDY_ROLLOUTS = "validation_before_greedy.parquet"  # the same states played greedily (temperature 0)
+AFTER_GREEDY_ROLLOUTS = "validation_greedy.parquet"
 TRAINING_ROLLOUTS = "training_rollouts.parquet"  # a sample of training episodes every few iterations
 VIEWER_PAGE = "rollouts.html"
 SENTINEL_FILE = "sentinel.json"  # the sentinel's firings over the run
-OUTPUT_FILES = ("metrics.csv", "summary.json", "learning_curve.png", BEFORE_ROLLOUTS, AFTER_ROLLOUTS, RUN_CONFIG,
-                "job.log", SENTINEL_FILE, TRAINING_ROLLOUTS, VIEWER_PAGE)
+OUTPUT_FILES = ("metrics.csv", "summary.json", "learning_curve.png", BEFORE_ROLLOUTS, AFTER_ROLLOUTS,
+                BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS, RUN_CONFIG, "job.log", SENTINEL_FILE, TRAINING_ROLLOUTS,
+                VIEWER_PAGE)
 
 # Where the driver reads its numbers in a flattened result row (paths in Algorithm.train()'s result).
 TRAINING = "env_runners/"

@@ -71,6 +71,22 @@ def paired_comparison(before: Mapping, after: Mapping) -> PairedComparison:
                             p_value=exact_mcnemar_p(improved, worsened))
 
 
+def paired_by_subset(before: Mapping, after: Mapping, label_of: Mapping) -> dict:
+    """:func:`paired_comparison` within each subset of states, keyed by ``label_of[state]`` (e.g. the optimal
+    solution length), as dicts in label order. A subset of fewer than 2 states gets only its size and means."""
+    subsets: dict = {}
+    for key in before:
+        subsets.setdefault(label_of[key], []).append(key)
+    out = {}
+    for label in sorted(subsets, key=lambda v: (v is None, 0 if v is None else v)):  # 2 before 10; None last
+        keys = subsets[label]
+        if len(keys) >= 2:
+            out[label] = paired_comparison({k: before[k] for k in keys}, {k: after[k] for k in keys}).as_dict()
+        else:
+            out[label] = {"n": len(keys), "before": float(before[keys[0]]), "after": float(after[keys[0]])}
+    return out
+
+
 def exact_mcnemar_p(improved: int, worsened: int) -> float:
     """Two-sided exact McNemar p-value: P(a Binomial(improved + worsened, 1/2) count as far from half as seen)."""
     flips = improved + worsened

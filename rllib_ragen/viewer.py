@@ -21,12 +21,14 @@ import math
 import pathlib
 
 from . import metrics as M
-from .experiment_outputs import (AFTER_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER, RUN_CONFIG, SENTINEL_FILE,
+from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
+                                 LEARNER, RUN_CONFIG, SENTINEL_FILE,
                                  TRAINING, TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, VIEWER_PAGE, read_csv,
                                  trailing_mean, write_text_atomically)
 
 SOURCES = ((TRAINING_ROLLOUTS, "training"), (BEFORE_ROLLOUTS, "validation before RL"),
-           (AFTER_ROLLOUTS, "validation after RL"))
+           (AFTER_ROLLOUTS, "validation after RL"), (BEFORE_GREEDY_ROLLOUTS, "greedy before RL"),
+           (AFTER_GREEDY_ROLLOUTS, "greedy after RL"))
 EPISODE_COLUMNS = ("env", "seed", "group", "success", "return", "num_turns", "format_errors", "iteration", "turns")
 
 

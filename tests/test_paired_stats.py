@@ -47,3 +47,19 @@ def test_several_episodes_of_one_state_are_paired_one_by_one_never_overwritten()
     assert before == {"123/0": 0.0, "123/1": 1.0, "124/0": 0.0, "124/1": 0.0}
     result = paired_comparison(before, after)
     assert (result.n, result.improved, result.worsened) == (4, 2, 0)
+
+
+def test_paired_by_subset_compares_within_each_subset():
+    from rllib_ragen.paired_stats import paired_by_subset
+
+    before = {"1/0": 0.0, "2/0": 0.0, "3/0": 1.0, "4/0": 0.0, "5/0": 1.0}
+    after = {"1/0": 1.0, "2/0": 1.0, "3/0": 1.0, "4/0": 0.0, "5/0": 0.0}
+    label = {"1/0": 2, "2/0": 2, "3/0": 2, "4/0": 5, "5/0": 7}
+    result = paired_by_subset(before, after, label)
+    assert list(result) == [2, 5, 7]
+    # Length 2: states 1, 2 up, 3 unchanged -> before 1/3, after 1, two flips one way: p = 2 / 4.
+    assert (result[2]["n"], result[2]["improved"], result[2]["worsened"]) == (3, 2, 0)
+    assert (result[2]["before"], result[2]["after"]) == (pytest.approx(1 / 3), 1.0)
+    assert result[2]["p_value"] == pytest.approx(0.5)
+    assert result[5] == {"n": 1, "before": 0.0, "after": 0.0}  # one state: no interval, its outcome only
+    assert result[7] == {"n": 1, "before": 1.0, "after": 0.0}

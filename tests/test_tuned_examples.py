@@ -61,7 +61,20 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     paired = summary["paired"]
     assert paired["n"] == 8 and paired["before"] == summary["before"]["success"]
     assert paired["after"] == summary["after"]["success"] and 0 <= paired["p_value"] <= 1
-    assert "paired (same states)" in done.stdout
+    assert "paired, T=0.5" in done.stdout
+    # The same states played greedily before and after, paired too; and split by seen/unseen in training.
+    greedy = {when: pq.read_table(run / name).to_pylist() for when, name in (
+        ("before", "validation_before_greedy.parquet"), ("after", "validation_greedy.parquet"))}
+    assert all(sorted(r["seed"] for r in rows) == sorted(r["seed"] for r in rollouts) for rows in greedy.values())
+    assert summary["paired_greedy"]["n"] == 8 and "paired, greedy" in done.stdout
+    for when in ("before", "after"):
+        assert summary["paired_greedy"][when] == sum(r["success"] for r in greedy[when]) / 8
+    held_out = summary["held_out"]
+    for name in ("sampled", "greedy"):
+        assert sum(subset["n"] for subset in held_out["by_seen"][name].values()) == 8
+    if example == "starpo_sokoban.py":  # success by optimal solution length covers every state once
+        lengths = held_out["by_solution_length"]["greedy"]
+        assert sum(c["n"] for c in lengths.values()) == 8 and all(int(length) >= 1 for length in lengths)
     with open(run / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     env = summary["env"]

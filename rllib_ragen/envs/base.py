@@ -63,6 +63,11 @@ class TextEnv(gym.Env[str, str]):
             return None
         return self._action_lookup.get(text.strip().lower())
 
+    def optimal_solution_length(self) -> int | None:
+        """Fewest actions that solve the current state, where the environment can compute it (None otherwise).
+        Held-out success is reported per optimal length with it (``rllib_ragen.held_out``)."""
+        return None
+
     def describe(self) -> str:
         """Instructions, the symbol legend and the action list: everything an agent needs before turn one."""
         parts = [self.instructions.strip()]

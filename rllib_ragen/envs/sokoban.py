@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from .base import TextEnv
-from .sokoban_levels import ACTION_NAMES, SYMBOL_SETS, SokobanLevel, generate_level, move_offsets
+from .sokoban_levels import ACTION_NAMES, SYMBOL_SETS, SokobanLevel, generate_level, move_offsets, solve_level
 _MEANINGS = {"wall": "wall", "floor": "empty floor", "target": "target", "box": "box",
              "box_on_target": "box on target", "player": "you", "player_on_target": "you on a target"}
 
@@ -92,6 +92,12 @@ class SokobanEnv(TextEnv):
         elif level.dim != self.dim:
             raise ValueError(f"options['level'] is {level.dim}x{level.dim} but this env was made with dim={self.dim}.")
         self.level, self.boxes, self.player = level, set(level.boxes), level.player
+
+    def optimal_solution_length(self) -> int | None:
+        """Moves of the fewest-moves solution from the current position (the solver's BFS); None if unsolvable."""
+        current = SokobanLevel(self.dim, self.level.floor, self.level.targets, frozenset(self.boxes), self.player)
+        solution = solve_level(current)
+        return None if solution is None else len(solution)
 
     def _apply(self, action_index: int) -> tuple[float, bool, bool]:
         shaped, effective = self._move(action_index)

@@ -17,5 +17,6 @@ __all__ = [
     "compute_bi_level_gae", "compute_gae", "compute_gigpo_step_advantages", "compute_group_advantages",
     "compute_turn_gae", "entropy_from_logits", "explained_variance", "kl_penalty", "masked_whiten",
     "num_kept_groups", "place_rewards", "policy_loss", "register_advantage_estimator", "select_groups",
-    "token_logprobs_and_entropy", "token_logprobs", "truncated_importance_weights", "turn_end_mask", "turn_index", "value_loss",
+    "token_logprobs_and_entropy", "token_logprobs", "truncated_importance_weights", "turn_end_mask", "turn_index",
+    "value_loss",
 ]

@@ -136,7 +136,8 @@ class VLLMEngine:
         self.stats["weight_loads"] += 1
         return time.perf_counter() - t0
 
-    def load_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], version: int | None = None) -> float:
+    def load_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor],
+                     version: int | None = None) -> float:
         """Serve a new LoRA adapter (``rollout.lora.adapter_files``' output) on the unchanged base weights; returns
         the seconds. The files go to this engine's own temporary folder: on a cluster, no shared disk is needed."""
         import shutil

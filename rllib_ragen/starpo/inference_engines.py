@@ -63,7 +63,8 @@ class RemoteEngine:
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> float:
         return ray.get(self.actor.load_weights.remote(state_dict, version))
 
-    def load_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], version: int | None = None) -> float:
+    def load_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor],
+                     version: int | None = None) -> float:
         return ray.get(self.actor.load_adapter.remote(config, tensors, version))
 
     def get_stats(self) -> dict[str, Any]:
@@ -87,7 +88,8 @@ class EngineActors:
         ray.get([actor.load_weights.remote(ref, version) for actor in self.actors])
         return time.perf_counter() - t0
 
-    def load_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor], version: int | None = None) -> float:
+    def load_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor],
+                     version: int | None = None) -> float:
         """Serve a new LoRA adapter on every engine from one object-store copy; returns the seconds."""
         t0 = time.perf_counter()
         ref = ray.put(tensors)

@@ -240,12 +240,26 @@ class StarPO(Algorithm):
         returns its metrics, which are also logged like the scheduled ones."""
         return self._validate(self.iteration)
 
+    def play_validation_states(self, temperature: float) -> list[Trajectory]:
+        """The fixed validation states played by the current policy at ``temperature`` (0: greedy), with the
+        validation's sampling seed; nothing is logged. The main jobs pair greedy outcomes before and after RL."""
+        config = self.config
+        self._runners_on_current_weights()
+        sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
+        trajectories, _ = self._rollout(self.seed_schedule.validation(config.validation_size),
+                                        config.validation_group_size, sampling, self._sample_seed("validation", 0))
+        return trajectories
+
+    def _runners_on_current_weights(self) -> None:
+        """Off-policy: let the runners finish the rollout in flight, then give them the learner's weights."""
+        if self._pending is not None:
+            self._collect_pending_rollout()
+            self._sync_rollout_weights()
+
     def _validate(self, iteration: int) -> dict[str, float]:
         """Play the fixed validation set at the validation temperature; metrics under ``evaluation/env_runners``."""
         config = self.config
-        if self._pending is not None:  # off-policy: the runners finish the next rollout, then get the new weights
-            self._collect_pending_rollout()
-            self._sync_rollout_weights()
+        self._runners_on_current_weights()
         trajectories, results = self._rollout(self.seed_schedule.validation(config.validation_size),
                                               config.validation_group_size, config.sampling_params(validation=True),
                                               self._sample_seed("validation", 0))

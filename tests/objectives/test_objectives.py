@@ -168,8 +168,9 @@ def test_truncated_importance_weights_by_hand():
     # Weighting the advantage weights the clipped surrogate, dual clip included: w > 0 passes through min and max.
     logp = torch.tensor([[-0.8, -0.1, -2.6, -3.0]])
     advantages = torch.tensor([[1.0, -2.0, -1.0, 5.0]])
-    weighted, _ = policy_loss(logp, proximal, advantages * weights, mask, clip_low=0.2, clip_high=0.28, dual_clip=3.0,
-                              aggregation="seq-mean-token-sum")
+    weighted, _ = policy_loss(logp, proximal, advantages * weights, mask, clip_low=0.2, clip_high=0.28,
+                              dual_clip=3.0, aggregation="seq-mean-token-sum")
     per_token = [policy_loss(logp[:, i:i + 1], proximal[:, i:i + 1], advantages[:, i:i + 1], mask[:, i:i + 1],
-                             clip_low=0.2, clip_high=0.28, dual_clip=3.0, aggregation="seq-mean-token-sum")[0] for i in range(3)]
+                             clip_low=0.2, clip_high=0.28, dual_clip=3.0, aggregation="seq-mean-token-sum")[0]
+                 for i in range(3)]
     assert torch.allclose(weighted, sum(w * loss for w, loss in zip(weights[0, :3], per_token)))
