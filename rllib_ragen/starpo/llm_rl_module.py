@@ -69,9 +69,9 @@ class ValueModel(torch.nn.Module):
 class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     """A Hugging Face causal LM as an RLlib module.
 
-    ``model_config`` keys: ``model``, ``dtype``, ``seed``, ``critic``, ``lora`` (see ``DEFAULT_MODEL_CONFIG``), plus what
-    the algorithm config adds itself: ``value_function`` (build a critic) and ``temperature`` (log-probs are
-    those of ``softmax(logits / temperature)``, the distribution the rollout sampled from).
+    ``model_config`` keys: ``model``, ``dtype``, ``seed``, ``critic``, ``lora`` (see ``DEFAULT_MODEL_CONFIG``),
+    plus what the algorithm config adds itself: ``value_function`` (build a critic) and ``temperature`` (log-probs
+    are those of ``softmax(logits / temperature)``, the distribution the rollout sampled from).
     """
 
     @override(TorchRLModule)
