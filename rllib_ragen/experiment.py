@@ -305,7 +305,9 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool) 
     if config.validation_interval:
         steps.append(f"validation on {config.validation_size} held-out states every {config.validation_interval} "
                      "iterations and after the last")
-    estimate = f"; about {job.expected_minutes:g} min on a 2-core CPU" if job.expected_minutes else ""
+    # Measured with the job's defaults: flags (another model, more iterations) can change it a lot.
+    estimate = (f"; with its default settings this job takes about {job.expected_minutes:g} min on a 2-core CPU"
+                if job.expected_minutes else "")
     print(f"plan: {', '.join(steps)}{estimate}", flush=True)
     rules = [as_rule(r) for r in config.sentinel_rules]
     if rules:
