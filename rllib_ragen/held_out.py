@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import gymnasium as gym
+from .envs import make_text_env
 
 
 def initial_states(env_id, env_config: dict, seeds: Iterable[int],
                    solution_lengths: bool = False) -> dict[int, tuple[str, int | None]]:
     """``{seed: (initial state key, optimal solution length)}``; the length is None unless ``solution_lengths``
     (solving costs far more than resetting) or where the environment cannot compute it."""
-    env = gym.make(env_id, **env_config) if isinstance(env_id, str) else env_id(**env_config)
+    env = make_text_env(env_id, **env_config)
     out = {}
     for seed in seeds:
         env.reset(seed=int(seed))
