@@ -16,6 +16,7 @@ would make the learner's first ratio differ from 1.
 from __future__ import annotations
 
 import importlib.util
+import math
 from typing import Any
 
 import torch
@@ -51,8 +52,8 @@ def lora_settings(lora: dict[str, Any] | None) -> dict[str, Any] | None:
         if not isinstance(value, types) or isinstance(value, bool):
             raise ValueError(f"model_config['lora'][{key!r}] = {value!r} has the wrong type; the default is "
                              f"{LORA_DEFAULTS[key]!r}.")
-    if settings["r"] < 1 or settings["alpha"] <= 0:
-        raise ValueError(f"model_config['lora'] needs r >= 1 and alpha > 0, got r={settings['r']}, "
+    if settings["r"] < 1 or not math.isfinite(settings["alpha"]) or settings["alpha"] <= 0:
+        raise ValueError(f"model_config['lora'] needs r >= 1 and a finite alpha > 0, got r={settings['r']}, "
                          f"alpha={settings['alpha']}.")
     if isinstance(settings["target_modules"], tuple):
         settings["target_modules"] = list(settings["target_modules"])

@@ -57,7 +57,8 @@ def test_merged_weights_are_the_base_plus_scaled_b_times_a():
 
 def test_lora_settings_are_checked_by_name_at_validate(small_config):
     for lora, words in (({"rank": 8}, "unknown keys ['rank']"), ({"r": 0}, "r >= 1"),
-                        ({"r": 8, "dropout": 0.1}, "dropout is fixed at 0"), ({"alpha": "16"}, "['alpha']")):
+                        ({"r": 8, "dropout": 0.1}, "dropout is fixed at 0"), ({"alpha": "16"}, "['alpha']"),
+                        ({"alpha": float("inf")}, "a finite alpha > 0")):
         config = small_config().rl_module(model_config={"model": "tiny", "lora": lora})
         with pytest.raises(ValueError, match="model_config\\['lora'\\]") as error:
             config.validate()
