@@ -28,7 +28,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from rllib_ragen.experiment import warm_start  # noqa: E402
-from rllib_ragen.experiment_outputs import outcomes_by_state  # noqa: E402
+from rllib_ragen.experiment_outputs import trajectory_outcomes  # noqa: E402
 from rllib_ragen.paired_stats import paired_comparison  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -70,7 +70,7 @@ def train(config, iterations: int) -> dict:
 
 def outcomes(algo) -> dict[str, float]:
     algo.evaluate_validation_set()
-    return outcomes_by_state((t.seed, t.success) for t in algo.last_validation)
+    return trajectory_outcomes(algo.last_validation)
 
 
 def main() -> None:

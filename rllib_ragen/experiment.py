@@ -44,7 +44,7 @@ from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_G
                                  VALIDATED_AT, VALIDATION, TensorBoardLog,
                                  check_output_paths, check_resume, close_run_log, keep_notices_off_the_console,
                                  keep_rollouts_up_to, plot_learning_curve, read_csv, read_outcomes, resolve_run_folder,
-                                 send_notices_to, start_run_folder, trailing_mean, write_csv, write_rollouts,
+                                 send_notices_to, start_run_folder, state_of, trailing_mean, write_csv, write_rollouts,
                                  write_text_atomically)
 from .held_out import initial_states
 from .paired_stats import PairedComparison, paired_by_subset, paired_comparison
@@ -159,8 +159,8 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             # kept for the paired comparison and the viewer
             write_rollouts(out / BEFORE_ROLLOUTS, algo.last_validation, algo.tokenizer)
             write_rollouts(out / BEFORE_GREEDY_ROLLOUTS, algo.play_validation_states(0.0), algo.tokenizer)
-            print(f"before RL: validation success {_validation_success(before, config.env):.3f} on "
-                  f"{config.validation_size} held-out states ({clock.validation_s:.0f} s)", flush=True)
+            print(f"before RL: validation success {_validation_summary(before, config)} ({clock.validation_s:.0f} s)",
+                  flush=True)
         while algo.iteration < job.iterations:
             t0 = time.perf_counter()
             result = algo.train()
@@ -171,11 +171,10 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
                 _keep_training_sample(algo, out / TRAINING_ROLLOUTS)
             validated = _keep_validation(row, validations)
             clock.record(time.perf_counter() - t0, validated)
-            _print_progress(config.env, job.iterations, rows, clock)
+            _print_progress(config.env_name, job.iterations, rows, clock)
             if validated:
-                print(f"  validation at iteration {algo.iteration}: success "
-                      f"{_validation_success(validations[-1], config.env):.3f} (before RL "
-                      f"{_validation_success(validations[0], config.env):.3f})", flush=True)
+                print(f"  validation at iteration {algo.iteration}: success {_validation_summary(validations[-1], config)} "
+                      f"(before RL {_validation_summary(validations[0], config, counts=False)})", flush=True)
             write_csv(out / "metrics.csv", rows)
             # Rows between validations repeat the last validation's numbers: TensorBoard gets them once, at the
             # iteration they were measured.
@@ -205,18 +204,22 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     summary = _summary(config, base_model, rows, validations, time.perf_counter() - t_start)
     summary["success_gain"] = summary["after"][M.SUCCESS] - summary["before"][M.SUCCESS]
     summary["passed"] = bool(summary["success_gain"] >= job.pass_bar)
-    summary["paired"] = _paired(out, BEFORE_ROLLOUTS, AFTER_ROLLOUTS)
-    summary["paired_greedy"] = _paired(out, BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS)
-    trained_seeds = range(config.train_seed_start, algo.seed_schedule.next_train)
-    demonstrations = range(DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + job.warm_start_episodes) \
-        if warm_started else range(0)
-    summary["held_out"] = _held_out(config, out, [*trained_seeds, *demonstrations])
+    first = {config.env_name} if config.is_mixture else None  # the table's environment; by_env has the others
+    summary["paired"] = _paired(out, SAMPLED_AND_GREEDY["sampled"], first)
+    summary["paired_greedy"] = _paired(out, SAMPLED_AND_GREEDY["greedy"], first)
+    if config.is_mixture:
+        summary["by_env"] = {e.name: {mode: _paired(out, files, {e.name}) for mode, files in SAMPLED_AND_GREEDY.items()}
+                             for e in config.validation_environments()}
+    trained = trained_seeds_by_env(config, algo.seed_schedule.next_train)
+    if warm_started:  # demonstrations play the first training environment (config.env)
+        trained[config.env_name] += range(DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + job.warm_start_episodes)
+    summary["held_out"] = _held_out(config, out, trained)
     summary["sentinel_firings"] = [dataclasses.asdict(f) for f in algo.sentinel.firings]
     summary["run_dir"] = str(out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    title = (f"{config.env} | model {pathlib.Path(str(base_model)).name} | seed {config.seed} | "
+    title = (f"{config.env_name} | model {pathlib.Path(str(base_model)).name} | seed {config.seed} | "
              f"{summary['iterations']} iterations")
-    plot_learning_curve(out / "learning_curve.png", rows, validations, config.env, title,
+    plot_learning_curve(out / "learning_curve.png", rows, validations, config.env_name, title,
                         {"warm start": summary["before"][M.SUCCESS], **reference_lines})
     _print_table(summary, config)
     _print_paired(summary, config)
@@ -244,36 +247,58 @@ def _record_firings(algo, out: pathlib.Path) -> None:
                               json.dumps([dataclasses.asdict(f) for f in algo.sentinel.firings], indent=2))
 
 
-def _outcome_pair(out: pathlib.Path, before_file: str, after_file: str) -> tuple[dict, dict] | None:
-    """Each held-out state's success before and after RL; None without both files or with different states."""
-    if not (out / before_file).is_file() or not (out / after_file).is_file():
+SAMPLED_AND_GREEDY = {"sampled": (BEFORE_ROLLOUTS, AFTER_ROLLOUTS),
+                     "greedy": (BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS)}
+
+
+def _outcome_pair(out: pathlib.Path, files: tuple[str, str], envs: set[str] | None = None) -> tuple[dict, dict] | None:
+    """Each held-out state's success before and after RL (``files``), of the environments named ``envs`` (None:
+    all); None without both files, with different states, or with fewer than two."""
+    if not all((out / name).is_file() for name in files):
         return None
-    before, after = read_outcomes(out / before_file), read_outcomes(out / after_file)
+    before, after = (read_outcomes(out / name) for name in files)
+    if envs is not None:
+        before, after = ({k: v for k, v in outcomes.items() if state_of(k)[0] in envs} for outcomes in (before, after))
     if before.keys() != after.keys() or len(before) < 2:
         return None  # e.g. a resumed run whose validation settings changed: not the same states
     return before, after
 
 
-def _paired(out: pathlib.Path, before_file: str, after_file: str) -> dict | None:
+def _paired(out: pathlib.Path, files: tuple[str, str], envs: set[str] | None = None) -> dict | None:
     """The paired comparison (``paired_stats``) of two validation files of the run; None as ``_outcome_pair``."""
-    pair = _outcome_pair(out, before_file, after_file)
+    pair = _outcome_pair(out, files, envs)
     return None if pair is None else paired_comparison(*pair).as_dict()
 
 
-def _held_out(config, out: pathlib.Path, training_seeds: list[int]) -> dict | None:
-    """Held-out success split by whether training ever showed the state, and by its optimal solution length
-    (where the environment computes one), sampled and greedy (``held_out.py``)."""
-    pairs = {name: _outcome_pair(out, *files) for name, files in (
-        ("sampled", (BEFORE_ROLLOUTS, AFTER_ROLLOUTS)), ("greedy", (BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS)))}
-    pairs = {name: pair for name, pair in pairs.items() if pair is not None}
+def trained_seeds_by_env(config, next_train: int) -> dict[str, list[int]]:
+    """The seeds each training environment was reset with, training seeds ``train_seed_start`` to ``next_train``
+    (the algorithm's seed schedule), ``num_groups`` per step, shared out as ``config.training_starts`` does."""
+    seeds = list(range(config.train_seed_start, next_train))
+    by_env: dict[str, list[int]] = {e.name: [] for e in config.training_environments()}
+    for step in range(0, len(seeds), config.num_groups):
+        for start in config.training_starts(seeds[step:step + config.num_groups]):
+            name, seed = start if isinstance(start, tuple) else (config.env_name, start)
+            by_env[name].append(seed)
+    return by_env
+
+
+def _held_out(config, out: pathlib.Path, trained: dict[str, list[int]]) -> dict | None:
+    """Held-out success on the first training environment's validation states, split by whether training ever
+    showed the state and by its optimal solution length (where the environment computes one), sampled and
+    greedy (``held_out.py``). A validation environment counts as the training one when it builds the same
+    environment with the same arguments, whatever its name."""
+    first = config.training_environments()[0]
+    names = {e.name for e in config.validation_environments() if (e.env, e.env_config) == (first.env, first.env_config)}
+    pairs = {mode: _outcome_pair(out, files, names) for mode, files in SAMPLED_AND_GREEDY.items()}
+    pairs = {mode: pair for mode, pair in pairs.items() if pair is not None}
     if not pairs:
         return None
-    states = next(iter(pairs.values()))[0].keys()  # "seed/k": the k-th episode of that seed
-    seed_of = {state: int(state.split("/")[0]) for state in states}
-    described = initial_states(config.env, dict(config.env_config), set(seed_of.values()), solution_lengths=True)
-    seen = {key for key, _ in initial_states(config.env, dict(config.env_config), training_seeds).values()}
+    states = next(iter(pairs.values()))[0].keys()
+    seed_of = {state: state_of(state)[1] for state in states}
+    described = initial_states(first.env, first.env_config, set(seed_of.values()), solution_lengths=True)
+    seen = {key for key, _ in initial_states(first.env, first.env_config, trained[first.name]).values()}
     seen_label = {s: "seen in training" if described[seed_of[s]][0] in seen else "unseen" for s in states}
-    result = {"training_states": len(seen),
+    result = {"env": first.name, "training_states": len(seen),
               "unseen_states": sum(label == "unseen" for label in seen_label.values()),
               "by_seen": {name: paired_by_subset(*pair, seen_label) for name, pair in pairs.items()}}
     lengths = {s: described[seed_of[s]][1] for s in states}
@@ -282,11 +307,26 @@ def _held_out(config, out: pathlib.Path, training_seeds: list[int]) -> dict | No
     return result
 
 
+def _validation_summary(row: dict, config, counts: bool = True) -> str:
+    """Validation success in a row: ``"0.172 on 256 held-out states"``, or per environment for a mixture."""
+    entries = config.validation_environments()
+    if not config.is_mixture:
+        return f"{_validation_success(row, entries[0].name):.3f}" + f" on {entries[0].count} held-out states" * counts
+    return "; ".join(f"{e.name} {_validation_success(row, e.name):.3f}" + f" ({e.count} states)" * counts
+                     for e in entries)
+
+
 def _print_paired(summary: dict, config) -> None:
     """The paired before/after lines of the final table: sampled, greedy, unseen states, by solution length."""
     for key, label in (("paired", f"paired, T={config.validation_temperature:g}"), ("paired_greedy", "paired, greedy")):
         if summary.get(key):
             print(f"{label:28s}{PairedComparison(**summary[key]).describe()}")
+    if summary.get("by_env"):
+        print("validation environments, paired before -> after:")
+        for env, comparisons in summary["by_env"].items():
+            for mode, comparison in comparisons.items():
+                if comparison:
+                    print(f"  {env:40s}{mode:9s}{PairedComparison(**comparison).describe()}")
     held_out = summary.get("held_out") or {}
     for name, subsets in held_out.get("by_seen", {}).items():
         if isinstance(subsets.get("unseen"), dict) and "p_value" in subsets["unseen"]:
@@ -301,9 +341,13 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool) 
     steps = []
     if warm_starts and job.warm_start_steps > 0 and job.warm_start_episodes > 0 and not job.resume:
         steps.append(f"warm start {job.warm_start_steps} steps on {job.warm_start_episodes} demonstrations")
-    steps.append(f"{job.iterations} StarPO iterations of {config.num_groups} x {config.group_size} episodes")
+    groups = " + ".join(f"{e.count} {e.name}" for e in config.training_environments()) \
+        if config.train_envs else f"{config.num_groups}"
+    steps.append(f"{job.iterations} StarPO iterations of {groups} groups x {config.group_size} episodes")
     if config.validation_interval:
-        steps.append(f"validation on {config.validation_size} held-out states every {config.validation_interval} "
+        states = ", ".join(f"{e.count} of {e.name}" for e in config.validation_environments()) \
+            if config.is_mixture else f"{config.validation_size}"
+        steps.append(f"validation on {states} held-out states every {config.validation_interval} "
                      "iterations and after the last")
     # Measured with the job's defaults: flags (another model, more iterations) can change it a lot.
     estimate = (f"; with its default settings this job takes about {job.expected_minutes:g} min on a 2-core CPU"
@@ -393,14 +437,14 @@ def _print_progress(env: str, iterations: int, rows: list[dict], clock: _Clock) 
 
 def _summary(config, base_model: str, rows: list[dict], validations: list[dict], wall_s: float) -> dict:
     def val(index: int, name: str) -> float:
-        return validations[index].get(VALIDATION + M.env_metric(config.env, name), math.nan) if validations else math.nan
+        return validations[index].get(VALIDATION + M.env_metric(config.env_name, name), math.nan) if validations else math.nan
 
     pooled = TRAINING + M.POOLED + "/"
     generated = sum(r.get(pooled + M.RESPONSE_TOKENS_PER_TURN, 0) * r.get(pooled + M.NUM_TURNS, 0)
                     * r.get(pooled + M.NUM_TRAJECTORIES, 0) for r in rows)
     generate_s = sum(r.get(TRAINING + M.TIME_GENERATE, 0) for r in rows)
     return {
-        "env": config.env, "model": base_model, "iterations": len(rows),
+        "env": config.env_name, "model": base_model, "iterations": len(rows),
         "validation_episodes": int(val(0, M.NUM_TRAJECTORIES)) if validations else 0,
         "validation_temperature": config.validation_temperature,
         "before": {n: val(0, n) for n in SUMMARY_METRICS}, "after": {n: val(-1, n) for n in SUMMARY_METRICS},

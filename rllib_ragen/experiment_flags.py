@@ -96,6 +96,14 @@ REFERENCE_GPU_JOB = {"iterations": 200, "warm_start_steps": 0}
 
 # RLlib's own fields (and the model's) that a job sets: flag -> (config setter, argument, help).
 RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
+    # The mixtures come before --env: train_envs sets env to its first entry, and a different --env is then refused.
+    "train_envs": ("environment", "train_envs", "train on several environments at once, as JSON: '[{\"env\": "
+                                                "\"rllib_ragen/Sokoban-v0\", \"groups\": 6}, {\"env\": "
+                                                "\"rllib_ragen/FrozenLake-v0\", \"groups\": 2}]' (groups add up to "
+                                                "num_groups; null: env alone)"),
+    "validation_envs": ("environment", "validation_envs", "validate on these environments, as JSON: "
+                                                          "'[{\"env\": \"rllib_ragen/FrozenLake-v0\", \"states\": 64}]' "
+                                                          "(null: the training ones)"),
     "env": ("environment", "env", "registered text-environment id"),
     "env_config": ("environment", "env_config", "environment constructor arguments as JSON, e.g. "
                                                 "'{\"reward\": \"success\"}'"),

@@ -292,25 +292,35 @@ def episode_turns(t: Trajectory, tokenizer, advantages: list[float] | None = Non
 
 
 def outcomes_by_state(episodes) -> dict[str, float]:
-    """Success per validation episode, keyed ``"<seed>/<k>"`` (the k-th episode of that seed, so several
-    episodes per state never overwrite one another): what a paired comparison pairs. ``episodes`` yields
-    ``(seed, success)``."""
+    """Success per validation episode, keyed ``"<env>:<seed>/<k>"`` (the k-th episode of that environment's seed,
+    so several episodes per state never overwrite one another, nor do two environments' same seed): what a paired
+    comparison pairs. String keys, so the outcomes are JSON. ``episodes`` yields ``(env name, seed, success)``."""
     outcomes, seen = {}, {}
-    for seed, success in episodes:
-        k = seen[seed] = seen.get(seed, -1) + 1
-        outcomes[f"{seed}/{k}"] = float(success)
+    for env, seed, success in episodes:
+        k = seen[env, seed] = seen.get((env, seed), -1) + 1
+        outcomes[f"{env}:{int(seed)}/{k}"] = float(success)
     return outcomes
+
+
+def state_of(outcome_key: str) -> tuple[str, int]:
+    """The ``(env name, seed)`` of an :func:`outcomes_by_state` key."""
+    env, episode = outcome_key.rsplit(":", 1)
+    return env, int(episode.split("/")[0])
+
+
+def trajectory_outcomes(trajectories) -> dict[str, float]:
+    """:func:`outcomes_by_state` of played trajectories."""
+    return outcomes_by_state((t.env_name, t.seed, t.success) for t in trajectories)
 
 
 def read_outcomes(path: pathlib.Path) -> dict[str, float]:
     """:func:`outcomes_by_state` of a rollouts file written by :func:`write_rollouts`."""
     import pyarrow.parquet as pq
 
-    records = pq.read_table(path, columns=["seed", "success"]).to_pylist()
-    return outcomes_by_state((r["seed"], r["success"]) for r in records)
+    records = pq.read_table(path, columns=["env", "seed", "success"]).to_pylist()
+    return outcomes_by_state((r["env"], r["seed"], r["success"]) for r in records)
 
 
-# ---- the learning curve -----------------------------------------------------------------------------------------
 def trailing_mean(values: list[float], window: int) -> list[float]:
     """Mean of the last ``window`` finite values up to each point (NaN until one exists)."""
     out = []

@@ -67,7 +67,9 @@ def build_page(run_dir: pathlib.Path) -> str:
     rows = read_csv(run_dir / "metrics.csv", up_to=math.inf) if (run_dir / "metrics.csv").is_file() else []
     firings = json.loads((run_dir / SENTINEL_FILE).read_text()) if (run_dir / SENTINEL_FILE).is_file() else []
     run_config = json.loads((run_dir / RUN_CONFIG).read_text()) if (run_dir / RUN_CONFIG).is_file() else {}
-    env = str(run_config.get("config", {}).get("env", episodes[0]["env"]))
+    recorded = run_config.get("config", {})
+    first = (recorded.get("train_envs") or [{}])[0]  # a mixture's curves are its first training environment's
+    env = str(first.get("name") or first.get("env") or recorded.get("env", episodes[0]["env"]))
     title = f"{run_dir.name}: {env}"
     data = json.dumps({"episodes": episodes}, allow_nan=False, default=_finite)
     data = data.replace("</", "<\\/")  # a "</script>" inside an episode's text must not end the data block

@@ -36,3 +36,34 @@ def make_small_config(env="rllib_ragen/Sokoban-v0", **training):
     knobs.update(training)
     return (StarPOConfig().environment(env).rl_module(model_config={"model": "tiny"}).training(**knobs)
             .debugging(seed=7))
+
+
+@pytest.fixture
+def resumed_after_one_iteration():
+    return restore_after_one_iteration
+
+
+def restore_after_one_iteration(build, directory):
+    """``build()`` an algorithm, train one iteration, checkpoint it under ``directory`` and return the algorithm
+    restored from that checkpoint (the caller stops it): the first half of every exact-resume test."""
+    from rllib_ragen import StarPO
+
+    first = build()
+    try:
+        first.train()
+        checkpoint = first.save_to_path(directory / "checkpoint")
+    finally:
+        first.stop()
+    return StarPO.from_checkpoint(checkpoint)
+
+
+def learner_module_state(algo) -> dict:
+    """A copy of the local learner's module state (policy and critic): compared bit for bit after a resume."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    return {k: v.clone() for k, v in algo.learner_group._learner.module[DEFAULT_MODULE_ID].get_state().items()}
+
+
+@pytest.fixture
+def learner_state():
+    return learner_module_state

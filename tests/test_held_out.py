@@ -33,3 +33,17 @@ def test_initial_states_match_across_seeds_that_draw_the_same_level():
     assert 0 < len(seen) < len(states)
     # FrozenLake has no solver here: lengths stay None.
     assert {length for _, length in initial_states("rllib_ragen/FrozenLake-v0", {}, [1, 2], True).values()} == {None}
+
+
+def test_the_seeds_each_training_environment_saw_are_read_off_the_schedule():
+    from rllib_ragen import StarPOConfig
+    from rllib_ragen.experiment import trained_seeds_by_env
+
+    # Two steps of 3 groups: Sokoban takes the first 2 seeds of each step, FrozenLake the third.
+    mixture = StarPOConfig().environment(train_envs=[{"env": "rllib_ragen/Sokoban-v0", "groups": 2},
+                                                     {"env": "rllib_ragen/FrozenLake-v0", "groups": 1}])
+    mixture.training(num_groups=3, train_seed_start=100)
+    assert trained_seeds_by_env(mixture, next_train=106) == {"rllib_ragen/Sokoban-v0": [100, 101, 103, 104],
+                                                             "rllib_ragen/FrozenLake-v0": [102, 105]}
+    single = StarPOConfig().training(num_groups=3, train_seed_start=100)
+    assert trained_seeds_by_env(single, next_train=106) == {"rllib_ragen/Sokoban-v0": list(range(100, 106))}

@@ -39,12 +39,14 @@ def test_states_must_match():
 
 
 def test_several_episodes_of_one_state_are_paired_one_by_one_never_overwritten():
-    from rllib_ragen.experiment_outputs import outcomes_by_state
+    from rllib_ragen.experiment_outputs import outcomes_by_state, state_of
 
     # validation_group_size=2: two episodes per state; keyed by seed alone the second would replace the first.
-    before = outcomes_by_state([(123, 0.0), (123, 1.0), (124, 0.0), (124, 0.0)])
-    after = outcomes_by_state([(123, 1.0), (123, 1.0), (124, 0.0), (124, 1.0)])
-    assert before == {"123/0": 0.0, "123/1": 1.0, "124/0": 0.0, "124/1": 0.0}
+    # Two environments share seed 123 in a mixture: keyed by seed alone they would overwrite one another too.
+    before = outcomes_by_state([("a/S-v0", 123, 0.0), ("a/S-v0", 123, 1.0), ("a/S-v0", 124, 0.0), ("F", 123, 0.0)])
+    after = outcomes_by_state([("a/S-v0", 123, 1.0), ("a/S-v0", 123, 1.0), ("a/S-v0", 124, 0.0), ("F", 123, 1.0)])
+    assert before == {"a/S-v0:123/0": 0.0, "a/S-v0:123/1": 1.0, "a/S-v0:124/0": 0.0, "F:123/0": 0.0}
+    assert state_of("a/S-v0:123/1") == ("a/S-v0", 123)
     result = paired_comparison(before, after)
     assert (result.n, result.improved, result.worsened) == (4, 2, 0)
 

@@ -111,7 +111,7 @@ def test_the_job_file_shown_in_the_readme_is_the_bandit_job():
     exec(compile(block, "README job file", "exec"), shown)  # defines config and job; does not run
     real = runpy.run_path(str(README.parent / "tuned_examples" / "starpo_bandit.py"), run_name="imported")
     assert shown["job"] == real["job"]
-    knobs = ("env", "num_groups", "group_size", "rollout_filter_ratio", "lr", "critic_lr", "max_turns",
+    knobs = ("env", "validation_envs", "num_groups", "group_size", "rollout_filter_ratio", "lr", "critic_lr", "max_turns",
              "max_new_tokens_per_turn", "validation_size", "validation_interval", "seed")
     assert {k: getattr(shown["config"], k) for k in knobs} == {k: getattr(real["config"], k) for k in knobs}
 
@@ -135,3 +135,9 @@ def test_lora_example_trains_adapters_and_exports_a_plain_model(ray_session, tmp
     assert _run_block("<!-- lora-example", {}).strip() == "0.0"
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "outputs/readme_lora/policy")
     assert not any("lora" in name for name, _ in exported.named_parameters())
+
+
+@pytest.mark.slow
+def test_mixture_example_trains_on_two_environments_and_validates_on_three(ray_session):
+    printed = _run_block("<!-- mixture-example", {})
+    assert printed.split() == ["4.0", "2.0", "4.0"]

@@ -51,19 +51,20 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["run_dir"] == str(run)
     assert summary["validated_at"] == [0, 2] and summary["validation_episodes"] == 8
-    rollouts = pq.read_table(run / "validation_rollouts.parquet").to_pylist()
+    env = summary["env"]  # a job that also validates on other environments (the bandit's variants) pairs each
+    rollouts = [r for r in pq.read_table(run / "validation_rollouts.parquet").to_pylist() if r["env"] == env]
     assert len(rollouts) == 8 and all(r["text"] and r["num_turns"] >= 1 for r in rollouts)
     # "after" is the trained policy's score on exactly the saved validation episodes; "before" is iteration 0's.
     assert summary["after"]["success"] == sum(r["success"] for r in rollouts) / 8
     # The warm start's episodes are kept too, and each state is paired with itself after RL.
-    before_rollouts = pq.read_table(run / "validation_before.parquet").to_pylist()
+    before_rollouts = [r for r in pq.read_table(run / "validation_before.parquet").to_pylist() if r["env"] == env]
     assert sorted(r["seed"] for r in before_rollouts) == sorted(r["seed"] for r in rollouts)
     paired = summary["paired"]
     assert paired["n"] == 8 and paired["before"] == summary["before"]["success"]
     assert paired["after"] == summary["after"]["success"] and 0 <= paired["p_value"] <= 1
     assert "paired, T=0.5" in done.stdout
     # The same states played greedily before and after, paired too; and split by seen/unseen in training.
-    greedy = {when: pq.read_table(run / name).to_pylist() for when, name in (
+    greedy = {when: [r for r in pq.read_table(run / name).to_pylist() if r["env"] == env] for when, name in (
         ("before", "validation_before_greedy.parquet"), ("after", "validation_greedy.parquet"))}
     assert all(sorted(r["seed"] for r in rows) == sorted(r["seed"] for r in rollouts) for rows in greedy.values())
     assert summary["paired_greedy"]["n"] == 8 and "paired, greedy" in done.stdout
@@ -72,12 +73,15 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     held_out = summary["held_out"]
     for name in ("sampled", "greedy"):
         assert sum(subset["n"] for subset in held_out["by_seen"][name].values()) == 8
+    if example == "starpo_bandit.py":  # the variants beside the training bandit, each paired
+        assert list(summary["by_env"]) == ["rllib_ragen/Bandit-v0", "rllib_ragen/BanditHeldOut-v0",
+                                           "rllib_ragen/BanditReversed-v0"]
+        assert all(c["sampled"]["n"] == c["greedy"]["n"] == 8 for c in summary["by_env"].values())
     if example == "starpo_sokoban.py":  # success by optimal solution length covers every state once
         lengths = held_out["by_solution_length"]["greedy"]
         assert sum(c["n"] for c in lengths.values()) == 8 and all(int(length) >= 1 for length in lengths)
     with open(run / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    env = summary["env"]
     assert summary["before"]["success"] == float(rows[0][f"evaluation/env_runners/{env}/success"])
     bar = job_file(example)["job"].pass_bar
     assert summary["passed"] == (summary["success_gain"] >= bar)  # the job's pass bar, applied and recorded
@@ -106,6 +110,33 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     assert any(turn["advantages"] is not None for r in sample for turn in r["turns"])
     page = (run / "rollouts.html").read_text()
     assert '"source": "training"' in page and '"source": "validation after RL"' in page
+
+
+@pytest.mark.slow
+def test_generalization_study_validates_each_environment_and_pairs_each_one(tmp_path):
+    import pyarrow.parquet as pq
+
+    done = run_example("generalization.py", *TINY_BUDGET, "--output-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = (tmp_path / "latest").resolve()
+    summary = json.loads((run / "summary.json").read_text())
+    names = ["rllib_ragen/Sokoban-v0", "rllib_ragen/SokobanAltSymbols-v0", "rllib_ragen/Sokoban8x8TwoBoxes-v0",
+             "rllib_ragen/FrozenLake-v0"]
+    assert list(summary["by_env"]) == names  # in the job's order
+    with open(run / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    after = pq.read_table(run / "validation_rollouts.parquet").to_pylist()
+    for name in names:  # 8 held-out states of each, paired with themselves, sampled and greedy
+        sampled, greedy = summary["by_env"][name]["sampled"], summary["by_env"][name]["greedy"]
+        assert sampled["n"] == greedy["n"] == 8 and 0 <= sampled["p_value"] <= 1
+        assert sampled["before"] == float(rows[0][f"evaluation/env_runners/{name}/success"])
+        assert sampled["after"] == sum(r["success"] for r in after if r["env"] == name) / 8
+        assert f"  {name}" in done.stdout
+    # Training played Sokoban alone; the table, the paired lines and the held-out split are Sokoban's.
+    assert not any(key.startswith("env_runners/rllib_ragen/FrozenLake") for key in rows[0])
+    assert summary["env"] == names[0] and summary["paired"] == summary["by_env"][names[0]]["sampled"]
+    assert summary["held_out"]["env"] == names[0]
+    assert sum(subset["n"] for subset in summary["held_out"]["by_seen"]["greedy"].values()) == 8
 
 
 def read_tensorboard_scalars(folder) -> dict[str, list[tuple[int, float]]]:

@@ -37,7 +37,7 @@ import torch
 
 from rllib_ragen import metrics as M
 from rllib_ragen.experiment import LEARNER, TRAINING, flatten_result, warm_start
-from rllib_ragen.experiment_outputs import (keep_notices_off_the_console, outcomes_by_state, send_notices_to,
+from rllib_ragen.experiment_outputs import (keep_notices_off_the_console, send_notices_to, trajectory_outcomes,
                                           write_text_atomically)
 from rllib_ragen.experiment_flags import user_model_config
 from rllib_ragen.paired_stats import paired_comparison
@@ -65,8 +65,8 @@ def study_config(env: str, validation_size: int):
 
 
 def outcomes(algo) -> dict[str, float]:
-    """Per held-out episode of the last validation (``"<seed>/<k>"``), 1.0 if it was solved."""
-    return outcomes_by_state((t.seed, t.success) for t in algo.last_validation)
+    """Per held-out episode of the last validation (``"<env>:<seed>/<k>"``), 1.0 if it was solved."""
+    return trajectory_outcomes(algo.last_validation)
 
 
 def validate(config, model: str) -> dict[str, float]:

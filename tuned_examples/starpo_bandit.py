@@ -13,7 +13,12 @@ from rllib_ragen.rollout.scripted import random_arm_policy
 
 config = (
     StarPOConfig()
-    .environment("rllib_ragen/Bandit-v0")
+    .environment("rllib_ragen/Bandit-v0",
+                 # Beside the training bandit: the same game with unseen arm names, and with the names' roles
+                 # swapped (Dragon safe, Phoenix risky). A policy that reads the description chooses the risky arm
+                 # in all three; one that learned "say Dragon" fails the reversed one.
+                 validation_envs=[{"env": "rllib_ragen/Bandit-v0"}, {"env": "rllib_ragen/BanditHeldOut-v0"},
+                                  {"env": "rllib_ragen/BanditReversed-v0"}])
     .training(num_groups=8, group_size=8, rollout_filter_ratio=1.0,  # single-turn: every group informs the update
               lr=5e-4, critic_lr=1e-3, max_turns=1, max_new_tokens_per_turn=32,
               # Raw R - V, the setting these CPU jobs were tuned and measured with (README); the library
@@ -31,4 +36,4 @@ REFERENCE_LINES = {"random arm": 0.5, "optimal policy": 1.0}
 if __name__ == "__main__":
     config, job = parse_job_args(config, job, description=__doc__.splitlines()[0])
     run_job(config, job, random_arm_policy(seed=config.seed, enable_thinking=config.enable_thinking),
-            REFERENCE_LINES if config.env == "rllib_ragen/Bandit-v0" else None)
+            REFERENCE_LINES if config.env_name == "rllib_ragen/Bandit-v0" else None)

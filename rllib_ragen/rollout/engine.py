@@ -12,7 +12,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 import numpy as np
 
@@ -31,6 +31,9 @@ class RolloutConfig:
 
     Attributes:
         env: a registered text-env id (or TextEnv subclass); env_config: its constructor arguments.
+        environments: further environments by name, ``((name, env, env_config), ...)``: a rollout's group plays
+            one of them when its start is ``(name, seed)`` instead of a bare seed (environment mixtures). Their
+            trajectories and metrics carry that name.
         max_turns: replies per episode (an environment's own ``TextEnv.max_turns`` may lower it).
         max_actions_per_turn: actions kept from one reply.
         max_actions_per_episode: actions executed per episode, over all turns.
@@ -44,6 +47,7 @@ class RolloutConfig:
 
     env: Any = "rllib_ragen/Sokoban-v0"
     env_config: dict = field(default_factory=dict)
+    environments: tuple = ()
     max_turns: int = 5
     max_actions_per_turn: int = 5
     max_actions_per_episode: int = 10
@@ -67,6 +71,7 @@ class Trajectory:
         token_regions: (T,) the part of its reply each sampled token belongs to (``protocol.REGION_THINK``,
             ``REGION_ANSWER``, else ``REGION_OTHER``, as is every token not sampled).
         turn_actions: per turn, the canonical names of the actions the environment executed.
+        env_name: the environment's name: its registered id, or its name in ``RolloutConfig.environments``.
         group: index of the group (initial state) within the rollout; seed: that state's reset seed.
     """
 
@@ -120,24 +125,29 @@ def pad_trajectories(trajectories: Sequence[Trajectory], pad_token_id: int) -> d
     return columns
 
 
+Start = Union[int, tuple[str, int]]  # a group's initial state: a seed of config.env, or (environment name, seed)
+
+
+def start_env(start: Start) -> str | None:
+    """The name of the environment a start plays (None: the rollout's ``config.env``)."""
+    return start[0] if isinstance(start, tuple) else None
+
+
+def start_seed(start: Start) -> int:
+    return int(start[1] if isinstance(start, tuple) else start)
+
+
 class SeedSchedule:
-    """Initial-state seeds: training seeds never repeat, validation seeds are a fixed set.
+    """Training initial-state seeds, which never repeat: each training rollout takes the next ``num_groups``.
+    (Validation plays a fixed set: ``StarPOConfig.validation_starts``.)"""
 
-    Args:
-        train_start: first training seed; each training rollout takes the next ``num_groups`` seeds.
-        validation_start: first validation seed (the reference uses 123...).
-    """
-
-    def __init__(self, train_start: int = 10_000, validation_start: int = 123):
-        self.next_train, self.validation_start = train_start, validation_start
+    def __init__(self, train_start: int = 10_000):
+        self.next_train = train_start
 
     def train(self, num_groups: int) -> list[int]:
         seeds = list(range(self.next_train, self.next_train + num_groups))
         self.next_train += num_groups
         return seeds
-
-    def validation(self, size: int) -> list[int]:
-        return list(range(self.validation_start, self.validation_start + size))
 
     def get_state(self) -> dict:
         return {"next_train": self.next_train}
@@ -184,12 +194,24 @@ class RolloutEngine:
         # Kept free after every reply: the longest text that can close it (a reply cut short lacks its eos).
         self.reply_reserve = len(self.chat.encode(self.chat.close))
         self._token_texts: dict[int, str] = {}
-        self._envs: list = []
+        self._named = {name: (env, dict(env_config)) for name, env, env_config in config.environments}
+        self._envs: dict[str | None, list] = defaultdict(list)  # built environments, by name (None: config.env)
 
-    def _env_pool(self, size: int) -> list:
-        while len(self._envs) < size:
-            self._envs.append(make_text_env(self.config.env, **self.config.env_config))
-        return self._envs[:size]
+    def _env_pool(self, name: str | None, size: int) -> list:
+        """``size`` environments of the one named ``name`` (None: ``config.env``), built once and reused."""
+        if name is not None and name not in self._named:
+            raise KeyError(f"no environment named {name!r} in this rollout's environments {sorted(self._named)}.")
+        env, env_config = (self.config.env, self.config.env_config) if name is None else self._named[name]
+        pool = self._envs[name]
+        while len(pool) < size:
+            pool.append(make_text_env(env, **env_config))
+        return pool[:size]
+
+    def _pools(self, starts: Sequence[Start], group_size: int) -> list:
+        """One environment per episode of ``starts``' groups, each from the pool of its start's environment."""
+        needed = Counter(start_env(start) for start in starts)
+        pools = {name: iter(self._env_pool(name, count * group_size)) for name, count in needed.items()}
+        return [next(pools[start_env(start)]) for start in starts for _ in range(group_size)]
 
     def _user_message(self, observation: str, turn: int, actions_left: int, reward: float | None) -> str:
         c = self.config
@@ -207,22 +229,23 @@ class RolloutEngine:
         """Tokens the next reply may take so that the trajectory, reply closed, fits ``max_context_tokens``."""
         return self.config.max_context_tokens - len(trajectory.token_ids) - self.reply_reserve
 
-    def first_prompt_length(self, seed: int) -> int:
-        """Tokens of the first prompt for the initial state ``seed`` (what the policy reads before turn 1)."""
-        env = self._env_pool(1)[0]
-        observation, _ = env.reset(seed=int(seed))
+    def first_prompt_length(self, start: Start) -> int:
+        """Tokens of the first prompt for the initial state ``start`` (what the policy reads before turn 1)."""
+        env = self._env_pool(start_env(start), 1)[0]
+        observation, _ = env.reset(seed=start_seed(start))
         counts: Counter = Counter()
         first = (_encodable(env.unwrapped.describe(), counts) + "\n"
                  + self._user_message(_observation_text(env.unwrapped, observation, "reset", counts), 1,
                                       self.config.max_actions_per_episode, None))
         return len(self.chat.prompt_ids(first))
 
-    def rollout(self, seeds: Sequence[int], group_size: int, sampling: SamplingParams,
+    def rollout(self, seeds: Sequence[Start], group_size: int, sampling: SamplingParams,
                 sample_seed: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
         """Play ``len(seeds)`` groups of ``group_size`` environments; group g starts every env from ``seeds[g]``.
 
         Args:
-            seeds: one reset seed per group.
+            seeds: one start per group: a reset seed of ``config.env``, or ``(name, seed)`` for an environment of
+                ``config.environments``.
             group_size: environments per group (N rollouts of the same initial state).
             sampling: sampling parameters for every turn.
             sample_seed: seeds the backend's sampling; with the same seeds the rollout repeats exactly.
@@ -235,9 +258,9 @@ class RolloutEngine:
         counts: Counter = Counter({key: 0 for key in M.ROLLOUT_COUNTERS})
         episodes: list[_Episode] = []
         too_long: list[int] = []  # lengths of first prompts that leave no room for a reply
-        for (group, seed), env in zip(((g, s) for g, s in enumerate(seeds) for _ in range(group_size)),
-                                      self._env_pool(len(seeds) * group_size)):
-            text_env = env.unwrapped
+        for (group, start), env in zip(((g, s) for g, s in enumerate(seeds) for _ in range(group_size)),
+                                       self._pools(seeds, group_size)):
+            text_env, seed = env.unwrapped, start_seed(start)
             try:
                 observation, _ = env.reset(seed=int(seed))
                 description = text_env.describe()
@@ -248,8 +271,8 @@ class RolloutEngine:
             observation = _observation_text(text_env, observation, "reset", counts)
             first = _encodable(description, counts) + "\n" + self._user_message(observation, 1,
                                                                                 c.max_actions_per_episode, None)
-            env_name = getattr(env.spec, "id", None) or type(text_env).__name__
-            trajectory = Trajectory(env_name, group, int(seed), [], [], [])
+            env_name = start_env(start) or getattr(env.spec, "id", None) or type(text_env).__name__
+            trajectory = Trajectory(env_name, group, seed, [], [], [])
             episode = _Episode(env, trajectory, self.chat.prompt_ids(first))
             if self._reply_room(trajectory) < 1:
                 # Nothing could be sampled: playing it would only feed the learner a prompt with no reply.

@@ -5,9 +5,10 @@ every setting is checked (``StarPOConfig.validate``). The algorithm itself is in
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -20,7 +21,7 @@ from ..envs import _load_entry_point, registered_text_envs
 from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS,
                           AdvantageSettings, num_kept_groups)
 from ..rollout.backends import SamplingParams
-from ..rollout.engine import RolloutConfig
+from ..rollout.engine import RolloutConfig, Start
 from ..rollout.models import SMOLLM2, TINY
 from ..rollout.protocol import DEFAULT_FORMAT_PENALTY, LOSS_MASK_REGIONS
 from ..rollout.lora import PEFT_MISSING, lora_settings, peft_available
@@ -88,6 +89,28 @@ def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
+# Keys of one entry of ``train_envs`` / ``validation_envs`` (``StarPOConfig.environment``); the count key is required
+# in training entries and defaults to ``validation_size`` in validation ones.
+ENV_ENTRY_KEYS = {"train_envs": ("env", "env_config", "name", "groups"),
+                  "validation_envs": ("env", "env_config", "name", "states")}
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvEntry:
+    """One environment of a mixture: its name (in metrics and outputs), what builds it, and how many groups per
+    training step (training) or held-out states (validation) it gets."""
+
+    name: str
+    env: Any
+    env_config: dict
+    count: int
+
+
+def env_name(env) -> str:
+    """The name an environment's trajectories and metrics carry by default: its registered id, or class name."""
+    return env if isinstance(env, str) else getattr(env, "__name__", repr(env))
+
+
 def env_arguments(env) -> set[str] | None:
     """The constructor arguments ``env`` (a registered id or a TextEnv class) accepts; None if it takes any."""
     cls = env if isinstance(env, type) else _load_entry_point(gym.spec(env).entry_point)
@@ -140,7 +163,37 @@ class StarPOConfig(AlgorithmConfig):
         self.num_epochs = 1
         self.shuffle_batch_per_epoch = True
         self.env = "rllib_ragen/Sokoban-v0"
+        # Environment mixtures (see environment()): None trains and validates on env alone.
+        self.train_envs: list[dict] | None = None
+        self.validation_envs: list[dict] | None = None
         self._model_config = dict(DEFAULT_MODEL_CONFIG)
+
+    @override(AlgorithmConfig)
+    def environment(self, env=NotProvided, *, train_envs=NotProvided, validation_envs=NotProvided,
+                    **kwargs) -> "StarPOConfig":
+        """RLlib's ``environment()``, plus environment mixtures (the reference's environment tags).
+
+        Args:
+            env: the one environment to train and validate on (a registered text-env id or a TextEnv subclass),
+                with ``env_config``. With ``train_envs`` it is the first training environment, and set to it.
+            train_envs: train on several environments at once: a list of ``{"env": id, "groups": g,
+                "env_config": {...}, "name": str}``; each training step plays ``g`` groups of each, in this
+                order, and the groups add up to ``num_groups``. ``name`` (default: the id) is what the metrics
+                (``<name>/success``) and outputs call it; two entries of one id need their own names.
+            validation_envs: validate on these instead of the training environments: a list of ``{"env": id,
+                "states": n, "env_config": {...}, "name": str}``, ``n`` held-out states each (default
+                ``validation_size``, seeds from ``validation_seed_start``). None: each training environment,
+                ``validation_size`` states.
+        """
+        if train_envs is not NotProvided:
+            self.train_envs = copy.deepcopy(train_envs)
+            first = train_envs[0] if isinstance(train_envs, (list, tuple)) and train_envs else None
+            if isinstance(first, dict) and env is NotProvided:  # (a malformed list is reported by validate())
+                env = first.get("env", self.env)
+                kwargs.setdefault("env_config", dict(first.get("env_config") or {}))
+        if validation_envs is not NotProvided:
+            self.validation_envs = copy.deepcopy(validation_envs)
+        return super().environment(env, **kwargs)
 
     @override(AlgorithmConfig)
     def training(
@@ -355,8 +408,51 @@ class StarPOConfig(AlgorithmConfig):
         return {**DEFAULT_MODEL_CONFIG, **super().model_config, **self._model_config_auto_includes}
 
     # ---- derived settings ------------------------------------------------------------------------------------------
+    def training_environments(self) -> list[EnvEntry]:
+        """What each training step plays: ``env`` alone (``num_groups`` groups), or the ``train_envs`` mixture."""
+        if self.train_envs is None:
+            return [EnvEntry(env_name(self.env), self.env, dict(self.env_config), self.num_groups)]
+        return [_entry(item, "groups", None) for item in self.train_envs]
+
+    def validation_environments(self) -> list[EnvEntry]:
+        """What validation plays: ``validation_envs``, else every training environment, ``validation_size``
+        states each."""
+        if self.validation_envs is None:
+            return [dataclasses.replace(e, count=self.validation_size) for e in self.training_environments()]
+        return [_entry(item, "states", self.validation_size) for item in self.validation_envs]
+
+    @property
+    def env_name(self) -> str:
+        """The name of the (first) training environment in metrics: ``<env_name>/success``."""
+        return self.training_environments()[0].name
+
+    @property
+    def is_mixture(self) -> bool:
+        """Whether rollouts name their environment in each start (``(name, seed)``) rather than playing ``env``."""
+        return self.train_envs is not None or self.validation_envs is not None
+
+    def training_starts(self, seeds: Sequence[int]) -> list[Start]:
+        """A training step's group starts from its ``num_groups`` fresh seeds: the seeds themselves for one
+        environment; for a mixture, ``(name, seed)``, each environment taking its groups in ``train_envs`` order."""
+        if not self.is_mixture:
+            return [int(s) for s in seeds]
+        names = [e.name for e in self.training_environments() for _ in range(e.count)]
+        return [(name, int(seed)) for name, seed in zip(names, seeds, strict=True)]
+
+    def validation_starts(self) -> list[Start]:
+        """The fixed held-out starts: ``states`` seeds from ``validation_seed_start`` per validation environment."""
+        entries = self.validation_environments()
+        seeds = {e.name: range(self.validation_seed_start, self.validation_seed_start + e.count) for e in entries}
+        if not self.is_mixture:
+            return [int(s) for s in seeds[entries[0].name]]
+        return [(e.name, int(seed)) for e in entries for seed in seeds[e.name]]
+
     def rollout_config(self) -> RolloutConfig:
-        return RolloutConfig(env=self.env, env_config=dict(self.env_config), max_turns=self.max_turns,
+        named = {e.name: (e.env, e.env_config) for e in self.training_environments() + self.validation_environments()}
+        environments = tuple((name, env, env_config) for name, (env, env_config) in named.items()) \
+            if self.is_mixture else ()
+        return RolloutConfig(env=self.env, env_config=dict(self.env_config), environments=environments,
+                             max_turns=self.max_turns,
                              max_actions_per_turn=self.max_actions_per_turn,
                              max_actions_per_episode=self.max_actions_per_episode, format_penalty=self.format_penalty,
                              enable_thinking=self.enable_thinking, max_context_tokens=self.max_context_tokens)
@@ -439,7 +535,7 @@ class StarPOConfig(AlgorithmConfig):
             yield f"gigpo_omega={self.gigpo_omega} must be >= 0 (0 is GRPO)."
         if self.vf_loss_coeff < 0 or self.weight_decay < 0:
             yield f"vf_loss_coeff={self.vf_loss_coeff} and weight_decay={self.weight_decay} must be >= 0."
-        if self.env not in registered_text_envs() and not isinstance(self.env, type):
+        if not _is_known_env(self.env):
             yield (f"env={self.env!r} is not a registered text environment; pick one of {registered_text_envs()} "
                    "or register yours with rllib_ragen.register_text_env.")
         # The filter keeps ceil(ratio * groups) groups: 0 would keep nothing, > 1 more groups than exist.
@@ -517,11 +613,47 @@ class StarPOConfig(AlgorithmConfig):
                 yield PEFT_MISSING
         except ValueError as error:
             yield str(error)
-        known_env = isinstance(self.env, type) or self.env in registered_text_envs()
-        accepted = env_arguments(self.env) if known_env else None
-        if accepted is not None and set(self.env_config) - accepted:
-            yield (f"env_config has unknown keys {sorted(set(self.env_config) - accepted)} for {self.env!r}; "
-                   f"accepted: {sorted(accepted)}.")
+        yield from _env_config_errors("env_config", self.env, self.env_config)
+        yield from self._mixture_errors()
+
+    def _mixture_errors(self):
+        """``train_envs`` and ``validation_envs``: each entry's keys, environment and count; unique names; the
+        training groups adding up to ``num_groups``; ``env`` being the first training environment."""
+        entries = {}
+        for field, count_key in (("train_envs", "groups"), ("validation_envs", "states")):
+            items = getattr(self, field)
+            if items is None:
+                continue
+            if not isinstance(items, (list, tuple)) or not items:
+                yield f"{field}={items!r} must be a non-empty list of dicts (see StarPOConfig.environment), or None."
+                continue
+            errors = []
+            for i, item in enumerate(items):
+                errors += _entry_errors(f"{field}[{i}]", item, count_key, required=field == "train_envs")
+            yield from errors
+            if errors:
+                continue
+            entries[field] = [_entry(item, count_key, self.validation_size) for item in items]
+            names = [e.name for e in entries[field]]
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                yield (f"{field}: the names {repeated} are used twice; give each entry of one id its own "
+                       "\"name\" (metrics and outputs tell them apart by it).")
+        if entries.get("train_envs"):
+            training = entries["train_envs"]
+            total = sum(e.count for e in training)
+            if total != self.num_groups:
+                yield (f"train_envs: the groups add up to {total}, but num_groups={self.num_groups}; set "
+                       f"num_groups={total} in .training() or change the groups.")
+            if (self.env, dict(self.env_config)) != (training[0].env, training[0].env_config):
+                yield (f"env={self.env!r} (env_config={dict(self.env_config)}) is not train_envs[0] "
+                       f"({training[0].env!r}, {training[0].env_config}): with train_envs, env is the first training "
+                       "environment; leave env out of .environment(train_envs=...).")
+        by_name = {}
+        for e in entries.get("train_envs", []) + entries.get("validation_envs", []):
+            if by_name.setdefault(e.name, (e.env, e.env_config)) != (e.env, e.env_config):
+                yield (f"the name {e.name!r} stands for two different environments in train_envs and validation_envs;"
+                       " one name, one environment (its metrics would mix).")
 
     def _batch_shape_errors(self):
         """The kept batch must split into minibatches and, group by group, over the learners."""
@@ -604,3 +736,44 @@ class StarPOConfig(AlgorithmConfig):
             unknown = set(self.vllm_engine_config) - VLLM_ENGINE_OPTIONS
             if unknown:
                 yield f"vllm_engine_config has unknown keys {sorted(unknown)}; known: {sorted(VLLM_ENGINE_OPTIONS)}."
+
+
+def _is_known_env(env) -> bool:
+    return isinstance(env, type) or env in registered_text_envs()
+
+
+def _env_config_errors(field: str, env, env_config):
+    if not isinstance(env_config, dict):
+        yield f"{field}={env_config!r} must be a dict of the environment's constructor arguments."
+        return
+    accepted = env_arguments(env) if _is_known_env(env) else None
+    if accepted is not None and set(env_config) - accepted:
+        yield (f"{field} has unknown keys {sorted(set(env_config) - accepted)} for {env!r}; "
+               f"accepted: {sorted(accepted)}.")
+
+
+def _entry_errors(where: str, item, count_key: str, required: bool):
+    """The errors of one ``train_envs`` / ``validation_envs`` entry, each naming ``where`` it is."""
+    field = where.split("[")[0]
+    if not isinstance(item, dict):
+        yield f"{where}={item!r} must be a dict with keys {list(ENV_ENTRY_KEYS[field])}."
+        return
+    unknown = set(item) - set(ENV_ENTRY_KEYS[field])
+    if unknown:
+        yield f"{where} has unknown keys {sorted(unknown)}; accepted: {list(ENV_ENTRY_KEYS[field])}."
+    if "env" not in item or not _is_known_env(item["env"]):
+        yield (f"{where}['env']={item.get('env')!r} is not a registered text environment; pick one of "
+               f"{registered_text_envs()} or register yours with rllib_ragen.register_text_env.")
+    else:
+        yield from _env_config_errors(f"{where}['env_config']", item["env"], item.get("env_config", {}))
+    if "name" in item and (not isinstance(item["name"], str) or not item["name"]):
+        yield f"{where}['name']={item['name']!r} must be a non-empty string."
+    if required and count_key not in item:
+        yield f"{where} needs {count_key!r}: the groups of this environment in each training step."
+    elif count_key in item and (not _is_int(item[count_key]) or item[count_key] < 1):
+        yield f"{where}[{count_key!r}]={item[count_key]!r} must be a positive integer."
+
+
+def _entry(item: dict, count_key: str, default_count: int | None) -> EnvEntry:
+    return EnvEntry(name=item.get("name") or env_name(item["env"]), env=item["env"],
+                    env_config=dict(item.get("env_config") or {}), count=int(item.get(count_key, default_count)))

@@ -46,7 +46,7 @@ from .. import metrics as M
 from ..collapse import cross_scoring_pairs, reply_diagnostics
 from ..objectives import ADVANTAGE_ESTIMATORS
 from ..rollout.backends import SamplingParams
-from ..rollout.engine import SeedSchedule, Trajectory, rollout_metrics
+from ..rollout.engine import SeedSchedule, Start, Trajectory, rollout_metrics
 from ..rollout.lora import adapter_files, lora_settings
 from ..sentinel import Firing, Sentinel
 from .batch import prepare_update_batch, shard_by_groups
@@ -78,7 +78,7 @@ class StarPO(Algorithm):
             # A Ray actor (a Tune trial): one torch thread per CPU it was given; more thrash beside other trials.
             torch.set_num_threads(max(1, int(config.num_cpus_for_main_process)))
         super().setup(config)
-        self.seed_schedule = SeedSchedule(config.train_seed_start, config.validation_seed_start)
+        self.seed_schedule = SeedSchedule(config.train_seed_start)
         self.last_validation: list[Trajectory] = []
         self.last_rollout: list[Trajectory] = []
         # The last probed rollout's token advantages, by index in that rollout (kept episodes only).
@@ -145,13 +145,17 @@ class StarPO(Algorithm):
             with self._timer(M.TIME_SYNC):
                 self._sync_rollout_weights()  # the runners were busy during the update: they get its weights now
             return trajectories, results, played_by
-        trajectories, results = self._rollout(self.seed_schedule.train(self.config.num_groups), self.config.group_size,
+        trajectories, results = self._rollout(self._training_starts(), self.config.group_size,
                                               self.config.sampling_params(), self._sample_seed("train", iteration))
         return trajectories, results, iteration
 
+    def _training_starts(self) -> list[Start]:
+        """The next ``num_groups`` fresh seeds, as starts of the training environment(s)."""
+        return self.config.training_starts(self.seed_schedule.train(self.config.num_groups))
+
     def _start_next_rollout(self, iteration: int) -> None:
         """Start iteration ``iteration``'s rollout on the env runners, in a thread, with their current weights."""
-        args = (self.seed_schedule.train(self.config.num_groups), self.config.group_size,
+        args = (self._training_starts(), self.config.group_size,
                 self.config.sampling_params(), self._sample_seed("train", iteration))
         self._pending = {"future": self._rollout_thread.submit(self._rollout, *args), "played_by": iteration - 1}
 
@@ -246,8 +250,7 @@ class StarPO(Algorithm):
         config = self.config
         self._runners_on_current_weights()
         sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
-        trajectories, _ = self._rollout(self.seed_schedule.validation(config.validation_size),
-                                        config.validation_group_size, sampling, self._sample_seed("validation", 0))
+        trajectories, _ = self._rollout(config.validation_starts(), config.validation_group_size, sampling, self._sample_seed("validation", 0))
         return trajectories
 
     def _runners_on_current_weights(self) -> None:
@@ -260,8 +263,7 @@ class StarPO(Algorithm):
         """Play the fixed validation set at the validation temperature; metrics under ``evaluation/env_runners``."""
         config = self.config
         self._runners_on_current_weights()
-        trajectories, results = self._rollout(self.seed_schedule.validation(config.validation_size),
-                                              config.validation_group_size, config.sampling_params(validation=True),
+        trajectories, results = self._rollout(config.validation_starts(), config.validation_group_size, config.sampling_params(validation=True),
                                               self._sample_seed("validation", 0))
         self.last_validation = trajectories
         results[M.VALIDATION_ITERATION] = float(iteration)
@@ -406,12 +408,12 @@ class StarPO(Algorithm):
         super().cleanup()
 
     # ---- helpers ---------------------------------------------------------------------------------------------------
-    def _rollout(self, seeds: list[int], group_size: int, sampling: SamplingParams,
+    def _rollout(self, seeds: list[Start], group_size: int, sampling: SamplingParams,
                  sample_seed: int) -> tuple[list[Trajectory], dict[str, float]]:
         """Split the groups over the env runners, play them, and pool trajectories and metrics."""
         restarts = 0
         if not self.env_runner_group.num_remote_env_runners():
-            chunks = {0: [int(s) for s in seeds]}
+            chunks = {0: list(seeds)}
             runner = self.env_runner
             parts = [(0, runner.sample(seeds=seeds, group_size=group_size, sampling=sampling, sample_seed=sample_seed),
                       runner.get_metrics())]
@@ -433,7 +435,7 @@ class StarPO(Algorithm):
         metrics[M.ENV_RUNNER_RESTARTS] = float(restarts)
         return trajectories, metrics
 
-    def _play_on_remote_runners(self, seeds: list[int], group_size: int, sampling: SamplingParams, sample_seed: int):
+    def _play_on_remote_runners(self, seeds: list[Start], group_size: int, sampling: SamplingParams, sample_seed: int):
         """Play the groups on the healthy remote env runners; returns (chunks, parts, restarted runners).
 
         A runner that dies mid-rollout fails its part: RLlib's fault tolerance restarts it
@@ -445,7 +447,9 @@ class StarPO(Algorithm):
             remote = group.healthy_env_runner_ids()
             if not remote:
                 break
-            chunks = {rid: [int(s) for s in chunk] for rid, chunk in zip(remote, np.array_split(seeds, len(remote)))}
+            # Consecutive groups per runner (a mixture's environments stay in order across the runners).
+            chunks = {rid: [seeds[i] for i in part]
+                      for rid, part in zip(remote, np.array_split(np.arange(len(seeds)), len(remote)))}
 
             def play(runner, chunks=chunks):
                 index = runner.worker_index

@@ -21,7 +21,7 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from .. import metrics as M
 from ..rollout.backends import SamplingParams
-from ..rollout.engine import RolloutEngine, Trajectory
+from ..rollout.engine import RolloutEngine, Start, Trajectory
 from .inference_engines import make_backend
 from .llm_rl_module import PLACEHOLDER_SPACE
 
@@ -42,17 +42,22 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._metrics: dict[str, float] = {}
 
     def _check_first_prompts_fit(self, num_probes: int = 4) -> None:
-        """Fail at build, not at the first ``train()``, when no first prompt leaves room for a reply.
+        """Fail at build, not at the first ``train()``, when no first prompt of an environment leaves room for a
+        reply.
 
-        Probes the first validation states; if some fit, the rollout drops (and counts) any that do not.
+        Probes each training and validation environment's first validation states; if some fit, the rollout drops
+        (and counts) any that do not.
         """
-        seeds = range(self.config.validation_seed_start, self.config.validation_seed_start + num_probes)
-        lengths = [self.engine.first_prompt_length(seed) for seed in seeds]
-        if min(lengths) + self.engine.reply_reserve >= self.config.max_context_tokens:
-            raise ValueError(
-                f"max_context_tokens={self.config.max_context_tokens} leaves no room for a reply: the first prompts "
-                f"of {self.config.env} take {min(lengths)}-{max(lengths)} tokens (validation seeds {seeds.start}-"
-                f"{seeds.stop - 1}). Raise max_context_tokens, or shorten the observation or system prompt.")
+        config = self.config
+        seeds = range(config.validation_seed_start, config.validation_seed_start + num_probes)
+        names = dict.fromkeys(e.name for e in config.training_environments() + config.validation_environments())
+        for name in names:
+            lengths = [self.engine.first_prompt_length((name, seed) if config.is_mixture else seed) for seed in seeds]
+            if min(lengths) + self.engine.reply_reserve >= config.max_context_tokens:
+                raise ValueError(
+                    f"max_context_tokens={config.max_context_tokens} leaves no room for a reply: the first prompts "
+                    f"of {name} take {min(lengths)}-{max(lengths)} tokens (validation seeds {seeds.start}-"
+                    f"{seeds.stop - 1}). Raise max_context_tokens, or shorten the observation or system prompt.")
 
     # ---- EnvRunner API ---------------------------------------------------------------------------------------------
     @override(EnvRunner)
@@ -65,7 +70,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                 DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}
 
     @override(EnvRunner)
-    def sample(self, *, seeds: Sequence[int], group_size: int, sampling: SamplingParams,
+    def sample(self, *, seeds: Sequence[Start], group_size: int, sampling: SamplingParams,
                sample_seed: int | None = None, **kwargs) -> list[Trajectory]:
         """Play ``len(seeds)`` groups of ``group_size`` episodes; metrics go to :meth:`get_metrics`."""
         trajectories, self._metrics = self.engine.rollout(seeds, group_size, sampling, sample_seed)

@@ -140,7 +140,7 @@ def test_micro_batches_stay_exact_when_the_loss_mask_trains_a_subset(small_confi
             algo.stop()
 
 
-def test_checkpoint_resume_is_exact(tmp_path, small_config):
+def test_checkpoint_resume_is_exact(tmp_path, small_config, resumed_after_one_iteration):
     # Two epochs of two shuffled minibatches: the shuffle order must resume too.
     make = lambda: small_config(validation_interval=3, num_epochs=2, updates_per_rollout_batch=2).build_algo()  # noqa: E731
     straight = make()
@@ -151,13 +151,7 @@ def test_checkpoint_resume_is_exact(tmp_path, small_config):
     finally:
         straight.stop()
 
-    first = make()
-    try:
-        first.train()
-        checkpoint = first.save_to_path(tmp_path / "checkpoint")
-    finally:
-        first.stop()
-    resumed = StarPO.from_checkpoint(checkpoint)
+    resumed = resumed_after_one_iteration(make, tmp_path)
     try:
         assert resumed.iteration == 1
         resumed.train()

@@ -6,18 +6,12 @@ import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_ragen import StarPO
-
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def off_policy_config(small_config, **training):
     knobs = dict(validation_interval=0, max_policy_lag=1, **training)
     return small_config(**knobs).env_runners(num_env_runners=1)
-
-
-def module_state(algo) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in algo.learner_group._learner.module[DEFAULT_MODULE_ID].get_state().items()}
 
 
 def test_off_policy_settings_are_checked_by_name(small_config):
@@ -32,11 +26,12 @@ def test_off_policy_settings_are_checked_by_name(small_config):
 
 
 @pytest.mark.slow
-def test_one_step_off_policy_lag_is_bounded_and_resume_is_exact(tmp_path, small_config):
+def test_one_step_off_policy_lag_is_bounded_and_resume_is_exact(tmp_path, small_config, resumed_after_one_iteration,
+                                                                learner_state):
     straight = off_policy_config(small_config).build_algo()
     try:
         results = [straight.train() for _ in range(3)]
-        expected = module_state(straight)
+        expected = learner_state(straight)
         behaviour_1 = [t.behaviour_logprobs for t in straight.last_rollout]
     finally:
         straight.stop()
@@ -49,16 +44,11 @@ def test_one_step_off_policy_lag_is_bounded_and_resume_is_exact(tmp_path, small_
     assert all(r["learners"][DEFAULT_MODULE_ID]["actor/first_step_logprob_deviation"] == 0.0 for r in results)
     assert results[1]["time/sample_s"] < results[0]["time/sample_s"]  # it was already played during the update
 
-    first = off_policy_config(small_config).build_algo()
-    try:
-        first.train()
-        checkpoint = first.save_to_path(tmp_path / "checkpoint")  # the rollout in flight goes into it
-    finally:
-        first.stop()
-    resumed = StarPO.from_checkpoint(checkpoint)
+    # The checkpoint after one iteration holds the rollout in flight.
+    resumed = resumed_after_one_iteration(off_policy_config(small_config).build_algo, tmp_path)
     try:
         resumed_results = [resumed.train() for _ in range(2)]
-        state = module_state(resumed)
+        state = learner_state(resumed)
         assert [t.behaviour_logprobs for t in resumed.last_rollout] == behaviour_1
     finally:
         resumed.stop()
