@@ -240,7 +240,7 @@ def test_estimator_study_compares_estimators_on_the_same_states_and_resumes(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "frozenlake"
     before = json.loads((out / "before.json").read_text())
-    assert len(before) == 4  # one outcome per held-out state, keyed by its reset seed
+    assert len(before) == 4  # one outcome per held-out state, keyed "<env>:<seed>/<k>"
     for name in ("gae", "gigpo"):
         after = json.loads((out / name / "after.json").read_text())
         assert after["outcomes"].keys() == before.keys()  # the same states, so the comparison can pair them
