@@ -173,7 +173,8 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             clock.record(time.perf_counter() - t0, validated)
             _print_progress(config.env_name, job.iterations, rows, clock)
             if validated:
-                print(f"  validation at iteration {algo.iteration}: success {_validation_summary(validations[-1], config)} "
+                print(f"  validation at iteration {algo.iteration}: success "
+                      f"{_validation_summary(validations[-1], config)} "
                       f"(before RL {_validation_summary(validations[0], config, counts=False)})", flush=True)
             write_csv(out / "metrics.csv", rows)
             # Rows between validations repeat the last validation's numbers: TensorBoard gets them once, at the
@@ -437,7 +438,8 @@ def _print_progress(env: str, iterations: int, rows: list[dict], clock: _Clock) 
 
 def _summary(config, base_model: str, rows: list[dict], validations: list[dict], wall_s: float) -> dict:
     def val(index: int, name: str) -> float:
-        return validations[index].get(VALIDATION + M.env_metric(config.env_name, name), math.nan) if validations else math.nan
+        key = VALIDATION + M.env_metric(config.env_name, name)
+        return validations[index].get(key, math.nan) if validations else math.nan
 
     pooled = TRAINING + M.POOLED + "/"
     generated = sum(r.get(pooled + M.RESPONSE_TOKENS_PER_TURN, 0) * r.get(pooled + M.NUM_TURNS, 0)

@@ -101,9 +101,9 @@ RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
                                                 "\"rllib_ragen/Sokoban-v0\", \"groups\": 6}, {\"env\": "
                                                 "\"rllib_ragen/FrozenLake-v0\", \"groups\": 2}]' (groups add up to "
                                                 "num_groups; null: env alone)"),
-    "validation_envs": ("environment", "validation_envs", "validate on these environments, as JSON: "
-                                                          "'[{\"env\": \"rllib_ragen/FrozenLake-v0\", \"states\": 64}]' "
-                                                          "(null: the training ones)"),
+    "validation_envs": ("environment", "validation_envs",
+                        "validate on these environments, as JSON: '[{\"env\": \"rllib_ragen/FrozenLake-v0\", "
+                        "\"states\": 64}]' (null: the training ones)"),
     "env": ("environment", "env", "registered text-environment id"),
     "env_config": ("environment", "env_config", "environment constructor arguments as JSON, e.g. "
                                                 "'{\"reward\": \"success\"}'"),
@@ -240,7 +240,8 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
 def _add_flag(group, name: str, default: Any, text: str) -> None:
     """``--name`` parsing its value like ``default``: a switch for booleans, JSON for dicts, tuples and None."""
     flag = "--" + name.strip("_").replace("_", "-")  # lambda_ -> --lambda
-    shown = f"{text} (default: {json.dumps(default) if isinstance(default, (dict, tuple, type(None))) else default})"
+    as_json = isinstance(default, (dict, list, tuple, type(None)))  # shown as the flag takes it
+    shown = f"{text} (default: {json.dumps(default) if as_json else default})"
     unset = argparse.SUPPRESS  # a flag not given leaves no attribute, so `--dual-clip null` can set None
     if isinstance(default, bool):
         group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=unset, help=shown)

@@ -250,7 +250,8 @@ class StarPO(Algorithm):
         config = self.config
         self._runners_on_current_weights()
         sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
-        trajectories, _ = self._rollout(config.validation_starts(), config.validation_group_size, sampling, self._sample_seed("validation", 0))
+        trajectories, _ = self._rollout(config.validation_starts(), config.validation_group_size, sampling,
+                                        self._sample_seed("validation", 0))
         return trajectories
 
     def _runners_on_current_weights(self) -> None:
@@ -263,7 +264,8 @@ class StarPO(Algorithm):
         """Play the fixed validation set at the validation temperature; metrics under ``evaluation/env_runners``."""
         config = self.config
         self._runners_on_current_weights()
-        trajectories, results = self._rollout(config.validation_starts(), config.validation_group_size, config.sampling_params(validation=True),
+        sampling = config.sampling_params(validation=True)
+        trajectories, results = self._rollout(config.validation_starts(), config.validation_group_size, sampling,
                                               self._sample_seed("validation", 0))
         self.last_validation = trajectories
         results[M.VALIDATION_ITERATION] = float(iteration)
