@@ -23,7 +23,7 @@ def num_kept_groups(num_groups: int, keep_ratio: float, mode: str = "std") -> in
 
 
 def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: float = 0.25,
-                  mode: str = "std") -> tuple[torch.Tensor, dict[str, float]]:
+                  mode: str = "std", strata: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Keep the :func:`num_kept_groups` groups ranked by the within-group std of trajectory returns.
 
     ``std`` keeps the most uncertain groups (StarPO-S, arXiv 2504.20073 sec. 4.2: top 25% by default);
@@ -35,6 +35,8 @@ def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: fl
         group_ids: (B,) group of each trajectory.
         keep_ratio: share of groups kept, in (0, 1].
         mode: one of ``FILTER_MODES``.
+        strata: (B,) optional label of each trajectory (its training environment, all of a group's the same):
+            groups are then ranked and kept within each stratum, ``num_kept_groups`` of each stratum's groups.
 
     Returns:
         keep (B,) bool mask of kept trajectories, and metrics on reward std/mean/max over all and kept groups.
@@ -43,12 +45,21 @@ def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: fl
     stds = torch.stack([returns[group_ids == g].float().std(unbiased=False) for g in groups])
     means = torch.stack([returns[group_ids == g].float().mean() for g in groups])
     maxes = torch.stack([returns[group_ids == g].float().max() for g in groups])
-    num_keep = num_kept_groups(len(groups), keep_ratio, mode)
-    # Stable sort on the (possibly negated) std keeps equal-std groups in id order.
-    order = torch.sort(-stds if mode == "std" else stds, stable=True).indices
-    kept_groups = groups[order[:num_keep]]
-    keep = torch.isin(group_ids, kept_groups)
-    kept = torch.isin(groups, kept_groups)
+    if strata is None:
+        group_strata = torch.zeros(len(groups), dtype=torch.long)
+    else:
+        group_strata = torch.stack([strata[group_ids == g][0] for g in groups])
+        mixed = [int(g) for g in groups if strata[group_ids == g].unique().numel() > 1]
+        if mixed:
+            raise ValueError(f"select_groups: groups {mixed} span two strata; a group plays one environment.")
+    kept = torch.zeros(len(groups), dtype=torch.bool)
+    for stratum in group_strata.unique(sorted=True):
+        members = torch.nonzero(group_strata == stratum).flatten()
+        # Stable sort on the (possibly negated) std keeps equal-std groups in id order.
+        ranked = torch.sort(-stds[members] if mode == "std" else stds[members], stable=True).indices
+        kept[members[ranked[:num_kept_groups(len(members), keep_ratio, mode)]]] = True
+    num_keep = int(kept.sum())
+    keep = torch.isin(group_ids, groups[kept])
     metrics = {
         M.FILTER_REWARD_STD: stds.mean().item(), M.FILTER_REWARD_MEAN: means.mean().item(),
         M.FILTER_REWARD_MAX: maxes.mean().item(), M.FILTER_KEPT_REWARD_STD: stds[kept].mean().item(),

@@ -39,7 +39,13 @@ def prepare_update_batch(trajectories: Sequence[Trajectory], config, pad_token_i
     returns = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)
     groups = torch.tensor([t.group for t in trajectories])
     ratio = config.rollout_filter_ratio if keep_ratio is None else keep_ratio
-    keep, metrics = select_groups(returns, groups, ratio, config.rollout_filter)
+    env_index = {name: i for i, name in enumerate(dict.fromkeys(t.env_name for t in trajectories))}
+    envs = torch.tensor([env_index[t.env_name] for t in trajectories])
+    strata = envs if config.rollout_filter_per_env else None
+    keep, metrics = select_groups(returns, groups, ratio, config.rollout_filter, strata=strata)
+    if config.is_mixture:  # what each training environment kept: with one filter over all, it can be none
+        for name, i in env_index.items():
+            metrics[f"{M.FILTER_KEPT_GROUPS}/{name}"] = float(groups[keep & (envs == i)].unique().numel())
     order = torch.tensor(sorted(np.flatnonzero(keep.numpy()).tolist(), key=lambda i: trajectories[i].group),
                          dtype=torch.long)  # group order; a stable sort keeps the rollout's order within a group
     kept = [trajectories[i] for i in order.tolist()]

@@ -40,7 +40,7 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     # advantages and filter
     "advantage_estimator": "gae", "grpo_normalize_std": True, "lambda_": 1.0, "turn_level_rewards": False,
     "whiten_advantages": True, "gamma_turn": 0.95, "gamma_token": 1.0, "gigpo_step_gamma": 0.95, "gigpo_omega": 1.0,
-    "rollout_filter": "std", "rollout_filter_ratio": 0.25,
+    "rollout_filter": "std", "rollout_filter_ratio": 0.25, "rollout_filter_per_env": False,
     # losses
     "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dual_clip": 3.0, "kl_coeff": 0.0, "kl_estimator": "k3",
     "entropy_coeff": 0.001, "loss_aggregation": "token-mean", "loss_mask": "all", "value_clip": 0.5, "vf_loss_coeff": 1.0,
@@ -78,7 +78,7 @@ _FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "l
                    "importance_weight_cap")
 _FINITE_NUMBERS_OR_NONE = ("dual_clip", "value_clip", "grad_clip")
 _BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "whiten_advantages", "recompute_logprobs",
-             "validate_before_training")
+             "validate_before_training", "rollout_filter_per_env")
 
 
 def _is_number(value) -> bool:
@@ -208,7 +208,7 @@ class StarPOConfig(AlgorithmConfig):
         advantage_estimator=NotProvided, grpo_normalize_std=NotProvided, lambda_=NotProvided,
         turn_level_rewards=NotProvided, whiten_advantages=NotProvided, gamma_turn=NotProvided,
         gamma_token=NotProvided, gigpo_step_gamma=NotProvided, gigpo_omega=NotProvided, rollout_filter=NotProvided,
-        rollout_filter_ratio=NotProvided,
+        rollout_filter_ratio=NotProvided, rollout_filter_per_env=NotProvided,
         # losses
         clip_ratio_low=NotProvided, clip_ratio_high=NotProvided, dual_clip=NotProvided, kl_coeff=NotProvided,
         kl_estimator=NotProvided, entropy_coeff=NotProvided, loss_aggregation=NotProvided, loss_mask=NotProvided,
@@ -281,6 +281,9 @@ class StarPOConfig(AlgorithmConfig):
             rollout_filter: ``"std"`` keeps the groups whose returns vary most (StarPO-S), ``"reversed_std"``
                 the least, ``"none"`` all.
             rollout_filter_ratio: share of groups kept (0.25: top quarter); 1.0 keeps everything.
+            rollout_filter_per_env: with ``train_envs``, rank and keep groups within each training environment
+                (``ceil(ratio x its groups)`` each) instead of across the whole batch (False, the reference's), where
+                one environment's groups can all be dropped from an update. The same with one environment.
             clip_ratio_low, clip_ratio_high: PPO clip range [1 - low, 1 + high]; 0.2 / 0.28 is "clip-higher",
                 which leaves room for rare tokens to gain probability.
             dual_clip: bound c on the loss of negative-advantage tokens (3.0), or None to switch it off.
@@ -469,7 +472,10 @@ class StarPOConfig(AlgorithmConfig):
 
     @property
     def num_kept_groups(self) -> int:
-        """Groups left for the update after the rollout filter."""
+        """Groups left for the update after the rollout filter (per environment: the sum of each one's share)."""
+        if self.rollout_filter_per_env and self.is_mixture:
+            return sum(num_kept_groups(e.count, self.rollout_filter_ratio, self.rollout_filter)
+                       for e in self.training_environments())
         return num_kept_groups(self.num_groups, self.rollout_filter_ratio, self.rollout_filter)
 
     @property
@@ -655,14 +661,23 @@ class StarPOConfig(AlgorithmConfig):
                 yield (f"the name {e.name!r} stands for two different environments in train_envs and validation_envs;"
                        " one name, one environment (its metrics would mix).")
 
+    def _kept_groups_rule(self) -> str:
+        """How ``num_kept_groups`` was counted, for error messages."""
+        if self.rollout_filter_per_env and self.is_mixture:
+            return (f"each train_envs entry's groups x rollout_filter_ratio={self.rollout_filter_ratio}, rounded up, "
+                    "summed: rollout_filter_per_env=True")
+        return f"num_groups={self.num_groups} x rollout_filter_ratio={self.rollout_filter_ratio}, rounded up"
+
     def _batch_shape_errors(self):
         """The kept batch must split into minibatches and, group by group, over the learners."""
+        if self.rollout_filter_per_env and next(self._mixture_errors(), None):
+            return  # the kept batch is counted from train_envs, whose own errors are reported
         kept = self.kept_batch_size
         if self.minibatch_size is not None:
             if self.minibatch_size > kept:
                 yield (f"minibatch_size={self.minibatch_size} is more than the {kept} trajectories the rollout "
-                       f"filter keeps (num_groups={self.num_groups} x rollout_filter_ratio={self.rollout_filter_ratio}"
-                       f" rounded up, x group_size={self.group_size}): lower minibatch_size or keep more groups.")
+                       f"filter keeps ({self._kept_groups_rule()}, x group_size={self.group_size}): lower "
+                       "minibatch_size or keep more groups.")
             elif self.updates_per_rollout_batch != 1 and self.updates_per_rollout_batch * self.minibatch_size != kept:
                 yield (f"minibatch_size={self.minibatch_size} and updates_per_rollout_batch="
                        f"{self.updates_per_rollout_batch} disagree: {kept} kept trajectories make "
@@ -675,9 +690,9 @@ class StarPOConfig(AlgorithmConfig):
         # Each remote learner takes whole groups (a group never straddles two learners) and the same number of them.
         learners = max(1, self.num_learners)
         if self.num_kept_groups % learners:
-            yield (f"the rollout filter keeps {self.num_kept_groups} groups (num_groups={self.num_groups} x "
-                   f"rollout_filter_ratio={self.rollout_filter_ratio}, rounded up), which do not split evenly over "
-                   f"num_learners={self.num_learners}: make the kept groups a multiple of num_learners.")
+            yield (f"the rollout filter keeps {self.num_kept_groups} groups ({self._kept_groups_rule()}), which do "
+                   f"not split evenly over num_learners={self.num_learners}: make the kept groups a multiple of "
+                   "num_learners.")
         runners = max(1, self.num_env_runners)
         if self.num_groups < runners:
             yield f"num_groups={self.num_groups} is less than num_env_runners={self.num_env_runners}: some would idle."

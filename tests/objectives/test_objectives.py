@@ -139,6 +139,25 @@ def test_filter_keeps_the_most_uncertain_groups():
     # checked: tests/starpo/test_config.py.
 
 
+def test_filter_ranks_within_each_stratum_when_given_one():
+    # Stds (population): environment 0 holds g0 [0, 10] -> 5, g1 [0, 4] -> 2, g2 [1, 1] -> 0, g3 [0, 2] -> 1;
+    # environment 1 holds g4 [0, 1] -> 0.5 and g5 [3, 3] -> 0.
+    returns = torch.tensor([0.0, 10.0, 0.0, 4.0, 1.0, 1.0, 0.0, 2.0, 0.0, 1.0, 3.0, 3.0])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5])
+    envs = torch.tensor([0] * 8 + [1] * 4)
+    # Over the whole batch, ceil(0.25 x 6) = 2 groups: both from environment 0, none from environment 1.
+    keep, m = select_groups(returns, groups, keep_ratio=0.25)
+    assert sorted(set(groups[keep].tolist())) == [0, 1] and m["rollout_filter/kept_groups"] == 2
+    # Per environment: ceil(0.25 x 4) = 1 of environment 0 (g0) and ceil(0.25 x 2) = 1 of environment 1 (g4).
+    keep, m = select_groups(returns, groups, keep_ratio=0.25, strata=envs)
+    assert sorted(set(groups[keep].tolist())) == [0, 4] and m["rollout_filter/kept_groups"] == 2
+    assert m["rollout_filter/kept_reward_std"] == pytest.approx((5 + 0.5) / 2)
+    keep, _ = select_groups(returns, groups, keep_ratio=0.5, mode="reversed_std", strata=envs)
+    assert sorted(set(groups[keep].tolist())) == [2, 3, 5]  # the least uncertain: 2 of 4, 1 of 2
+    with pytest.raises(ValueError, match=r"groups \[5\] span two strata"):
+        select_groups(returns, groups, strata=torch.tensor([0] * 8 + [1] * 3 + [0]))
+
+
 def test_entropy_kl_value_loss_explained_variance():
     assert entropy_from_logits(torch.zeros(1, 1, 8)).item() == pytest.approx(math.log(8))
     logp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])

@@ -3,6 +3,8 @@
 No Ray session: ``prepare_update_batch`` is plain Python on trajectories and a config.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -50,6 +52,34 @@ def test_filter_keeps_whole_groups_in_group_order_and_pads_right():
     assert columns["response_mask"][1].tolist() == [0, 0, 1, 1, 1]
     assert columns["behaviour_logprobs"][1].tolist() == [0, 0, -0.5, -0.5, -0.5]
     assert metrics["update/response_length"] == (2 + 3 + 2 + 2) / 4
+
+
+@pytest.mark.parametrize("per_env, kept", [(False, {"a": 2, "b": 0}), (True, {"a": 1, "b": 1})])
+def test_a_mixture_counts_kept_groups_per_environment_and_can_filter_within_each(per_env, kept):
+    # Environment a plays g0 (std 1.5), g1 (std 0.5); environment b plays g2 (std 0): the batch-wide filter keeps
+    # 2 of 3 groups, both from a; per environment it keeps ceil(0.5 x 2) = 1 of a and ceil(0.5 x 1) = 1 of b.
+    rollout = [dataclasses.replace(trajectory(g, [r]), env_name=name) for g, r, name in
+               [(0, 3.0, "a"), (0, 0.0, "a"), (1, 1.0, "a"), (1, 0.0, "a"), (2, 1.0, "b"), (2, 1.0, "b")]]
+    mixture = config(rollout_filter_ratio=0.5, advantage_estimator="raw", rollout_filter_per_env=per_env)
+    mixture.environment(train_envs=[{"env": "rllib_ragen/Sokoban-v0", "groups": 2, "name": "a"},
+                                    {"env": "rllib_ragen/FrozenLake-v0", "groups": 1, "name": "b"}])
+    assert mixture.num_kept_groups == 2 and mixture.kept_batch_size == 4  # the same count both ways here
+    columns, metrics = prepare_update_batch(rollout, mixture, PAD)
+    assert columns["group"].tolist() == ([0, 0, 2, 2] if per_env else [0, 0, 1, 1])
+    assert {name: metrics[f"rollout_filter/kept_groups/{name}"] for name in "ab"} == kept
+
+
+def test_the_kept_count_is_each_environments_share_rounded_up_with_the_filter_per_environment():
+    three_and_one = [{"env": "rllib_ragen/Sokoban-v0", "groups": 3}, {"env": "rllib_ragen/FrozenLake-v0", "groups": 1}]
+    batch_wide = StarPOConfig().environment(train_envs=three_and_one).training(num_groups=4, group_size=2)
+    assert batch_wide.num_kept_groups == 1  # ceil(0.25 x 4)
+    per_env = batch_wide.copy(copy_frozen=False).training(rollout_filter_per_env=True)
+    assert per_env.num_kept_groups == 2 and per_env.kept_batch_size == 4  # ceil(0.25 x 3) + ceil(0.25 x 1)
+    per_env.learners(num_learners=3)
+    with pytest.raises(ValueError, match=r"keeps 2 groups .* num_learners=3"):
+        per_env.validate()
+    with pytest.raises(ValueError, match=r"rollout_filter_per_env='yes' must be True or False"):
+        StarPOConfig().training(rollout_filter_per_env="yes").validate()
 
 
 def test_trajectory_rewards_sit_on_the_last_sampled_token_turn_rewards_on_each_turns_last():

@@ -109,6 +109,9 @@ def test_a_mixture_trains_on_a_remote_runner_with_metrics_per_env_and_resumes_ex
         assert result["env_runners"][f"{SOKOBAN}/num_trajectories"] == 4
         assert result["env_runners"][f"{FROZEN}/num_trajectories"] == 4
         assert f"{ALT}/num_trajectories" not in result["env_runners"]
+        # One filter over both environments keeps ceil(0.5 x 2) = 1 group: of one of them, none of the other.
+        kept = [result[f"rollout_filter/kept_groups/{name}"] for name in (SOKOBAN, FROZEN)]
+        assert sorted(kept) == [0, 1]
     evaluation = results[-1]["evaluation"]["env_runners"]
     for name in (SOKOBAN, ALT, FROZEN):  # two held-out states of each validation environment
         assert evaluation[f"{name}/num_trajectories"] == 2 and 0.0 <= evaluation[f"{name}/success"] <= 1.0
@@ -128,3 +131,15 @@ def test_a_mixture_trains_on_a_remote_runner_with_metrics_per_env_and_resumes_ex
         assert result["learners"][DEFAULT_MODULE_ID][key] == results[-1]["learners"][DEFAULT_MODULE_ID][key], key
     for key in weights:  # policy and critic, bit for bit
         assert torch.equal(weights[key], expected_weights[key]), key
+
+
+@pytest.mark.slow
+def test_the_filter_per_environment_keeps_groups_of_each_environment_in_a_real_update(ray_session, small_config):
+    algo = mixture(small_config(validation_interval=0, rollout_filter_per_env=True)).build_algo()
+    try:
+        result = algo.train()
+    finally:
+        algo.stop()
+    # ceil(0.5 x 1) group of each environment; the batch-wide filter would keep ceil(0.5 x 2) = 1 in all.
+    assert result["rollout_filter/kept_groups"] == 2 and result["update/kept_trajectories"] == 8
+    assert result[f"rollout_filter/kept_groups/{SOKOBAN}"] == result[f"rollout_filter/kept_groups/{FROZEN}"] == 1
