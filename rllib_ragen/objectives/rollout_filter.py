@@ -48,10 +48,11 @@ def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: fl
     if strata is None:
         group_strata = torch.zeros(len(groups), dtype=torch.long)
     else:
-        group_strata = torch.stack([strata[group_ids == g][0] for g in groups])
-        mixed = [int(g) for g in groups if strata[group_ids == g].unique().numel() > 1]
+        labels = [strata[group_ids == g].unique() for g in groups]
+        mixed = [int(g) for g, label in zip(groups, labels) if label.numel() > 1]
         if mixed:
             raise ValueError(f"select_groups: groups {mixed} span two strata; a group plays one environment.")
+        group_strata = torch.cat(labels)
     kept = torch.zeros(len(groups), dtype=torch.bool)
     for stratum in group_strata.unique(sorted=True):
         members = torch.nonzero(group_strata == stratum).flatten()

@@ -80,6 +80,10 @@ def test_the_kept_count_is_each_environments_share_rounded_up_with_the_filter_pe
         per_env.validate()
     with pytest.raises(ValueError, match=r"rollout_filter_per_env='yes' must be True or False"):
         StarPOConfig().training(rollout_filter_per_env="yes").validate()
+    # The kept count comes from train_envs, so a malformed entry is reported by name, not crashed on.
+    with pytest.raises(ValueError, match=r"train_envs\[0\] needs 'groups'"):
+        StarPOConfig().environment(train_envs=[{"env": "rllib_ragen/Sokoban-v0"}]).training(
+            rollout_filter_per_env=True).validate()
 
 
 def test_trajectory_rewards_sit_on_the_last_sampled_token_turn_rewards_on_each_turns_last():
