@@ -13,13 +13,14 @@ from typing import Any, Callable
 import gymnasium as gym
 
 from .bandit import BanditEnv
-from .base import TextEnv
+from .base import TRANSITION_SEED, TextEnv
 from .frozen_lake import FrozenLakeTextEnv
 from .sokoban import SokobanEnv
 from .sokoban_levels import SokobanLevel, generate_level, solve_level
 
 __all__ = [
-    "BanditEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "TextEnv", "generate_level", "make_text_env",
+    "BanditEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "TRANSITION_SEED", "TextEnv", "generate_level",
+    "make_text_env",
     "register_text_env", "registered_text_envs", "solve_level",
 ]
 

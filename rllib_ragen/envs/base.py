@@ -11,11 +11,14 @@ import string
 from typing import Any, ClassVar, Mapping, Sequence
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 
 # Observations may contain any printable ASCII plus the few non-ASCII symbols our grids use.
 OBSERVATION_CHARSET = frozenset(string.printable) | frozenset("√")
 ACTION_CHARSET = frozenset(string.ascii_letters + string.digits + " _-")
+# The reset option that reseeds an episode's chance draws after its initial state is built (see TextEnv).
+TRANSITION_SEED = "transition_seed"
 
 
 class TextEnv(gym.Env[str, str]):
@@ -26,11 +29,17 @@ class TextEnv(gym.Env[str, str]):
 
     - ``_reset_state()``: build the initial state from ``self.np_random`` (already seeded by ``reset``) and
       ``self.reset_options`` (the ``options`` dict of ``reset``);
-    - ``_apply(action_index) -> (reward, terminated, effective)``: advance the state;
+    - ``_apply(action_index) -> (reward, terminated, effective)``: advance the state, drawing any chance
+      (payoffs, slips) from ``self.np_random`` at the time of the step;
     - ``_render_text() -> str``: the state as text.
 
     ``step`` accepts any string. One that is not in the vocabulary is a legal call that leaves the state
     unchanged, pays 0 and reports ``action_is_valid=False``; penalising it is the action protocol's job.
+
+    ``reset(seed=s)`` fixes the initial state and, by default, every later chance draw too: episodes reset from
+    one seed repeat each other's luck. ``options={TRANSITION_SEED: t}`` keeps the initial state of ``s`` and
+    draws the transitions from a generator seeded by ``t`` instead (an int or a sequence of ints), so that a
+    group's episodes can share a start but not their luck (``StarPOConfig.independent_transitions``).
 
     Every ``step`` info dict carries ``success``, ``action_is_valid`` and ``action_is_effective`` (the state
     changed).
@@ -98,6 +107,9 @@ class TextEnv(gym.Env[str, str]):
         self._success = False
         self.reset_options = options or {}  # for _reset_state, e.g. a fixed level to play
         self._reset_state()
+        transition_seed = self.reset_options.get(TRANSITION_SEED)
+        if transition_seed is not None:  # same start, own luck: later draws come from this generator
+            self.np_random = np.random.default_rng(np.random.SeedSequence(transition_seed))
         return self._render_text(), {"success": False}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:

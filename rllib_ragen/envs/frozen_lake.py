@@ -140,12 +140,13 @@ class FrozenLakeTextEnv(TextEnv):
         elif len(desc) != self.size or any(len(row) != self.size for row in desc):
             raise ValueError(f"options['map'] must be {self.size} rows of {self.size} letters from 'SFHG'.")
         self.lake = FrozenLakeEnv(desc=desc, is_slippery=self.is_slippery)
-        self.lake.np_random = self.np_random  # one generator: the reset seed fixes the map and the slips
+        self.lake.np_random = self.np_random  # one generator: the reset seed fixes the map (and, by default, slips)
         self.position, _ = self.lake.reset()
         self._plan: tuple[np.ndarray, np.ndarray] | None = None
 
     def _apply(self, action_index: int) -> tuple[float, bool, bool]:
         before = self.position
+        self.lake.np_random = self.np_random  # slips come from the episode's generator (TextEnv: TRANSITION_SEED)
         self.position, reward, terminated, _, _ = self.lake.step(action_index)
         self.position = int(self.position)
         self._success = self.lake.desc.flat[self.position] == b"G"

@@ -17,7 +17,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from .. import metrics as M
-from ..envs import make_text_env
+from ..envs import TRANSITION_SEED, make_text_env
 from .backends import InferenceBackend, SamplingParams
 from .context import DEFAULT_SYSTEM_PROMPT, ChatFormat, turn_message
 from .protocol import DEFAULT_FORMAT_PENALTY, REGION_OTHER, execute_turn, parse_reply, reply_regions
@@ -43,6 +43,10 @@ class RolloutConfig:
             no room for another turn ends there (truncated); an episode whose first prompt leaves no room is not
             played (counted as ``rollout/prompts_too_long``).
         system_prompt: opens every conversation.
+        independent_transitions: a group's episodes share the initial state of its seed but draw their later
+            chance (payoffs, slips) independently: episode j > 0 of the group resets with the reset option
+            ``TRANSITION_SEED = (seed, j)``; episode 0 keeps the seed's own draws. False (the reference's): every
+            episode of a group repeats the same luck.
     """
 
     env: Any = "rllib_ragen/Sokoban-v0"
@@ -55,6 +59,7 @@ class RolloutConfig:
     enable_thinking: bool = True
     max_context_tokens: int = 4096
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
+    independent_transitions: bool = False
 
 
 @dataclass
@@ -213,6 +218,12 @@ class RolloutEngine:
         pools = {name: iter(self._env_pool(name, count * group_size)) for name, count in needed.items()}
         return [next(pools[start_env(start)]) for start in starts for _ in range(group_size)]
 
+    def _reset_options(self, seed: int, member: int) -> dict | None:
+        """Reset options of episode ``member`` of a group started from ``seed``: its own luck, when asked for."""
+        if self.config.independent_transitions and member > 0:
+            return {TRANSITION_SEED: (int(seed), member)}
+        return None
+
     def _user_message(self, observation: str, turn: int, actions_left: int, reward: float | None) -> str:
         c = self.config
         return turn_message(observation, turn=turn, actions_left=actions_left, reward=reward,
@@ -258,11 +269,11 @@ class RolloutEngine:
         counts: Counter = Counter({key: 0 for key in M.ROLLOUT_COUNTERS})
         episodes: list[_Episode] = []
         too_long: list[int] = []  # lengths of first prompts that leave no room for a reply
-        for (group, start), env in zip(((g, s) for g, s in enumerate(seeds) for _ in range(group_size)),
-                                       self._pools(seeds, group_size)):
+        for (group, member, start), env in zip(
+                ((g, j, s) for g, s in enumerate(seeds) for j in range(group_size)), self._pools(seeds, group_size)):
             text_env, seed = env.unwrapped, start_seed(start)
             try:
-                observation, _ = env.reset(seed=int(seed))
+                observation, _ = env.reset(seed=int(seed), options=self._reset_options(seed, member))
                 description = text_env.describe()
             except Exception:  # an environment's bug must not take the whole rollout down
                 logger.exception("env reset failed for seed %s; dropping that trajectory", seed)

@@ -36,6 +36,7 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     "num_groups": 8, "group_size": 16, "max_turns": 5, "max_actions_per_turn": 5, "max_actions_per_episode": 10,
     "temperature": 1.0, "validation_temperature": 0.5, "max_new_tokens_per_turn": 400,
     "format_penalty": DEFAULT_FORMAT_PENALTY, "enable_thinking": True, "max_context_tokens": 4096,
+    "independent_transitions": False,
     "inference_backend": "hf", "inference_batch_size": 128, "num_inference_engines": 1, "vllm_engine_config": {},
     # advantages and filter
     "advantage_estimator": "gae", "grpo_normalize_std": True, "lambda_": 1.0, "turn_level_rewards": False,
@@ -78,7 +79,7 @@ _FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "l
                    "importance_weight_cap")
 _FINITE_NUMBERS_OR_NONE = ("dual_clip", "value_clip", "grad_clip")
 _BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "whiten_advantages", "recompute_logprobs",
-             "validate_before_training", "rollout_filter_per_env")
+             "validate_before_training", "rollout_filter_per_env", "independent_transitions")
 
 
 def _is_number(value) -> bool:
@@ -203,7 +204,7 @@ class StarPOConfig(AlgorithmConfig):
         max_actions_per_episode=NotProvided, temperature=NotProvided, validation_temperature=NotProvided,
         max_new_tokens_per_turn=NotProvided, format_penalty=NotProvided, enable_thinking=NotProvided,
         max_context_tokens=NotProvided, inference_backend=NotProvided, inference_batch_size=NotProvided,
-        num_inference_engines=NotProvided, vllm_engine_config=NotProvided,
+        num_inference_engines=NotProvided, vllm_engine_config=NotProvided, independent_transitions=NotProvided,
         # advantages and rollout filter
         advantage_estimator=NotProvided, grpo_normalize_std=NotProvided, lambda_=NotProvided,
         turn_level_rewards=NotProvided, whiten_advantages=NotProvided, gamma_turn=NotProvided,
@@ -248,6 +249,10 @@ class StarPOConfig(AlgorithmConfig):
             max_context_tokens: no trajectory grows longer: each reply may take only the room left, an episode with
                 no room for another turn ends (truncated), one whose first prompt leaves no room is not played
                 (``rollout/prompts_too_long``).
+            independent_transitions: a group's episodes share their initial state but not their luck: each draws
+                its payoffs or slips from its own seeded generator (``RolloutConfig.independent_transitions``).
+                False (the reference's): they repeat each other's draws, so a group of N bandit pulls compares
+                one coin flip with the safe arm, and a group's advantage carries one draw's noise.
             inference_backend: a name in ``INFERENCE_BACKENDS`` (``starpo/inference_engines.py``): ``"hf"``
                 (batched KV-cached sampling in the env runner), ``"vllm"`` (vLLM engines as Ray actors, shared by
                 all env runners, new weights loaded after every update; needs vLLM), one you registered with
@@ -458,7 +463,8 @@ class StarPOConfig(AlgorithmConfig):
                              max_turns=self.max_turns,
                              max_actions_per_turn=self.max_actions_per_turn,
                              max_actions_per_episode=self.max_actions_per_episode, format_penalty=self.format_penalty,
-                             enable_thinking=self.enable_thinking, max_context_tokens=self.max_context_tokens)
+                             enable_thinking=self.enable_thinking, max_context_tokens=self.max_context_tokens,
+                             independent_transitions=self.independent_transitions)
 
     def sampling_params(self, validation: bool = False) -> SamplingParams:
         return SamplingParams(temperature=self.validation_temperature if validation else self.temperature,

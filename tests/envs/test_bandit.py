@@ -50,3 +50,21 @@ def test_bad_arguments_fail_at_construction():
         gym.make("rllib_ragen/Bandit-v0", low_risk_name="A", high_risk_name="a")
     with pytest.raises(ValueError, match="high_risk_prob"):
         gym.make("rllib_ragen/Bandit-v0", high_risk_prob=1.5)
+
+
+def test_a_transition_seed_keeps_the_start_and_draws_the_payoff_from_its_own_generator():
+    from rllib_ragen.envs import TRANSITION_SEED
+
+    env = gym.make("rllib_ragen/Bandit-v0")
+    shared, own = [], []
+    for seed in range(200):
+        start = env.reset(seed=seed)[0]
+        shared.append(env.step("Dragon")[1])
+        assert env.reset(seed=seed, options={TRANSITION_SEED: (seed, 1)})[0] == start  # the same arm order
+        own.append(env.step("Dragon")[1])
+        # The payoff is the first draw of the generator seeded by (seed, 1): Bernoulli(0.25).
+        expected = 1.0 if np.random.default_rng(np.random.SeedSequence((seed, 1))).random() < 0.25 else 0.0
+        assert own[-1] == expected
+    shared, own = np.array(shared), np.array(own)
+    # Independent Bernoulli(0.25) pairs disagree with probability 0.375: about 75 of 200, never 0.
+    assert 40 < (shared != own).sum() < 110

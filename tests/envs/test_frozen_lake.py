@@ -106,3 +106,23 @@ def test_optimal_policy_success_matches_its_prediction():
 def test_bad_map_option_is_rejected():
     with pytest.raises(ValueError, match="rows"):
         gym.make("rllib_ragen/FrozenLake-v0").reset(seed=0, options={"map": ["SF", "FG"]})
+
+
+def test_a_transition_seed_keeps_the_map_and_draws_the_slips_from_its_own_generator():
+    from rllib_ragen.envs import TRANSITION_SEED
+
+    env = gym.make("rllib_ragen/FrozenLake-v0")
+    apart = 0
+    for seed in range(100):
+        assert env.reset(seed=seed, options={TRANSITION_SEED: (seed, 3)})[0] == env.reset(seed=seed)[0]  # map, start
+        env.reset(seed=seed, options={"map": OPEN_MAP})
+        env.step("Right")
+        shared_cell = env.unwrapped.position
+        env.reset(seed=seed, options={"map": OPEN_MAP, TRANSITION_SEED: (seed, 3)})
+        env.step("Right")
+        # "Right" from (1, 1) goes Down (9), Right (6) or Up (1), picked by the first draw of the generator seeded
+        # by (seed, 3) against the cumulative probabilities 1/3, 2/3, 1.
+        u = np.random.default_rng(np.random.SeedSequence((seed, 3))).random()
+        assert env.unwrapped.position == [9, 6, 1][int(np.argmax(np.cumsum([1 / 3] * 3) > u))]
+        apart += env.unwrapped.position != shared_cell
+    assert 45 < apart < 90  # independent slips land apart with probability 2/3

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_ragen.envs import TextEnv, solve_level
+from rllib_ragen.envs import TRANSITION_SEED, TextEnv, solve_level
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine, SeedSchedule
 from rllib_ragen.rollout.models import load_policy
@@ -133,6 +133,27 @@ def test_training_seeds_never_repeat_and_resume():
     restored = SeedSchedule()
     restored.set_state(state)
     assert restored.train(8) == schedule.train(8)
+
+
+@pytest.mark.parametrize("independent", [False, True])
+def test_a_groups_episodes_share_the_start_and_their_luck_only_when_asked(tiny, independent):
+    _, tokenizer = tiny
+    config = RolloutConfig(env="rllib_ragen/Bandit-v0", independent_transitions=independent)
+    engine = RolloutEngine(config, ScriptedBackend(lambda prompt: "<think></think><answer>Dragon</answer>",
+                                                   tokenizer), tokenizer)
+    seeds = list(range(40))
+    trajectories, _ = engine.rollout(seeds, 4, SamplingParams())
+    payoffs = np.array([t.total_return for t in trajectories]).reshape(len(seeds), 4)
+    env = gym.make("rllib_ragen/Bandit-v0")
+    for seed, group in zip(seeds, payoffs):
+        for member, paid in enumerate(group):
+            # Episode 0 keeps the seed's own draw; the others draw from (seed, member) when asked to.
+            options = {TRANSITION_SEED: (seed, member)} if independent and member else None
+            env.reset(seed=seed, options=options)
+            assert paid == env.step("Dragon")[1]
+    varied = (payoffs.std(axis=1) > 0).sum()
+    # Shared luck: every group's 4 pulls pay alike. Independent Bernoulli(0.25) groups of 4 vary w.p. 0.68.
+    assert varied == 0 if not independent else 15 < varied < 40
 
 
 class _FlakyEnv(TextEnv):

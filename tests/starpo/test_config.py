@@ -54,6 +54,7 @@ def test_presets():
     (dict(updates_per_rollout_batch=64, num_groups=8, group_size=4), ["updates_per_rollout_batch=64"]),
     (dict(minibatch_size=8, updates_per_rollout_batch=3), ["minibatch_size=8", "updates_per_rollout_batch=3"]),
     (dict(group_size=0), ["group_size=0"]),
+    (dict(independent_transitions="yes"), ["independent_transitions='yes'", "True or False"]),
 ])
 def test_invalid_settings_fail_at_validate_naming_the_fields(knobs, fields):
     config = StarPOConfig().training(**knobs)
@@ -75,6 +76,7 @@ def test_unknown_env_and_critic_are_named():
 def test_a_valid_config_passes():
     StarPOConfig().environment("rllib_ragen/FrozenLake-v0").training(minibatch_size=16).validate()
     assert StarPOConfig().training(minibatch_size=16).effective_updates_per_rollout_batch == 2
+    assert StarPOConfig().training(independent_transitions=True).rollout_config().independent_transitions is True
 
 
 def test_every_starpo_knob_is_a_documented_keyword_of_training():
