@@ -112,7 +112,8 @@ def test_the_job_file_shown_in_the_readme_is_the_bandit_job():
     real = runpy.run_path(str(README.parent / "tuned_examples" / "starpo_bandit.py"), run_name="imported")
     assert shown["job"] == real["job"]
     knobs = ("env", "validation_envs", "num_groups", "group_size", "rollout_filter_ratio", "lr", "critic_lr",
-             "max_turns", "max_new_tokens_per_turn", "validation_size", "validation_interval", "seed")
+             "max_turns", "max_new_tokens_per_turn", "independent_transitions", "whiten_advantages",
+             "validation_size", "validation_interval", "seed")
     assert {k: getattr(shown["config"], k) for k in knobs} == {k: getattr(real["config"], k) for k in knobs}
 
 

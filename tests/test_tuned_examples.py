@@ -153,6 +153,9 @@ def test_flags_override_the_jobs_config_and_leave_it_unchanged():
     assert (job.iterations, config.enable_thinking, config.lr, config.lambda_) == (3, False, 5e-4, 0.9)
     assert (config.kl_coeff, config.rollout_filter) == (0.001, "none")  # the preset, under the other flags
     assert (bandit["job"].iterations, bandit["config"].enable_thinking, bandit["config"].lambda_) == (20, True, 1.0)
+    shared_luck, _ = parse_job_args(bandit["config"], bandit["job"], ["--no-independent-transitions"])
+    assert shared_luck.rollout_config().independent_transitions is False  # the reference's draw, for comparison
+    assert bandit["config"].independent_transitions is True
     sokoban = job_file("starpo_sokoban.py")
     config, _ = parse_job_args(sokoban["config"], sokoban["job"], ["--env-config", '{"reward": "shaped"}',
                                                                    "--model", "smollm2-135m", "--dual-clip", "null"])
