@@ -20,8 +20,7 @@ from .sokoban_levels import SokobanLevel, generate_level, solve_level
 
 __all__ = [
     "BanditEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "TRANSITION_SEED", "TextEnv", "generate_level",
-    "make_text_env",
-    "register_text_env", "registered_text_envs", "solve_level",
+    "make_text_env", "register_text_env", "registered_text_envs", "solve_level",
 ]
 
 _TEXT_ENV_IDS: list[str] = []
