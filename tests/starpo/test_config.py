@@ -104,3 +104,15 @@ def test_building_the_module_logs_no_deprecation_notice():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "deprecated" not in done.stderr, done.stderr[-2000:]
+
+
+def test_every_boolean_knob_survives_copy_dict_and_checkpoint_state():
+    from rllib_ragen.starpo.config import _BOOLEANS
+
+    config = StarPOConfig()
+    flipped = {knob: not getattr(config, knob) for knob in _BOOLEANS}
+    config.training(**flipped)
+    # get_state/from_state is what an RLlib checkpoint stores and restores the config with.
+    for restored in (config.copy(), StarPOConfig.from_dict(config.to_dict()),
+                     StarPOConfig.from_state(config.get_state())):
+        assert {knob: getattr(restored, knob) for knob in _BOOLEANS} == flipped
