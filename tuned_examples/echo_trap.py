@@ -30,7 +30,7 @@ import torch
 from rllib_ragen import StarPOConfig
 from rllib_ragen import metrics as M
 from rllib_ragen.experiment import JobSettings, flatten_result, warm_start
-from rllib_ragen.experiment_outputs import (LEARNER, TRAINING, VALIDATION, keep_notices_off_the_console, write_csv,
+from rllib_ragen.experiment_outputs import (LEARNER, VALIDATION, keep_notices_off_the_console, write_csv,
                                             write_text_atomically)
 from rllib_ragen.rollout.scripted import random_arm_policy, sokoban_solver_policy
 from rllib_ragen.sentinel import echo_trap_rules
