@@ -191,6 +191,35 @@ def test_gpu_machines_get_the_reference_preset_and_the_jobs_own(monkeypatch):
     assert flagged.env.endswith("NotSlippery-v0")  # flags still win
 
 
+def test_the_sokoban_jobs_demonstrations_show_as_many_plan_moves_per_reply_as_told(capsys):
+    import gymnasium as gym
+
+    from rllib_ragen.rollout.context import turn_message
+
+    sokoban = job_file("starpo_sokoban.py")
+    env = gym.make("rllib_ragen/Sokoban-v0").unwrapped
+    observation, _ = env.reset(seed=0)  # the solver's fewest-moves plan: Down Left Left Up Right Right
+    prompt = turn_message(observation, turn=1, actions_left=10, reward=None)
+
+    def reply(*flags):
+        return sokoban["parse_args"](sokoban["config"], sokoban["job"], list(flags))[2](prompt)
+
+    thinking = "<think>Optimal plan has 6 moves.</think>"  # the whole plan's length, however many moves follow
+    # The job's default: as many moves as a reply may carry (max_actions_per_turn = 5).
+    assert reply() == thinking + "<answer>Down || Left || Left || Up || Right</answer>"
+    assert reply("--max-actions-per-turn", "2") == thinking + "<answer>Down || Left</answer>"
+    assert reply("--demonstration-moves-per-reply", "1") == thinking + "<answer>Down</answer>"
+    assert reply("--demonstration-moves-per-reply", "2", "--no-enable-thinking") == "<answer>Down || Left</answer>"
+    for bad in ("6", "0"):  # more moves than a reply may carry (max_actions_per_turn = 5), or none
+        with pytest.raises(SystemExit):
+            reply("--demonstration-moves-per-reply", bad)
+        assert "--demonstration-moves-per-reply" in capsys.readouterr().err
+    # generalization.py trains as the Sokoban job does: the same demonstrations, from the same flag.
+    generalization = job_file("generalization.py")
+    config, _, policy = generalization["sokoban"]["parse_args"](generalization["config"], generalization["job"], [])
+    assert policy(prompt) == reply() and len(config.validation_environments()) == 4
+
+
 @pytest.mark.parametrize("bad", ["{reward: success}", '["success"]'])
 def test_env_config_that_is_not_a_json_object_is_refused(bad, capsys):
     sokoban = job_file("starpo_sokoban.py")

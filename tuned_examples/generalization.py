@@ -14,8 +14,7 @@ import dataclasses
 import pathlib
 import runpy
 
-from rllib_ragen.experiment import parse_job_args, run_job
-from rllib_ragen.rollout.scripted import sokoban_solver_policy
+from rllib_ragen.experiment import run_job
 
 sokoban = runpy.run_path(str(pathlib.Path(__file__).with_name("starpo_sokoban.py")), run_name="generalization")
 SOKOBAN_CONFIG = sokoban["config"].env_config  # the training reward, {"reward": "success"}: variants are scored alike
@@ -32,5 +31,6 @@ config = (
 job = dataclasses.replace(sokoban["job"], output_dir="outputs/generalization", expected_minutes=30)
 
 if __name__ == "__main__":
-    config, job = parse_job_args(config, job, description=__doc__.splitlines()[0])
-    run_job(config, job, sokoban_solver_policy(config.max_actions_per_turn, config.enable_thinking))
+    # That job's flags, --demonstration-moves-per-reply among them, and its demonstrations.
+    config, job, demonstrations = sokoban["parse_args"](config, job, description=__doc__.splitlines()[0])
+    run_job(config, job, demonstrations)
