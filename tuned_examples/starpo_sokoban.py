@@ -59,7 +59,7 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
 
 
 if __name__ == "__main__":
-    config, job, demonstrations = parse_args(config, job, description=__doc__.splitlines()[0])
+    config, job, demonstrations = parse_args(config, job)
     measured_on = (config.env, config.max_actions_per_episode, config.validation_seed_start) == (
         "rllib_ragen/Sokoban-v0", 10, 123)  # the lines hold for the levels and the move budget they were measured on
     run_job(config, job, demonstrations, REFERENCE_LINES if measured_on else None)
