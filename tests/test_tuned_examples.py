@@ -264,17 +264,21 @@ def test_tune_sweep_runs_its_grid_and_reports_the_best_trial(tmp_path):
     assert (tmp_path / "comparison.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_estimator_study_warm_start_flags_replace_the_jobs_settings(capsys, monkeypatch):
+@pytest.mark.parametrize("flag, message", [("--warm-start-lr", "warm_start_lr=0.0 must be a finite number > 0"),
+                                           ("--lr", "lr=0.0 must be > 0")])
+def test_estimator_study_flags_replace_the_jobs_settings(flag, message, capsys, monkeypatch):
     import ray
 
-    # The study warm-starts as its main job does; the flags reproduce studies made with another warm start.
-    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("the bad --warm-start-lr reached training"))
+    # The study warm-starts and trains as its main job does; the flags reproduce studies made with the job's
+    # earlier settings. A bad value must stop the study before any work.
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail(f"the bad {flag} reached training"))
     study = job_file("estimator_study.py")
-    _, job = study["study_config"]("frozenlake", 8)
-    assert job.warm_start_lr == job_file("starpo_frozenlake.py")["job"].warm_start_lr
+    config, job = study["study_config"]("frozenlake", 8)
+    frozenlake = job_file("starpo_frozenlake.py")
+    assert job.warm_start_lr == frozenlake["job"].warm_start_lr and config.lr == frozenlake["config"].lr
     with pytest.raises(SystemExit) as stopped:
-        study["main"](["--env", "frozenlake", "--warm-start-lr", "0"])
-    assert stopped.value.code == 2 and "warm_start_lr=0.0 must be a finite number > 0" in capsys.readouterr().err
+        study["main"](["--env", "frozenlake", flag, "0"])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ and the comparison), ``<estimator>/metrics.csv``, and ``results.md`` (the table)
 
 On a 2-core CPU: FrozenLake ~40 min (warm start 10 min, ~6 min per estimator), Sokoban ~40 min (warm start 6-11
 min, ~5.5 min per estimator). The README's FrozenLake table was measured with the job's earlier warm start (300
-steps at lr 2e-3): ``--warm-start-steps 300 --warm-start-lr 2e-3`` reproduces it.
+steps at lr 2e-3) and RL rate (3e-4): ``--warm-start-steps 300 --warm-start-lr 2e-3 --lr 3e-4`` reproduces it.
 """
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warm-start-steps", type=int, help="supervised warm-start steps (default: the job's)")
     parser.add_argument("--warm-start-episodes", type=int, help="demonstration episodes (default: the job's)")
     parser.add_argument("--warm-start-lr", type=float, help="supervised warm-start learning rate (default: the job's)")
+    parser.add_argument("--lr", type=float, help="the actor's RL learning rate (default: the job's)")
     args = parser.parse_args(argv)
     estimators = [name.strip() for name in args.estimators.split(",") if name.strip()]
     unknown = sorted(set(estimators) - set(ESTIMATORS))
@@ -155,11 +156,13 @@ def main(argv=None) -> int:
 
     keep_notices_off_the_console()  # library notices and loading bars go to the study's job.log
     config, job = study_config(args.env, args.validation_size)
-    config.validate()
+    if args.lr is not None:
+        config.training(lr=args.lr)
     for field in ("warm_start_steps", "warm_start_episodes", "warm_start_lr"):
         if getattr(args, field) is not None:
             setattr(job, field, getattr(args, field))
     try:
+        config.validate()
         job.validate()
     except ValueError as error:
         parser.error(str(error))
