@@ -109,10 +109,30 @@ def start_run_folder(out: pathlib.Path, config, job) -> None:
     record = {"command": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "job": vars(job),
               "config": {k: v for k, v in config.to_dict().items() if _is_json(v)}}
     record["config"]["sentinel_rules"] = [dataclasses.asdict(as_rule(r)) for r in config.sentinel_rules]
-    runs = json.loads((out / RUN_CONFIG).read_text()).get("resumed", []) if (out / RUN_CONFIG).is_file() else []
+    record = json.loads(json.dumps(record, default=str))  # compared below as it is stored
+    earlier = json.loads((out / RUN_CONFIG).read_text()) if (out / RUN_CONFIG).is_file() else {}
     if job.resume:
-        record["resumed"] = [*runs, record["started"]]
-    write_text_atomically(out / RUN_CONFIG, json.dumps(record, indent=1, default=str))
+        record["resumed"] = [*earlier.get("resumed", []), record["started"]]
+        record["changed_on_resume"] = earlier.get("changed_on_resume", [])
+        changed = changed_settings(earlier.get("config", {}), record["config"])
+        if changed:
+            # Allowed (a resumed run may move to more env runners), but never silent, and the old values are kept.
+            record["changed_on_resume"].append({"at": record["started"], "fields": changed})
+            print("resume: the run continues with settings that differ from those it ran with so far (run -> now): "
+                  + "; ".join(f"{name} {_short(old)} -> {_short(new)}" for name, (old, new) in changed.items())
+                  + ". Pass the run's values to continue it unchanged.", flush=True)
+    write_text_atomically(out / RUN_CONFIG, json.dumps(record, indent=1))
+
+
+def changed_settings(before: dict, now: dict) -> dict[str, list]:
+    """The config fields whose recorded values differ, as ``{field: [before, now]}`` (None where one lacks it)."""
+    return {name: [before.get(name), now.get(name)] for name in sorted(set(before) | set(now))
+            if before.get(name) != now.get(name)}
+
+
+def _short(value, width: int = 60) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _is_json(value) -> bool:

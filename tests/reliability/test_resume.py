@@ -8,6 +8,7 @@ import pytest
 
 from rllib_ragen import StarPO, StarPOConfig
 from rllib_ragen.experiment import JobSettings, run_job
+from rllib_ragen.experiment_outputs import start_run_folder
 
 
 def test_resume_without_a_run_or_a_checkpoint_fails_before_any_work(tmp_path):
@@ -44,6 +45,23 @@ def test_a_second_run_gets_its_own_folder_and_leaves_the_first_alone(tmp_path):
     assert recorded["config"]["env"] == "Nope-v0" and recorded["job"]["output_dir"] == str(tmp_path)
 
 
+def test_resuming_with_other_settings_says_which_and_keeps_the_values_it_ran_with(tmp_path, capsys):
+    run = tmp_path / "run"
+    job = JobSettings(output_dir=str(tmp_path), run_name="run")
+    start_run_folder(run, StarPOConfig().training(lr=3e-4), job)
+    resumed = JobSettings(**{**vars(job), "resume": True, "iterations": job.iterations + 5})  # extending is no change
+    start_run_folder(run, StarPOConfig().training(lr=3e-4), resumed)
+    assert "resume:" not in capsys.readouterr().out
+    start_run_folder(run, StarPOConfig().training(lr=1e-4, num_groups=4), resumed)
+    printed = capsys.readouterr().out
+    assert "resume: the run continues with settings that differ" in printed
+    assert "lr 0.0003 -> 0.0001; num_groups 8 -> 4." in printed
+    recorded = json.loads((run / "run_config.json").read_text())
+    assert recorded["config"]["lr"] == 1e-4 and len(recorded["resumed"]) == 2
+    assert recorded["changed_on_resume"] == [{"at": recorded["resumed"][1],
+                                              "fields": {"lr": [3e-4, 1e-4], "num_groups": [8, 4]}}]
+
+
 def _rows(path):
     with open(path / "metrics.csv") as f:
         return list(csv.DictReader(f))
@@ -51,7 +69,7 @@ def _rows(path):
 
 @pytest.mark.slow
 def test_a_crashed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(ray_session, small_config, tmp_path,
-                                                                                monkeypatch):
+                                                                                monkeypatch, capsys):
     config = small_config(validation_interval=3)
     job = JobSettings(iterations=3, checkpoint_interval=2, warm_start_steps=0, threads=1)
     whole = run_job(config, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "whole")}))
@@ -70,8 +88,10 @@ def test_a_crashed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(
     assert len(_rows(crashed)) == 2  # iterations 1 and 2 done, 2 checkpointed
     monkeypatch.setattr(StarPO, "training_step", training_step)
     # --resume with the job's folder continues the run its "latest" link points at.
+    capsys.readouterr()
     resumed = run_job(config, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "crashed"), "resume": True}))
     assert resumed["run_dir"] == str(crashed)
+    assert "resume:" not in capsys.readouterr().out  # the same settings: nothing to report
 
     # Same seeds, same weights, same optimizer state: the resumed run's numbers are the uninterrupted run's.
     columns = ["training_iteration", "env_runners/episode_return_mean", "learners/default_policy/actor/pg_loss",
