@@ -126,8 +126,11 @@ def start_run_folder(out: pathlib.Path, config, job) -> None:
 
 def changed_settings(before: dict, now: dict) -> dict[str, list]:
     """The config fields whose recorded values differ, as ``{field: [before, now]}`` (None where one lacks it)."""
+    def text(value):  # compared as stored: a NaN equals itself there, and key order does not matter
+        return json.dumps(value, sort_keys=True)
+
     return {name: [before.get(name), now.get(name)] for name in sorted(set(before) | set(now))
-            if before.get(name) != now.get(name)}
+            if text(before.get(name)) != text(now.get(name))}
 
 
 def _short(value, width: int = 60) -> str:

@@ -8,7 +8,7 @@ import pytest
 
 from rllib_ragen import StarPO, StarPOConfig
 from rllib_ragen.experiment import JobSettings, run_job
-from rllib_ragen.experiment_outputs import start_run_folder
+from rllib_ragen.experiment_outputs import changed_settings, start_run_folder
 
 
 def test_resume_without_a_run_or_a_checkpoint_fails_before_any_work(tmp_path):
@@ -60,6 +60,12 @@ def test_resuming_with_other_settings_says_which_and_keeps_the_values_it_ran_wit
     assert recorded["config"]["lr"] == 1e-4 and len(recorded["resumed"]) == 2
     assert recorded["changed_on_resume"] == [{"at": recorded["resumed"][1],
                                               "fields": {"lr": [3e-4, 1e-4], "num_groups": [8, 4]}}]
+
+
+def test_changed_settings_compares_values_as_they_are_stored():
+    nan = float("nan")
+    assert changed_settings({"a": nan, "b": {"x": 1, "y": 2}}, {"a": float("nan"), "b": {"y": 2, "x": 1}}) == {}
+    assert changed_settings({"a": 1, "b": 2}, {"a": 1.5, "c": 3}) == {"a": [1, 1.5], "b": [2, None], "c": [None, 3]}
 
 
 def _rows(path):
