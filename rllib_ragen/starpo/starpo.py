@@ -35,7 +35,8 @@ import numpy as np
 import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
-from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import (COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE,
+                            DEFAULT_MODULE_ID)
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
@@ -362,8 +363,30 @@ class StarPO(Algorithm):
             self._log({M.TIME_WEIGHT_LOAD: self._sync_inference_engines()})
         else:
             self._check_learners_alive()
-            self.env_runner_group.sync_weights(from_worker_or_learner_group=self.learner_group,
-                                               inference_only=True, timeout_seconds=600.0)
+            self._push_weights_to_env_runners()
+
+    def _push_weights_to_env_runners(self) -> None:
+        """Load the learner's policy into every healthy env runner, waiting until each has it.
+
+        Not RLlib's ``sync_weights``: it sends through an async request queue that drops a call, without a word,
+        while two earlier ``set_state`` calls to that runner are still in flight (a slow or loaded runner right
+        after a restore), and a runner refuses weights older than its own (a checkpoint restored into a running
+        algorithm, as Tune's PBT does). Either way the runner went on playing other weights than the learner's.
+        """
+        state = self.learner_group.get_state(components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}",
+                                             inference_only=True)[COMPONENT_LEARNER]
+        wanted = state[WEIGHTS_SEQ_NO]
+        state_ref = ray.put({COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE], WEIGHTS_SEQ_NO: wanted})
+
+        def load(runner):
+            runner.load_policy(ray.get(state_ref))
+            return runner.worker_index, runner.weights_seq_no
+
+        loaded = self.env_runner_group.foreach_env_runner(load, local_env_runner=self.env_runner is not None)
+        behind = {index: seq_no for index, seq_no in loaded if seq_no != wanted}
+        if behind:
+            raise RuntimeError(f"env runners {behind} (index: weights version) did not take the learner's weights "
+                               f"(version {wanted}); a rollout on them would play another policy.")
 
     # ---- vLLM engines ----------------------------------------------------------------------------------------------
     def _start_inference_engines(self):
@@ -527,7 +550,9 @@ class StarPO(Algorithm):
         if "://" not in str(path):
             recover_interrupted_save(path)
         self._check_checkpoint_fits(path)
-        return super().restore_from_path(path, **kwargs)
+        super().restore_from_path(path, **kwargs)
+        if self.engine_actors is None:  # (engines: set_state loaded them) RLlib's own sync here can be dropped or
+            self._sync_rollout_weights()  # refused by the runners: see _push_weights_to_env_runners
 
     def _check_checkpoint_fits(self, path) -> None:
         """Refuse a checkpoint whose module this algorithm cannot hold, naming the fields that differ.
@@ -590,6 +615,8 @@ class StarPO(Algorithm):
                     self._apply_lr_factor()
         if getattr(self, "engine_actors", None) is not None:
             self._sync_inference_engines()  # restored weights must reach the engines before the next rollout
+        elif COMPONENT_LEARNER_GROUP in state:
+            self._push_weights_to_env_runners()  # RLlib's sync in set_state can be dropped (see the method)
 
     def _learner_module_state(self) -> dict[str, torch.Tensor]:
         """The learner's current module state, critic left out."""

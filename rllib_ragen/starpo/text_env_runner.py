@@ -85,6 +85,11 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     def stop(self) -> None:
         self.engine = None
 
+    @property
+    def weights_seq_no(self) -> int:
+        """The version of the weights this runner plays (the learner's update count when they were sent)."""
+        return self._weights_seq_no
+
     def attach_inference_engines(self, engines) -> None:
         """Route this runner's generation to the algorithm's vLLM engines (``RemoteEngine`` clients)."""
         self.backend.attach(engines)
@@ -104,6 +109,12 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         seq_no = state.get(WEIGHTS_SEQ_NO, 0)
         if seq_no and seq_no <= self._weights_seq_no:
             return  # these weights are not newer than ours
+        self.load_policy(state)
+
+    def load_policy(self, state) -> None:
+        """Play ``state[COMPONENT_RL_MODULE]`` from now on, whatever its version: unlike :meth:`set_state`, this
+        also goes back to older weights (a checkpoint restored into a running algorithm)."""
+        seq_no = state.get(WEIGHTS_SEQ_NO, 0)
         module_state = state[COMPONENT_RL_MODULE]
         if isinstance(module_state, ray.ObjectRef):  # RLlib puts large states into the object store
             module_state = ray.get(module_state)
