@@ -73,6 +73,16 @@ class StarPOTorchLearner(TorchLearner):
             self._set_optimizer_lr(optimizer, lr=float(schedule.get_current_value()) * self._lr_factor)
 
     @override(TorchLearner)
+    def _set_optimizer_state(self, state) -> None:
+        super()._set_optimizer_state(state)
+        # The checkpoint's param groups hold the rate it trained with. A fixed rate configured now (a resume with
+        # other settings, which the job reports) must drive the very next update, not only the ones after it. A
+        # schedule keeps the checkpoint's value, which RLlib moves along the schedule after that update.
+        for optimizer, schedule in self._optimizer_lr_schedules.items():
+            if not schedule.use_schedule:
+                self._set_optimizer_lr(optimizer, lr=float(schedule.get_current_value()) * self._lr_factor)
+
+    @override(TorchLearner)
     def after_gradient_based_update(self, *, timesteps) -> None:
         super().after_gradient_based_update(timesteps=timesteps)  # RLlib resets each lr to its schedule's value
         if self._lr_factor != 1.0:

@@ -146,3 +146,21 @@ def test_the_env_runner_plays_the_restored_weights(case, ray_session, small_conf
     assert played.keys() == learner.keys()
     for key, value in learner.items():
         assert torch.equal(torch.as_tensor(played[key]), value), key
+
+
+@pytest.mark.slow
+def test_a_learning_rate_changed_on_resume_drives_the_first_resumed_update(ray_session, small_config, tmp_path):
+    first = small_config(validation_interval=0, lr=1e-3, critic_lr=2e-3).build_algo()
+    try:
+        first.train()
+        checkpoint = first.save_to_path(tmp_path / "checkpoint")
+    finally:
+        first.stop()
+    resumed = small_config(validation_interval=0, lr=5e-4, critic_lr=2e-3).build_algo()
+    try:
+        resumed.restore_from_path(checkpoint)  # the optimizer state saved at lr 1e-3
+        rates = {name: optimizer.param_groups[0]["lr"]
+                 for name, optimizer in resumed.learner_group._learner._named_optimizers.items()}
+    finally:
+        resumed.stop()
+    assert rates == {f"{DEFAULT_MODULE_ID}_actor": 5e-4, f"{DEFAULT_MODULE_ID}_critic": 2e-3}
