@@ -369,9 +369,10 @@ class StarPO(Algorithm):
         """Load the learner's policy into every healthy env runner, waiting until each has it.
 
         Not RLlib's ``sync_weights``: it sends through an async request queue that drops a call, without a word,
-        while two earlier ``set_state`` calls to that runner are still in flight (a slow or loaded runner right
-        after a restore), and a runner refuses weights older than its own (a checkpoint restored into a running
-        algorithm, as Tune's PBT does). Either way the runner went on playing other weights than the learner's.
+        while ``max_requests_in_flight_per_env_runner`` (1 by default) earlier ``set_state`` calls to that runner
+        are still in flight (a slow or loaded runner right after a restore), and a runner refuses weights older
+        than its own (a checkpoint restored into a running algorithm, as Tune's PBT does). Either way the runner
+        went on playing other weights than the learner's.
         """
         state = self.learner_group.get_state(components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}",
                                              inference_only=True)[COMPONENT_LEARNER]
