@@ -122,6 +122,9 @@ RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
     "num_env_runners": ("env_runners", "num_env_runners", "remote env runners (0: sample in the driver process)"),
     "num_learners": ("learners", "num_learners", "remote learners (0: learn in the driver process)"),
     "num_gpus_per_learner": ("learners", "num_gpus_per_learner", "GPUs per learner"),
+    "num_gpus_per_env_runner": ("env_runners", "num_gpus_per_env_runner", "GPUs per env runner: the Hugging Face "
+                                                                         "backend generates on it (vLLM engines "
+                                                                         "take their own)"),
 }
 
 
@@ -230,6 +233,9 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
         for name in config_flag_names():
             if name in given:
                 set_config_value(config, name, given[name])
+        if (torch.cuda.is_available() and config.inference_backend == "hf" and config.num_env_runners == 0
+                and "num_gpus_per_env_runner" not in given):
+            config.env_runners(num_gpus_per_env_runner=1)  # the driver samples: generate on its GPU, not its CPU
         config.validate()
         job.validate()
     except ValueError as error:

@@ -6,6 +6,7 @@ import csv
 import importlib.util
 import json
 import math
+import os
 import pathlib
 import runpy
 import subprocess
@@ -21,9 +22,13 @@ TINY_BUDGET = ["--iterations", "2", "--num-groups", "2", "--group-size", "4", "-
                "--warm-start-episodes", "16", "--warm-start-steps", "5", "--max-new-tokens-per-turn", "24", "--max-turns", "2"]
 
 
+# The jobs run as on a CPU machine wherever the tests run: on a GPU they would take the reference's GPU settings.
+CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+
+
 def run_example(name: str, *flags: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "tuned_examples" / name), *flags], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT)
+                          text=True, timeout=timeout, cwd=ROOT, env=CPU_ONLY)
 
 
 def job_file(name: str) -> dict:
@@ -146,7 +151,10 @@ def read_tensorboard_scalars(folder) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
-def test_flags_override_the_jobs_config_and_leave_it_unchanged():
+def test_flags_override_the_jobs_config_and_leave_it_unchanged(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU defaults, on any machine
     bandit = job_file("starpo_bandit.py")
     config, job = parse_job_args(bandit["config"], bandit["job"],
                                  ["--iterations", "3", "--preset", "starpo", "--no-enable-thinking", "--lambda", "0.9"])
@@ -182,13 +190,22 @@ def test_gpu_machines_get_the_reference_preset_and_the_jobs_own(monkeypatch):
     frozenlake = job_file("starpo_frozenlake.py")
     config, job = frozenlake["config"], frozenlake["job"]
     gpu = frozenlake["gpu_config"]
-    assert parse_job_args(config, job, [], gpu_config=gpu)[0].env == "rllib_ragen/FrozenLakeNotSlippery-v0"  # CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    on_cpu, _ = parse_job_args(config, job, [], gpu_config=gpu)
+    assert (on_cpu.env, on_cpu.num_gpus_per_env_runner) == ("rllib_ragen/FrozenLakeNotSlippery-v0", 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("rllib_ragen.experiment_flags.vllm_available", lambda: False)
     on_gpu, gpu_job = parse_job_args(config, job, [], gpu_config=gpu)
     assert (on_gpu.model_config["model"], on_gpu.num_groups, on_gpu.group_size) == ("Qwen/Qwen2.5-0.5B-Instruct", 8, 16)
     assert (on_gpu.env, on_gpu.enable_thinking, gpu_job.iterations) == ("rllib_ragen/FrozenLake-v0", True, 200)
+    # Without vLLM the driver samples with Hugging Face generate: on its GPU, not its CPU.
+    assert (on_gpu.inference_backend, on_gpu.num_env_runners, on_gpu.num_gpus_per_env_runner) == ("hf", 0, 1)
     flagged, _ = parse_job_args(config, job, ["--env", "rllib_ragen/FrozenLakeNotSlippery-v0"], gpu_config=gpu)
     assert flagged.env.endswith("NotSlippery-v0")  # flags still win
+    remote, _ = parse_job_args(config, job, ["--num-env-runners", "2"], gpu_config=gpu)
+    assert remote.num_gpus_per_env_runner == 0  # remote runners take a GPU each only when asked
+    asked, _ = parse_job_args(config, job, ["--num-gpus-per-env-runner", "0"], gpu_config=gpu)
+    assert asked.num_gpus_per_env_runner == 0
 
 
 def test_the_sokoban_jobs_demonstrations_show_as_many_plan_moves_per_reply_as_told(capsys):
@@ -247,13 +264,13 @@ def test_tune_sweep_runs_its_grid_and_reports_the_best_trial(tmp_path):
     flags = [sys.executable, str(script), "--actions-per-turn", "1,5", "--updates", "1", "--keep-ratios", "1.0",
              "--iterations", "1", "--validation-size", "4", "--warm-start-steps", "3", "--warm-start-episodes", "8",
              "--output-dir", str(tmp_path)]
-    done = subprocess.run(flags, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = subprocess.run(flags, capture_output=True, text=True, timeout=600, cwd=ROOT, env=CPU_ONLY)
     assert done.returncode == 0, done.stderr[-3000:]
     # Every trial checkpointed its last iteration, so an interrupted search could go on with --resume.
     assert len(list((tmp_path / "tune_sokoban").glob("*/checkpoint_*/rllib_checkpoint.json"))) == 2
     # Each trial writes TensorBoard events (Tune's logger), so `tensorboard --logdir outputs/` shows the search.
     assert len(list((tmp_path / "tune_sokoban").glob("*/events.out.tfevents.*"))) == 2
-    again = subprocess.run(flags, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    again = subprocess.run(flags, capture_output=True, text=True, timeout=600, cwd=ROOT, env=CPU_ONLY)
     assert again.returncode == 2 and "continue it with --resume" in again.stderr  # nothing overwritten
     with open(tmp_path / "trials.csv") as f:
         trials = list(csv.DictReader(f))

@@ -74,7 +74,7 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torc
 def _next_masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B, T): at each position, ``x`` at the next *later* position where ``mask`` is set; 0 where there is none."""
     width = x.shape[1]
-    positions = torch.where(mask, torch.arange(width), width)
+    positions = torch.where(mask, torch.arange(width, device=x.device), width)
     first_from = positions.flip(-1).cummin(-1).values.flip(-1)  # smallest masked position >= t
     after = torch.nn.functional.pad(first_from[:, 1:], (0, 1), value=width)  # ... > t
     return torch.nn.functional.pad(x, (0, 1)).gather(1, after)
@@ -195,7 +195,8 @@ def _spread_over_turns(at_turn_ends: torch.Tensor, response_mask: torch.Tensor) 
     """(B, T) values sitting on turn ends -> the same value on every sampled token of that turn."""
     index = turn_index(response_mask)
     ends = turn_end_mask(response_mask)
-    per_turn = torch.zeros(response_mask.shape[0], int(index.max().item()) + 1 if index.numel() else 0)
+    per_turn = torch.zeros(response_mask.shape[0], int(index.max().item()) + 1 if index.numel() else 0,
+                           device=at_turn_ends.device)
     rows, cols = ends.nonzero(as_tuple=True)
     per_turn[rows, index[rows, cols]] = at_turn_ends[rows, cols].float()
     return _turn_values_on_tokens(per_turn, index)
@@ -382,7 +383,7 @@ def _gigpo(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.
     if (index.max(-1).values + 1).tolist() != turns:
         raise ValueError(f"gigpo: the response mask holds {(index.max(-1).values + 1).tolist()} turns per trajectory "
                          f"but the turn rewards {turns}; every turn must be one contiguous run of sampled tokens.")
-    per_turn = torch.zeros(len(steps), max(turns, default=0))
+    per_turn = torch.zeros(len(steps), max(turns, default=0), device=index.device)
     for i, values in enumerate(steps):
         per_turn[i, :len(values)] = torch.tensor(values)
     return episode + settings.omega * _turn_values_on_tokens(per_turn, index), None

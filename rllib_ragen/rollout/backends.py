@@ -179,14 +179,15 @@ class HFBackend:
         texts, running = [""] * batch, [True] * batch
         for step in range(max(caps)):
             tokens, token_logprobs = _sample(logits, params, generator)
+            tokens, token_logprobs = tokens.tolist(), token_logprobs.tolist()  # one device sync per step, not per row
             feed = []
             for row in range(batch):
                 if not running[row]:
                     feed.append([])
                     continue
-                token = int(tokens[row])
+                token = tokens[row]
                 replies[row].append(token)
-                logprobs[row].append(float(token_logprobs[row]))
+                logprobs[row].append(token_logprobs[row])
                 texts[row] = (texts[row] + self._token_text(token))[-64:]
                 if (token == eos or len(replies[row]) >= caps[row]
                         or any(s in texts[row] for s in params.stop_strings)):

@@ -102,7 +102,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         """Next-token logits after each row's last real token (inference; rollouts use a backend instead)."""
         out = self.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         last = batch["attention_mask"].sum(-1) - 1
-        return {"logits": out.logits[torch.arange(len(last)), last]}
+        return {"logits": out.logits[torch.arange(len(last), device=last.device), last]}
 
     @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from ray.rllib.env import INPUT_ENV_SPACES
 from ray.rllib.env.env_runner import EnvRunner
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.framework import get_device
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from .. import metrics as M
@@ -33,13 +34,25 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             torch.set_num_threads(max(1, int(self.config.num_cpus_per_env_runner)))
         spec = self.config.get_rl_module_spec(
             spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True)
-        self.module = spec.build()
+        self.module = spec.build().to(self._rollout_device())
         self.tokenizer = self.module.tokenizer
         self.backend = make_backend(self.config.inference_backend, self.module.policy, self.tokenizer, self.config)
         self.engine = RolloutEngine(self.config.rollout_config(), self.backend, self.tokenizer)
         self._check_first_prompts_fit()
         self._weights_seq_no = 0
         self._metrics: dict[str, float] = {}
+
+    def _rollout_device(self) -> torch.device:
+        """Where the Hugging Face backend generates: the GPU RLlib gave this runner (``num_gpus_per_env_runner``),
+        else the CPU. The driver's runner takes one only when it is the only runner (``num_env_runners=0``): with
+        remote runners it never samples, and the head node of a cluster may have no GPU."""
+        samples_here = self.worker_index > 0 or self.config.num_env_runners == 0
+        if self.config.num_gpus_per_env_runner > 0 and samples_here:
+            if not torch.cuda.is_available():
+                raise RuntimeError(f"num_gpus_per_env_runner={self.config.num_gpus_per_env_runner} but this "
+                                   "process sees no CUDA device: set it to 0 to sample on the CPU.")
+            return get_device(self.config, self.config.num_gpus_per_env_runner)
+        return torch.device("cpu")
 
     def _check_first_prompts_fit(self, num_probes: int = 4) -> None:
         """Fail at build, not at the first ``train()``, when no first prompt of an environment leaves room for a
