@@ -99,3 +99,28 @@ def test_starpo_trains_with_its_learner_and_its_sampler_on_the_gpu(small_config,
         restored.train()
     finally:
         restored.stop()
+
+
+def test_a_remote_learner_and_a_remote_runner_share_one_gpu(small_config, ray_session):
+    """Ray actors get their GPU through CUDA_VISIBLE_DEVICES, not the driver's device index: the path of a cluster."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    from rllib_ragen import metrics as M
+
+    config = (small_config(validation_interval=0).learners(num_learners=1, num_gpus_per_learner=0.5)
+              .env_runners(num_env_runners=1, num_gpus_per_env_runner=0.5))
+    algo = config.build_algo()
+    try:
+        for _ in range(2):
+            result = algo.train()
+        assert result["learners"][DEFAULT_MODULE_ID][M.LOGPROB_GAP_MAX] < 1e-3
+        runner_device, runner_state = algo.env_runner_group.foreach_env_runner(
+            lambda runner: (str(next(runner.module.parameters()).device), runner.module.get_state()),
+            local_env_runner=False)[0]
+        learner_device, learner_state = next(iter(algo.learner_group.foreach_learner(
+            lambda learner: (str(next(learner.module[DEFAULT_MODULE_ID].parameters()).device),
+                             learner.module[DEFAULT_MODULE_ID].get_state(inference_only=True))))).get()
+        assert runner_device.startswith("cuda") and learner_device.startswith("cuda")
+        assert all(torch.equal(runner_state[k], learner_state[k]) for k in runner_state)
+    finally:
+        algo.stop()
