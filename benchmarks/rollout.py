@@ -6,7 +6,7 @@ prefilled again), then steps the environments one by one. Besides
 being slower it is not token-exact (earlier replies are re-encoded). The engine appends sampled ids and
 observation tokens only.
 
-    python benchmarks/rollout.py [--model tiny] [--groups 8] [--group-size 4] [--max-new-tokens 48]
+    python benchmarks/rollout.py [--model tiny] [--groups 8] [--group-size 4] [--max-new-tokens 48] [--device cuda]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class GenerateBackend:
         mask = torch.zeros_like(ids)
         for row, prompt in enumerate(prompts):
             ids[row, width - len(prompt):], mask[row, width - len(prompt):] = torch.tensor(prompt), 1
+        ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         torch.manual_seed(seed or 0)
         out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=params.temperature,
                                   top_k=0, top_p=1.0, max_new_tokens=params.max_new_tokens, pad_token_id=pad,
@@ -99,14 +100,16 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each; the best is reported")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="where the model samples: cpu, cuda, cuda:1, ...")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     model, tokenizer = load_policy(args.model)
+    model.to(args.device)
     config = RolloutConfig(env=args.env, max_turns=args.max_turns)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     seeds = list(range(args.groups))
-    print(f"model={args.model} env={args.env} {args.groups}x{args.group_size} envs, {args.max_turns} turns, "
+    print(f"model={args.model} on {args.device}, env={args.env} {args.groups}x{args.group_size} envs, {args.max_turns} turns, "
           f"{args.max_new_tokens} new tokens/turn, best of {args.repeats}")
     # The engine keeps the KV cache across turns; the naive loop re-reads the whole history every turn with
     # Hugging Face's own generate.
