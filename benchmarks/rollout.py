@@ -109,8 +109,8 @@ def main() -> None:
     config = RolloutConfig(env=args.env, max_turns=args.max_turns)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     seeds = list(range(args.groups))
-    print(f"model={args.model} on {args.device}, env={args.env} {args.groups}x{args.group_size} envs, {args.max_turns} turns, "
-          f"{args.max_new_tokens} new tokens/turn, best of {args.repeats}")
+    print(f"model={args.model} on {args.device}, env={args.env} {args.groups}x{args.group_size} envs, "
+          f"{args.max_turns} turns, {args.max_new_tokens} new tokens/turn, best of {args.repeats}")
     # The engine keeps the KV cache across turns; the naive loop re-reads the whole history every turn with
     # Hugging Face's own generate.
     compare("sampling from the model", config, params, seeds, args,

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import gymnasium as gym
 import numpy as np
+import torch
 from ray._common.deprecation import DEPRECATED_VALUE
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
@@ -742,6 +743,9 @@ class StarPOConfig(AlgorithmConfig):
             yield (f"inference_backend={self.inference_backend!r}: choose one of {sorted(INFERENCE_BACKENDS)}, "
                    "register yours with register_inference_backend, or pass a callable "
                    "(model, tokenizer, config) -> InferenceBackend.")
+        if self.num_gpus_per_env_runner > 0 and self.num_env_runners == 0 and not torch.cuda.is_available():
+            yield (f"num_gpus_per_env_runner={self.num_gpus_per_env_runner} with num_env_runners=0: the driver "
+                   "samples, and it sees no CUDA device. Set num_gpus_per_env_runner=0 to sample on the CPU.")
         if self.inference_backend == "vllm":
             if not vllm_available():
                 yield VLLM_MISSING

@@ -35,6 +35,21 @@ def test_unknown_model_keys_dtypes_and_env_arguments_are_named_with_the_accepted
     StarPOConfig().environment("rllib_ragen/Sokoban-v0", env_config={"num_boxes": 2}).validate()
 
 
+def test_sampling_on_a_gpu_the_driver_does_not_have_fails_at_validate(monkeypatch):
+    import torch
+
+    config = StarPOConfig().env_runners(num_env_runners=0, num_gpus_per_env_runner=1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"num_gpus_per_env_runner=1 with num_env_runners=0: the driver samples, and "
+                                         r"it sees no CUDA device. Set num_gpus_per_env_runner=0"):
+        config.validate()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    config.validate()
+    # Remote runners get their GPUs from Ray, on whichever node has them: the driver's own devices do not matter.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    StarPOConfig().env_runners(num_env_runners=1, num_gpus_per_env_runner=1).validate()
+
+
 def test_a_model_that_is_neither_built_in_nor_found_says_so():
     with pytest.raises(OSError, match=r"not a built-in model \('tiny', 'smollm2-135m'\), is no local directory"):
         load_policy("/no/such/model/dir")
