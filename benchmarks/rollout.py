@@ -101,6 +101,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each; the best is reported")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="where the model samples: cpu, cuda, cuda:1, ...")
+    parser.add_argument("--batch-size", type=int, default=128,
+                        help="rows the engine decodes at once (StarPOConfig.inference_batch_size); more are split")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -114,7 +116,8 @@ def main() -> None:
     # The engine keeps the KV cache across turns; the naive loop re-reads the whole history every turn with
     # Hugging Face's own generate.
     compare("sampling from the model", config, params, seeds, args,
-            engine_backend=HFBackend(model, tokenizer), naive_backend=GenerateBackend(model, tokenizer),
+            engine_backend=HFBackend(model, tokenizer, max_batch_size=args.batch_size),
+            naive_backend=GenerateBackend(model, tokenizer),
             tokenizer=tokenizer)
     # No model: what is left is each loop's own cost (contexts, parsing, env stepping).
     scripted = ScriptedBackend(sokoban_solver_policy(config.max_actions_per_turn), tokenizer)
