@@ -94,6 +94,7 @@ def test_starpo_trains_with_its_learner_and_its_sampler_on_the_gpu(small_config,
         algo.stop()
     restored = StarPO.from_checkpoint(checkpoint)
     try:
+        assert (restored.config.num_gpus_per_learner, restored.config.num_gpus_per_env_runner) == (1, 1)
         state = restored.learner_group._learner.module[DEFAULT_MODULE_ID].get_state()
         assert all(torch.equal(state[k], v) for k, v in learner_module.get_state().items())
         restored.train()

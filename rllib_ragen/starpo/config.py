@@ -78,6 +78,7 @@ _FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "l
                    "clip_ratio_high", "kl_coeff", "entropy_coeff", "vf_loss_coeff", "critic_lr", "weight_decay",
                    "rollout_filter_ratio", "gamma_turn", "gamma_token", "gigpo_step_gamma", "gigpo_omega",
                    "importance_weight_cap")
+_GPU_COUNTS = ("num_gpus_per_env_runner", "num_gpus_per_learner")  # RLlib's own fields, which it does not check
 _FINITE_NUMBERS_OR_NONE = ("dual_clip", "value_clip", "grad_clip")
 _BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "whiten_advantages", "recompute_logprobs",
              "validate_before_training", "rollout_filter_per_env", "independent_transitions")
@@ -527,6 +528,9 @@ class StarPOConfig(AlgorithmConfig):
         for field in ("train_seed_start", "validation_seed_start"):
             if getattr(self, field) < 0:
                 yield f"{field}={getattr(self, field)!r} must be >= 0 (a reset seed)."
+        for field in _GPU_COUNTS:
+            if getattr(self, field) < 0:
+                yield f"{field}={getattr(self, field)!r} must be >= 0 (0: the CPU; a fraction shares a GPU)."
         # A learning rate <= 0 would train by gradient ascent, or not at all.
         if _is_number(self.lr) and self.lr <= 0:
             yield f"lr={self.lr} must be > 0."
@@ -594,7 +598,7 @@ class StarPOConfig(AlgorithmConfig):
 
     def _kind_errors(self):
         """Each knob of the right kind: numbers finite, booleans booleans, integers integers."""
-        for field in _FINITE_NUMBERS + _FINITE_NUMBERS_OR_NONE:
+        for field in _FINITE_NUMBERS + _FINITE_NUMBERS_OR_NONE + _GPU_COUNTS:
             value = getattr(self, field)
             if value is None and field in _FINITE_NUMBERS_OR_NONE:
                 continue

@@ -35,6 +35,17 @@ def test_unknown_model_keys_dtypes_and_env_arguments_are_named_with_the_accepted
     StarPOConfig().environment("rllib_ragen/Sokoban-v0", env_config={"num_boxes": 2}).validate()
 
 
+@pytest.mark.parametrize("field", ["num_gpus_per_env_runner", "num_gpus_per_learner"])
+@pytest.mark.parametrize("value, message", [(-1, "must be >= 0"), (math.nan, "must be a finite number"),
+                                            (math.inf, "must be a finite number"), ("1", "must be a finite number"),
+                                            (True, "must be a finite number")])
+def test_gpu_counts_fail_at_validate_naming_the_field(field, value, message):
+    config = StarPOConfig().env_runners(num_env_runners=1)
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=f"{field}={value!r} {message}"):
+        config.validate()
+
+
 def test_sampling_on_a_gpu_the_driver_does_not_have_fails_at_validate(monkeypatch):
     import torch
 
