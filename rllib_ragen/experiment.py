@@ -73,7 +73,8 @@ def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pat
         model.to(config.local_gpu_idx)
     demos = collect_demonstrations(config.rollout_config(), policy, tokenizer, job.warm_start_episodes)
     losses = supervised_warm_start(model, demos, steps=job.warm_start_steps, batch_size=job.warm_start_batch_size,
-                                   lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id)
+                                   lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id,
+                                   average_decay=job.warm_start_average_decay)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     print(f"warm start: {len(demos)} demonstrations ({sum(t.success for t in demos) / len(demos):.0%} successful), "

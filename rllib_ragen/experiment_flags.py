@@ -43,6 +43,9 @@ class JobSettings:
     warm_start_steps: int = _help("supervised warm-start steps (0: start RL from the model as loaded)", default=200)
     warm_start_lr: float = _help("warm-start learning rate", default=2e-3)
     warm_start_batch_size: int = _help("warm-start batch size (episodes)", default=16)
+    warm_start_average_decay: float = _help("end the warm start on an exponential moving average of its weights "
+                                            "with this decay per step, e.g. 0.98 (0: the last step's weights)",
+                                            default=0.0)
     pass_bar: float = _help("least rise of validation success over the warm start that counts as learning",
                             default=0.05)
     checkpoint_interval: int = _help("save the algorithm to output_dir/checkpoint every N iterations and after "
@@ -73,6 +76,9 @@ class JobSettings:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or (
                     positive and value <= 0):
                 errors.append(f"{name}={value!r} must be a finite number{' > 0' * positive}.")
+        decay = self.warm_start_average_decay
+        if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0 <= decay < 1:  # NaN fails too
+            errors.append(f"warm_start_average_decay={decay!r} must be a number in [0, 1) (0: no averaging).")
         for name in ("resume", "verbose"):
             if not isinstance(getattr(self, name), bool):
                 errors.append(f"{name}={getattr(self, name)!r} must be True or False.")
