@@ -80,7 +80,8 @@ def naive_rollout(config: RolloutConfig, backend, tokenizer, seeds, group_size, 
             generated_tokens += len(generation.token_ids)
             reply = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
             result = execute_turn(envs[i], parse_reply(reply, max_actions_per_turn=config.max_actions_per_turn),
-                                  actions_left=budgets[i], format_penalty=config.format_penalty)
+                                  actions_left=budgets[i], format_penalty=config.format_penalty,
+                                  ineffective_action_penalty=config.ineffective_action_penalty)
             env_steps += len(result.executed)
             budgets[i] -= len(result.executed)
             done[i] = result.terminated or result.truncated or budgets[i] <= 0 or turn >= config.max_turns

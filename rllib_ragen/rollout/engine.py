@@ -38,6 +38,8 @@ class RolloutConfig:
         max_actions_per_turn: actions kept from one reply.
         max_actions_per_episode: actions executed per episode, over all turns.
         format_penalty: added to a turn's reward when its reply breaks the protocol.
+        ineffective_action_penalty: added to a turn's reward for each executed action that left the state as it
+            was (the environment's ``action_is_effective`` is False).
         enable_thinking: require ``<think>`` before ``<answer>``.
         max_context_tokens: no trajectory grows longer. Each reply may take only the room left; a trajectory with
             no room for another turn ends there (truncated); an episode whose first prompt leaves no room is not
@@ -56,6 +58,7 @@ class RolloutConfig:
     max_actions_per_turn: int = 5
     max_actions_per_episode: int = 10
     format_penalty: float = DEFAULT_FORMAT_PENALTY
+    ineffective_action_penalty: float = 0.0
     enable_thinking: bool = True
     max_context_tokens: int = 4096
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
@@ -341,7 +344,8 @@ class RolloutEngine:
                             enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn)
         try:
             result = execute_turn(episode.env, reply, actions_left=episode.actions_left,
-                                  format_penalty=c.format_penalty)
+                                  format_penalty=c.format_penalty,
+                                  ineffective_action_penalty=c.ineffective_action_penalty)
         except Exception:
             logger.exception("env step failed in %s (seed %s); dropping that trajectory", t.env_name, t.seed)
             episode.done = episode.failed = True

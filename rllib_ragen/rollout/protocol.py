@@ -129,7 +129,8 @@ class TurnResult:
     """The outcome of executing one parsed reply in an environment.
 
     Attributes:
-        reward: environment rewards of the executed actions plus the format penalty when it applies.
+        reward: environment rewards of the executed actions plus the format penalty when it applies and the
+            ineffective-action penalty for each executed action that did not change the state.
         env_reward: the environment rewards alone.
         executed: canonical names of the actions that ran, in order.
         num_valid, num_invalid: answer pieces that did / did not name an environment action.
@@ -154,7 +155,8 @@ class TurnResult:
 
 
 def execute_turn(
-    env: gym.Env, reply: ParsedReply, *, actions_left: int, format_penalty: float = DEFAULT_FORMAT_PENALTY
+    env: gym.Env, reply: ParsedReply, *, actions_left: int, format_penalty: float = DEFAULT_FORMAT_PENALTY,
+    ineffective_action_penalty: float = 0.0,
 ) -> TurnResult:
     """Run a reply's valid actions in order until the episode ends or ``actions_left`` is spent.
 
@@ -163,6 +165,8 @@ def execute_turn(
         reply: the parsed reply.
         actions_left: the episode's remaining action budget.
         format_penalty: added once to the turn reward on a format error (a negative number).
+        ineffective_action_penalty: added to the turn reward once per executed action whose step info says
+            ``action_is_effective`` is False (a negative number, or 0 to leave such moves unpenalised).
     """
     text_env = env.unwrapped
     resolved = [text_env.lookup_action(piece) for piece in reply.actions]
@@ -179,5 +183,7 @@ def execute_turn(
         result.success = bool(info.get("success", False))
         if terminated or truncated:
             break
-    result.reward = result.env_reward + (format_penalty if result.format_error else 0.0)
+    num_ineffective = len(result.executed) - result.num_effective
+    result.reward = (result.env_reward + (format_penalty if result.format_error else 0.0)
+                     + ineffective_action_penalty * num_ineffective)
     return result

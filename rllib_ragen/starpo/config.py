@@ -36,8 +36,8 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     # rollout
     "num_groups": 8, "group_size": 16, "max_turns": 5, "max_actions_per_turn": 5, "max_actions_per_episode": 10,
     "temperature": 1.0, "validation_temperature": 0.5, "max_new_tokens_per_turn": 400,
-    "format_penalty": DEFAULT_FORMAT_PENALTY, "enable_thinking": True, "max_context_tokens": 4096,
-    "independent_transitions": False,
+    "format_penalty": DEFAULT_FORMAT_PENALTY, "ineffective_action_penalty": 0.0, "enable_thinking": True,
+    "max_context_tokens": 4096, "independent_transitions": False,
     "inference_backend": "hf", "inference_batch_size": 128, "num_inference_engines": 1, "vllm_engine_config": {},
     # advantages and filter
     "advantage_estimator": "gae", "grpo_normalize_std": True, "lambda_": 1.0, "turn_level_rewards": False,
@@ -74,10 +74,10 @@ _POSITIVE_INTS = ("num_groups", "group_size", "max_turns", "max_actions_per_turn
                   "sentinel_rollback_depth")
 _INTS = ("validation_interval", "train_seed_start", "validation_seed_start", "collapse_diagnostics_interval",
          "collapse_subsample", "sentinel_max_rollbacks", "max_policy_lag")
-_FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "lambda_", "gamma", "clip_ratio_low",
-                   "clip_ratio_high", "kl_coeff", "entropy_coeff", "vf_loss_coeff", "critic_lr", "weight_decay",
-                   "rollout_filter_ratio", "gamma_turn", "gamma_token", "gigpo_step_gamma", "gigpo_omega",
-                   "importance_weight_cap")
+_FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "ineffective_action_penalty", "lambda_",
+                   "gamma", "clip_ratio_low", "clip_ratio_high", "kl_coeff", "entropy_coeff", "vf_loss_coeff",
+                   "critic_lr", "weight_decay", "rollout_filter_ratio", "gamma_turn", "gamma_token",
+                   "gigpo_step_gamma", "gigpo_omega", "importance_weight_cap")
 _GPU_COUNTS = ("num_gpus_per_env_runner", "num_gpus_per_learner")  # RLlib's own fields, which it does not check
 _FINITE_NUMBERS_OR_NONE = ("dual_clip", "value_clip", "grad_clip")
 _BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "whiten_advantages", "recompute_logprobs",
@@ -204,9 +204,10 @@ class StarPOConfig(AlgorithmConfig):
         # rollout
         num_groups=NotProvided, group_size=NotProvided, max_turns=NotProvided, max_actions_per_turn=NotProvided,
         max_actions_per_episode=NotProvided, temperature=NotProvided, validation_temperature=NotProvided,
-        max_new_tokens_per_turn=NotProvided, format_penalty=NotProvided, enable_thinking=NotProvided,
-        max_context_tokens=NotProvided, inference_backend=NotProvided, inference_batch_size=NotProvided,
-        num_inference_engines=NotProvided, vllm_engine_config=NotProvided, independent_transitions=NotProvided,
+        max_new_tokens_per_turn=NotProvided, format_penalty=NotProvided, ineffective_action_penalty=NotProvided,
+        enable_thinking=NotProvided, max_context_tokens=NotProvided, inference_backend=NotProvided,
+        inference_batch_size=NotProvided, num_inference_engines=NotProvided, vllm_engine_config=NotProvided,
+        independent_transitions=NotProvided,
         # advantages and rollout filter
         advantage_estimator=NotProvided, grpo_normalize_std=NotProvided, lambda_=NotProvided,
         turn_level_rewards=NotProvided, whiten_advantages=NotProvided, gamma_turn=NotProvided,
@@ -247,6 +248,10 @@ class StarPOConfig(AlgorithmConfig):
             validation_temperature: sampling temperature on the validation set (0 is greedy).
             max_new_tokens_per_turn: reply length limit; a cut reply usually fails the format.
             format_penalty: added to a turn's reward when the reply breaks the protocol (-0.1).
+            ineffective_action_penalty: added to a turn's reward for each executed action that left the state as
+                it was (a Sokoban move into a wall or a blocked push, a FrozenLake step off the edge), e.g. -0.1.
+                0 (the reference's): such a move costs only the move. Validation returns include it too; success
+                does not depend on it.
             enable_thinking: require ``<think>...</think>`` before ``<answer>``.
             max_context_tokens: no trajectory grows longer: each reply may take only the room left, an episode with
                 no room for another turn ends (truncated), one whose first prompt leaves no room is not played
@@ -465,6 +470,7 @@ class StarPOConfig(AlgorithmConfig):
                              max_turns=self.max_turns,
                              max_actions_per_turn=self.max_actions_per_turn,
                              max_actions_per_episode=self.max_actions_per_episode, format_penalty=self.format_penalty,
+                             ineffective_action_penalty=self.ineffective_action_penalty,
                              enable_thinking=self.enable_thinking, max_context_tokens=self.max_context_tokens,
                              independent_transitions=self.independent_transitions)
 

@@ -13,6 +13,7 @@ from rllib_ragen.rollout.models import load_policy
     (dict(lr=-1e-4), "lr=-0.0001"), (dict(critic_lr=0.0), "critic_lr=0.0"), (dict(grad_clip=-1.0), "grad_clip=-1.0"),
     (dict(lambda_=1.5), "lambda_=1.5"), (dict(gamma=0.0), "gamma=0.0"), (dict(temperature=math.nan), "temperature=nan"),
     (dict(value_clip=0.0), "value_clip=0.0"), (dict(format_penalty=math.inf), "format_penalty=inf"),
+    (dict(ineffective_action_penalty=math.nan), "ineffective_action_penalty=nan"),
     (dict(entropy_coeff=math.nan), "entropy_coeff=nan"), (dict(kl_coeff="0.1"), "kl_coeff='0.1'"),
     (dict(max_context_tokens=0), "max_context_tokens=0"), (dict(enable_thinking="no"), "enable_thinking='no'"),
     (dict(micro_batch_size=1.5), "micro_batch_size=1.5"), (dict(num_groups=True), "num_groups=True"),
@@ -79,16 +80,18 @@ def test_minus_one_survives_the_build_and_a_checkpoint(ray_session, small_config
                   sentinel_snapshot_interval=2, sentinel_rollback_depth=2, importance_weight_cap=3.0,
                   sentinel_rules=[Rule("rollout_filter/reward_std", "below", -1.0, action="rollback",
                                        knobs={"lr_factor": 0.25})])
-    algo = small_config(format_penalty=-1.0, validation_interval=0, **credit).build_algo()
+    algo = small_config(format_penalty=-1.0, ineffective_action_penalty=-1.0, validation_interval=0,
+                        **credit).build_algo()
     try:
         assert algo.config.format_penalty == -1.0 and algo.env_runner.engine.config.format_penalty == -1.0
+        assert algo.env_runner.engine.config.ineffective_action_penalty == -1.0
         assert {k: getattr(algo.config, k) for k in credit} == credit
         checkpoint = algo.save_to_path(tmp_path / "checkpoint")
     finally:
         algo.stop()
     restored = StarPO.from_checkpoint(checkpoint)
     try:
-        assert restored.config.format_penalty == -1.0
+        assert restored.config.format_penalty == -1.0 and restored.config.ineffective_action_penalty == -1.0
         assert {k: getattr(restored.config, k) for k in credit} == credit
         assert restored.sentinel.rules == credit["sentinel_rules"] and restored.sentinel.max_rollbacks == 1
     finally:

@@ -103,6 +103,17 @@ def test_valid_turn_sums_rewards_without_penalty():
     assert result.reward == pytest.approx(-0.2) and result.num_effective == 2
 
 
+def test_ineffective_actions_are_penalised_once_each():
+    # From the top-left corner, Up and Left hit the wall (the state stays) and Right walks: -0.1 per move from the
+    # shaped reward, and the penalty twice.
+    reply = parse_reply("<think></think><answer>Up || Left || Right</answer>")
+    result = execute_turn(_sokoban(), reply, actions_left=10, ineffective_action_penalty=-0.5)
+    assert result.executed == ["Up", "Left", "Right"] and result.num_effective == 1 and not result.format_error
+    assert result.env_reward == pytest.approx(-0.3) and result.reward == pytest.approx(-0.3 - 2 * 0.5)
+    unpenalised = execute_turn(_sokoban(), reply, actions_left=10)
+    assert unpenalised.reward == pytest.approx(-0.3)
+
+
 def test_invalid_piece_is_skipped_and_penalised():
     reply = parse_reply("<think></think><answer>Right || jump || down</answer>")
     result = execute_turn(_sokoban(), reply, actions_left=10, format_penalty=-0.1)
