@@ -38,12 +38,14 @@ from typing import Callable
 import torch
 
 from . import metrics as M
+from .collapse import reasoning_entropy
 from .experiment_flags import JobSettings, parse_job_args, user_model_config
 from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
                                  CHECKPOINT, LATEST, LEARNER, SENTINEL_FILE, SMOOTHING, TRAINING, TRAINING_ROLLOUTS,
                                  VALIDATED_AT, VALIDATION, TensorBoardLog,
                                  check_output_paths, check_resume, close_run_log, keep_notices_off_the_console,
-                                 keep_rollouts_up_to, plot_learning_curve, read_csv, read_outcomes, resolve_run_folder,
+                                 keep_rollouts_up_to, plot_learning_curve, read_csv, read_first_reasonings,
+                                 read_outcomes, resolve_run_folder,
                                  send_notices_to, start_run_folder, state_of, trailing_mean, write_csv, write_rollouts,
                                  write_text_atomically)
 from .held_out import initial_states
@@ -211,6 +213,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     first = {config.env_name} if config.is_mixture else None  # the table's environment; by_env has the others
     summary["paired"] = _paired(out, SAMPLED_AND_GREEDY["sampled"], first)
     summary["paired_greedy"] = _paired(out, SAMPLED_AND_GREEDY["greedy"], first)
+    summary["reasoning_entropy"] = _reasoning_entropy(out, first)
     if config.is_mixture:
         summary["by_env"] = {e.name: {mode: _paired(out, files, {e.name}) for mode, files in SAMPLED_AND_GREEDY.items()}
                              for e in config.validation_environments()}
@@ -266,6 +269,20 @@ def _outcome_pair(out: pathlib.Path, files: tuple[str, str], envs: set[str] | No
     if before.keys() != after.keys() or len(before) < 2:
         return None  # e.g. a resumed run whose validation settings changed: not the same states
     return before, after
+
+
+def _reasoning_entropy(out: pathlib.Path, envs: set[str] | None) -> dict | None:
+    """The entropy of the first turn's reasoning over the held-out episodes before and after RL, sampled and
+    greedy (``collapse.reasoning_entropy``, nats); None where the replies carry no reasoning."""
+    result = {}
+    for mode, files in SAMPLED_AND_GREEDY.items():
+        if not all((out / name).is_file() for name in files):
+            continue
+        before, after = (read_first_reasonings(out / name, envs) for name in files)
+        if before is not None and after is not None and (any(before) or any(after)):
+            result[mode] = {"before": reasoning_entropy(before), "after": reasoning_entropy(after),
+                            "episodes": len(after)}
+    return result or None
 
 
 def _paired(out: pathlib.Path, files: tuple[str, str], envs: set[str] | None = None) -> dict | None:
@@ -325,6 +342,10 @@ def _print_paired(summary: dict, config) -> None:
     for key, label in (("paired", f"paired, T={config.validation_temperature:g}"), ("paired_greedy", "paired, greedy")):
         if summary.get(key):
             print(f"{label:28s}{PairedComparison(**summary[key]).describe()}")
+    for mode, entropy in (summary.get("reasoning_entropy") or {}).items():
+        # log n is the most it can be: every episode reasoning differently
+        print(f"{'reasoning entropy, ' + mode:28s}{entropy['before']:.3f} -> {entropy['after']:.3f} nats over "
+              f"{entropy['episodes']} first turns (at most {math.log(max(entropy['episodes'], 1)):.2f})")
     if summary.get("by_env"):
         print("validation environments, paired before -> after:")
         for env, comparisons in summary["by_env"].items():

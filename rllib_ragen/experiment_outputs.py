@@ -344,6 +344,17 @@ def read_outcomes(path: pathlib.Path) -> dict[str, float]:
     return outcomes_by_state((r["env"], r["seed"], r["success"]) for r in records)
 
 
+def read_first_reasonings(path: pathlib.Path, envs: set[str] | None = None) -> list[str] | None:
+    """The first turn's reasoning (``<think>`` text) of each episode of a rollouts file written by
+    :func:`write_rollouts`, of the environments named ``envs`` (None: all); None for a file without turns."""
+    import pyarrow.parquet as pq
+
+    if "turns" not in pq.read_schema(path).names:
+        return None
+    records = pq.read_table(path, columns=["env", "turns"]).to_pylist()
+    return [r["turns"][0]["think"] if r["turns"] else "" for r in records if envs is None or r["env"] in envs]
+
+
 def trailing_mean(values: list[float], window: int) -> list[float]:
     """Mean of the last ``window`` finite values up to each point (NaN until one exists)."""
     out = []

@@ -105,6 +105,7 @@ ANSWER_TOKENS_PER_TURN = "collapse/answer_tokens_per_turn"  # reply tokens of th
 DISTINCT_2 = "collapse/distinct_2"  # distinct token bigrams over all bigrams of the batch's replies
 DISTINCT_2_IN_GROUP = "collapse/distinct_2_in_group"  # the same within each group, averaged over groups
 REPEAT_RATE = "collapse/repeat_rate"  # replies identical to another reply of their group at the same turn
+REASONING_ENTROPY = "collapse/reasoning_entropy"  # nats, of the first turn's <think> text over the batch's episodes
 # Every collapse_diagnostics_interval iterations, on the learner, before the update (top level).
 RETRIEVAL_ACCURACY = "collapse/retrieval_accuracy"  # a reasoning's own prompt explains it best (chance 1/m)
 MI_ESTIMATE = "collapse/mi_estimate"  # InfoNCE bound on I(prompt; reasoning), nats, at most log m

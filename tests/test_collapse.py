@@ -1,13 +1,15 @@
 """The echo-trap diagnostics against hand-computed values (no Ray, no model)."""
 
 import math
+import re
 
 import numpy as np
 import pytest
 
+from rllib_ragen import StarPOConfig
 from rllib_ragen import metrics as M
-from rllib_ragen.collapse import (cross_scoring, cross_scoring_pairs, distinct_n, reply_diagnostics,
-                                  variance_buckets)
+from rllib_ragen.collapse import (cross_scoring, cross_scoring_pairs, distinct_n, reasoning_entropy,
+                                  reply_diagnostics, variance_buckets)
 from rllib_ragen.rollout.engine import Trajectory
 from rllib_ragen.rollout.protocol import REGION_ANSWER, REGION_OTHER, REGION_THINK
 
@@ -43,6 +45,30 @@ def test_reply_diagnostics_by_hand():
     assert d[M.DISTINCT_2_IN_GROUP] == pytest.approx((5 / 8 + 2 / 3) / 2)
     # The two identical first replies of group 0 repeat each other: 2 of 5 replies.
     assert d[M.REPEAT_RATE] == pytest.approx(2 / 5)
+    # First-turn reasonings (think tokens only): (6, 7) twice and (5, 6, 5) once.
+    assert d[M.REASONING_ENTROPY] == pytest.approx(-(2 / 3) * math.log(2 / 3) - (1 / 3) * math.log(1 / 3))
+
+
+def test_reasoning_entropy_sees_a_template_collapse_that_bigrams_miss():
+    varied = [f"Optimal plan has {n} moves." for n in (1, 2, 2, 3)]
+    collapsed = ["Optimal plan has 1 moves."] * 4
+    assert reasoning_entropy(varied) == pytest.approx(-0.5 * math.log(0.5) - 2 * 0.25 * math.log(0.25))
+    assert reasoning_entropy(collapsed) == 0.0
+    assert reasoning_entropy(["a", "b", "c"]) == pytest.approx(math.log(3))
+    assert math.isnan(reasoning_entropy([]))
+
+
+def test_reasoning_entropy_reads_the_first_turns_reasoning_alone():
+    # Same first-turn reasoning (6, 7), different answers and later turns: one reasoning, entropy 0.
+    a = trajectory(0, [1], [[6, 7, 8], [2, 3]], [[T, T, A], [T, A]])
+    b = trajectory(1, [1], [[6, 7, 9], [4, 5]], [[T, T, A], [T, A]])
+    assert reply_diagnostics([a, b])[M.REASONING_ENTROPY] == 0.0
+
+
+def test_answer_only_replies_have_no_reasoning_entropy():
+    a = trajectory(0, [1], [[5, 6]], [[A, A]])
+    b = trajectory(1, [1], [[7, 8]], [[A, A]])
+    assert M.REASONING_ENTROPY not in reply_diagnostics([a, b])
 
 
 def test_identical_replies_at_different_turns_are_not_repeats():
@@ -103,3 +129,41 @@ def test_variance_buckets():
     assert buckets["low"].tolist() == [2, 3, 6, 7]
     assert buckets["high"].tolist() == [8, 9]
     assert set(variance_buckets(np.zeros(4), np.array([0, 0, 1, 1]))) == {"zero"}
+
+
+def test_jobs_report_the_reasoning_entropy_of_the_held_out_episodes(tmp_path, capsys):
+    """Before: the solver states each level's plan length; after: one fixed sentence for every level."""
+    import gymnasium as gym
+
+    from rllib_ragen.experiment import SAMPLED_AND_GREEDY, _print_paired, _reasoning_entropy
+    from rllib_ragen.experiment_outputs import write_rollouts
+    from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
+    from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+    from rllib_ragen.rollout.models import load_policy
+    from rllib_ragen.rollout.scripted import sokoban_solver_policy
+
+    _, tokenizer = load_policy("tiny", seed=0)
+    seeds = list(range(123, 135))
+    config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=1)
+    solver = sokoban_solver_policy()
+    policies = {"before": solver, "after": lambda prompt: re.sub("<think>.*</think>", "<think>Push.</think>",
+                                                                 solver(prompt))}
+    for when, policy in policies.items():
+        episodes, _ = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
+            seeds, 1, SamplingParams())
+        for mode, files in SAMPLED_AND_GREEDY.items():
+            write_rollouts(tmp_path / files[0 if when == "before" else 1], episodes, tokenizer, iteration=0)
+    env = gym.make("rllib_ragen/Sokoban-v0")
+    lengths = []
+    for seed in seeds:
+        env.reset(seed=seed)
+        lengths.append(env.unwrapped.optimal_solution_length())
+    shares = [lengths.count(n) / len(seeds) for n in set(lengths)]
+    expected_before = -sum(p * math.log(p) for p in shares)
+    assert len(shares) > 1  # the levels differ in length, so the stated lengths carry entropy
+    entropy = _reasoning_entropy(tmp_path, None)
+    for mode in ("sampled", "greedy"):
+        assert entropy[mode] == {"before": pytest.approx(expected_before), "after": 0.0, "episodes": 12}
+    _print_paired({"reasoning_entropy": entropy}, StarPOConfig())
+    assert f"reasoning entropy, greedy   {expected_before:.3f} -> 0.000 nats over 12 first turns (at most 2.48)" in \
+        capsys.readouterr().out

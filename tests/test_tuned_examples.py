@@ -43,6 +43,8 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     import pyarrow.parquet as pq
     from transformers import AutoModelForCausalLM
 
+    from rllib_ragen.collapse import reasoning_entropy
+
     done = run_example(example, *TINY_BUDGET, "--output-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     run = (tmp_path / "latest").resolve()  # the run's own folder
@@ -77,6 +79,20 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     assert summary["paired_greedy"]["n"] == 8 and "paired, greedy" in done.stdout
     for when in ("before", "after"):
         assert summary["paired_greedy"][when] == sum(r["success"] for r in greedy[when]) / 8
+    # The entropy of the first turn's reasoning over the same states, before and after, where any episode reasons
+    # (answer-only replies never do; five warm-start steps may not have taught the tiny model to yet).
+    sampled = {"before": before_rollouts, "after": rollouts}
+    entropies = summary["reasoning_entropy"] or {}
+    for mode, episodes in (("sampled", sampled), ("greedy", greedy)):
+        thoughts = {when: [r["turns"][0]["think"] for r in rows] for when, rows in episodes.items()}
+        if example == "starpo_frozenlake.py":
+            assert not any(thoughts["before"] + thoughts["after"])
+        if any(thoughts["before"] + thoughts["after"]):
+            assert f"reasoning entropy, {mode}" in done.stdout
+            for when in ("before", "after"):
+                assert entropies[mode][when] == pytest.approx(reasoning_entropy(thoughts[when]))
+        else:
+            assert mode not in entropies
     held_out = summary["held_out"]
     for name in ("sampled", "greedy"):
         assert sum(subset["n"] for subset in held_out["by_seen"][name].values()) == 8
