@@ -41,11 +41,12 @@ def reply_diagnostics(trajectories: Sequence) -> dict[str, float]:
     think, answer, replies_by_group, first_reasonings = [], [], defaultdict(list), []
     for t in trajectories:
         regions = np.asarray(t.token_regions if t.token_regions else [0] * len(t.token_ids))
+        if t.turn_spans:  # the first turn's reasoning tokens
+            start, end = t.turn_spans[0]
+            reasoning = np.asarray(t.token_ids[start:end])[regions[start:end] == REGION_THINK]
+            first_reasonings.append(tuple(reasoning.tolist()))
         for turn, (start, end) in enumerate(t.turn_spans):
             think.append(int((regions[start:end] == REGION_THINK).sum()))
-            if turn == 0:
-                reasoning = np.asarray(t.token_ids[start:end])[regions[start:end] == REGION_THINK]
-                first_reasonings.append(tuple(reasoning.tolist()))
             answer.append(int((regions[start:end] == REGION_ANSWER).sum()))
             replies_by_group[t.group].append((turn, tuple(t.token_ids[start:end])))
     if not think:
