@@ -367,10 +367,26 @@ def trailing_mean(values: list[float], window: int) -> list[float]:
 SMOOTHING = 5  # iterations in the trailing mean drawn over noisy training series
 
 
+def learning_curve_panels(env: str) -> list[tuple[str, str]]:
+    """The learning curve's panels in order, each as (metrics.csv column, title)."""
+    return [
+        (TRAINING + M.env_metric(env, M.SUCCESS), "success"),
+        (TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), "format-error rate"),
+        (M.RESPONSE_LENGTH, "generated tokens per trajectory"),
+        (M.FILTER_REWARD_STD, "in-group reward std"),
+        (LEARNER + M.ENTROPY, "entropy"),
+        (LEARNER + M.GRAD_NORM.format(optimizer="actor"), "actor grad norm"),
+        (M.REASONING_ENTROPY, "reasoning entropy, first turn (nats)"),
+        (TRAINING + M.env_metric(M.POOLED, M.EFFECTIVE_ACTION_RATE), "actions that changed the state"),
+    ]
+
+
 def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[dict], env: str, title: str,
                         reference_lines: dict[str, float] | None = None) -> None:
-    """Six panels over iterations: success (training raw and smoothed, validation joined, reference lines),
-    format-error rate, response length, in-group reward std, entropy, actor grad norm."""
+    """Eight panels over iterations (:func:`learning_curve_panels`): success (training raw and smoothed, validation
+    joined, reference lines), format-error rate, response length, in-group reward std, token entropy, actor grad
+    norm, the first turn's reasoning entropy (the template collapse that token entropy and distinct-2 can miss)
+    and the share of actions that changed the state. A panel whose signal the run never logged says so."""
     try:
         import matplotlib
 
@@ -381,17 +397,17 @@ def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[
         return
     steps = [r["training_iteration"] for r in rows]
     success = M.env_metric(env, M.SUCCESS)
-    panels = [
-        (TRAINING + success, "success"),
-        (TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), "format-error rate"),
-        (M.RESPONSE_LENGTH, "generated tokens per trajectory"),
-        (M.FILTER_REWARD_STD, "in-group reward std"),
-        (LEARNER + M.ENTROPY, "entropy"),
-        (LEARNER + M.GRAD_NORM.format(optimizer="actor"), "actor grad norm"),
-    ]
-    fig, axes = plt.subplots(2, 3, figsize=(14, 7))
+    panels = learning_curve_panels(env)
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7))
     for ax, (key, name) in zip(axes.flat, panels):
         series = [r.get(key, math.nan) for r in rows]
+        if not any(isinstance(v, (int, float)) and math.isfinite(v) for v in series):
+            # answer-only replies have no reasoning; say so rather than leave an empty frame that looks broken
+            ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes,
+                    color="gray")
+            ax.set_yticks([])
+            if steps:
+                ax.set_xlim(min(steps), max(steps) + 1)
         ax.plot(steps, series, color="tab:blue", alpha=0.35, linewidth=1, label="training (raw)")
         ax.plot(steps, trailing_mean(series, SMOOTHING), color="tab:blue", linewidth=2,
                 label=f"training ({SMOOTHING}-iteration mean)")

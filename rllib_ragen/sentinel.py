@@ -133,6 +133,8 @@ def as_rule(item) -> Rule:
 def echo_trap_rules(action: str = "warn") -> list[Rule]:
     """The main jobs' built-in rules: the echo trap's warning signs (RAGEN sec. 4), each with ``action``; a rollback
     halves the learning rates. Checked silent on healthy runs of the main jobs (README, "Seeing collapse coming").
+    The reasoning rule fires when the first turn's reasoning entropy stays 40% under its peak: on a Sokoban run
+    whose greedy reasoning collapsed to one sentence it fired at iteration 39; healthy runs dipped at most 20%.
 
     The MI estimate is not among them: with the probe's default 8 prompts it moves by ~0.1 nats from one probe
     to the next, as much as it changes over a run, and a drop-from-peak rule on it fired on a healthy Sokoban run.
@@ -146,6 +148,10 @@ def echo_trap_rules(action: str = "warn") -> list[Rule]:
              knobs=knobs, name="entropy collapsed"),
         Rule("learners/default_policy/" + M.GRAD_NORM.format(optimizer="actor"), "spike_over_median", 10.0,
              patience=1, warmup=5, action=action, knobs=knobs, name="grad-norm spike"),
+        # Template collapse: the first turn's reasoning stops depending on the state. Silent while replies carry
+        # no reasoning (no value) or one fixed sentence from the start (peak 0).
+        Rule(M.REASONING_ENTROPY, "drop_from_peak", 0.4, patience=3, warmup=3, action=action, knobs=knobs,
+             name="reasoning collapsed"),
     ]
 
 

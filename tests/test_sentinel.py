@@ -125,3 +125,17 @@ def test_replay_tries_rules_offline_on_a_finished_runs_flat_rows():
     assert [(f.iteration, f.rule, f.action) for f in fired] == [(8, "reward std vanished", "rollback"),
                                                                  (11, "reward std vanished", "stop")]
     assert replay(echo_trap_rules("warn"), rows[:5]) == []
+
+
+def test_the_built_in_reasoning_rule_fires_on_template_collapse_and_not_without_reasoning():
+    # First-turn reasoning entropy (nats) as metrics.csv rows. Peak 1.2 at iteration 2; the rule holds under
+    # (1 - 0.4) x 1.2 = 0.72 after 3 values of warmup: 0.70 at 4, 5, 6 -> fires at 6; 0.73 at 7 breaks the streak.
+    entropies = [1.0, 1.2, 1.1, 0.70, 0.70, 0.70, 0.73, 0.5, 0.5]
+    rows = [{"training_iteration": i, "collapse/reasoning_entropy": h} for i, h in enumerate(entropies, 1)]
+    fired = [(f.iteration, f.value, f.reference) for f in replay(echo_trap_rules("warn"), rows)
+             if f.rule == "reasoning collapsed"]
+    assert fired == [(6, 0.70, 1.2)]
+    # Answer-only replies log no reasoning entropy; one fixed sentence from the start logs 0 (peak 0): both silent.
+    assert replay(echo_trap_rules("warn"), [{"training_iteration": i} for i in range(1, 10)]) == []
+    constant = [{"training_iteration": i, "collapse/reasoning_entropy": 0.0} for i in range(1, 10)]
+    assert replay(echo_trap_rules("warn"), constant) == []

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from rllib_ragen.experiment import parse_job_args
+from rllib_ragen.experiment_outputs import learning_curve_panels
 from rllib_ragen.starpo.config import STARPO_S_DEFAULTS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -122,6 +123,12 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     assert "(bar " in done.stdout
     assert len(rows) == 2 and "learners/default_policy/actor/entropy" in rows[0]  # one row per iteration
     assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    # Every panel draws a signal the job logs (a renamed metric would leave a panel empty); reasoning entropy
+    # wherever a training episode's first turn reasons (the sample is some of iteration 1's episodes).
+    first_thoughts = [e["turns"][0]["think"] for e in pq.read_table(run / "training_rollouts.parquet").to_pylist()]
+    for column, _ in learning_curve_panels(env):
+        if column != "collapse/reasoning_entropy" or any(first_thoughts):
+            assert column in rows[0], column
     AutoModelForCausalLM.from_pretrained(run / "policy")
     AutoModelForCausalLM.from_pretrained(run / "warm_start")
     # TensorBoard events: every iteration's scalars, and the validations at their iterations.
@@ -132,8 +139,8 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     recorded = json.loads((run / "run_config.json").read_text())
     assert recorded["job"]["iterations"] == 2 and recorded["config"]["num_groups"] == 2
     # The sentinel watched with the built-in echo-trap rules (warn), recorded with the config.
-    assert [r["action"] for r in recorded["config"]["sentinel_rules"]] == ["warn"] * 3
-    assert "sentinel: 3 rules" in done.stdout and json.loads((run / "sentinel.json").read_text()) == summary[
+    assert [r["action"] for r in recorded["config"]["sentinel_rules"]] == ["warn"] * 4
+    assert "sentinel: 4 rules" in done.stdout and json.loads((run / "sentinel.json").read_text()) == summary[
         "sentinel_firings"]
     # Echo-trap diagnostics in every row, the probe's at iteration 1 (its interval is 5); a training sample of
     # that iteration with its token advantages; and the rollout viewer's page.
