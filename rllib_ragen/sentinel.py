@@ -134,7 +134,8 @@ def echo_trap_rules(action: str = "warn") -> list[Rule]:
     """The main jobs' built-in rules: the echo trap's warning signs (RAGEN sec. 4), each with ``action``; a rollback
     halves the learning rates. Checked silent on healthy runs of the main jobs (README, "Seeing collapse coming").
     The reasoning rule fires when the first turn's reasoning entropy stays 40% under its peak: on a Sokoban run
-    whose greedy reasoning collapsed to one sentence it fired at iteration 39; healthy runs dipped at most 20%.
+    whose greedy reasoning collapsed to one sentence it fired at iteration 39, and on one whose replies later broke
+    into a loop, 25 iterations before they did; healthy runs dipped at most 20% (Sokoban) and 28% (bandit).
 
     The MI estimate is not among them: with the probe's default 8 prompts it moves by ~0.1 nats from one probe
     to the next, as much as it changes over a run, and a drop-from-peak rule on it fired on a healthy Sokoban run.
