@@ -76,7 +76,9 @@ def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pat
     demos = collect_demonstrations(config.rollout_config(), policy, tokenizer, job.warm_start_episodes)
     losses = supervised_warm_start(model, demos, steps=job.warm_start_steps, batch_size=job.warm_start_batch_size,
                                    lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id,
-                                   average_decay=job.warm_start_average_decay)
+                                   average_decay=job.warm_start_average_decay,
+                                   lr_schedule=job.warm_start_lr_schedule,
+                                   group_by_length=job.warm_start_group_by_length)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     print(f"warm start: {len(demos)} demonstrations ({sum(t.success for t in demos) / len(demos):.0%} successful), "

@@ -25,6 +25,7 @@ import torch
 
 from .experiment_outputs import keep_notices_off_the_console
 from .rollout.vllm_backend import vllm_available
+from .sft import LR_SCHEDULES
 
 
 def _help(text: str, **kwargs):
@@ -46,6 +47,10 @@ class JobSettings:
     warm_start_average_decay: float = _help("end the warm start on an exponential moving average of its weights "
                                             "with this decay per step, e.g. 0.98 (0: the last step's weights)",
                                             default=0.0)
+    warm_start_lr_schedule: str = _help("warm-start learning rate over the steps: 'constant' or 'cosine' (from "
+                                        "--warm-start-lr down towards 0)", default="constant")
+    warm_start_group_by_length: bool = _help("batch warm-start demonstrations of similar length together: less "
+                                             "padding, about a third less time per step", default=False)
     pass_bar: float = _help("least rise of validation success over the warm start that counts as learning",
                             default=0.05)
     checkpoint_interval: int = _help("save the algorithm to output_dir/checkpoint every N iterations and after "
@@ -79,7 +84,10 @@ class JobSettings:
         decay = self.warm_start_average_decay
         if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0 <= decay < 1:  # NaN fails too
             errors.append(f"warm_start_average_decay={decay!r} must be a number in [0, 1) (0: no averaging).")
-        for name in ("resume", "verbose"):
+        if self.warm_start_lr_schedule not in LR_SCHEDULES:
+            errors.append(f"warm_start_lr_schedule={self.warm_start_lr_schedule!r}: choose one of "
+                          f"{list(LR_SCHEDULES)}.")
+        for name in ("resume", "verbose", "warm_start_group_by_length"):
             if not isinstance(getattr(self, name), bool):
                 errors.append(f"{name}={getattr(self, name)!r} must be True or False.")
         if not isinstance(self.run_name, str) or "/" in self.run_name or self.run_name in (".", "..", "latest"):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -48,9 +48,45 @@ def collect_demonstrations(rollout_config: RolloutConfig, policy: Callable[[str]
     return [t for t in trajectories if t.success] if only_successful else trajectories
 
 
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def warm_start_lr(lr: float, step: int, steps: int, schedule: str) -> float:
+    """The learning rate of step ``step`` (0-based) of ``steps`` under ``schedule`` (see ``supervised_warm_start``)."""
+    if schedule == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * step / steps))
+    return lr
+
+
+LENGTH_GROUP_BATCHES = 8  # batches sorted together by length: enough to pad little, few enough to stay random
+
+
+def demonstration_batches(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
+                          group_by_length: bool = False) -> Iterator[list[int]]:
+    """Index batches of the demonstrations, endlessly: passes in random order, one pass running into the next.
+
+    With ``group_by_length``, ``LENGTH_GROUP_BATCHES`` batches are drawn at once, sorted by ``lengths`` and cut
+    into batches, which come out in random order (see ``supervised_warm_start``).
+    """
+    per_draw = batch_size * (LENGTH_GROUP_BATCHES if group_by_length else 1)
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    while True:
+        if len(order) < per_draw:
+            order += torch.randperm(len(lengths), generator=generator).tolist()
+        drawn, order = order[:per_draw], order[per_draw:]
+        if not group_by_length:
+            yield drawn
+            continue
+        drawn.sort(key=lambda i: lengths[i])
+        grouped = [drawn[k:k + batch_size] for k in range(0, len(drawn), batch_size)]
+        for k in torch.randperm(len(grouped), generator=generator).tolist():
+            yield grouped[k]
+
+
 def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Trajectory], *, steps: int = 200,
                           batch_size: int = 16, lr: float = 1e-3, weight_decay: float = 0.0, seed: int = 0,
-                          pad_token_id: int = 0, log_every: int = 50, average_decay: float = 0.0) -> list[float]:
+                          pad_token_id: int = 0, log_every: int = 50, average_decay: float = 0.0,
+                          lr_schedule: str = "constant", group_by_length: bool = False) -> list[float]:
     """Fine-tune ``model`` in place on the reply tokens of ``demonstrations`` (cross-entropy, AdamW).
 
     Args:
@@ -59,6 +95,14 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
             step's weights. At a constant high rate the last weights land wherever the last batches threw them:
             on one-move Sokoban replies greedy success after 300, 400, 450 and 500 steps read 0.14, 0.21, 0.34,
             0.30, and their average (decay 0.98) 0.18, 0.23, 0.29, 0.41. 0: the last weights.
+        lr_schedule: ``"constant"`` (``lr`` at every step) or ``"cosine"``: step ``k`` of ``steps`` updates at
+            ``lr * (1 + cos(pi * k / steps)) / 2``, from ``lr`` down towards 0, so the last steps stop throwing the
+            weights around at the full rate.
+        group_by_length: draw ``LENGTH_GROUP_BATCHES`` batches' worth of demonstrations at a time, sort them by
+            length and cut them into batches, taken in random order. A batch is padded to its longest episode; on
+            the solid-ice lake's demonstrations (163-716 tokens) only 59% of a random batch's tokens are real, and
+            grouped batches take about a third less time per step. Each demonstration is still used once per
+            pass; a batch's episodes are of similar length, so similar maps and moves share a step.
 
     Returns:
         The loss of every step (mean over reply tokens).
@@ -68,19 +112,19 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
     if not 0.0 <= average_decay < 1.0:
         raise ValueError(f"average_decay={average_decay!r} must be in [0, 1): 0 keeps the last weights, 0.98 "
                          f"averages over about the last 50 steps.")
+    if lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule={lr_schedule!r}: choose one of {list(LR_SCHEDULES)}.")
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     model.train()
     losses, t0 = [], time.perf_counter()
-    order = torch.randperm(len(demonstrations), generator=generator).tolist()
+    batches = demonstration_batches([len(t.token_ids) for t in demonstrations], batch_size, generator,
+                                    group_by_length)
     params = [p for p in model.parameters() if p.requires_grad]
     averaged = [p.detach().clone() for p in params] if average_decay > 0 else None
     for step in range(steps):
-        if len(order) < batch_size:
-            order += torch.randperm(len(demonstrations), generator=generator).tolist()
-        batch = pad_trajectories([demonstrations[i] for i in order[:batch_size]], pad_token_id)
-        order = order[batch_size:]
+        batch = pad_trajectories([demonstrations[i] for i in next(batches)], pad_token_id)
         ids, attention, mask = (torch.from_numpy(batch[key]).to(device)
                                 for key in ("input_ids", "attention_mask", "response_mask"))
         logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
@@ -90,6 +134,8 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         if not math.isfinite(losses[-1]):  # before backward: a non-finite loss never reaches the weights
             raise FloatingPointError(f"warm-start loss became {losses[-1]} at step {step}; lower lr={lr}.")
         optimizer.zero_grad(set_to_none=True)
+        for group in optimizer.param_groups:
+            group["lr"] = warm_start_lr(lr, step, steps, lr_schedule)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

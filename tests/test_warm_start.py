@@ -1,4 +1,4 @@
-"""The supervised warm start's weight averaging and non-finite guard (rllib_ragen.sft)."""
+"""The supervised warm start (rllib_ragen.sft): batching, weight averaging, learning-rate schedule, non-finite guard."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ import rllib_ragen.sft as sft
 from rllib_ragen.experiment import JobSettings
 from rllib_ragen.rollout import RolloutConfig, load_policy
 from rllib_ragen.rollout.scripted import random_arm_policy
-from rllib_ragen.sft import collect_demonstrations, supervised_warm_start
+from rllib_ragen.sft import LENGTH_GROUP_BATCHES, collect_demonstrations, demonstration_batches, supervised_warm_start
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +56,65 @@ def test_an_average_decay_outside_0_1_is_refused(bandit_demos, decay):
 def test_job_settings_refuse_a_bad_warm_start_average_decay(value):
     with pytest.raises(ValueError, match="warm_start_average_decay"):
         JobSettings(warm_start_average_decay=value).validate()
+
+
+class LrRecordingAdamW(torch.optim.AdamW):
+    """AdamW that notes the learning rate each update is taken at."""
+
+    rates: list[float] = []
+
+    def step(self, closure=None):
+        LrRecordingAdamW.rates.append(self.param_groups[0]["lr"])
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("schedule, expected", [
+    # (1 + cos(pi k / 4)) / 2 for k = 0..3: 1, (1 + 0.70711) / 2, 1/2, (1 - 0.70711) / 2
+    ("cosine", [1e-3, 8.5355e-4, 5e-4, 1.4645e-4]),
+    ("constant", [1e-3] * 4),
+])
+def test_the_warm_start_updates_at_the_scheduled_learning_rate(bandit_demos, monkeypatch, schedule, expected):
+    demos, pad = bandit_demos
+    monkeypatch.setattr(torch.optim, "AdamW", LrRecordingAdamW)
+    LrRecordingAdamW.rates = []
+    supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=4, batch_size=8, lr=1e-3, pad_token_id=pad,
+                          log_every=0, lr_schedule=schedule)
+    assert LrRecordingAdamW.rates == pytest.approx(expected, abs=1e-8)
+
+
+def test_an_unknown_warm_start_lr_schedule_is_refused(bandit_demos):
+    demos, pad = bandit_demos
+    with pytest.raises(ValueError, match="lr_schedule='linear'"):
+        supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, pad_token_id=pad, lr_schedule="linear")
+    with pytest.raises(ValueError, match="warm_start_lr_schedule"):
+        JobSettings(warm_start_lr_schedule="linear").validate()
+
+
+def test_plain_batches_walk_random_passes_that_run_into_each_other():
+    # 5 demonstrations in batches of 2: the third batch takes the first pass's last index and the second pass's first.
+    batches = demonstration_batches([10] * 5, 2, torch.Generator().manual_seed(3))
+    reference = torch.Generator().manual_seed(3)
+    first, second = torch.randperm(5, generator=reference).tolist(), torch.randperm(5, generator=reference).tolist()
+    assert [next(batches) for _ in range(3)] == [first[0:2], first[2:4], [first[4], second[0]]]
+
+
+def test_length_grouped_batches_hold_neighbours_in_length_and_use_each_demonstration_once_per_draw():
+    lengths = [100 + 37 * i % 61 for i in range(40)]  # distinct lengths in a scrambled order
+    batches = demonstration_batches(lengths, 2, torch.Generator().manual_seed(0), group_by_length=True)
+    grouped = [next(batches) for _ in range(LENGTH_GROUP_BATCHES)]
+    drawn = torch.randperm(40, generator=torch.Generator().manual_seed(0)).tolist()[:2 * LENGTH_GROUP_BATCHES]
+    by_length = sorted(drawn, key=lambda i: lengths[i])
+    # The first 8 batches are the first 16 indices of the pass, sorted by length and cut in consecutive pairs...
+    assert sorted(map(tuple, grouped)) == sorted(tuple(by_length[k:k + 2]) for k in range(0, 16, 2))
+    # ...which come out in random order, not shortest first.
+    assert grouped != [by_length[k:k + 2] for k in range(0, 16, 2)]
+    # Padding: each batch is padded to its longest episode; grouping pads less than the plain batches of that draw.
+    padded = sum(2 * max(lengths[i] for i in b) for b in grouped)
+    plain = sum(2 * max(lengths[i] for i in drawn[k:k + 2]) for k in range(0, 16, 2))
+    assert padded < plain
+
+
+@pytest.mark.parametrize("value", ["yes", 1])
+def test_job_settings_refuse_a_non_boolean_group_by_length(value):
+    with pytest.raises(ValueError, match="warm_start_group_by_length"):
+        JobSettings(warm_start_group_by_length=value).validate()

@@ -1,0 +1,90 @@
+"""Supervised warm-start steps with length-grouped batches against plain random batches, in the same run.
+
+Collects a main job's demonstrations (its config and demonstration policy, the tiny model's tokenizer), then runs
+``supervised_warm_start`` for the same number of steps from the same initial weights twice: plain batches (the
+default) and ``group_by_length=True``. Prints seconds per step, padded tokens per batch and the share of them that
+are real, and the grouped/plain ratios.
+
+    python benchmarks/warm_start.py [--job frozenlake|sokoban] [--steps 60] [--episodes 1000] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pathlib
+import time
+
+import numpy as np
+import torch
+
+from rllib_ragen.rollout.models import load_policy
+from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
+from rllib_ragen.sft import collect_demonstrations, demonstration_batches, supervised_warm_start
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+JOBS = {"frozenlake": "starpo_frozenlake.py", "sokoban": "starpo_sokoban.py"}
+
+
+def job_config(job: str):
+    spec = importlib.util.spec_from_file_location(job, ROOT / "tuned_examples" / JOBS[job])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines the config; runs nothing (the job runs under __main__)
+    return module.config, module.job
+
+
+def demonstration_policy(job: str, config):
+    if job == "frozenlake":
+        return frozen_lake_optimal_policy(config.enable_thinking, is_slippery=False)
+    return sokoban_solver_policy(config.max_actions_per_turn, config.enable_thinking)
+
+
+def padding(lengths: list[int], batch_size: int, steps: int, group_by_length: bool) -> tuple[float, float]:
+    """Mean padded tokens per batch and the share of them that are real, over the steps the warm start takes."""
+    batches = demonstration_batches(lengths, batch_size, torch.Generator().manual_seed(0), group_by_length)
+    padded, real = 0, 0
+    for _ in range(steps):
+        batch = next(batches)
+        padded += len(batch) * max(lengths[i] for i in batch)
+        real += sum(lengths[i] for i in batch)
+    return padded / steps, real / padded
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", choices=sorted(JOBS), default="frozenlake")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--episodes", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    config, job = job_config(args.job)
+    _, tokenizer = load_policy("tiny", seed=0)
+    demos = collect_demonstrations(config.rollout_config(), demonstration_policy(args.job, config), tokenizer,
+                                   args.episodes)
+    lengths = [len(t.token_ids) for t in demos]
+    print(f"{args.job}: {len(demos)} demonstrations, {np.mean(lengths):.0f} tokens on average "
+          f"({min(lengths)}-{max(lengths)}); batch {job.warm_start_batch_size}, {args.steps} steps, "
+          f"{args.threads} threads")
+    rows = {}
+    for name, grouped in (("plain", False), ("grouped", True)):
+        model, _ = load_policy("tiny", seed=0)
+        supervised_warm_start(model, demos, steps=3, batch_size=job.warm_start_batch_size, lr=job.warm_start_lr,
+                              pad_token_id=tokenizer.pad_token_id, log_every=0)  # warm-up: allocator, kernels
+        model, _ = load_policy("tiny", seed=0)
+        t0 = time.perf_counter()
+        losses = supervised_warm_start(model, demos, steps=args.steps, batch_size=job.warm_start_batch_size,
+                                       lr=job.warm_start_lr, pad_token_id=tokenizer.pad_token_id, log_every=0,
+                                       group_by_length=grouped)
+        seconds = (time.perf_counter() - t0) / args.steps
+        tokens, real_share = padding(lengths, job.warm_start_batch_size, args.steps, grouped)
+        rows[name] = (seconds, tokens, real_share)
+        print(f"{name:8s} {seconds:.3f} s/step | {tokens:,.0f} padded tokens per batch, {real_share:.0%} real | "
+              f"loss {losses[0]:.3f} -> {np.mean(losses[-10:]):.3f} (mean of the last 10)")
+    (s_plain, t_plain, _), (s_grouped, t_grouped, _) = rows["plain"], rows["grouped"]
+    print(f"grouped / plain: time per step {s_grouped / s_plain:.2f}, padded tokens {t_grouped / t_plain:.2f} "
+          f"(speed-up {s_plain / s_grouped:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
