@@ -50,7 +50,8 @@ class JobSettings:
     warm_start_lr_schedule: str = _help("warm-start learning rate over the steps: 'constant' or 'cosine' (from "
                                         "--warm-start-lr down towards 0)", default="constant")
     warm_start_group_by_length: bool = _help("batch warm-start demonstrations of similar length together: less "
-                                             "padding, about a third less time per step", default=False)
+                                             "padding, up to half the time per step; judge it by held-out success "
+                                             "(README)", default=False)
     pass_bar: float = _help("least rise of validation success over the warm start that counts as learning",
                             default=0.05)
     checkpoint_interval: int = _help("save the algorithm to output_dir/checkpoint every N iterations and after "
