@@ -100,7 +100,7 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
             weights around at the full rate.
         group_by_length: draw ``LENGTH_GROUP_BATCHES`` batches' worth of demonstrations at a time, sort them by
             length and cut them into batches, taken in random order. A batch is padded to its longest episode; on
-            the solid-ice lake's demonstrations (163-716 tokens) only 59% of a random batch's tokens are real, and
+            the solid-ice lake's demonstrations (163-716 tokens) only 58% of a random batch's tokens are real, and
             grouped batches took half the time per step (``benchmarks/warm_start.py``). Each demonstration is still
             used once per pass, but a batch's episodes are of similar length, so similar maps share a step: on that
             lake (seed 0) 1,350 grouped steps played held-out maps worse than 900 plain ones (README).
