@@ -102,8 +102,8 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
             length and cut them into batches, taken in random order. A batch is padded to its longest episode; on
             the solid-ice lake's demonstrations (163-716 tokens) only 58% of a random batch's tokens are real, and
             grouped batches took half the time per step (``benchmarks/warm_start.py``). Each demonstration is still
-            used once per pass, but a batch's episodes are of similar length, so similar maps share a step: on that
-            lake (seed 0) 1,350 grouped steps played held-out maps worse than 900 plain ones (README).
+            used once per pass. Not yet shown to help held-out play: on that lake (seed 0), 1,350 grouped steps, in
+            the time of 900 plain ones, played new maps worse (README).
 
     Returns:
         The loss of every step (mean over reply tokens).
