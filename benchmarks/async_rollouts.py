@@ -15,7 +15,6 @@ policy lag and importance weight, and both runs' validation success on the same 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import pathlib
 import statistics
@@ -31,24 +30,9 @@ from rllib_ragen.experiment import warm_start  # noqa: E402
 from rllib_ragen.experiment_outputs import state_of, trajectory_outcomes  # noqa: E402
 from rllib_ragen.paired_stats import paired_comparison  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from main_jobs import demonstration_policy, job_module  # noqa: E402  (benchmarks/)
+
 JOBS = {"bandit": "starpo_bandit.py", "sokoban": "starpo_sokoban.py"}
-
-
-def job_module(env: str):
-    spec = importlib.util.spec_from_file_location(f"job_{env}", ROOT / "tuned_examples" / JOBS[env])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines config and job; runs nothing (the job runs under __main__)
-    return module
-
-
-def demonstration_policy(config):
-    """The job's own demonstrations (its ``__main__`` block passes the same policy to ``run_job``)."""
-    from rllib_ragen.rollout import scripted
-
-    if config.env.endswith("Bandit-v0"):
-        return scripted.random_arm_policy(seed=config.seed, enable_thinking=config.enable_thinking)
-    return scripted.sokoban_solver_policy(config.max_actions_per_turn, config.enable_thinking)
 
 
 def train(config, iterations: int) -> dict:
@@ -87,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.learner_threads)
 
-    module = job_module(args.env)
+    module = job_module(JOBS[args.env])
     config, job = module.config, module.job
     ray.init(num_cpus=args.runner_cpus + 1, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as folder:

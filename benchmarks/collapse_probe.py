@@ -15,9 +15,7 @@ one, else the untrained tiny model (whose replies run to the length limit: a pes
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import pathlib
 import statistics
 import time
 
@@ -28,15 +26,9 @@ import torch  # noqa: E402
 
 from rllib_ragen.starpo.batch import prepare_update_batch  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from main_jobs import ROOT, job_module  # noqa: E402  (benchmarks/)
+
 JOB_WARM_START = ROOT / "outputs/starpo_sokoban/latest/warm_start"
-
-
-def job_config():
-    spec = importlib.util.spec_from_file_location("starpo_sokoban", ROOT / "tuned_examples/starpo_sokoban.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines the config; runs nothing (the job runs under __main__)
-    return module.config
 
 
 def main() -> None:
@@ -50,7 +42,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    config = (job_config().copy(copy_frozen=False).rl_module(model_config={"model": args.model})
+    config = (job_module("starpo_sokoban.py").config.copy(copy_frozen=False)
+              .rl_module(model_config={"model": args.model})
               .training(validation_interval=0, collapse_diagnostics_interval=0, collapse_subsample=args.subsample))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = config.build_algo()

@@ -11,32 +11,17 @@ are real, and the grouped/plain ratios.
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import pathlib
 import time
 
 import numpy as np
 import torch
 
 from rllib_ragen.rollout.models import load_policy
-from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
 from rllib_ragen.sft import collect_demonstrations, demonstration_batches, supervised_warm_start
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from main_jobs import demonstration_policy, job_module  # benchmarks/
+
 JOBS = {"frozenlake": "starpo_frozenlake.py", "sokoban": "starpo_sokoban.py"}
-
-
-def job_config(job: str):
-    spec = importlib.util.spec_from_file_location(job, ROOT / "tuned_examples" / JOBS[job])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines the config; runs nothing (the job runs under __main__)
-    return module.config, module.job
-
-
-def demonstration_policy(job: str, config):
-    if job == "frozenlake":
-        return frozen_lake_optimal_policy(config.enable_thinking, is_slippery=False)
-    return sokoban_solver_policy(config.max_actions_per_turn, config.enable_thinking)
 
 
 def padding(lengths: list[int], batch_size: int, steps: int, group_by_length: bool) -> tuple[float, float]:
@@ -58,9 +43,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config, job = job_config(args.job)
+    module = job_module(JOBS[args.job])
+    config, job = module.config, module.job
     _, tokenizer = load_policy("tiny", seed=0)
-    demos = collect_demonstrations(config.rollout_config(), demonstration_policy(args.job, config), tokenizer,
+    demos = collect_demonstrations(config.rollout_config(), demonstration_policy(config), tokenizer,
                                    args.episodes)
     lengths = [len(t.token_ids) for t in demos]
     print(f"{args.job}: {len(demos)} demonstrations, {np.mean(lengths):.0f} tokens on average "
