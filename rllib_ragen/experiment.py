@@ -54,9 +54,19 @@ from .sentinel import as_rule, echo_trap_rules
 from .sft import DEMONSTRATION_SEED_START
 from .viewer import write_viewer
 
-__all__ = ["JobSettings", "flatten_result", "parse_job_args", "run_job", "warm_start"]
+__all__ = ["JobSettings", "demonstration_rollout_config", "flatten_result", "parse_job_args", "run_job",
+           "warm_start"]
 
 SUMMARY_METRICS = (M.SUCCESS, "pass@1", M.VALID_ACTION_RATE, M.FORMAT_ERROR_RATE, M.RETURN_MEAN, M.NUM_ACTIONS)
+
+
+def demonstration_rollout_config(config, job: JobSettings):
+    """The agent loop the demonstrations are played in: the config's, cut to ``job.warm_start_max_turns`` turns when
+    that is set. The prompts do not state the turn budget, so a cut demonstration is the first turns of a whole one."""
+    rollout_config = config.rollout_config()
+    if job.warm_start_max_turns:
+        rollout_config = dataclasses.replace(rollout_config, max_turns=job.warm_start_max_turns)
+    return rollout_config
 
 
 def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pathlib.Path) -> str:
@@ -73,7 +83,8 @@ def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pat
     model, tokenizer = load_policy(config.model_config["model"], seed=seed)
     if torch.cuda.is_available():  # the same steps on the GPU, many times faster
         model.to(config.local_gpu_idx)
-    demos = collect_demonstrations(config.rollout_config(), policy, tokenizer, job.warm_start_episodes)
+    demos = collect_demonstrations(demonstration_rollout_config(config, job), policy, tokenizer,
+                                   job.warm_start_episodes)
     losses = supervised_warm_start(model, demos, steps=job.warm_start_steps, batch_size=job.warm_start_batch_size,
                                    lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id,
                                    average_decay=job.warm_start_average_decay,
@@ -98,7 +109,7 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     counts as learning) is printed and stored in the summary (``success_gain``, ``passed``).
     ``reference_lines`` (e.g. ``{"random policy": 0.22, "optimal policy": 1.0}``) are drawn on the success panel.
     """
-    job.validate()
+    job.validate(config)
     if not job.verbose:
         keep_notices_off_the_console()
     if not config.sentinel_rules and job.sentinel != "off":  # custom rules (--sentinel-rules) replace the built-in
@@ -367,7 +378,8 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool) 
     print(f"run folder: {out} ({pathlib.Path(job.output_dir) / LATEST} points here)", flush=True)
     steps = []
     if warm_starts and job.warm_start_steps > 0 and job.warm_start_episodes > 0 and not job.resume:
-        steps.append(f"warm start {job.warm_start_steps} steps on {job.warm_start_episodes} demonstrations")
+        cut = f" of at most {job.warm_start_max_turns} turns" if job.warm_start_max_turns else ""
+        steps.append(f"warm start {job.warm_start_steps} steps on {job.warm_start_episodes} demonstrations{cut}")
     groups = " + ".join(f"{e.count} {e.name}" for e in config.training_environments()) \
         if config.train_envs else f"{config.num_groups}"
     steps.append(f"{job.iterations} StarPO iterations of {groups} groups x {config.group_size} episodes")

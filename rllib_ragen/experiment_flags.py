@@ -49,6 +49,9 @@ class JobSettings:
                                             default=0.0)
     warm_start_lr_schedule: str = _help("warm-start learning rate over the steps: 'constant' or 'cosine' (from "
                                         "--warm-start-lr down towards 0)", default="constant")
+    warm_start_max_turns: int = _help("turns a demonstration episode may run, at most the config's max_turns "
+                                      "(0: max_turns); fewer keeps the demonstrations short when RL gets more turns "
+                                      "than the warm start should show (README, Sokoban)", default=0)
     warm_start_group_by_length: bool = _help("batch warm-start demonstrations of similar length together: less "
                                              "padding, up to half the time per step; judge it by held-out success "
                                              "(README)", default=False)
@@ -68,11 +71,13 @@ class JobSettings:
     expected_minutes: float = _help("wall minutes this job took with its defaults on a 2-core CPU, printed at start "
                                     "as a guide (0: none)", default=0.0)
 
-    def validate(self) -> None:
-        """Raise ValueError naming each field of the wrong kind or out of range."""
+    def validate(self, config=None) -> None:
+        """Raise ValueError naming each field of the wrong kind or out of range (against ``config``, the job's
+        ``StarPOConfig``, where a setting depends on it)."""
         errors = []
         least_values = {"iterations": 1, "threads": 1, "warm_start_batch_size": 1, "warm_start_episodes": 0,
-                        "warm_start_steps": 0, "checkpoint_interval": 0}  # 0: no warm start / no checkpoints
+                        "warm_start_steps": 0, "checkpoint_interval": 0,  # 0: no warm start / no checkpoints
+                        "warm_start_max_turns": 0}  # 0: the config's max_turns
         for name, least in least_values.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -100,6 +105,10 @@ class JobSettings:
             errors.append(f"sentinel={self.sentinel!r}: choose one of {list(SENTINEL_CHOICES)}.")
         if not isinstance(self.output_dir, str) or not self.output_dir:
             errors.append(f"output_dir={self.output_dir!r} must be a folder path.")
+        turns = self.warm_start_max_turns
+        if config is not None and isinstance(turns, int) and turns > config.max_turns:
+            errors.append(f"warm_start_max_turns={turns} exceeds max_turns={config.max_turns}: demonstrations would "
+                          "show turns the agent never plays. Lower it, or raise --max-turns.")
         if errors:
             raise ValueError("Invalid JobSettings:\n  - " + "\n  - ".join(errors))
 
@@ -252,7 +261,7 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
                 and "num_gpus_per_env_runner" not in given):
             config.env_runners(num_gpus_per_env_runner=1)  # the driver samples: generate on its GPU, not its CPU
         config.validate()
-        job.validate()
+        job.validate(config)
     except ValueError as error:
         parser.error(str(error))
     return config, job

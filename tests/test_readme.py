@@ -117,6 +117,52 @@ def test_the_job_file_shown_in_the_readme_is_the_bandit_job():
     assert {k: getattr(shown["config"], k) for k in knobs} == {k: getattr(real["config"], k) for k in knobs}
 
 
+MAIN_JOBS = ("starpo_bandit.py", "starpo_frozenlake.py", "starpo_sokoban.py")
+
+
+def readme_job_commands() -> list[tuple[str, list[str]]]:
+    """Every main-job command the README shows, inline or in a bash block, as (job file, flags)."""
+    import shlex
+
+    text = README.read_text()
+    spans = re.findall(r"`(python tuned_examples/\w+\.py[^`]*)`", text)  # inline; may wrap over lines
+    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
+        spans += [line.split(" #")[0] for line in block.replace("\\\n", " ").splitlines()]
+    commands = []
+    for span in spans:
+        found = re.search(r"python tuned_examples/(\w+\.py)([^&;|]*)", span)
+        if found and found.group(1) in MAIN_JOBS and "--help" not in found.group(2):
+            commands.append((found.group(1), shlex.split(found.group(2))))
+    return commands
+
+
+def test_every_main_job_command_in_the_readme_parses(monkeypatch):
+    """A renamed or removed flag, or a combination validate() refuses, must not leave a README command broken."""
+    import runpy
+
+    import torch
+
+    from rllib_ragen.experiment import parse_job_args
+
+    import rllib_ragen.starpo.config as starpo_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU defaults, on any machine
+    monkeypatch.setattr(starpo_config, "vllm_available", lambda: True)  # the GPU cluster's command assumes vLLM
+    commands = readme_job_commands()
+    assert {job for job, _ in commands} == set(MAIN_JOBS) and len(commands) >= 15
+    jobs = {name: runpy.run_path(str(README.parent / "tuned_examples" / name), run_name="imported")
+            for name in MAIN_JOBS}
+    for name, flags in commands:
+        job = jobs[name]
+        try:
+            if "parse_args" in job:  # the Sokoban job adds its own flag
+                job["parse_args"](job["config"], job["job"], flags)
+            else:
+                parse_job_args(job["config"], job["job"], flags, gpu_config=job.get("gpu_config"))
+        except SystemExit as exit_code:
+            pytest.fail(f"README command 'python tuned_examples/{name} {' '.join(flags)}' exits {exit_code.code}")
+
+
 def test_sentinel_example_builds_a_valid_config_and_bad_rules_fail_validate():
     namespace = {}
     exec(compile(_python_block_after("<!-- sentinel-example -->"), "README sentinel", "exec"), namespace)

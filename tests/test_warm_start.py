@@ -118,3 +118,41 @@ def test_length_grouped_batches_hold_neighbours_in_length_and_use_each_demonstra
 def test_job_settings_refuse_a_non_boolean_group_by_length(value):
     with pytest.raises(ValueError, match="warm_start_group_by_length"):
         JobSettings(warm_start_group_by_length=value).validate()
+
+
+def sokoban_one_move_config(max_turns):
+    from rllib_ragen import StarPOConfig
+    return StarPOConfig().environment("rllib_ragen/Sokoban-v0").training(
+        max_turns=max_turns, max_actions_per_turn=1, max_actions_per_episode=10)
+
+
+def test_demonstrations_cut_to_warm_start_max_turns_are_the_first_turns_of_whole_ones():
+    from rllib_ragen.experiment import demonstration_rollout_config
+    from rllib_ragen.rollout.scripted import sokoban_solver_policy
+
+    config = sokoban_one_move_config(max_turns=10)
+    _, tokenizer = load_policy("tiny", seed=0)
+    assert demonstration_rollout_config(config, JobSettings()) == config.rollout_config()  # 0: the config's turns
+    whole, cut = (collect_demonstrations(demonstration_rollout_config(config, JobSettings(warm_start_max_turns=n)),
+                                         sokoban_solver_policy(1), tokenizer, 12) for n in (0, 2))
+    assert max(len(t.turn_spans) for t in whole) > 2  # some levels need more than two moves
+    for w, c in zip(whole, cut, strict=True):
+        assert len(c.turn_spans) == min(2, len(w.turn_spans))
+        assert c.success == (w.success and len(w.turn_spans) <= 2)
+        # the same conversation up to the end of the cut's last reply: the prompts do not state the turn budget
+        end = c.turn_spans[-1][1]
+        assert c.token_ids[:end] == w.token_ids[:end] and c.response_mask[:end] == w.response_mask[:end]
+        assert sum(c.response_mask) == sum(w.response_mask[:end])
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_job_settings_refuse_a_bad_warm_start_max_turns(value):
+    with pytest.raises(ValueError, match="warm_start_max_turns"):
+        JobSettings(warm_start_max_turns=value).validate()
+
+
+def test_warm_start_max_turns_above_the_configs_max_turns_is_refused_naming_both():
+    config = sokoban_one_move_config(max_turns=5)
+    JobSettings(warm_start_max_turns=5).validate(config)
+    with pytest.raises(ValueError, match="warm_start_max_turns=6 exceeds max_turns=5"):
+        JobSettings(warm_start_max_turns=6).validate(config)
