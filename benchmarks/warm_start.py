@@ -16,6 +16,7 @@ import time
 import numpy as np
 import torch
 
+from rllib_ragen.experiment import demonstration_rollout_config
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.sft import collect_demonstrations, demonstration_batches, supervised_warm_start
 
@@ -46,7 +47,7 @@ def main() -> None:
     module = job_module(JOBS[args.job])
     config, job = module.config, module.job
     _, tokenizer = load_policy("tiny", seed=0)
-    demos = collect_demonstrations(config.rollout_config(), demonstration_policy(config), tokenizer,
+    demos = collect_demonstrations(demonstration_rollout_config(config, job), demonstration_policy(config), tokenizer,
                                    args.episodes)
     lengths = [len(t.token_ids) for t in demos]
     print(f"{args.job}: {len(demos)} demonstrations, {np.mean(lengths):.0f} tokens on average "

@@ -142,9 +142,8 @@ def test_every_main_job_command_in_the_readme_parses(monkeypatch):
 
     import torch
 
-    from rllib_ragen.experiment import parse_job_args
-
     import rllib_ragen.starpo.config as starpo_config
+    from rllib_ragen.experiment import parse_job_args
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU defaults, on any machine
     monkeypatch.setattr(starpo_config, "vllm_available", lambda: True)  # the GPU cluster's command assumes vLLM
