@@ -6,6 +6,10 @@ prefilled again), then steps the environments one by one. Besides
 being slower it is not token-exact (earlier replies are re-encoded). The engine appends sampled ids and
 observation tokens only.
 
+A second comparison plays the engine twice on the same seeds: with the HF backend's KV cache, which grows in
+place, and with Hugging Face's ``DynamicCache``, which copies the whole cache at every decode step. Both sample
+the same tokens with the same log-probs (checked here, and in the tests).
+
     python benchmarks/rollout.py [--model tiny] [--groups 8] [--group-size 4] [--max-new-tokens 48] [--device cuda]
 """
 
@@ -120,6 +124,7 @@ def main() -> None:
             engine_backend=HFBackend(model, tokenizer, max_batch_size=args.batch_size),
             naive_backend=GenerateBackend(model, tokenizer),
             tokenizer=tokenizer)
+    compare_caches(model, tokenizer, config, params, seeds, args)
     # No model: what is left is each loop's own cost (contexts, parsing, env stepping).
     scripted = ScriptedBackend(sokoban_solver_policy(config.max_actions_per_turn), tokenizer)
     compare("scripted solver policy, no model", config, params, seeds, args, engine_backend=scripted,
@@ -151,6 +156,33 @@ def compare(title, config, params, seeds, args, engine_backend, naive_backend, t
         print(f"{name:8s} {tok_s:10.1f} {step_s:12.1f} {outside:21.1%} {wall:8.3f}")
     print(f"engine / naive: {best['engine'][0] / best['naive'][0]:.2f}x tokens/s, "
           f"{best['engine'][1] / max(best['naive'][1], 1e-9):.2f}x env steps/s")
+
+
+def compare_caches(model, tokenizer, config, params, seeds, args) -> None:
+    """The engine with the backend's growing KV cache against Hugging Face's ``DynamicCache``, same rollouts."""
+    from transformers import DynamicCache
+
+    import rllib_ragen.rollout.backends as backends
+
+    growing = backends._new_cache
+    best, played = {}, {}
+    for repeat in range(args.repeats):
+        for name, new_cache in (("growing", growing), ("dynamic", lambda m: DynamicCache(config=m.config))):
+            backends._new_cache = new_cache
+            engine = RolloutEngine(config, HFBackend(model, tokenizer, max_batch_size=args.batch_size), tokenizer)
+            start = time.perf_counter()
+            trajectories, _ = engine.rollout(seeds, args.group_size, params, sample_seed=repeat)
+            wall = time.perf_counter() - start
+            best[name] = min(best.get(name, wall), wall)
+            played[name] = [(t.token_ids, t.behaviour_logprobs) for t in trajectories]
+        backends._new_cache = growing
+        if played["growing"] != played["dynamic"]:
+            raise AssertionError("the two caches sampled different tokens or log-probs")
+    tokens = sum(len(ids) for ids, _ in played["growing"]) / len(played["growing"])
+    print(f"\nKV cache across a rollout (the same tokens and log-probs; {tokens:.0f} tokens per episode at the end)")
+    for name in ("growing", "dynamic"):
+        print(f"{name:8s} {best[name]:8.3f} s")
+    print(f"growing / dynamic: {best['dynamic'] / best['growing']:.2f}x faster")
 
 
 if __name__ == "__main__":

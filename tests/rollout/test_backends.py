@@ -63,3 +63,44 @@ def test_top_k_and_top_p_shape_sampling_not_the_logprob():
     assert set(tokens.tolist()) == {0}
     tokens, logprobs = _sample(logits[:1], SamplingParams(temperature=0.0), generator)
     assert tokens.item() == 0 and torch.allclose(logprobs, full[:1])
+
+
+def test_the_growing_cache_layer_holds_what_hugging_faces_layer_holds():
+    from transformers.cache_utils import DynamicLayer
+
+    from rllib_ragen.rollout.backends import _growing_kv_layer
+
+    ours, theirs = _growing_kv_layer()(), DynamicLayer()
+    generator = torch.Generator().manual_seed(0)
+    # A prefill (a buffer of 200 slots), decode steps past it, a row selection, a crop and a repeat.
+    steps = [("update", 100), *[("update", 1)] * 120, ("select", [2, 0]), ("update", 3), ("crop", -5), ("update", 1),
+             ("repeat", 2), ("update", 2)]
+    batch = 3
+    for op, arg in steps:
+        if op == "update":
+            k, v = (torch.randn(batch, 2, arg, 4, generator=generator) for _ in range(2))
+            got, expected = ours.update(k, v), theirs.update(k, v)
+            assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        elif op == "select":
+            ours.batch_select_indices(torch.tensor(arg)), theirs.batch_select_indices(torch.tensor(arg))
+            batch = len(arg)
+        elif op == "crop":
+            ours.crop(arg), theirs.crop(arg)
+        else:
+            ours.batch_repeat_interleave(arg), theirs.batch_repeat_interleave(arg)
+            batch *= arg
+        assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+        assert ours.get_seq_length() == theirs.get_seq_length()
+    assert ours._keys.shape[-2] == 402  # full at 200 tokens, it grew to twice the 201 needed
+
+
+def test_rollouts_are_the_same_with_hugging_faces_own_cache(tiny, monkeypatch):
+    from transformers import DynamicCache
+
+    import rllib_ragen.rollout.backends as backends
+
+    ours, _ = _play(tiny, True)
+    monkeypatch.setattr(backends, "_new_cache", lambda model: DynamicCache(config=model.config))
+    theirs, _ = _play(tiny, True)
+    assert [t.token_ids for t in ours] == [t.token_ids for t in theirs]
+    assert [t.behaviour_logprobs for t in ours] == [t.behaviour_logprobs for t in theirs]  # bit for bit
