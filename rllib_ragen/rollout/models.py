@@ -228,3 +228,51 @@ def disable_dropout(model: torch.nn.Module) -> None:
     for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout"):
         if hasattr(model.config, name):
             setattr(model.config, name, 0.0)
+
+
+SHARED_PREFIX_MIN_TOKENS = 16  # below this, reading the prefix once saves less than the extra call costs
+
+
+def common_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """Tokens every row of a right-padded batch starts with, leaving each row at least one token after them.
+
+    Args:
+        input_ids: (B, T) token ids, right-padded.
+        attention_mask: (B, T) 1 on real tokens.
+    """
+    same = (input_ids == input_ids[:1]).all(0)  # (T,) columns where every row holds row 0's token
+    shared = int(same.long().cumprod(0).sum())
+    return max(0, min(shared, int(attention_mask.sum(-1).min()) - 1))
+
+
+def causal_lm_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The (B, T, V) logits of a right-padded batch, reading the tokens all rows start with only once.
+
+    Multi-turn episodes of one environment all open with the same system prompt and instructions (a third of a
+    Sokoban or FrozenLake demonstration). That prefix goes through the model as one row; its keys and values are
+    repeated for every row, and the rest of each row attends to them as to its own. Gradients flow back through
+    the shared keys and values, so the loss, the logits and the gradients are those of the plain forward pass up to
+    float rounding. Models whose cache is not plain full attention (sliding windows, recurrent layers) and batches
+    sharing fewer than ``SHARED_PREFIX_MIN_TOKENS`` tokens take the plain pass.
+
+    Args:
+        model: a Hugging Face causal LM.
+        input_ids: (B, T) token ids, right-padded.
+        attention_mask: (B, T) 1 on real tokens, 0 on the padding after them.
+
+    Returns:
+        (B, T, V) logits, as ``model(input_ids=..., attention_mask=...).logits``.
+    """
+    from transformers import DynamicCache
+
+    prefix = common_prefix_length(input_ids, attention_mask) if input_ids.shape[0] > 1 else 0
+    cache = DynamicCache(config=model.config) if prefix >= SHARED_PREFIX_MIN_TOKENS else None
+    if cache is None or any(type(layer).__name__ != "DynamicLayer" for layer in cache.layers):
+        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    batch, width = input_ids.shape
+    head = model(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True)
+    cache.batch_repeat_interleave(batch)
+    positions = torch.arange(prefix, width, device=input_ids.device).expand(batch, -1)
+    tail = model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, position_ids=positions,
+                 past_key_values=cache, use_cache=True)
+    return torch.cat([head.logits.expand(batch, -1, -1), tail.logits], dim=1)

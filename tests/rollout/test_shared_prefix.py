@@ -1,0 +1,85 @@
+"""causal_lm_logits: reading the prefix all rows share once must give the plain forward pass's logits, loss and
+gradients (float rounding aside), and fall back to that pass where sharing does not apply."""
+
+import pytest
+import torch
+
+from rllib_ragen.objectives import token_logprobs
+from rllib_ragen.rollout import RolloutConfig
+from rllib_ragen.rollout.engine import pad_trajectories
+from rllib_ragen.rollout.models import (SHARED_PREFIX_MIN_TOKENS, build_tiny_model, causal_lm_logits,
+                                        common_prefix_length, load_policy)
+from rllib_ragen.rollout.scripted import sokoban_solver_policy
+from rllib_ragen.sft import collect_demonstrations
+
+
+@pytest.fixture(scope="module")
+def sokoban_batch():
+    torch.set_num_threads(1)
+    model, tokenizer = load_policy("tiny", seed=0)
+    demos = collect_demonstrations(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3),
+                                   sokoban_solver_policy(1), tokenizer, 6)
+    batch = pad_trajectories(demos, tokenizer.pad_token_id)
+    return tokenizer, {key: torch.from_numpy(batch[key]) for key in ("input_ids", "attention_mask", "response_mask")}
+
+
+def _loss_and_gradients(model, logits_fn, batch):
+    model.zero_grad()
+    logits = logits_fn()
+    mask = batch["response_mask"]
+    loss = -(token_logprobs(logits, batch["input_ids"]) * mask).sum() / mask.sum()
+    loss.backward()
+    return logits.detach(), loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_common_prefix_length_by_hand():
+    ids = torch.tensor([[5, 6, 7, 8, 0], [5, 6, 7, 9, 9], [5, 6, 1, 1, 1]])
+    assert common_prefix_length(ids, torch.ones_like(ids)) == 2
+    # The shortest row (3 real tokens) must keep one token after the prefix, even where all rows agree further.
+    same = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]])
+    assert common_prefix_length(same, torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])) == 2
+    assert common_prefix_length(torch.tensor([[1, 2], [3, 2]]), torch.ones(2, 2)) == 0
+
+
+def test_sharing_the_prefix_gives_the_plain_passs_logits_loss_and_gradients(sokoban_batch):
+    tokenizer, batch = sokoban_batch
+    assert common_prefix_length(batch["input_ids"], batch["attention_mask"]) > 100  # system prompt + instructions
+    model = build_tiny_model(tokenizer, seed=0).train()
+    ids, attention, real = batch["input_ids"], batch["attention_mask"], batch["attention_mask"].bool()
+    plain = _loss_and_gradients(model, lambda: model(input_ids=ids, attention_mask=attention).logits, batch)
+    calls = []
+    hook = model.model.register_forward_pre_hook(lambda _, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)),
+                                                 with_kwargs=True)
+    shared = _loss_and_gradients(model, lambda: causal_lm_logits(model, ids, attention), batch)
+    hook.remove()
+    prefix = common_prefix_length(ids, attention)
+    assert calls == [(1, prefix), (len(ids), ids.shape[1] - prefix)]  # the prefix as one row, then the rest
+    torch.testing.assert_close(shared[0][real], plain[0][real], rtol=0, atol=1e-5)
+    torch.testing.assert_close(shared[1], plain[1], rtol=1e-6, atol=0)
+    for got, expected in zip(shared[2], plain[2]):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-7)
+
+
+def test_without_a_long_enough_shared_prefix_it_is_the_plain_pass(sokoban_batch):
+    tokenizer, batch = sokoban_batch
+    model = build_tiny_model(tokenizer, seed=0)
+    ids, attention = batch["input_ids"].clone(), batch["attention_mask"]
+    ids[1, SHARED_PREFIX_MIN_TOKENS - 1] = tokenizer.pad_token_id  # row 1 parts from the others one token early
+    with torch.no_grad():
+        for rows in (slice(0, 1), slice(None)):  # a single row; rows sharing too little
+            expected = model(input_ids=ids[rows], attention_mask=attention[rows]).logits
+            assert torch.equal(causal_lm_logits(model, ids[rows], attention[rows]), expected)
+
+
+def test_a_sliding_window_model_takes_the_plain_pass(sokoban_batch):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer, batch = sokoban_batch
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=64,
+                         max_window_layers=0)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        assert torch.equal(causal_lm_logits(model, batch["input_ids"], batch["attention_mask"]), expected)
