@@ -2,8 +2,8 @@
 
 Collects a main job's demonstrations (its config and demonstration policy, the tiny model's tokenizer), then runs
 ``supervised_warm_start`` for the same number of steps from the same initial weights three times: every row through
-the whole model (``model(...)``, the warm start before ``causal_lm_logits``), the prefix all rows share read once
-(the default), and that plus ``group_by_length=True``. Prints seconds per step, padded tokens per batch and the share
+the whole model (``model(...)``, the warm start before ``forward_sharing_prefix``), the prefix all rows share read
+once (the default), and that plus ``group_by_length=True``. Prints seconds per step, padded tokens per batch and the share
 of them that are real, and each one's speed-up over the first.
 
     python benchmarks/warm_start.py [--job frozenlake|sokoban] [--steps 60] [--episodes 1000] [--threads 2]
@@ -19,7 +19,7 @@ import torch
 
 import rllib_ragen.sft as sft
 from rllib_ragen.experiment import demonstration_rollout_config
-from rllib_ragen.rollout.models import causal_lm_logits, load_policy
+from rllib_ragen.rollout.models import forward_sharing_prefix, load_policy
 from rllib_ragen.sft import collect_demonstrations, demonstration_batches, supervised_warm_start
 
 from main_jobs import demonstration_policy, job_module  # benchmarks/
@@ -56,13 +56,13 @@ def main() -> None:
           f"({min(lengths)}-{max(lengths)}); batch {job.warm_start_batch_size}, {args.steps} steps, "
           f"{args.threads} threads")
     def plain_pass(model, ids, attention):
-        return model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+        return {"logits": model(input_ids=ids, attention_mask=attention, use_cache=False).logits}
 
     rows = {}
     for name, logits_fn, grouped in (("every row whole", plain_pass, False),
-                                     ("shared prefix", causal_lm_logits, False),
-                                     ("shared + grouped", causal_lm_logits, True)):
-        sft.causal_lm_logits = logits_fn
+                                     ("shared prefix", forward_sharing_prefix, False),
+                                     ("shared + grouped", forward_sharing_prefix, True)):
+        sft.forward_sharing_prefix = logits_fn
         model, _ = load_policy("tiny", seed=0)
         supervised_warm_start(model, demos, steps=3, batch_size=job.warm_start_batch_size, lr=job.warm_start_lr,
                               pad_token_id=tokenizer.pad_token_id, log_every=0)  # warm-up: allocator, kernels
@@ -77,7 +77,7 @@ def main() -> None:
         print(f"{name:17s} {seconds:.3f} s/step | {tokens:,.0f} padded tokens per batch, {real_share:.0%} real | "
               f"loss {losses[0]:.3f} -> {np.mean(losses[-10:]):.3f} (mean of the last 10) | "
               f"speed-up {rows['every row whole'] / seconds:.2f}x")
-    sft.causal_lm_logits = causal_lm_logits
+    sft.forward_sharing_prefix = forward_sharing_prefix
 
 
 if __name__ == "__main__":

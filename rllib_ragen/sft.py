@@ -24,7 +24,7 @@ import torch
 from .objectives import token_logprobs
 from .rollout.backends import SamplingParams, ScriptedBackend
 from .rollout.engine import RolloutConfig, RolloutEngine, Trajectory, pad_trajectories
-from .rollout.models import causal_lm_logits
+from .rollout.models import forward_sharing_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         batch = pad_trajectories([demonstrations[i] for i in next(batches)], pad_token_id)
         ids, attention, mask = (torch.from_numpy(batch[key]).to(device)
                                 for key in ("input_ids", "attention_mask", "response_mask"))
-        logits = causal_lm_logits(model, ids, attention)  # the shared system prompt is read once per batch
+        logits = forward_sharing_prefix(model, ids, attention)["logits"]  # the system prompt: once per batch
         # Cross-entropy on the reply tokens: -log pi(x_t | x_<t), averaged over every reply token of the batch.
         loss = -(token_logprobs(logits, ids) * mask).sum() / mask.sum().clamp(min=1)
         losses.append(loss.item())

@@ -245,34 +245,48 @@ def common_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) 
     return max(0, min(shared, int(attention_mask.sum(-1).min()) - 1))
 
 
-def causal_lm_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The (B, T, V) logits of a right-padded batch, reading the tokens all rows start with only once.
+def forward_sharing_prefix(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           output_hidden_states: bool = False) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
+    """A Hugging Face model's outputs over a right-padded batch, reading the tokens all rows start with only once.
 
     Multi-turn episodes of one environment all open with the same system prompt and instructions (a third of a
-    Sokoban or FrozenLake demonstration). That prefix goes through the model as one row; its keys and values are
-    repeated for every row, and the rest of each row attends to them as to its own. Gradients flow back through
-    the shared keys and values, so the loss, the logits and the gradients are those of the plain forward pass up to
-    float rounding. Models whose cache is not plain full attention (sliding windows, recurrent layers) and batches
-    sharing fewer than ``SHARED_PREFIX_MIN_TOKENS`` tokens take the plain pass.
+    Sokoban or FrozenLake demonstration, most of a bandit prompt). That prefix goes through the model as one row;
+    its keys and values are repeated for every row, and the rest of each row attends to them as to its own.
+    Gradients flow back through the shared keys and values, so losses, outputs and gradients are those of the plain
+    forward pass up to float rounding (tested). Models whose cache is not plain full attention (sliding windows,
+    recurrent layers) and batches sharing fewer than ``SHARED_PREFIX_MIN_TOKENS`` tokens take the plain pass.
 
     Args:
-        model: a Hugging Face causal LM.
+        model: a causal LM (``logits``) or a bare transformer trunk (``last_hidden_state``).
         input_ids: (B, T) token ids, right-padded.
         attention_mask: (B, T) 1 on real tokens, 0 on the padding after them.
+        output_hidden_states: also return every layer's (B, T, H) hidden states.
 
     Returns:
-        (B, T, V) logits, as ``model(input_ids=..., attention_mask=...).logits``.
+        Those of ``logits`` (B, T, V), ``last_hidden_state`` (B, T, H) and ``hidden_states`` the model gives, as
+        ``model(input_ids=..., attention_mask=...)`` would.
     """
     from transformers import DynamicCache
 
+    fields = ("logits", "last_hidden_state", "hidden_states")
     prefix = common_prefix_length(input_ids, attention_mask) if input_ids.shape[0] > 1 else 0
     cache = DynamicCache(config=model.config) if prefix >= SHARED_PREFIX_MIN_TOKENS else None
     if cache is None or any(type(layer).__name__ != "DynamicLayer" for layer in cache.layers):
-        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                    output_hidden_states=output_hidden_states)
+        return {key: out[key] for key in fields if out.get(key) is not None}
     batch, width = input_ids.shape
-    head = model(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True)
+    head = model(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True,
+                 output_hidden_states=output_hidden_states)
     cache.batch_repeat_interleave(batch)
     positions = torch.arange(prefix, width, device=input_ids.device).expand(batch, -1)
     tail = model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, position_ids=positions,
-                 past_key_values=cache, use_cache=True)
-    return torch.cat([head.logits.expand(batch, -1, -1), tail.logits], dim=1)
+                 past_key_values=cache, use_cache=True, output_hidden_states=output_hidden_states)
+
+    def joined(first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+        return torch.cat([first.expand(batch, *first.shape[1:]), rest], dim=1)
+
+    out = {key: joined(head[key], tail[key]) for key in ("logits", "last_hidden_state") if tail.get(key) is not None}
+    if output_hidden_states:
+        out["hidden_states"] = tuple(joined(a, b) for a, b in zip(head.hidden_states, tail.hidden_states))
+    return out

@@ -20,7 +20,7 @@ from ray.rllib.utils.annotations import override
 from ..objectives import token_logprobs_and_entropy
 from ..objectives.losses import shift_right
 from ..rollout.lora import attach_lora, is_adapter_key, lora_settings, merged_policy_state
-from ..rollout.models import load_policy
+from ..rollout.models import forward_sharing_prefix, load_policy
 
 
 class _DropRLModuleConfigNotice(logging.Filter):
@@ -62,7 +62,7 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        hidden = forward_sharing_prefix(self.trunk, input_ids, attention_mask)["last_hidden_state"]
         return self.head(hidden).squeeze(-1).float()
 
 
@@ -108,14 +108,14 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
         """Per-token ``logp``, ``entropy`` and (with a critic) ``values``, each (B, T), position 0 zero."""
         ids, mask = batch["input_ids"], batch["attention_mask"]
-        out = self.policy(input_ids=ids, attention_mask=mask, use_cache=False,
-                          output_hidden_states=self.critic_type == "head")
-        logp, entropy = token_logprobs_and_entropy(out.logits, ids, self.temperature)
+        # Every trajectory opens with the same system prompt and instructions: read once per batch.
+        out = forward_sharing_prefix(self.policy, ids, mask, output_hidden_states=self.critic_type == "head")
+        logp, entropy = token_logprobs_and_entropy(out["logits"], ids, self.temperature)
         result = {"logp": logp, "entropy": entropy}
         if self.critic_type == "separate":
             result["values"] = shift_right(self.critic(ids, mask)[:, :-1])
         elif self.critic_type == "head":
-            result["values"] = shift_right(self.value_head(out.hidden_states[-1][:, :-1]).squeeze(-1).float())
+            result["values"] = shift_right(self.value_head(out["hidden_states"][-1][:, :-1]).squeeze(-1).float())
         return result
 
     # ---- state: torch tensors, not numpy (numpy has no bfloat16) --------------------------------------------------

@@ -1,4 +1,4 @@
-"""causal_lm_logits: reading the prefix all rows share once must give the plain forward pass's logits, loss and
+"""forward_sharing_prefix: reading the prefix all rows share once must give the plain forward pass's logits, loss and
 gradients (float rounding aside), and fall back to that pass where sharing does not apply."""
 
 import pytest
@@ -7,8 +7,8 @@ import torch
 from rllib_ragen.objectives import token_logprobs
 from rllib_ragen.rollout import RolloutConfig
 from rllib_ragen.rollout.engine import pad_trajectories
-from rllib_ragen.rollout.models import (SHARED_PREFIX_MIN_TOKENS, build_tiny_model, causal_lm_logits,
-                                        common_prefix_length, load_policy)
+from rllib_ragen.rollout.models import (SHARED_PREFIX_MIN_TOKENS, build_tiny_model, common_prefix_length,
+                                        forward_sharing_prefix, load_policy)
 from rllib_ragen.rollout.scripted import sokoban_solver_policy
 from rllib_ragen.sft import collect_demonstrations
 
@@ -50,7 +50,7 @@ def test_sharing_the_prefix_gives_the_plain_passs_logits_loss_and_gradients(soko
     calls = []
     hook = model.model.register_forward_pre_hook(lambda _, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)),
                                                  with_kwargs=True)
-    shared = _loss_and_gradients(model, lambda: causal_lm_logits(model, ids, attention), batch)
+    shared = _loss_and_gradients(model, lambda: forward_sharing_prefix(model, ids, attention)["logits"], batch)
     hook.remove()
     prefix = common_prefix_length(ids, attention)
     assert calls == [(1, prefix), (len(ids), ids.shape[1] - prefix)]  # the prefix as one row, then the rest
@@ -68,7 +68,7 @@ def test_without_a_long_enough_shared_prefix_it_is_the_plain_pass(sokoban_batch)
     with torch.no_grad():
         for rows in (slice(0, 1), slice(None)):  # a single row; rows sharing too little
             expected = model(input_ids=ids[rows], attention_mask=attention[rows]).logits
-            assert torch.equal(causal_lm_logits(model, ids[rows], attention[rows]), expected)
+            assert torch.equal(forward_sharing_prefix(model, ids[rows], attention[rows])["logits"], expected)
 
 
 def test_a_sliding_window_model_takes_the_plain_pass(sokoban_batch):
@@ -82,4 +82,19 @@ def test_a_sliding_window_model_takes_the_plain_pass(sokoban_batch):
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
         expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        assert torch.equal(causal_lm_logits(model, batch["input_ids"], batch["attention_mask"]), expected)
+        assert torch.equal(forward_sharing_prefix(model, batch["input_ids"], batch["attention_mask"])["logits"], expected)
+
+
+def test_hidden_states_and_a_bare_trunk_come_out_as_from_the_plain_pass(sokoban_batch):
+    tokenizer, batch = sokoban_batch
+    model = build_tiny_model(tokenizer, seed=0)
+    ids, attention, real = batch["input_ids"], batch["attention_mask"], batch["attention_mask"].bool()
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=attention, output_hidden_states=True)
+        shared = forward_sharing_prefix(model, ids, attention, output_hidden_states=True)
+        assert len(shared["hidden_states"]) == len(plain.hidden_states) == model.config.num_hidden_layers + 1
+        for got, expected in zip(shared["hidden_states"], plain.hidden_states):
+            torch.testing.assert_close(got[real], expected[real], rtol=0, atol=1e-5)
+        trunk = forward_sharing_prefix(model.model, ids, attention)  # the critic's trunk: no logits
+        assert set(trunk) == {"last_hidden_state"}
+        torch.testing.assert_close(trunk["last_hidden_state"][real], plain.hidden_states[-1][real], rtol=0, atol=1e-5)
