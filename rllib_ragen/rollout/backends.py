@@ -158,11 +158,13 @@ def _new_cache(model):
     """An empty KV cache for ``model``: growing in place where every layer is plain full attention (the layers
     Hugging Face builds for sliding windows or recurrent state are kept as they are)."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
 
-    cache = DynamicCache(config=model.config)
-    if all(type(layer) is DynamicLayer for layer in cache.layers):
-        cache.layers = [_growing_kv_layer()() for _ in cache.layers]
+    from rllib_ragen.rollout.models import full_attention_cache
+
+    cache = full_attention_cache(model)
+    if cache is None:
+        return DynamicCache(config=model.config)
+    cache.layers = [_growing_kv_layer()() for _ in cache.layers]
     return cache
 
 

@@ -245,6 +245,19 @@ def common_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) 
     return max(0, min(shared, int(attention_mask.sum(-1).min()) - 1))
 
 
+def full_attention_cache(model):
+    """An empty ``DynamicCache`` for ``model`` when every layer of it is plain full attention, else None.
+
+    Hugging Face builds other layer types for sliding windows and recurrent state; the shared-prefix pass and the
+    growing cache would not reproduce their arithmetic, so both take the plain path for such models.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    return cache if all(type(layer) is DynamicLayer for layer in cache.layers) else None
+
+
 def forward_sharing_prefix(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            output_hidden_states: bool = False) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
     """A Hugging Face model's outputs over a right-padded batch, reading the tokens all rows start with only once.
@@ -266,12 +279,10 @@ def forward_sharing_prefix(model, input_ids: torch.Tensor, attention_mask: torch
         Those of ``logits`` (B, T, V), ``last_hidden_state`` (B, T, H) and ``hidden_states`` the model gives, as
         ``model(input_ids=..., attention_mask=...)`` would.
     """
-    from transformers import DynamicCache
-
     fields = ("logits", "last_hidden_state", "hidden_states")
     prefix = common_prefix_length(input_ids, attention_mask) if input_ids.shape[0] > 1 else 0
-    cache = DynamicCache(config=model.config) if prefix >= SHARED_PREFIX_MIN_TOKENS else None
-    if cache is None or any(type(layer).__name__ != "DynamicLayer" for layer in cache.layers):
+    cache = full_attention_cache(model) if prefix >= SHARED_PREFIX_MIN_TOKENS else None
+    if cache is None:
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                     output_hidden_states=output_hidden_states)
         return {key: out[key] for key in fields if out.get(key) is not None}

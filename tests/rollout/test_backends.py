@@ -104,3 +104,18 @@ def test_rollouts_are_the_same_with_hugging_faces_own_cache(tiny, monkeypatch):
     theirs, _ = _play(tiny, True)
     assert [t.token_ids for t in ours] == [t.token_ids for t in theirs]
     assert [t.behaviour_logprobs for t in ours] == [t.behaviour_logprobs for t in theirs]  # bit for bit
+
+
+def test_only_plain_full_attention_layers_are_swapped_for_growing_ones(tiny):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.cache_utils import DynamicLayer
+
+    from rllib_ragen.rollout.backends import _growing_kv_layer, _new_cache
+
+    model, tokenizer = tiny
+    assert all(type(layer) is _growing_kv_layer() for layer in _new_cache(model).layers)
+    sliding = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                           use_sliding_window=True, sliding_window=64, max_window_layers=0))
+    layers = _new_cache(sliding).layers  # Hugging Face's sliding-window layers, kept as they are
+    assert layers and not any(type(layer) in (DynamicLayer, _growing_kv_layer()) for layer in layers)
