@@ -2,9 +2,13 @@
 update, its lag is 1 and never more, the learner weights it by a truncated importance weight, and a resumed run
 trains on exactly what the uninterrupted one did."""
 
+import threading
+
 import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
+
+from rllib_ragen.starpo.starpo import ROLLOUT_THREAD
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -12,6 +16,21 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 def off_policy_config(small_config, **training):
     knobs = dict(validation_interval=0, max_policy_lag=1, **training)
     return small_config(**knobs).env_runners(num_env_runners=1)
+
+
+def _record_calls(algo, *methods) -> list[tuple[str, str]]:
+    """Wrap ``algo``'s ``methods`` to log (method, thread name) at each call, in call order; returns the log."""
+    calls = []
+
+    def recording(name, method):
+        def call(*args, **kwargs):
+            calls.append((name, threading.current_thread().name))
+            return method(*args, **kwargs)
+        return call
+
+    for name in methods:
+        setattr(algo, name, recording(name, getattr(algo, name)))
+    return calls
 
 
 def test_off_policy_settings_are_checked_by_name(small_config):
@@ -29,6 +48,7 @@ def test_off_policy_settings_are_checked_by_name(small_config):
 def test_one_step_off_policy_lag_is_bounded_and_resume_is_exact(tmp_path, small_config, resumed_after_one_iteration,
                                                                 learner_state):
     straight = off_policy_config(small_config).build_algo()
+    calls = _record_calls(straight, "_rollout", "_start_next_rollout", "_update")
     try:
         results = [straight.train() for _ in range(3)]
         expected = learner_state(straight)
@@ -42,7 +62,13 @@ def test_one_step_off_policy_lag_is_bounded_and_resume_is_exact(tmp_path, small_
     assert learner[1]["rollout/logprob_gap_max"] > 1e-3  # played one update ago: the weights now correct for it
     assert learner[1]["off_policy/importance_weight_mean"] != pytest.approx(1.0, abs=1e-4)
     assert all(r["learners"][DEFAULT_MODULE_ID]["actor/first_step_logprob_deviation"] == 0.0 for r in results)
-    assert results[1]["time/sample_s"] < results[0]["time/sample_s"]  # it was already played during the update
+    # Played beside the update: each iteration hands the next rollout to the rollout thread before it updates, and
+    # every training rollout after the first plays there (an order of calls, not a timing: the machine may be busy).
+    assert [name for name, thread in calls if thread == "MainThread" and name != "_rollout"] == \
+        ["_start_next_rollout", "_update"] * 3
+    rollout_threads = [thread for name, thread in calls if name == "_rollout"]
+    assert rollout_threads[0] == "MainThread" and len(rollout_threads) == 4
+    assert all(thread.startswith(ROLLOUT_THREAD) for thread in rollout_threads[1:])
 
     # The checkpoint after one iteration holds the rollout in flight.
     resumed = resumed_after_one_iteration(off_policy_config(small_config).build_algo, tmp_path)
