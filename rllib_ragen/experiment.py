@@ -85,6 +85,11 @@ def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pat
         model.to(config.local_gpu_idx)
     demos = collect_demonstrations(demonstration_rollout_config(config, job), policy, tokenizer,
                                    job.warm_start_episodes)
+    longest = max(end - start for t in demos for start, end in t.turn_spans)
+    if longest > config.max_new_tokens_per_turn:  # RL would cut such replies short: a format error every time
+        raise ValueError(f"A demonstrated reply takes {longest} tokens, more than max_new_tokens_per_turn="
+                         f"{config.max_new_tokens_per_turn} lets the policy write; raise it to at least {longest} "
+                         f"(--max-new-tokens-per-turn {longest}) or demonstrate shorter replies.")
     losses = supervised_warm_start(model, demos, steps=job.warm_start_steps, batch_size=job.warm_start_batch_size,
                                    lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id,
                                    average_decay=job.warm_start_average_decay,

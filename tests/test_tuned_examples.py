@@ -250,6 +250,12 @@ def test_the_sokoban_jobs_demonstrations_show_as_many_plan_moves_per_reply_as_to
     assert reply("--max-actions-per-turn", "2") == thinking + "<answer>Down || Left</answer>"
     assert reply("--demonstration-moves-per-reply", "1") == thinking + "<answer>Down</answer>"
     assert reply("--demonstration-moves-per-reply", "2", "--no-enable-thinking") == "<answer>Down || Left</answer>"
+    # --demonstration-reasoning effects: what each move would do from this board, then the plan's length.
+    assert reply("--demonstration-moves-per-reply", "1", "--demonstration-reasoning", "effects") == (
+        "<think>Up wall, Down walk, Left push, Right walk. Optimal plan has 6 moves.</think><answer>Down</answer>")
+    with pytest.raises(SystemExit):
+        reply("--demonstration-reasoning", "moves")
+    assert "--demonstration-reasoning" in capsys.readouterr().err
     for bad in ("6", "0"):  # more moves than a reply may carry (max_actions_per_turn = 5), or none
         with pytest.raises(SystemExit):
             reply("--demonstration-moves-per-reply", bad)

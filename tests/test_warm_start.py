@@ -156,3 +156,20 @@ def test_warm_start_max_turns_above_the_configs_max_turns_is_refused_naming_both
     JobSettings(warm_start_max_turns=5).validate(config)
     with pytest.raises(ValueError, match="warm_start_max_turns=6 exceeds max_turns=5"):
         JobSettings(warm_start_max_turns=6).validate(config)
+
+
+def test_demonstrated_replies_longer_than_the_policy_may_write_are_refused_before_training(tmp_path):
+    # RL would cut every such reply short, a format error each time; the job must stop and name the fix instead.
+    from rllib_ragen.experiment import warm_start
+    from rllib_ragen.rollout.scripted import sokoban_solver_policy
+
+    config = sokoban_one_move_config(max_turns=2).training(max_new_tokens_per_turn=30)
+    job = JobSettings(warm_start_episodes=4, warm_start_steps=1)
+    with pytest.raises(ValueError, match=r"max_new_tokens_per_turn=30 lets the policy write; raise it to at least 3\d"):
+        warm_start(config, job, sokoban_solver_policy(1, reasoning="effects"), tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    # The same demonstrations fit the job's 48 tokens, and the shorter "plan" line fits 30.
+    warm_start(config.copy(copy_frozen=False).training(max_new_tokens_per_turn=48), job,
+               sokoban_solver_policy(1, reasoning="effects"), tmp_path / "effects")
+    warm_start(config, job, sokoban_solver_policy(1), tmp_path / "plan")
+    assert (tmp_path / "effects" / "config.json").exists() and (tmp_path / "plan" / "config.json").exists()

@@ -15,7 +15,7 @@ success by only 1-4 points in the same time. ``--env-config '{"reward": "shaped"
 from rllib_ragen import StarPOConfig
 from rllib_ragen.experiment import JobSettings, run_job
 from rllib_ragen.experiment_flags import apply_job_args, job_parser
-from rllib_ragen.rollout.scripted import sokoban_solver_policy
+from rllib_ragen.rollout.scripted import SOKOBAN_REASONING, sokoban_solver_policy
 
 config = (
     StarPOConfig()
@@ -46,11 +46,15 @@ REFERENCE_LINES = {"random moves": 0.308, "optimal policy": 0.996}
 
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
-    """The job flags plus ``--demonstration-moves-per-reply``; returns (config, job, demonstration policy)."""
+    """The job flags plus ``--demonstration-moves-per-reply`` and ``--demonstration-reasoning``; returns (config,
+    job, demonstration policy)."""
     parser = job_parser(config, job, description)
     parser.add_argument("--demonstration-moves-per-reply", type=int, default=None, metavar="INT",
                         help="moves of the solver's plan shown in each demonstrated reply, 1 to max_actions_per_turn "
                              "(default: max_actions_per_turn)")
+    parser.add_argument("--demonstration-reasoning", choices=SOKOBAN_REASONING, default="plan",
+                        help="the demonstrated <think> line: 'plan' states the solver's plan length; 'effects' first "
+                             "says what each move would do from the board shown (default: plan)")
     cli = parser.parse_args(argv)
     config, job = apply_job_args(parser, cli, config, job)
     moves = cli.demonstration_moves_per_reply
@@ -58,7 +62,7 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
     if not 1 <= moves <= config.max_actions_per_turn:
         parser.error(f"--demonstration-moves-per-reply is {moves}; it must be between 1 "
                      f"and max_actions_per_turn ({config.max_actions_per_turn}): the protocol cuts a longer reply.")
-    return config, job, sokoban_solver_policy(moves, config.enable_thinking)
+    return config, job, sokoban_solver_policy(moves, config.enable_thinking, cli.demonstration_reasoning)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,29 @@ class SokobanLevel:
         return cls(dim, floor, frozenset(targets), frozenset(boxes), players[0])
 
 
+MOVE_EFFECTS = ("walk", "push", "push to target", "wall")
+
+
+def move_effects(level: SokobanLevel) -> tuple[str, str, str, str]:
+    """What Up, Down, Left and Right would each do from ``level``, one of ``MOVE_EFFECTS``.
+
+    ``"walk"``: onto free floor or a target; ``"push"``: moves a box; ``"push to target"``: moves a box onto a
+    target; ``"wall"``: the player stays, against a wall or a box with a wall or another box behind it.
+    """
+    flat, effects = level.floor.ravel(), []
+    for d in move_offsets(level.dim):
+        ahead, beyond = level.player + d, level.player + 2 * d
+        if not flat[ahead]:
+            effects.append("wall")
+        elif ahead not in level.boxes:
+            effects.append("walk")
+        elif not flat[beyond] or beyond in level.boxes:  # the wall border keeps ``beyond`` inside the room
+            effects.append("wall")
+        else:
+            effects.append("push to target" if beyond in level.targets else "push")
+    return tuple(effects)
+
+
 # ---- generation -------------------------------------------------------------------------------------------
 def _carve_room(rng: np.random.Generator, dim: int) -> np.ndarray:
     """Random room topology: a random walk inside the border that carves 1- to 3-cell patches of floor."""

@@ -14,7 +14,7 @@ from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 from ..envs.frozen_lake import ACTION_NAMES as LAKE_ACTIONS
 from ..envs.frozen_lake import SYMBOLS as LAKE_SYMBOLS
 from ..envs.frozen_lake import optimal_policy
-from ..envs.sokoban_levels import SokobanLevel, solve_level
+from ..envs.sokoban_levels import ACTION_NAMES, SokobanLevel, move_effects, solve_level
 from .context import last_turn_message
 
 
@@ -23,13 +23,29 @@ def _reply(actions: list[str], thinking: str, enable_thinking: bool) -> str:
     return f"<think>{thinking}</think>{answer}" if enable_thinking else answer
 
 
-def sokoban_solver_policy(max_actions_per_turn: int = 5, enable_thinking: bool = True):
-    """A policy that replies with the next moves of an optimal solution of the state it is shown."""
+SOKOBAN_REASONING = ("plan", "effects")
+
+
+def sokoban_solver_policy(max_actions_per_turn: int = 5, enable_thinking: bool = True, reasoning: str = "plan"):
+    """A policy that replies with the next moves of an optimal solution of the state it is shown.
+
+    Args:
+        reasoning: the ``<think>`` line. ``"plan"``: "Optimal plan has 3 moves."; ``"effects"``: what each move
+            would do from the board shown (``move_effects``), then the same sentence: "Up walk, Down wall, Left
+            wall, Right push to target. Optimal plan has 1 moves." Every word of the effects is read off the cells
+            next to the player, so a model cannot predict them without finding the player on the board.
+    """
+    if reasoning not in SOKOBAN_REASONING:
+        raise ValueError(f"reasoning={reasoning!r}: choose one of {list(SOKOBAN_REASONING)}.")
 
     def policy(prompt: str) -> str:
-        state = last_turn_message(prompt).observation
-        solution = solve_level(SokobanLevel.from_text(state)) or ["Up"]
-        return _reply(solution[:max_actions_per_turn], f"Optimal plan has {len(solution)} moves.", enable_thinking)
+        level = SokobanLevel.from_text(last_turn_message(prompt).observation)
+        solution = solve_level(level) or ["Up"]
+        thinking = f"Optimal plan has {len(solution)} moves."
+        if reasoning == "effects":
+            effects = ", ".join(f"{move} {effect}" for move, effect in zip(ACTION_NAMES, move_effects(level)))
+            thinking = f"{effects}. {thinking}"
+        return _reply(solution[:max_actions_per_turn], thinking, enable_thinking)
 
     return policy
 

@@ -6,6 +6,7 @@ import pytest
 
 import rllib_ragen  # noqa: F401
 from rllib_ragen.envs import SokobanLevel, generate_level, solve_level
+from rllib_ragen.envs.sokoban_levels import move_effects
 from rllib_ragen.envs.sokoban import SYMBOL_SETS
 
 # Box one push left of a target, player left of the box.
@@ -141,3 +142,13 @@ def test_generation_is_seeded():
     a = generate_level(np.random.default_rng(5))
     b = generate_level(np.random.default_rng(5))
     assert (a.boxes, a.targets, a.player) == (b.boxes, b.targets, b.player) and np.array_equal(a.floor, b.floor)
+
+
+
+def test_move_effects_read_the_cells_next_to_the_player():
+    # Up: a wall. Down: a box with a target behind it. Left: a box with a box behind it. Right: a box against the wall.
+    crowded = SokobanLevel.from_text("######\n#OO#_#\n#XXPX#\n#__X_#\n#O_O_#\n######")
+    assert move_effects(crowded) == ("wall", "push to target", "wall", "wall")
+    # Floor and a target round the player (who stands on a target), a box with floor behind it.
+    open_room = SokobanLevel.from_text("######\n#_O__#\n#_SX_#\n#____#\n#___X#\n######")
+    assert move_effects(open_room) == ("walk", "walk", "walk", "push")

@@ -64,6 +64,10 @@ def test_scripted_policies_read_the_state_through_the_same_parser():
     # A player left of a box with the target right of it: the solver's first move is Right.
     level = "######\n#PX_O#\n#____#\n#____#\n#____#\n######"
     assert "<answer>Right || Right</answer>" in sokoban_solver_policy()(turn_message(level, turn=1, actions_left=10))
+    assert sokoban_solver_policy(1, reasoning="effects")(turn_message(level, turn=1, actions_left=10)) == (
+        "<think>Up wall, Down walk, Left wall, Right push. Optimal plan has 2 moves.</think><answer>Right</answer>")
+    with pytest.raises(ValueError, match="reasoning='moves'"):
+        sokoban_solver_policy(reasoning="moves")
     # Solid ice, goal two cells right of the player: a shortest path starts Right.
     lake = "P_G_\n____\n____\n____"
     reply = frozen_lake_optimal_policy(enable_thinking=False, is_slippery=False)(
