@@ -84,11 +84,8 @@ class SokobanLevel:
         return cls(dim, floor, frozenset(targets), frozenset(boxes), players[0])
 
 
-MOVE_EFFECTS = ("walk", "push", "push to target", "wall")
-
-
 def move_effects(level: SokobanLevel) -> tuple[str, str, str, str]:
-    """What Up, Down, Left and Right would each do from ``level``, one of ``MOVE_EFFECTS``.
+    """What Up, Down, Left and Right would each do from ``level``: one of four words each.
 
     ``"walk"``: onto free floor or a target; ``"push"``: moves a box; ``"push to target"``: moves a box onto a
     target; ``"wall"``: the player stays, against a wall or a box with a wall or another box behind it.

@@ -144,7 +144,6 @@ def test_generation_is_seeded():
     assert (a.boxes, a.targets, a.player) == (b.boxes, b.targets, b.player) and np.array_equal(a.floor, b.floor)
 
 
-
 def test_move_effects_read_the_cells_next_to_the_player():
     # Up: a wall. Down: a box with a target behind it. Left: a box with a box behind it. Right: a box against the wall.
     crowded = SokobanLevel.from_text("######\n#OO#_#\n#XXPX#\n#__X_#\n#O_O_#\n######")
