@@ -45,7 +45,7 @@ from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_G
                                  VALIDATED_AT, VALIDATION, TensorBoardLog,
                                  check_output_paths, check_resume, close_run_log, keep_notices_off_the_console,
                                  keep_rollouts_up_to, plot_learning_curve, read_csv, read_first_reasonings,
-                                 read_outcomes, resolve_run_folder,
+                                 read_outcomes, read_reasoning_claims, resolve_run_folder,
                                  send_notices_to, start_run_folder, state_of, trailing_mean, write_csv, write_rollouts,
                                  write_text_atomically)
 from .held_out import initial_states
@@ -232,6 +232,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     summary["paired"] = _paired(out, SAMPLED_AND_GREEDY["sampled"], first)
     summary["paired_greedy"] = _paired(out, SAMPLED_AND_GREEDY["greedy"], first)
     summary["reasoning_entropy"] = _reasoning_entropy(out, first)
+    summary["reasoning_grounded"] = _reasoning_grounded(out, first)
     if config.is_mixture:
         summary["by_env"] = {e.name: {mode: _paired(out, files, {e.name}) for mode, files in SAMPLED_AND_GREEDY.items()}
                              for e in config.validation_environments()}
@@ -303,6 +304,21 @@ def _reasoning_entropy(out: pathlib.Path, envs: set[str] | None) -> dict | None:
     return result or None
 
 
+def _reasoning_grounded(out: pathlib.Path, envs: set[str] | None) -> dict | None:
+    """The share of the checkable claims about the state in the held-out episodes' reasoning that held, before
+    and after RL, sampled and greedy (``TextEnv.reasoning_claims``); None where the environment checked none."""
+    result = {}
+    for mode, files in SAMPLED_AND_GREEDY.items():
+        if not all((out / name).is_file() for name in files):
+            continue
+        (checked_before, true_before), (checked_after, true_after) = (
+            read_reasoning_claims(out / name, envs) for name in files)
+        if checked_before and checked_after:
+            result[mode] = {"before": true_before / checked_before, "after": true_after / checked_after,
+                            "claims_before": checked_before, "claims_after": checked_after}
+    return result or None
+
+
 def _paired(out: pathlib.Path, files: tuple[str, str], envs: set[str] | None = None) -> dict | None:
     """The paired comparison (``paired_stats``) of two validation files of the run; None as ``_outcome_pair``."""
     pair = _outcome_pair(out, files, envs)
@@ -360,6 +376,9 @@ def _print_paired(summary: dict, config) -> None:
     for key, label in (("paired", f"paired, T={config.validation_temperature:g}"), ("paired_greedy", "paired, greedy")):
         if summary.get(key):
             print(f"{label:28s}{PairedComparison(**summary[key]).describe()}")
+    for mode, grounded in (summary.get("reasoning_grounded") or {}).items():
+        print(f"{'reasoning grounded, ' + mode:28s}{grounded['before']:.3f} -> {grounded['after']:.3f} of "
+              f"{grounded['claims_before']} -> {grounded['claims_after']} checked claims about the state")
     for mode, entropy in (summary.get("reasoning_entropy") or {}).items():
         # log n is the most it can be: every episode reasoning differently
         print(f"{'reasoning entropy, ' + mode:28s}{entropy['before']:.3f} -> {entropy['after']:.3f} nats over "

@@ -268,7 +268,8 @@ def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory], tokenizer
 
     records = [{"env": t.env_name, "group": t.group, "seed": t.seed, "success": t.success, "return": t.total_return,
                 "turn_rewards": t.turn_rewards, "num_turns": t.num_turns, "num_actions": t.num_actions,
-                "format_errors": t.format_errors, "response_tokens": int(sum(t.response_mask)),
+                "format_errors": t.format_errors, "reasoning_claims": t.reasoning_claims,
+                "reasoning_claims_true": t.reasoning_claims_true, "response_tokens": int(sum(t.response_mask)),
                 "total_tokens": len(t.token_ids), "truncated": t.truncated, "text": t.text, "iteration": iteration,
                 **({"turns": episode_turns(t, tokenizer, (advantages or {}).get(index))} if tokenizer else {})}
                for index, t in enumerate(trajectories)]
@@ -353,6 +354,18 @@ def read_first_reasonings(path: pathlib.Path, envs: set[str] | None = None) -> l
         return None
     records = pq.read_table(path, columns=["env", "turns"]).to_pylist()
     return [r["turns"][0]["think"] if r["turns"] else "" for r in records if envs is None or r["env"] in envs]
+
+
+def read_reasoning_claims(path: pathlib.Path, envs: set[str] | None = None) -> tuple[int, int]:
+    """``(checked, true)`` summed over the episodes of a rollouts file (see ``TextEnv.reasoning_claims``), of the
+    environments named ``envs`` (None: all); (0, 0) for a file written before the columns existed."""
+    import pyarrow.parquet as pq
+
+    if "reasoning_claims" not in pq.read_schema(path).names:
+        return 0, 0
+    records = pq.read_table(path, columns=["env", "reasoning_claims", "reasoning_claims_true"]).to_pylist()
+    kept = [r for r in records if envs is None or r["env"] in envs]
+    return sum(r["reasoning_claims"] for r in kept), sum(r["reasoning_claims_true"] for r in kept)
 
 
 def trailing_mean(values: list[float], window: int) -> list[float]:

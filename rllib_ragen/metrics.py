@@ -20,6 +20,9 @@ NUM_TURNS = "num_turns"
 VALID_ACTION_RATE = "valid_action_rate"
 EFFECTIVE_ACTION_RATE = "effective_action_rate"
 FORMAT_ERROR_RATE = "format_error_rate"
+# Share of the checkable claims about the state in the reasoning that hold (TextEnv.reasoning_claims); logged only
+# where the environment checked some.
+REASONING_GROUNDED = "reasoning_grounded"
 RESPONSE_TOKENS_PER_TURN = "response_tokens_per_turn"
 RETURN_MEAN = "return_mean"
 TRUNCATED_RATE = "truncated_rate"

@@ -77,6 +77,13 @@ class TextEnv(gym.Env[str, str]):
         Held-out success is reported per optimal length with it (``rllib_ragen.held_out``)."""
         return None
 
+    def reasoning_claims(self, reasoning: str) -> tuple[int, int]:
+        """``(checked, true)``: how many claims about the current state ``reasoning`` makes that this environment
+        can check, and how many of them hold. The rollout engine asks before each reply is executed and reports
+        ``reasoning_grounded`` (true / checked) so that a run shows whether what the agent says about the state is
+        so. Default: (0, 0), nothing checkable."""
+        return 0, 0
+
     def describe(self) -> str:
         """Instructions, the symbol legend and the action list: everything an agent needs before turn one."""
         parts = [self.instructions.strip()]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 from .base import TextEnv
-from .sokoban_levels import ACTION_NAMES, SYMBOL_SETS, SokobanLevel, generate_level, move_offsets, solve_level
+from .sokoban_levels import (ACTION_NAMES, SYMBOL_SETS, SokobanLevel, generate_level, move_effects, move_offsets,
+                             solve_level)
+
 _MEANINGS = {"wall": "wall", "floor": "empty floor", "target": "target", "box": "box",
              "box_on_target": "box on target", "player": "you", "player_on_target": "you on a target"}
 
@@ -13,6 +16,8 @@ STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 SOLVED_BONUS = 10.0
 REWARDS = ("shaped", "success")
+# "<move> <effect>" in the agent's reasoning, in move_effects' words ("push to target" before "push").
+_EFFECT_CLAIM = re.compile(r"\b(Up|Down|Left|Right)\s+(push to target|push|walk|wall)\b", re.IGNORECASE)
 
 
 class SokobanEnv(TextEnv):
@@ -93,11 +98,26 @@ class SokobanEnv(TextEnv):
             raise ValueError(f"options['level'] is {level.dim}x{level.dim} but this env was made with dim={self.dim}.")
         self.level, self.boxes, self.player = level, set(level.boxes), level.player
 
+    def _current_level(self) -> SokobanLevel:
+        """The level as it stands now (boxes and player moved)."""
+        return SokobanLevel(self.dim, self.level.floor, self.level.targets, frozenset(self.boxes), self.player)
+
     def optimal_solution_length(self) -> int | None:
         """Moves of the fewest-moves solution from the current position (the solver's BFS); None if unsolvable."""
-        current = SokobanLevel(self.dim, self.level.floor, self.level.targets, frozenset(self.boxes), self.player)
-        solution = solve_level(current)
+        solution = solve_level(self._current_level())
         return None if solution is None else len(solution)
+
+    def reasoning_claims(self, reasoning: str) -> tuple[int, int]:
+        """Checks claims of the form "<move> <effect>" ("Up wall", "Left push to target"; the words of
+        ``move_effects``, as ``sokoban_solver_policy(reasoning="effects")`` demonstrates them) against the board
+        now: one claim per move named, the first wins."""
+        claimed: dict[str, str] = {}
+        for move, effect in _EFFECT_CLAIM.findall(reasoning or ""):
+            claimed.setdefault(move.lower(), effect.lower())
+        if not claimed:
+            return 0, 0
+        truth = {name.lower(): effect for name, effect in zip(self.action_names, move_effects(self._current_level()))}
+        return len(claimed), sum(truth[move] == effect for move, effect in claimed.items())
 
     def _apply(self, action_index: int) -> tuple[float, bool, bool]:
         shaped, effective = self._move(action_index)

@@ -100,6 +100,8 @@ class Trajectory:
     num_invalid: int = 0
     num_effective: int = 0
     format_errors: int = 0
+    reasoning_claims: int = 0
+    reasoning_claims_true: int = 0
     truncated: bool = False
     text: str = ""
 
@@ -343,6 +345,8 @@ class RolloutEngine:
         reply = parse_reply(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True),
                             enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn)
         try:
+            # Checked against the state the reply was written for, before its actions change it.
+            checked, true = _reasoning_claims(episode.env.unwrapped, reply.thinking)
             result = execute_turn(episode.env, reply, actions_left=episode.actions_left,
                                   format_penalty=c.format_penalty,
                                   ineffective_action_penalty=c.ineffective_action_penalty)
@@ -370,6 +374,8 @@ class RolloutEngine:
         t.num_invalid += result.num_invalid
         t.num_effective += result.num_effective
         t.format_errors += int(result.format_error)
+        t.reasoning_claims += checked
+        t.reasoning_claims_true += true
         t.success = result.success
         episode.done = (result.terminated or result.truncated or episode.actions_left <= 0
                         or turn >= episode.max_turns)
@@ -402,6 +408,18 @@ def _state_key(text_env, observation: str) -> str:
     """``TextEnv.state_key()``, or the observation for environments without one."""
     key = getattr(text_env, "state_key", None)
     return str(key()) if callable(key) else observation
+
+
+def _reasoning_claims(text_env, reasoning: str | None) -> tuple[int, int]:
+    """``TextEnv.reasoning_claims(reasoning)``; (0, 0) without reasoning or for environments without the method."""
+    check = getattr(text_env, "reasoning_claims", None)
+    if not reasoning or not callable(check):
+        return 0, 0
+    checked, true = check(reasoning)
+    if not 0 <= true <= checked:
+        raise ValueError(f"{type(text_env).__name__}.reasoning_claims() returned {(checked, true)}: it must be "
+                         "(checked, true) with 0 <= true <= checked.")
+    return int(checked), int(true)
 
 
 def _encodable(text: str, counts: Counter) -> str:
@@ -448,4 +466,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict
             M.TRUNCATED_RATE: float(np.mean([t.truncated for t in group])),
             M.NUM_TRAJECTORIES: float(len(group)),
         }.items()})
+        claims = sum(t.reasoning_claims for t in group)
+        if claims:
+            metrics[M.env_metric(name, M.REASONING_GROUNDED)] = sum(t.reasoning_claims_true for t in group) / claims
     return metrics

@@ -151,3 +151,19 @@ def test_move_effects_read_the_cells_next_to_the_player():
     # Floor and a target round the player (who stands on a target), a box with floor behind it.
     open_room = SokobanLevel.from_text("######\n#_O__#\n#_SX_#\n#____#\n#___X#\n######")
     assert move_effects(open_room) == ("walk", "walk", "walk", "push")
+
+
+def test_reasoning_claims_are_checked_against_the_board_the_reply_was_written_for():
+    env, _ = _env_with(LINE)  # player at row 1: Up wall, Down walk, Left wall, Right push (floor behind the box)
+    text_env = env.unwrapped
+    assert text_env.reasoning_claims("Up wall, Down walk, Left wall, Right push. Optimal plan has 2 moves.") == (4, 4)
+    # Two wrong ("Down wall", "Left walk"), one right; the plan's length is not a claim it can check.
+    assert text_env.reasoning_claims("Down wall, Left walk, right PUSH. Optimal plan has 3 moves.") == (3, 1)
+    # "push" is not "push to target": the box lands on floor, one cell short of the target.
+    assert text_env.reasoning_claims("Right push to target") == (1, 0)
+    # A move claimed twice counts once, the first claim; no claim at all checks nothing.
+    assert text_env.reasoning_claims("Up wall. Up walk.") == (1, 1)
+    assert text_env.reasoning_claims("Optimal plan has 2 moves.") == (0, 0)
+    # After one push the same words are checked against the new board: the box now sits next to the target.
+    env.step("Right")
+    assert text_env.reasoning_claims("Right push to target, Left walk") == (2, 2)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from rllib_ragen.envs import TRANSITION_SEED, TextEnv, solve_level
+from rllib_ragen.envs import TRANSITION_SEED, SokobanLevel, TextEnv, solve_level
+from rllib_ragen.envs.sokoban_levels import move_effects
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine, SeedSchedule
 from rllib_ragen.rollout.models import load_policy
@@ -222,3 +223,46 @@ def test_each_turn_records_the_state_it_answered(tiny):
     for action in solve_level(env.unwrapped.level)[:solved.num_turns - 1]:
         boards.append(env.step(action)[0])
     assert solved.turn_states == boards and len(set(boards)) == len(boards)
+
+
+def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
+    from rllib_ragen.experiment import SAMPLED_AND_GREEDY, _reasoning_grounded
+    from rllib_ragen.experiment_outputs import write_rollouts
+
+    _, tokenizer = tiny
+    config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=4, max_actions_per_turn=1)
+    seeds = [5, 6, 7]
+    # The solver's effects line is true of every board it was written for, turn after turn: four claims a turn.
+    honest = RolloutEngine(config, ScriptedBackend(sokoban_solver_policy(1, reasoning="effects"), tokenizer), tokenizer)
+    honest_episodes, metrics = honest.rollout(seeds, 1, SamplingParams())
+    assert all(t.reasoning_claims == t.reasoning_claims_true == 4 * t.num_turns for t in honest_episodes)
+    assert metrics["rllib_ragen/Sokoban-v0/reasoning_grounded"] == metrics["rollout/reasoning_grounded"] == 1.0
+    # A policy that calls every move a walk, then plays the solver's move: right exactly where the board shows
+    # floor next to the player, counted on the boards the solver's moves pass through (before each move).
+    solver = sokoban_solver_policy(1)
+
+    def walker(prompt):
+        return "<think>Up walk, Down walk, Left walk, Right walk.</think>" + solver(prompt).split("</think>")[1]
+
+    trajectories, metrics = RolloutEngine(config, ScriptedBackend(walker, tokenizer), tokenizer).rollout(
+        seeds, 1, SamplingParams())
+    walks = claims = 0
+    for t in trajectories:
+        env = gym.make("rllib_ragen/Sokoban-v0")
+        board, _ = env.reset(seed=t.seed)
+        for action in solve_level(env.unwrapped.level)[:t.num_turns]:
+            walks += move_effects(SokobanLevel.from_text(board)).count("walk")
+            claims += 4
+            board = env.step(action)[0]
+    assert sum(t.reasoning_claims for t in trajectories) == claims
+    assert 0 < walks < claims and metrics["rollout/reasoning_grounded"] == pytest.approx(walks / claims)
+    # A run's summary reads the same counts back from its held-out episodes' files, before and after RL.
+    before_file, after_file = SAMPLED_AND_GREEDY["sampled"]
+    write_rollouts(tmp_path / before_file, trajectories, tokenizer)
+    write_rollouts(tmp_path / after_file, honest_episodes, tokenizer)
+    after_claims = sum(4 * t.num_turns for t in honest_episodes)
+    assert _reasoning_grounded(tmp_path, None) == {"sampled": {  # no greedy files: nothing said about greedy play
+        "before": pytest.approx(walks / claims), "after": 1.0, "claims_before": claims, "claims_after": after_claims}}
+    # Reasoning without claims the environment checks (the plan line) reports nothing.
+    _, metrics = RolloutEngine(config, ScriptedBackend(solver, tokenizer), tokenizer).rollout(seeds, 1, SamplingParams())
+    assert not any(key.endswith("reasoning_grounded") for key in metrics)
