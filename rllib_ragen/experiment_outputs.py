@@ -295,17 +295,16 @@ def keep_rollouts_up_to(path: pathlib.Path, iteration: int) -> None:
 
 def episode_turns(t: Trajectory, tokenizer, advantages: list[float] | None = None) -> list[dict]:
     """One trajectory turn by turn, as the rollout viewer shows it."""
-    from .rollout.protocol import REGION_ANSWER, REGION_THINK
+    from .rollout.protocol import reply_sections
 
     turns, previous_end = [], 0
     for turn, (start, end) in enumerate(t.turn_spans):
         ids = t.token_ids[start:end]
-        regions = t.token_regions[start:end] if t.token_regions else [0] * len(ids)
+        reply = tokenizer.decode(ids, skip_special_tokens=True)
+        think, answer = reply_sections(reply)
         turns.append({
             "observation": tokenizer.decode(t.token_ids[previous_end:start]),
-            "reply": tokenizer.decode(ids, skip_special_tokens=True),
-            "think": tokenizer.decode([i for i, r in zip(ids, regions) if r == REGION_THINK]),
-            "answer": tokenizer.decode([i for i, r in zip(ids, regions) if r == REGION_ANSWER]),
+            "reply": reply, "think": think, "answer": answer,
             "actions": t.turn_actions[turn] if turn < len(t.turn_actions) else [],
             "reward": t.turn_rewards[turn] if turn < len(t.turn_rewards) else 0.0,
             "tokens": [tokenizer.decode([i]) for i in ids],

@@ -91,16 +91,9 @@ LOSS_MASK_REGIONS = {
 }
 
 
-def reply_regions(token_texts: list[str]) -> list[int]:
-    """Each reply token's region: ``REGION_THINK`` for a token wholly inside the text of the first
-    ``<think>...</think>`` (an unclosed block runs to the end), ``REGION_ANSWER`` for a token touching the first
-    ``<answer>...</answer>`` after it, tags included, else ``REGION_OTHER`` (the think tags, whitespace, the
-    end-of-turn token). Tags are matched as the template writes them; linear in the reply's length.
-
-    Args:
-        token_texts: the decoded text of each token of the reply, in order.
-    """
-    text = "".join(token_texts)
+def _section_spans(text: str) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """Character spans of the first ``<think>`` block's text (tags excluded; an unclosed block runs to the end) and
+    of the first ``<answer>...</answer>`` after it (tags included), or None where absent."""
     think = answer = None
     think_open = text.find("<think>")
     if think_open >= 0:
@@ -111,6 +104,26 @@ def reply_regions(token_texts: list[str]) -> list[int]:
     if answer_open >= 0:
         close = text.find("</answer>", answer_open)
         answer = (answer_open, close + len("</answer>") if close >= 0 else len(text))
+    return think, answer
+
+
+def reply_sections(text: str) -> tuple[str, str]:
+    """The reasoning and the answer of a reply's text, as ``reply_regions`` delimits them, cut from the text
+    itself (a token that straddles a tag, which no region claims, keeps its characters here); "" where absent."""
+    think, answer = _section_spans(text)
+    return (text[think[0]:think[1]] if think else "", text[answer[0]:answer[1]] if answer else "")
+
+
+def reply_regions(token_texts: list[str]) -> list[int]:
+    """Each reply token's region: ``REGION_THINK`` for a token wholly inside the text of the first
+    ``<think>...</think>`` (an unclosed block runs to the end), ``REGION_ANSWER`` for a token touching the first
+    ``<answer>...</answer>`` after it, tags included, else ``REGION_OTHER`` (the think tags, whitespace, the
+    end-of-turn token). Tags are matched as the template writes them; linear in the reply's length.
+
+    Args:
+        token_texts: the decoded text of each token of the reply, in order.
+    """
+    think, answer = _section_spans("".join(token_texts))
     regions, position = [], 0
     for piece in token_texts:
         end = position + len(piece)

@@ -226,6 +226,8 @@ def test_each_turn_records_the_state_it_answered(tiny):
 
 
 def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
+    import pyarrow.parquet as pq
+
     from rllib_ragen.experiment import SAMPLED_AND_GREEDY, _reasoning_grounded
     from rllib_ragen.experiment_outputs import write_rollouts
 
@@ -261,6 +263,9 @@ def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
     write_rollouts(tmp_path / before_file, trajectories, tokenizer)
     write_rollouts(tmp_path / after_file, honest_episodes, tokenizer)
     after_claims = sum(4 * t.num_turns for t in honest_episodes)
+    # The files show each turn's reasoning whole, though this tokenizer writes "<think>Up" as "<think", ">Up".
+    saved = pq.read_table(tmp_path / before_file).to_pylist()
+    assert {turn["think"] for episode in saved for turn in episode["turns"]} == {"Up walk, Down walk, Left walk, Right walk."}
     assert _reasoning_grounded(tmp_path, None) == {"sampled": {  # no greedy files: nothing said about greedy play
         "before": pytest.approx(walks / claims), "after": 1.0, "claims_before": claims, "claims_after": after_claims}}
     # Reasoning without claims the environment checks (the plan line) reports nothing.

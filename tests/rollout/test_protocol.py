@@ -152,3 +152,15 @@ def test_reply_regions_mark_thinking_and_answer_tokens():
     assert reply_regions(["<think>", "abc", "def"]) == [O, T, T]  # unclosed: reasoning to the end
     assert reply_regions(["<answer>", "Up", " || ", "Left"]) == [A, A, A, A]  # unclosed answer, no thinking
     assert reply_regions(["I", " do", " not", " know"]) == [O] * 4
+
+
+def test_reply_sections_keep_the_characters_of_tokens_that_straddle_a_tag():
+    from rllib_ragen.rollout.protocol import reply_sections
+
+    # The tiny model's tokenizer writes "<think>Up push" as "<think", ">Up", " push": the region of ">Up" is
+    # neither reasoning nor answer, yet the reasoning the rollout files and viewer show must start with "Up".
+    assert reply_sections("<think>Up push, Down wall.</think><answer>Up</answer>") == (
+        "Up push, Down wall.", "<answer>Up</answer>")
+    assert reply_sections("<think>abc") == ("abc", "")  # unclosed: reasoning to the end, no answer
+    assert reply_sections("<answer>Left</answer>") == ("", "<answer>Left</answer>")
+    assert reply_sections("I do not know") == ("", "")
