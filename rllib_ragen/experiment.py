@@ -97,6 +97,10 @@ def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pat
                                    group_by_length=job.warm_start_group_by_length)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    # Which states the model was shown, so that a run started later from this folder (--model) still counts them
+    # as seen in its held-out report.
+    write_text_atomically(path / DEMONSTRATIONS_FILE, json.dumps(
+        {"env": config.env_name, "seeds": [DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + len(demos)]}))
     print(f"warm start: {len(demos)} demonstrations ({sum(t.success for t in demos) / len(demos):.0%} successful), "
           f"{job.warm_start_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
@@ -237,8 +241,8 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
         summary["by_env"] = {e.name: {mode: _paired(out, files, {e.name}) for mode, files in SAMPLED_AND_GREEDY.items()}
                              for e in config.validation_environments()}
     trained = trained_seeds_by_env(config, algo.seed_schedule.next_train)
-    if warm_started:  # demonstrations play the first training environment (config.env)
-        trained[config.env_name] += range(DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + job.warm_start_episodes)
+    for env_name, seeds in demonstrated_seeds(config.model_config["model"]).items():
+        trained.setdefault(env_name, []).extend(seeds)
     summary["held_out"] = _held_out(config, out, trained)
     summary["sentinel_firings"] = [dataclasses.asdict(f) for f in algo.sentinel.firings]
     summary["run_dir"] = str(out)
@@ -323,6 +327,19 @@ def _paired(out: pathlib.Path, files: tuple[str, str], envs: set[str] | None = N
     """The paired comparison (``paired_stats``) of two validation files of the run; None as ``_outcome_pair``."""
     pair = _outcome_pair(out, files, envs)
     return None if pair is None else paired_comparison(*pair).as_dict()
+
+
+DEMONSTRATIONS_FILE = "demonstrations.json"  # in a warm start's folder: the environment and seeds it was shown
+
+
+def demonstrated_seeds(model: str) -> dict[str, range]:
+    """``{env name: seeds}`` of the demonstrations a warm start saved in folder ``model`` was trained on (this
+    run's or an earlier run's, passed as ``--model``); empty for a model without the record (a built-in one)."""
+    record = pathlib.Path(str(model)) / DEMONSTRATIONS_FILE
+    if not record.is_file():
+        return {}
+    shown = json.loads(record.read_text())
+    return {shown["env"]: range(*shown["seeds"])}
 
 
 def trained_seeds_by_env(config, next_train: int) -> dict[str, list[int]]:

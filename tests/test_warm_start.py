@@ -173,3 +173,18 @@ def test_demonstrated_replies_longer_than_the_policy_may_write_are_refused_befor
                sokoban_solver_policy(1, reasoning="effects"), tmp_path / "effects")
     warm_start(config, job, sokoban_solver_policy(1), tmp_path / "plan")
     assert (tmp_path / "effects" / "config.json").exists() and (tmp_path / "plan" / "config.json").exists()
+
+
+def test_a_saved_warm_start_records_the_demonstrations_it_was_shown(tmp_path):
+    # A later run started from the folder (--model DIR --warm-start-steps 0) must still count those levels as seen
+    # when it splits held-out success into seen and unseen states.
+    from rllib_ragen.experiment import demonstrated_seeds, warm_start
+    from rllib_ragen.rollout.scripted import sokoban_solver_policy
+    from rllib_ragen.sft import DEMONSTRATION_SEED_START
+
+    config = sokoban_one_move_config(max_turns=2)
+    warm_start(config, JobSettings(warm_start_episodes=6, warm_start_steps=1), sokoban_solver_policy(1),
+               tmp_path / "warm")
+    assert demonstrated_seeds(str(tmp_path / "warm")) == {
+        "rllib_ragen/Sokoban-v0": range(DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + 6)}
+    assert demonstrated_seeds("tiny") == {}  # a built-in model was shown nothing
