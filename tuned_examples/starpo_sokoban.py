@@ -43,7 +43,7 @@ REFERENCE_LINES = {"random moves": 0.308, "optimal policy": 0.996}
 # warm start alone 9; cut to 300 steps it fell behind: over this job's budget, so these stay flags. Seed 1's warm
 # start stays blind to the board after 500 steps; 1,200 grouped steps (--warm-start-steps 1200
 # --warm-start-group-by-length) fix that (greedy 0.445) but leave RL no significant gain, and not seed 2's (ninth attempt).
-# --demonstration-reasoning effects makes the warm start read the board on seeds 0-2 (greedy 0.35-0.40), but RL from
+# --demonstration-reasoning effects lifts the warm start on seeds 0-2 (greedy 0.35-0.40), but RL from
 # it gained nothing on seed 2 in 80 iterations (eleventh attempt), so the plan line stays the default. Seed 2's
 # warm start states 68% of those effects right (summary's reasoning_grounded; a blind guess 54%); trained 1,200
 # steps it plays 0.477 greedy and RL with --ineffective-action-penalty -0.1 reaches 0.510 (+3.3, p = 0.097; twelfth).
