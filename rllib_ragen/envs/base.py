@@ -7,6 +7,7 @@ language models: the agent's reply is turned into these action strings by :mod:`
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any, ClassVar, Mapping, Sequence
 
@@ -19,6 +20,22 @@ OBSERVATION_CHARSET = frozenset(string.printable) | frozenset("√")
 ACTION_CHARSET = frozenset(string.ascii_letters + string.digits + " _-")
 # The reset option that reseeds an episode's chance draws after its initial state is built (see TextEnv).
 TRANSITION_SEED = "transition_seed"
+
+
+def check_effect_claims(reasoning: str | None, truth: Mapping[str, str], effect_words: Sequence[str]) -> tuple[int, int]:
+    """``(checked, true)`` for claims "<move> <effect>" in ``reasoning`` ("Up wall", "left push to target").
+
+    ``truth`` maps each move name to what it would do now, ``effect_words`` is every word an effect can be.
+    Matching is case-insensitive, the longest effect first ("push to target" is not read as "push"); a move
+    claimed twice counts once, the first claim. The shared check behind the grid games' ``reasoning_claims``.
+    """
+    moves = "|".join(re.escape(move) for move in truth)
+    effects = "|".join(re.escape(word) for word in sorted(effect_words, key=len, reverse=True))
+    claimed: dict[str, str] = {}
+    for move, effect in re.findall(rf"\b({moves})\s+({effects})\b", reasoning or "", re.IGNORECASE):
+        claimed.setdefault(move.lower(), effect.lower())
+    actual = {move.lower(): effect.lower() for move, effect in truth.items()}
+    return len(claimed), sum(actual[move] == effect for move, effect in claimed.items())
 
 
 class TextEnv(gym.Env[str, str]):

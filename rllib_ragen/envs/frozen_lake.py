@@ -3,15 +3,34 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Sequence
 
 import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
-from .base import TextEnv
+from .base import TextEnv, check_effect_claims
 
 # Text names in gymnasium's action order (LEFT=0, DOWN=1, RIGHT=2, UP=3).
 ACTION_NAMES = ("Left", "Down", "Right", "Up")
 SYMBOLS = {"player": "P", "frozen": "_", "hole": "O", "goal": "G", "player_in_hole": "X", "player_on_goal": "√"}
+EFFECT_WORDS = ("ice", "hole", "goal", "edge")  # what move_effects can say of a move
+
+
+def move_effects(rows: Sequence[str], position: int) -> tuple[str, ...]:
+    """Where Left, Down, Right and Up would each lead from cell ``position`` (row-major) of a map in gymnasium's
+    letters: ``"ice"`` (a frozen tile or the start), ``"hole"``, ``"goal"``, or ``"edge"`` (off the map: the player
+    stays). The intended move only: on slippery ice the move made may be a perpendicular one.
+    """
+    size = len(rows)
+    row, col = divmod(position, size)
+    effects = []
+    for dr, dc in ((0, -1), (1, 0), (0, 1), (-1, 0)):  # gymnasium's order: LEFT, DOWN, RIGHT, UP
+        r, c = row + dr, col + dc
+        if not (0 <= r < size and 0 <= c < size):
+            effects.append("edge")
+        else:
+            effects.append({"H": "hole", "G": "goal"}.get(rows[r][c], "ice"))
+    return tuple(effects)
 
 
 def generate_map(rng: np.random.Generator, size: int = 4, p: float = 0.8, max_tries: int = 10_000) -> list[str]:
@@ -166,6 +185,13 @@ class FrozenLakeTextEnv(TextEnv):
     def success_probability(self, moves_left: int) -> float:
         """P(reaching the goal within ``moves_left`` moves) under the optimal policy, from the current cell."""
         return float(self._planned(moves_left)[0][moves_left, self.position])
+
+    def reasoning_claims(self, reasoning: str) -> tuple[int, int]:
+        """Checks claims "<move> <effect>" ("Down hole", "Left edge"; the words of ``move_effects``, as
+        ``frozen_lake_optimal_policy(reasoning="effects")`` demonstrates them) against the player's cell now."""
+        rows = [row.tobytes().decode() for row in self.lake.desc]
+        return check_effect_claims(reasoning, dict(zip(self.action_names, move_effects(rows, self.position))),
+                                   EFFECT_WORDS)
 
     def _render_text(self) -> str:
         tile_symbol = {b"S": "frozen", b"F": "frozen", b"H": "hole", b"G": "goal"}

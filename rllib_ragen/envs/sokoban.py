@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from typing import Mapping
 
-from .base import TextEnv
-from .sokoban_levels import (ACTION_NAMES, SYMBOL_SETS, SokobanLevel, generate_level, move_effects, move_offsets,
-                             solve_level)
+from .base import TextEnv, check_effect_claims
+from .sokoban_levels import (ACTION_NAMES, EFFECT_WORDS, SYMBOL_SETS, SokobanLevel, generate_level, move_effects,
+                             move_offsets, solve_level)
 
 _MEANINGS = {"wall": "wall", "floor": "empty floor", "target": "target", "box": "box",
              "box_on_target": "box on target", "player": "you", "player_on_target": "you on a target"}
@@ -16,8 +15,6 @@ STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 SOLVED_BONUS = 10.0
 REWARDS = ("shaped", "success")
-# "<move> <effect>" in the agent's reasoning, in move_effects' words ("push to target" before "push").
-_EFFECT_CLAIM = re.compile(r"\b(Up|Down|Left|Right)\s+(push to target|push|walk|wall)\b", re.IGNORECASE)
 
 
 class SokobanEnv(TextEnv):
@@ -111,13 +108,8 @@ class SokobanEnv(TextEnv):
         """Checks claims of the form "<move> <effect>" ("Up wall", "Left push to target"; the words of
         ``move_effects``, as ``sokoban_solver_policy(reasoning="effects")`` demonstrates them) against the board
         now: one claim per move named, the first wins."""
-        claimed: dict[str, str] = {}
-        for move, effect in _EFFECT_CLAIM.findall(reasoning or ""):
-            claimed.setdefault(move.lower(), effect.lower())
-        if not claimed:
-            return 0, 0
-        truth = {name.lower(): effect for name, effect in zip(self.action_names, move_effects(self._current_level()))}
-        return len(claimed), sum(truth[move] == effect for move, effect in claimed.items())
+        truth = dict(zip(self.action_names, move_effects(self._current_level())))
+        return check_effect_claims(reasoning, truth, EFFECT_WORDS)
 
     def _apply(self, action_index: int) -> tuple[float, bool, bool]:
         shaped, effective = self._move(action_index)

@@ -84,6 +84,9 @@ class SokobanLevel:
         return cls(dim, floor, frozenset(targets), frozenset(boxes), players[0])
 
 
+EFFECT_WORDS = ("walk", "push", "push to target", "wall")  # what move_effects can say of a move
+
+
 def move_effects(level: SokobanLevel) -> tuple[str, str, str, str]:
     """What Up, Down, Left and Right would each do from ``level``: one of four words each.
 

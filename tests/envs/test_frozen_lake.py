@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import rllib_ragen  # noqa: F401
-from rllib_ragen.envs.frozen_lake import generate_map, optimal_policy
+from rllib_ragen.envs.frozen_lake import generate_map, move_effects, optimal_policy
 
 OPEN_MAP = ["FFFF", "FSFF", "FFFF", "FFFG"]  # start at (1, 1), nothing nearby but ice
 
@@ -41,6 +41,26 @@ def test_symbols_for_hole_and_goal():
     env.reset(seed=0, options={"map": ["SH", "GF"]})
     obs, r, term, _, info = env.step("Down")
     assert (obs, r, term, info["success"]) == ("_O\n√_", 1.0, True, True)
+
+
+def test_move_effects_name_the_cell_each_move_leads_to():
+    # Player (S) at row 1, column 0: Left is off the map, Down a hole, Right ice, Up the goal.
+    lake = ["GFFF", "SFFF", "HFFF", "FFFF"]
+    assert move_effects(lake, 4) == ("edge", "hole", "ice", "goal")
+    # From the bottom-right corner: Down and Right are edges; the start tile counts as ice like any frozen one.
+    assert move_effects(["FFFF", "FFFF", "FFFS", "FFHF"], 15) == ("hole", "edge", "edge", "ice")
+
+
+def test_reasoning_claims_are_checked_against_the_players_cell_now():
+    env = gym.make("rllib_ragen/FrozenLakeNotSlippery-v0")
+    env.reset(seed=0, options={"map": ["GFFF", "SFFF", "HFFF", "FFFF"]})
+    lake = env.unwrapped
+    assert lake.reasoning_claims("Left edge, Down hole, Right ice, Up goal.") == (4, 4)
+    # Case-insensitive; "Down ice" is wrong (a hole), and a move claimed twice counts once, the first claim.
+    assert lake.reasoning_claims("down ICE, Up goal. Up ice.") == (2, 1)
+    assert lake.reasoning_claims("Shortest safe path.") == (0, 0)
+    env.step("Right")  # now at row 1, column 1: the same words are checked from the new cell
+    assert lake.reasoning_claims("Left ice, Down ice, Right ice, Up ice.") == (4, 4)
 
 
 def test_generated_maps_have_distinct_random_start_goal_and_a_path():
