@@ -269,6 +269,25 @@ def test_the_sokoban_jobs_demonstrations_show_as_many_plan_moves_per_reply_as_to
     assert policy(prompt) == reply() and len(config.validation_environments()) == 4
 
 
+def test_the_frozenlake_jobs_demonstrations_can_say_where_each_move_leads(capsys):
+    from rllib_ragen.rollout.context import turn_message
+
+    frozenlake = job_file("starpo_frozenlake.py")
+    prompt = turn_message("__O_\nP___\n___G\n___O", turn=1, actions_left=10, reward=None)
+
+    def reply(*flags):
+        return frozenlake["parse_args"](frozenlake["config"], frozenlake["job"], list(flags))[2](prompt)
+
+    assert reply() == "<answer>Down</answer>"  # the job's default: answer-only replies
+    assert reply("--enable-thinking") == "<think>Shortest safe path.</think><answer>Down</answer>"
+    assert reply("--enable-thinking", "--demonstration-reasoning", "effects") == (
+        "<think>Left edge, Down ice, Right ice, Up ice.</think><answer>Down</answer>")
+    # Effects are a think line: asking for them with thinking off is refused, naming the fix.
+    with pytest.raises(SystemExit):
+        reply("--demonstration-reasoning", "effects")
+    assert "add --enable-thinking" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad", ["{reward: success}", '["success"]'])
 def test_env_config_that_is_not_a_json_object_is_refused(bad, capsys):
     sokoban = job_file("starpo_sokoban.py")

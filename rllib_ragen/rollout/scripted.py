@@ -13,6 +13,7 @@ from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
 from ..envs.frozen_lake import ACTION_NAMES as LAKE_ACTIONS
 from ..envs.frozen_lake import SYMBOLS as LAKE_SYMBOLS
+from ..envs.frozen_lake import move_effects as lake_move_effects
 from ..envs.frozen_lake import optimal_policy
 from ..envs.sokoban_levels import ACTION_NAMES, SokobanLevel, move_effects, solve_level
 from .context import last_turn_message
@@ -50,11 +51,22 @@ def sokoban_solver_policy(max_actions_per_turn: int = 5, enable_thinking: bool =
     return policy
 
 
-def frozen_lake_optimal_policy(enable_thinking: bool = True, is_slippery: bool = True):
+FROZEN_LAKE_REASONING = ("plain", "effects")
+
+
+def frozen_lake_optimal_policy(enable_thinking: bool = True, is_slippery: bool = True, reasoning: str = "plain"):
     """A policy that replies with the one move maximising P(goal within the remaining budget).
 
-    ``is_slippery`` must match the environment's ice (on solid ice the best move is a shortest-path move).
+    Args:
+        enable_thinking: whether replies carry a ``<think>`` line.
+        is_slippery: must match the environment's ice (on solid ice the best move is a shortest-path move).
+        reasoning: the ``<think>`` line. ``"plain"``: a fixed sentence ("Shortest safe path."); ``"effects"``:
+            where each move would lead from the player's cell (``move_effects``): "Left edge, Down hole, Right
+            ice, Up goal." Those words are read off the cells next to the player, so a model cannot predict
+            them without finding itself on the map, and the move follows them.
     """
+    if reasoning not in FROZEN_LAKE_REASONING:
+        raise ValueError(f"reasoning={reasoning!r}: choose one of {list(FROZEN_LAKE_REASONING)}.")
     to_letter = {LAKE_SYMBOLS["frozen"]: "F", LAKE_SYMBOLS["hole"]: "H", LAKE_SYMBOLS["goal"]: "G",
                  LAKE_SYMBOLS["player"]: "S"}
 
@@ -66,7 +78,12 @@ def frozen_lake_optimal_policy(enable_thinking: bool = True, is_slippery: bool =
         lake = FrozenLakeEnv(desc=rows, is_slippery=is_slippery)
         _, actions = optimal_policy(lake.P, len(rows) ** 2, max(left, 1))
         move = LAKE_ACTIONS[int(actions[max(left, 1), position])]
-        return _reply([move], "Best move on slippery ice." if is_slippery else "Shortest safe path.", enable_thinking)
+        if reasoning == "effects":
+            effects = lake_move_effects(rows, position)
+            thinking = ", ".join(f"{name} {effect}" for name, effect in zip(LAKE_ACTIONS, effects)) + "."
+        else:
+            thinking = "Best move on slippery ice." if is_slippery else "Shortest safe path."
+        return _reply([move], thinking, enable_thinking)
 
     return policy
 

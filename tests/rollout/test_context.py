@@ -73,3 +73,12 @@ def test_scripted_policies_read_the_state_through_the_same_parser():
     reply = frozen_lake_optimal_policy(enable_thinking=False, is_slippery=False)(
         turn_message(lake, turn=1, actions_left=5))
     assert reply == "<answer>Right</answer>"
+    # With reasoning="effects" the think line says where each move leads from the player's cell.
+    assert frozen_lake_optimal_policy(is_slippery=False, reasoning="effects")(
+        turn_message("_O__\nP_G_\n____\n____", turn=1, actions_left=5)) == (
+        "<think>Left edge, Down ice, Right ice, Up ice.</think><answer>Right</answer>")
+    assert frozen_lake_optimal_policy(is_slippery=False, reasoning="effects")(
+        turn_message("P_G_\nO___\n____\n____", turn=1, actions_left=5)) == (
+        "<think>Left edge, Down hole, Right ice, Up edge.</think><answer>Right</answer>")
+    with pytest.raises(ValueError, match="reasoning='plan'"):
+        frozen_lake_optimal_policy(reasoning="plan")
