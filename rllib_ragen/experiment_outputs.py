@@ -390,15 +390,33 @@ def learning_curve_panels(env: str) -> list[tuple[str, str]]:
         (LEARNER + M.GRAD_NORM.format(optimizer="actor"), "actor grad norm"),
         (M.REASONING_ENTROPY, "reasoning entropy, first turn (nats)"),
         (TRAINING + M.env_metric(M.POOLED, M.EFFECTIVE_ACTION_RATE), "actions that changed the state"),
+        (TRAINING + M.env_metric(M.POOLED, M.REASONING_GROUNDED), "reasoning grounded (claims that hold)"),
     ]
+
+
+def held_out_points(validations: list[dict], column: str, env: str) -> list[tuple[float, float]]:
+    """(iteration, value) of a training rollout column (``env_runners/...``) in each validation that logged it:
+    the held-out counterpart a learning-curve panel draws beside the training series. A pooled column
+    (``rollout/...``) is read on ``env``, the environment the final table scores: validation may also play
+    variants that training never sees, and pooling them would not compare with training. None for learner
+    columns."""
+    if not column.startswith(TRAINING):
+        return []
+    name = column.removeprefix(TRAINING)
+    pooled = M.env_metric(M.POOLED, "")
+    key = VALIDATION + (M.env_metric(env, name.removeprefix(pooled)) if name.startswith(pooled) else name)
+    return [(v[VALIDATED_AT], v[key]) for v in validations
+            if isinstance(v.get(key), (int, float)) and math.isfinite(v[key])]
 
 
 def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[dict], env: str, title: str,
                         reference_lines: dict[str, float] | None = None) -> None:
-    """Eight panels over iterations (:func:`learning_curve_panels`): success (training raw and smoothed, validation
+    """Nine panels over iterations (:func:`learning_curve_panels`): success (training raw and smoothed, validation
     joined, reference lines), format-error rate, response length, in-group reward std, token entropy, actor grad
-    norm, the first turn's reasoning entropy (the template collapse that token entropy and distinct-2 can miss)
-    and the share of actions that changed the state. A panel whose signal the run never logged says so."""
+    norm, the first turn's reasoning entropy (the template collapse that token entropy and distinct-2 can miss),
+    the share of actions that changed the state, and the share of checkable claims in the reasoning that hold.
+    A rollout panel also draws its held-out values where validation logs them. A panel whose signal the run never
+    logged says so."""
     try:
         import matplotlib
 
@@ -408,12 +426,12 @@ def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[
         print(f"(no {path.name}: pip install matplotlib, or rllib_ragen[plots])")
         return
     steps = [r["training_iteration"] for r in rows]
-    success = M.env_metric(env, M.SUCCESS)
     panels = learning_curve_panels(env)
-    fig, axes = plt.subplots(2, 4, figsize=(18, 7))
+    fig, axes = plt.subplots(3, 3, figsize=(15, 10))
     for ax, (key, name) in zip(axes.flat, panels):
         series = [r.get(key, math.nan) for r in rows]
-        if not any(isinstance(v, (int, float)) and math.isfinite(v) for v in series):
+        held_out = held_out_points(validations, key, env)
+        if not held_out and not any(isinstance(v, (int, float)) and math.isfinite(v) for v in series):
             # answer-only replies have no reasoning; say so rather than leave an empty frame that looks broken
             ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes,
                     color="gray")
@@ -423,13 +441,12 @@ def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[
         ax.plot(steps, series, color="tab:blue", alpha=0.35, linewidth=1, label="training (raw)")
         ax.plot(steps, trailing_mean(series, SMOOTHING), color="tab:blue", linewidth=2,
                 label=f"training ({SMOOTHING}-iteration mean)")
+        if held_out:
+            ax.plot(*zip(*held_out), "s-", color="tab:red", label="validation (held-out states)")
         ax.set_title(name)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
     ax = axes.flat[0]
-    if validations:
-        ax.plot([v[VALIDATED_AT] for v in validations], [v.get(VALIDATION + success, math.nan) for v in validations],
-                "s-", color="tab:red", label="validation (held-out states)")
     styles = iter(["--", ":", "-."])
     for name, value in (reference_lines or {}).items():
         if value is not None and math.isfinite(value):

@@ -101,6 +101,7 @@ def _series(rows: list[dict], env: str) -> list[tuple[str, list[tuple[float, flo
             ("retrieval accuracy", points(M.RETRIEVAL_ACCURACY)),
             ("distinct-2", points(M.DISTINCT_2)),
             ("reasoning tokens per turn", points(M.THINK_TOKENS_PER_TURN)),
+            ("reasoning grounded (claims that hold)", points(TRAINING + M.env_metric(M.POOLED, M.REASONING_GROUNDED))),
             ("format error rate", points(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE)))]
 
 

@@ -128,10 +128,15 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     # Every panel draws a signal the job logs (a renamed metric would leave a panel empty); reasoning entropy
     # wherever a training episode's first turn reasons (the sample is some of iteration 1's episodes).
-    first_thoughts = [e["turns"][0]["think"] for e in pq.read_table(run / "training_rollouts.parquet").to_pylist()]
+    # Reasoning grounded wherever the environment checked a claim in a sampled episode.
+    sample = pq.read_table(run / "training_rollouts.parquet").to_pylist()
+    first_thoughts = [e["turns"][0]["think"] for e in sample]
     for column, _ in learning_curve_panels(env):
-        if column != "collapse/reasoning_entropy" or any(first_thoughts):
-            assert column in rows[0], column
+        if column == "collapse/reasoning_entropy" and not any(first_thoughts):
+            continue
+        if column.endswith("reasoning_grounded") and not any(e["reasoning_claims"] for e in sample):
+            continue
+        assert column in rows[0], column
     AutoModelForCausalLM.from_pretrained(run / "policy")
     AutoModelForCausalLM.from_pretrained(run / "warm_start")
     # TensorBoard events: every iteration's scalars, and the validations at their iterations.

@@ -271,3 +271,27 @@ def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
     # Reasoning without claims the environment checks (the plan line) reports nothing.
     _, metrics = RolloutEngine(config, ScriptedBackend(solver, tokenizer), tokenizer).rollout(seeds, 1, SamplingParams())
     assert not any(key.endswith("reasoning_grounded") for key in metrics)
+
+
+def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_held_out(tiny):
+    from rllib_ragen.experiment_outputs import LEARNER, TRAINING, VALIDATED_AT, VALIDATION, held_out_points
+    from rllib_ragen.experiment_outputs import learning_curve_panels
+
+    _, tokenizer = tiny
+    config = RolloutConfig(env="rllib_ragen/FrozenLakeNotSlippery-v0", max_turns=10, max_actions_per_turn=1)
+    policy = frozen_lake_optimal_policy(is_slippery=False, reasoning="effects")
+    episodes, metrics = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
+        [1, 2, 3], 2, SamplingParams())
+    # The optimal policy's effects line is true of every cell it stands on: four claims a turn, all hold.
+    assert all(t.success and t.reasoning_claims == t.reasoning_claims_true == 4 * t.num_turns for t in episodes)
+    assert metrics["rllib_ragen/FrozenLakeNotSlippery-v0/reasoning_grounded"] == 1.0
+    # The learning curve's grounding panel reads that pooled metric, and beside it each validation's value on the
+    # training environment (not pooled: validation may add variants training never plays), skipping a
+    # validation that checked no claim; a learner column has no held-out counterpart.
+    column = next(key for key, title in learning_curve_panels(config.env) if "grounded" in title)
+    assert column == TRAINING + "rollout/reasoning_grounded" and "rollout/reasoning_grounded" in metrics
+    on_env, pooled = VALIDATION + "rllib_ragen/FrozenLakeNotSlippery-v0/reasoning_grounded", VALIDATION + "rollout/reasoning_grounded"
+    validations = [{VALIDATED_AT: 0, on_env: 0.5, pooled: 0.25}, {VALIDATED_AT: 5},
+                   {VALIDATED_AT: 10, on_env: 0.75, pooled: 0.5}]
+    assert held_out_points(validations, column, config.env) == [(0, 0.5), (10, 0.75)]
+    assert held_out_points(validations, LEARNER + "entropy", config.env) == []
