@@ -294,14 +294,19 @@ def _outcome_pair(out: pathlib.Path, files: tuple[str, str], envs: set[str] | No
     return before, after
 
 
+def _held_out_file_pairs(out: pathlib.Path):
+    """(mode, before file, after file) for sampled and greedy, where the run wrote both files of the pair."""
+    for mode, (before, after) in SAMPLED_AND_GREEDY.items():
+        if (out / before).is_file() and (out / after).is_file():
+            yield mode, out / before, out / after
+
+
 def _reasoning_entropy(out: pathlib.Path, envs: set[str] | None) -> dict | None:
     """The entropy of the first turn's reasoning over the held-out episodes before and after RL, sampled and
     greedy (``collapse.reasoning_entropy``, nats); None where the replies carry no reasoning."""
     result = {}
-    for mode, files in SAMPLED_AND_GREEDY.items():
-        if not all((out / name).is_file() for name in files):
-            continue
-        before, after = (read_first_reasonings(out / name, envs) for name in files)
+    for mode, before_file, after_file in _held_out_file_pairs(out):
+        before, after = (read_first_reasonings(path, envs) for path in (before_file, after_file))
         if before is not None and after is not None and (any(before) or any(after)):
             result[mode] = {"before": reasoning_entropy(before), "after": reasoning_entropy(after),
                             "episodes": len(after)}
@@ -312,11 +317,9 @@ def _reasoning_grounded(out: pathlib.Path, envs: set[str] | None) -> dict | None
     """The share of the checkable claims about the state in the held-out episodes' reasoning that held, before
     and after RL, sampled and greedy (``TextEnv.reasoning_claims``); None where the environment checked none."""
     result = {}
-    for mode, files in SAMPLED_AND_GREEDY.items():
-        if not all((out / name).is_file() for name in files):
-            continue
+    for mode, before_file, after_file in _held_out_file_pairs(out):
         (checked_before, true_before), (checked_after, true_after) = (
-            read_reasoning_claims(out / name, envs) for name in files)
+            read_reasoning_claims(path, envs) for path in (before_file, after_file))
         if checked_before and checked_after:
             result[mode] = {"before": true_before / checked_before, "after": true_after / checked_after,
                             "claims_before": checked_before, "claims_after": checked_after}
