@@ -11,8 +11,8 @@ The agent answers one move per turn without a ``<think>`` block (``--enable-thin
 reply is ~15 tokens of which the move is one, so the warm start spends most of its loss on fixed text: with
 thinking, 450 warm-start steps reached 0.32; without, 300 steps reach 0.47. A think line that says where each move
 leads (``--enable-thinking --demonstration-reasoning effects``) made the warm start far worse on seed 1 (0.285
-greedy against 0.734): the tiny model finds its own cell but misreads the cells next to it. Success is measured
-before and after RL on 256 fixed held-out maps. Tested on a 2-core CPU (see the README).
+greedy against 0.688 on the same maps): the tiny model finds its own cell but misreads the cells next to it.
+Success is measured before and after RL on 256 fixed held-out maps. Tested on a 2-core CPU (see the README).
 
 The warm start runs 900 steps at lr 5e-4, a quarter of the library's 2e-3. At 2e-3 reading the map was a
 lottery over seeds: after learning the reply format, seeds 1 and 2 sat at the loss of a policy that ignores the
