@@ -10,6 +10,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+RESULTS = README.parent / "docs" / "results.md"  # every measured run, with its command
 
 
 def _python_block_after(marker: str) -> str:
@@ -121,10 +122,10 @@ MAIN_JOBS = ("starpo_bandit.py", "starpo_frozenlake.py", "starpo_sokoban.py")
 
 
 def readme_job_commands() -> list[tuple[str, list[str]]]:
-    """Every main-job command the README shows, inline or in a bash block, as (job file, flags)."""
+    """Every main-job command the README and docs/results.md show, inline or in a bash block, as (job file, flags)."""
     import shlex
 
-    text = README.read_text()
+    text = README.read_text() + RESULTS.read_text()
     spans = re.findall(r"`(python tuned_examples/\w+\.py[^`]*)`", text)  # inline; may wrap over lines
     for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
         spans += [line.split(" #")[0] for line in block.replace("\\\n", " ").splitlines()]
@@ -187,3 +188,25 @@ def test_lora_example_trains_adapters_and_exports_a_plain_model(ray_session, tmp
 def test_mixture_example_trains_on_two_environments_and_validates_on_three(ray_session):
     printed = _run_block("<!-- mixture-example", {})
     assert printed.split() == ["4.0", "2.0", "4.0"]
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_the_readme_and_the_results_log_resolve():
+    """The README's results table sends readers to docs/results.md sections; a renamed heading must not strand them."""
+    files = {"README.md": README, "docs/results.md": RESULTS}
+    anchors = {name: {_anchor(h) for h in re.findall(r"^#+ (.+)$", path.read_text(), re.MULTILINE)}
+               for name, path in files.items()}
+    assert _anchor("Sokoban: seeds, and thirteen attempts at the greedy bar") == \
+        "sokoban-seeds-and-thirteen-attempts-at-the-greedy-bar"
+    links = 0
+    for name, path in files.items():
+        for target, anchor in re.findall(r"\]\(((?:\.\./)?(?:README\.md|docs/results\.md)|)#([\w\-]+)\)", path.read_text()):
+            resolved = {"": name, "../README.md": "README.md", "docs/results.md": "docs/results.md",
+                        "README.md": "README.md"}[target]
+            assert anchor in anchors[resolved], f"{name} links to {resolved}#{anchor}, which has no such heading"
+            links += 1
+    assert links >= 10
