@@ -5,6 +5,10 @@ policy's log-probs), computes the advantages of estimators that need the critic 
 computed the others, see ``batch.py``), then runs ``num_epochs`` passes of
 ``updates_per_rollout_batch`` optimizer steps, each accumulating gradients over micro-batches. RLlib's own
 minibatch loop is not used: it has no gradient accumulation and would score every minibatch separately.
+
+When the batch is trained by one optimizer step in one micro-batch (the CPU jobs' setting), the scoring pass and
+the step's forward pass would compute the same numbers from the same weights on the same rows: the step's own
+forward pass, detached, is the score, and the batch goes through the model once instead of twice.
 """
 
 from __future__ import annotations
@@ -127,34 +131,53 @@ class StarPOTorchLearner(TorchLearner):
         minibatches = [order[i * size // steps:(i + 1) * size // steps] for order in orders for i in range(steps)]
         micro_size = config.micro_batch_size or size
 
-        # Score once, in the exact micro-batches the first optimizer step will use: the first step's ratio is 1.
-        self._prepare(data, module, config, [mb[i:i + micro_size] for mb in minibatches[:steps]
-                                             for i in range(0, len(mb), micro_size)])
-
-        total, skipped = None, 0
-        for step, rows in enumerate(minibatches):
-            total, applied = self._optimizer_step(data, rows, module, module_id, config, micro_size, first=step == 0)
-            skipped += not applied
+        if self._step_scores_itself(len(minibatches), micro_size, size):
+            rows = minibatches[0]
+            fwd_out = module.forward_train(_trimmed(data, rows))
+            self._prepare(data, module, config, [rows], scored=[fwd_out])
+            total, applied = self._optimizer_step(data, rows, module, module_id, config, micro_size, first=True,
+                                                  fwd_out=fwd_out)
+            skipped, passes = int(not applied), 1
+        else:
+            # Score once, in the exact micro-batches the first optimizer step will use: the first step's ratio is 1.
+            self._prepare(data, module, config, [mb[i:i + micro_size] for mb in minibatches[:steps]
+                                                 for i in range(0, len(mb), micro_size)])
+            total, skipped = None, 0
+            for step, rows in enumerate(minibatches):
+                total, applied = self._optimizer_step(data, rows, module, module_id, config, micro_size,
+                                                      first=step == 0)
+                skipped += not applied
+            passes = config.num_epochs + 1
         self.metrics.log_value((module_id, M.SKIPPED_OPTIMIZER_STEPS), skipped, window=1)
-        tokens = int(data["attention_mask"].sum()) * (config.num_epochs + 1)
+        tokens = int(data["attention_mask"].sum()) * passes
         self.metrics.log_value((module_id, M.UPDATE_TOKENS_PER_S), tokens / (time.perf_counter() - t0), window=1)
         self.metrics.log_value((module_id, M.OPTIMIZER_STEPS), len(minibatches), window=1)
         return {}, {module_id: total}, {}
 
+    @staticmethod
+    def _step_scores_itself(optimizer_steps: int, micro_size: int, size: int) -> bool:
+        """Whether the only optimizer step's forward pass can serve as the score: one step, in one micro-batch,
+        sees every row with the weights the score would use."""
+        return optimizer_steps == 1 and micro_size >= size
+
     @torch.no_grad()
-    def _prepare(self, data: dict, module, config, micro_batches: list[torch.Tensor]) -> None:
-        """Fill ``old_logp``, ``old_values``, ``ref_logp``, ``token_advantages`` and ``returns`` into ``data``."""
+    def _prepare(self, data: dict, module, config, micro_batches: list[torch.Tensor],
+                 scored: list[dict] | None = None) -> None:
+        """Fill ``old_logp``, ``old_values``, ``ref_logp``, ``token_advantages`` and ``returns`` into ``data``.
+
+        ``scored``: ``forward_train``'s outputs on ``micro_batches``, already computed by the caller from the
+        current weights (their values are used, not their gradients); None scores them here."""
         mask = data["response_mask"]
         data.setdefault("loss_mask", mask)  # a batch not built by prepare_update_batch trains every sampled token
         old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask)
         ref_logp = torch.zeros_like(mask) if config.kl_coeff > 0 else None
-        for rows in micro_batches:
+        for index, rows in enumerate(micro_batches):
             inputs = _trimmed(data, rows)
             width = inputs["input_ids"].shape[1]
-            out = module.forward_train(inputs)
-            old_logp[rows, :width] = out["logp"]
+            out = module.forward_train(inputs) if scored is None else scored[index]
+            old_logp[rows, :width] = out["logp"].detach()
             if "values" in out:
-                old_values[rows, :width] = out["values"]
+                old_values[rows, :width] = out["values"].detach()
             if ref_logp is not None:
                 logits = self._reference_logits(module, inputs)
                 ref_logp[rows, :width] = token_logprobs(logits, inputs["input_ids"], config.temperature)
@@ -271,13 +294,14 @@ class StarPOTorchLearner(TorchLearner):
         return norm
 
     def _optimizer_step(self, data: dict, rows: torch.Tensor, module, module_id, config, micro_size: int,
-                        first: bool) -> tuple[torch.Tensor, bool]:
+                        first: bool, fwd_out: dict | None = None) -> tuple[torch.Tensor, bool]:
         """One optimizer step on the minibatch ``rows``, accumulating gradients over micro-batches.
 
         Each micro-batch's loss is weighted by its share of the minibatch's normaliser (tokens for token-mean,
         trajectories for the sequence means), so the accumulated gradient equals the whole minibatch's. Returns
         the loss and whether the step was applied: a non-finite loss or gradient skips it (see
-        :meth:`_skip_non_finite`).
+        :meth:`_skip_non_finite`). ``fwd_out``: ``forward_train``'s output on ``rows`` as one micro-batch, when
+        the caller already ran it.
         """
         per_token = config.loss_aggregation == "token-mean"
 
@@ -297,7 +321,8 @@ class StarPOTorchLearner(TorchLearner):
             sync = index == len(micro_batches) - 1 or not hasattr(module, "no_sync")
             with contextlib.nullcontext() if sync else module.no_sync():
                 loss = self._micro_loss(data, micro, module, module_id, config, first and index == 0,
-                                        policy_share=shares["loss_mask"], value_share=shares["value_mask"])
+                                        policy_share=shares["loss_mask"], value_share=shares["value_mask"],
+                                        fwd_out=fwd_out)
                 loss.backward()
             total = total + loss.detach()
         gradients = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
@@ -329,14 +354,15 @@ class StarPOTorchLearner(TorchLearner):
         return True
 
     def _micro_loss(self, data: dict, rows: torch.Tensor, module, module_id, config, first: bool, *,
-                    policy_share: torch.Tensor, value_share: torch.Tensor) -> torch.Tensor:
+                    policy_share: torch.Tensor, value_share: torch.Tensor, fwd_out: dict | None = None) -> torch.Tensor:
         """The loss of micro-batch ``rows``, its policy and value terms weighted by their shares of the minibatch's
-        normalisers, so that the accumulated gradient is the whole minibatch's."""
+        normalisers, so that the accumulated gradient is the whole minibatch's. ``fwd_out``: the model's output
+        on ``rows`` if already computed."""
         inputs = _trimmed(data, rows)
         width = inputs["input_ids"].shape[1]
         batch = {**inputs, **{key: data[key][rows, :width] for key in LOSS_COLUMNS if data.get(key) is not None},
                  "policy_share": policy_share, "value_share": value_share}
-        fwd_out = module.forward_train(inputs)
+        fwd_out = module.forward_train(inputs) if fwd_out is None else fwd_out
         if first:  # before any step: old and new log-probs come from the same weights and the same computation
             deviation = ((fwd_out["logp"] - batch["old_logp"]).abs() * batch["response_mask"]).max().item()
             self.metrics.log_value((module_id, M.FIRST_STEP_LOGPROB_DEVIATION), deviation, window=1)

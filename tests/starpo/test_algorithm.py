@@ -51,6 +51,33 @@ def test_first_update_has_ratio_one_and_rollout_logprobs_match_the_learner(small
         algo.stop()
 
 
+def test_a_single_step_update_reads_the_batch_once_and_changes_nothing(small_config, monkeypatch):
+    """One optimizer step in one micro-batch: the step's forward pass is the score, so the batch goes through the
+    model once, and the update is the two-pass update bit for bit (GAE with its critic, whitened and not)."""
+    from rllib_ragen.starpo.llm_rl_module import CausalLMRLModule
+    from rllib_ragen.starpo.starpo_learner import StarPOTorchLearner
+
+    calls = []
+    forward_train = CausalLMRLModule.forward_train
+    monkeypatch.setattr(CausalLMRLModule, "forward_train",
+                        lambda self, batch, **kw: calls.append(batch["input_ids"].shape) or forward_train(self, batch, **kw))
+    for whiten in (False, True):
+        config = small_config(validation_interval=0, whiten_advantages=whiten)
+        calls.clear()
+        once = weights_after_one_iteration(config)
+        assert len(calls) == 1 and calls[0][0] == 4  # the 4 kept trajectories, read once
+        with monkeypatch.context() as forced:
+            forced.setattr(StarPOTorchLearner, "_step_scores_itself", staticmethod(lambda *args: False))
+            calls.clear()
+            twice = weights_after_one_iteration(config)
+            assert len(calls) == 2
+        assert all(torch.equal(once[k], twice[k]) for k in once), "the single pass changed the update"
+    # Two optimizer steps per batch need the whole score before the first step: the two-pass path.
+    calls.clear()
+    weights_after_one_iteration(small_config(validation_interval=0, updates_per_rollout_batch=2))
+    assert len(calls) == 4  # a score of each half, then each half's step
+
+
 def _get(result: dict, path: tuple[str, ...]):
     for key in path:
         result = result[key]
