@@ -38,6 +38,15 @@ def check_effect_claims(reasoning: str | None, truth: Mapping[str, str], effect_
     return len(claimed), sum(actual[move] == effect for move, effect in claimed.items())
 
 
+def checks_reasoning_claims(env_or_class) -> bool:
+    """Whether an environment (an instance, wrapped or not, or a class) checks claims about its state: it has a
+    ``reasoning_claims`` of its own, not :class:`TextEnv`'s default, which checks none."""
+    if not isinstance(env_or_class, type):
+        env_or_class = type(getattr(env_or_class, "unwrapped", env_or_class))
+    method = getattr(env_or_class, "reasoning_claims", None)
+    return callable(method) and method is not TextEnv.reasoning_claims
+
+
 class TextEnv(gym.Env[str, str]):
     """A gymnasium environment with text observations and named text actions.
 
@@ -98,7 +107,8 @@ class TextEnv(gym.Env[str, str]):
         """``(checked, true)``: how many claims about the current state ``reasoning`` makes that this environment
         can check, and how many of them hold. The rollout engine asks before each reply is executed and reports
         ``reasoning_grounded`` (true / checked) so that a run shows whether what the agent says about the state is
-        so. Default: (0, 0), nothing checkable."""
+        so, and ``ungrounded_reasoning_penalty`` counts the actions whose effect is not stated truly, so at most one
+        claim per action may count. Default: (0, 0), nothing checkable."""
         return 0, 0
 
     def describe(self) -> str:

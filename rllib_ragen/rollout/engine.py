@@ -40,6 +40,8 @@ class RolloutConfig:
         format_penalty: added to a turn's reward when its reply breaks the protocol.
         ineffective_action_penalty: added to a turn's reward for each executed action that left the state as it
             was (the environment's ``action_is_effective`` is False).
+        ungrounded_reasoning_penalty: added to a turn's reward for each action whose effect the turn's reasoning does
+            not state truly (environments that check claims about their state only; ``execute_turn``).
         enable_thinking: require ``<think>`` before ``<answer>``.
         max_context_tokens: no trajectory grows longer. Each reply may take only the room left; a trajectory with
             no room for another turn ends there (truncated); an episode whose first prompt leaves no room is not
@@ -59,6 +61,7 @@ class RolloutConfig:
     max_actions_per_episode: int = 10
     format_penalty: float = DEFAULT_FORMAT_PENALTY
     ineffective_action_penalty: float = 0.0
+    ungrounded_reasoning_penalty: float = 0.0
     enable_thinking: bool = True
     max_context_tokens: int = 4096
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
@@ -345,11 +348,10 @@ class RolloutEngine:
         reply = parse_reply(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True),
                             enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn)
         try:
-            # Checked against the state the reply was written for, before its actions change it.
-            checked, true = _reasoning_claims(episode.env.unwrapped, reply.thinking)
             result = execute_turn(episode.env, reply, actions_left=episode.actions_left,
                                   format_penalty=c.format_penalty,
-                                  ineffective_action_penalty=c.ineffective_action_penalty)
+                                  ineffective_action_penalty=c.ineffective_action_penalty,
+                                  ungrounded_reasoning_penalty=c.ungrounded_reasoning_penalty)
         except Exception:
             logger.exception("env step failed in %s (seed %s); dropping that trajectory", t.env_name, t.seed)
             episode.done = episode.failed = True
@@ -374,8 +376,8 @@ class RolloutEngine:
         t.num_invalid += result.num_invalid
         t.num_effective += result.num_effective
         t.format_errors += int(result.format_error)
-        t.reasoning_claims += checked
-        t.reasoning_claims_true += true
+        t.reasoning_claims += result.claims_checked
+        t.reasoning_claims_true += result.claims_true
         t.success = result.success
         episode.done = (result.terminated or result.truncated or episode.actions_left <= 0
                         or turn >= episode.max_turns)
@@ -408,18 +410,6 @@ def _state_key(text_env, observation: str) -> str:
     """``TextEnv.state_key()``, or the observation for environments without one."""
     key = getattr(text_env, "state_key", None)
     return str(key()) if callable(key) else observation
-
-
-def _reasoning_claims(text_env, reasoning: str | None) -> tuple[int, int]:
-    """``TextEnv.reasoning_claims(reasoning)``; (0, 0) without reasoning or for environments without the method."""
-    check = getattr(text_env, "reasoning_claims", None)
-    if not reasoning or not callable(check):
-        return 0, 0
-    checked, true = check(reasoning)
-    if not 0 <= true <= checked:
-        raise ValueError(f"{type(text_env).__name__}.reasoning_claims() returned {(checked, true)}: it must be "
-                         "(checked, true) with 0 <= true <= checked.")
-    return int(checked), int(true)
 
 
 def _encodable(text: str, counts: Counter) -> str:

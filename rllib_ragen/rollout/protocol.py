@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import gymnasium as gym
 
+from ..envs.base import checks_reasoning_claims
+
 DEFAULT_SEPARATOR = "||"
 DEFAULT_FORMAT_PENALTY = -0.1
 
@@ -142,8 +144,9 @@ class TurnResult:
     """The outcome of executing one parsed reply in an environment.
 
     Attributes:
-        reward: environment rewards of the executed actions plus the format penalty when it applies and the
-            ineffective-action penalty for each executed action that did not change the state.
+        reward: environment rewards of the executed actions plus the format penalty when it applies, the
+            ineffective-action penalty for each executed action that did not change the state, and the
+            ungrounded-reasoning penalty for each action whose effect the reasoning did not state truly.
         env_reward: the environment rewards alone.
         executed: canonical names of the actions that ran, in order.
         num_valid, num_invalid: answer pieces that did / did not name an environment action.
@@ -152,6 +155,8 @@ class TurnResult:
         terminated, truncated: the environment's episode end signals after the last executed action.
         success: the environment's ``success`` after the turn.
         observation: the state text after the turn.
+        claims_checked, claims_true: the claims about the state the reasoning made that the environment can check
+            (``TextEnv.reasoning_claims``, against the state the reply was written for), and how many hold.
     """
 
     reward: float
@@ -165,11 +170,13 @@ class TurnResult:
     terminated: bool = False
     truncated: bool = False
     success: bool = False
+    claims_checked: int = 0
+    claims_true: int = 0
 
 
 def execute_turn(
     env: gym.Env, reply: ParsedReply, *, actions_left: int, format_penalty: float = DEFAULT_FORMAT_PENALTY,
-    ineffective_action_penalty: float = 0.0,
+    ineffective_action_penalty: float = 0.0, ungrounded_reasoning_penalty: float = 0.0,
 ) -> TurnResult:
     """Run a reply's valid actions in order until the episode ends or ``actions_left`` is spent.
 
@@ -180,12 +187,18 @@ def execute_turn(
         format_penalty: added once to the turn reward on a format error (a negative number).
         ineffective_action_penalty: added to the turn reward once per executed action whose step info says
             ``action_is_effective`` is False (a negative number, or 0 to leave such moves unpenalised).
+        ungrounded_reasoning_penalty: added to the turn reward once per action of the environment whose effect the
+            reasoning does not state truly, wrongly or not at all (a negative number, or 0). Only environments that
+            check claims (``checks_reasoning_claims``) are charged: all true costs 0, no reasoning the most.
     """
     text_env = env.unwrapped
+    # Checked against the state the reply was written for, before its actions change it.
+    claims_checked, claims_true = reasoning_claims(text_env, reply.thinking)
     resolved = [text_env.lookup_action(piece) for piece in reply.actions]
     valid = [text_env.action_names[i] for i in resolved if i is not None]
     result = TurnResult(reward=0.0, env_reward=0.0, observation=text_env.observation,
-                        num_valid=len(valid), num_invalid=len(resolved) - len(valid), success=text_env.success)
+                        num_valid=len(valid), num_invalid=len(resolved) - len(valid), success=text_env.success,
+                        claims_checked=claims_checked, claims_true=claims_true)
     result.format_error = not reply.format_ok or result.num_invalid > 0 or not valid
     for name in valid[:max(actions_left, 0)]:
         obs, reward, terminated, truncated, info = env.step(name)
@@ -197,6 +210,25 @@ def execute_turn(
         if terminated or truncated:
             break
     num_ineffective = len(result.executed) - result.num_effective
+    ungrounded = 0
+    if ungrounded_reasoning_penalty and checks_reasoning_claims(text_env):
+        ungrounded = len(text_env.action_names) - claims_true
+        if ungrounded < 0:
+            raise ValueError(f"{type(text_env).__name__}.reasoning_claims() found {claims_true} true claims among "
+                             f"{len(text_env.action_names)} actions: ungrounded_reasoning_penalty needs at most one "
+                             "counted claim per action.")
     result.reward = (result.env_reward + (format_penalty if result.format_error else 0.0)
-                     + ineffective_action_penalty * num_ineffective)
+                     + ineffective_action_penalty * num_ineffective + ungrounded_reasoning_penalty * ungrounded)
     return result
+
+
+def reasoning_claims(text_env, reasoning: str | None) -> tuple[int, int]:
+    """``TextEnv.reasoning_claims(reasoning)``; (0, 0) without reasoning or for environments without the method."""
+    check = getattr(text_env, "reasoning_claims", None)
+    if not reasoning or not callable(check):
+        return 0, 0
+    checked, true = check(reasoning)
+    if not 0 <= true <= checked:
+        raise ValueError(f"{type(text_env).__name__}.reasoning_claims() returned {(checked, true)}: it must be "
+                         "(checked, true) with 0 <= true <= checked.")
+    return int(checked), int(true)

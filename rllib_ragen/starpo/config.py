@@ -19,6 +19,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 
 from ..envs import _load_entry_point, registered_text_envs
+from ..envs.base import checks_reasoning_claims
 from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS,
                           AdvantageSettings, num_kept_groups)
 from ..rollout.backends import SamplingParams
@@ -36,7 +37,8 @@ STARPO_S_DEFAULTS: dict[str, Any] = {
     # rollout
     "num_groups": 8, "group_size": 16, "max_turns": 5, "max_actions_per_turn": 5, "max_actions_per_episode": 10,
     "temperature": 1.0, "validation_temperature": 0.5, "max_new_tokens_per_turn": 400,
-    "format_penalty": DEFAULT_FORMAT_PENALTY, "ineffective_action_penalty": 0.0, "enable_thinking": True,
+    "format_penalty": DEFAULT_FORMAT_PENALTY, "ineffective_action_penalty": 0.0, "ungrounded_reasoning_penalty": 0.0,
+    "enable_thinking": True,
     "max_context_tokens": 4096, "independent_transitions": False,
     "inference_backend": "hf", "inference_batch_size": 128, "num_inference_engines": 1, "vllm_engine_config": {},
     # advantages and filter
@@ -74,7 +76,8 @@ _POSITIVE_INTS = ("num_groups", "group_size", "max_turns", "max_actions_per_turn
                   "sentinel_rollback_depth")
 _INTS = ("validation_interval", "train_seed_start", "validation_seed_start", "collapse_diagnostics_interval",
          "collapse_subsample", "sentinel_max_rollbacks", "max_policy_lag")
-_FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "ineffective_action_penalty", "lambda_",
+_FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "ineffective_action_penalty",
+                   "ungrounded_reasoning_penalty", "lambda_",
                    "gamma", "clip_ratio_low", "clip_ratio_high", "kl_coeff", "entropy_coeff", "vf_loss_coeff",
                    "critic_lr", "weight_decay", "rollout_filter_ratio", "gamma_turn", "gamma_token",
                    "gigpo_step_gamma", "gigpo_omega", "importance_weight_cap")
@@ -114,10 +117,14 @@ def env_name(env) -> str:
     return env if isinstance(env, str) else getattr(env, "__name__", repr(env))
 
 
+def _env_class(env) -> type:
+    """The class a registered id (or a TextEnv class) builds."""
+    return env if isinstance(env, type) else _load_entry_point(gym.spec(env).entry_point)
+
+
 def env_arguments(env) -> set[str] | None:
     """The constructor arguments ``env`` (a registered id or a TextEnv class) accepts; None if it takes any."""
-    cls = env if isinstance(env, type) else _load_entry_point(gym.spec(env).entry_point)
-    parameters = inspect.signature(cls.__init__).parameters.values()
+    parameters = inspect.signature(_env_class(env).__init__).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return {p.name for p in parameters if p.name != "self"}  # built in-process (no Hugging Face directory of their own)
@@ -205,9 +212,9 @@ class StarPOConfig(AlgorithmConfig):
         num_groups=NotProvided, group_size=NotProvided, max_turns=NotProvided, max_actions_per_turn=NotProvided,
         max_actions_per_episode=NotProvided, temperature=NotProvided, validation_temperature=NotProvided,
         max_new_tokens_per_turn=NotProvided, format_penalty=NotProvided, ineffective_action_penalty=NotProvided,
-        enable_thinking=NotProvided, max_context_tokens=NotProvided, inference_backend=NotProvided,
-        inference_batch_size=NotProvided, num_inference_engines=NotProvided, vllm_engine_config=NotProvided,
-        independent_transitions=NotProvided,
+        ungrounded_reasoning_penalty=NotProvided, enable_thinking=NotProvided, max_context_tokens=NotProvided,
+        inference_backend=NotProvided, inference_batch_size=NotProvided, num_inference_engines=NotProvided,
+        vllm_engine_config=NotProvided, independent_transitions=NotProvided,
         # advantages and rollout filter
         advantage_estimator=NotProvided, grpo_normalize_std=NotProvided, lambda_=NotProvided,
         turn_level_rewards=NotProvided, whiten_advantages=NotProvided, gamma_turn=NotProvided,
@@ -252,6 +259,12 @@ class StarPOConfig(AlgorithmConfig):
                 it was (a Sokoban move into a wall or a blocked push, a FrozenLake step off the edge), e.g. -0.1.
                 0 (the reference's): such a move costs only the move. Validation returns include it too; success
                 does not depend on it.
+            ungrounded_reasoning_penalty: added to a turn's reward for each action whose effect the turn's
+                ``<think>`` does not state truly, wrongly or not at all, e.g. -0.02: a reward for reasoning that reads
+                the state right (VAGEN's idea of rewarding grounded state descriptions, checked here by the
+                environment, ``TextEnv.reasoning_claims``: Sokoban's and FrozenLake's "Up wall, Down walk, ...").
+                Never positive, so a longer episode never earns more. Needs ``enable_thinking`` and training
+                environments that check claims; other validation environments are not charged. 0: off.
             enable_thinking: require ``<think>...</think>`` before ``<answer>``.
             max_context_tokens: no trajectory grows longer: each reply may take only the room left, an episode with
                 no room for another turn ends (truncated), one whose first prompt leaves no room is not played
@@ -472,6 +485,7 @@ class StarPOConfig(AlgorithmConfig):
                              max_actions_per_turn=self.max_actions_per_turn,
                              max_actions_per_episode=self.max_actions_per_episode, format_penalty=self.format_penalty,
                              ineffective_action_penalty=self.ineffective_action_penalty,
+                             ungrounded_reasoning_penalty=self.ungrounded_reasoning_penalty,
                              enable_thinking=self.enable_thinking, max_context_tokens=self.max_context_tokens,
                              independent_transitions=self.independent_transitions)
 
@@ -555,6 +569,7 @@ class StarPOConfig(AlgorithmConfig):
             yield (f"advantage_mask={self.advantage_mask!r} applies to advantage_estimator='gae' only (the turn-level "
                    f"estimators recurse over turns, the critic-free ones not at all); with "
                    f"advantage_estimator={self.advantage_estimator!r} set advantage_mask='sampled'.")
+        yield from self._reasoning_penalty_errors()
         if self.gigpo_omega < 0:
             yield f"gigpo_omega={self.gigpo_omega} must be >= 0 (0 is GRPO)."
         if self.vf_loss_coeff < 0 or self.weight_decay < 0:
@@ -588,6 +603,23 @@ class StarPOConfig(AlgorithmConfig):
         yield from self._sentinel_errors()
         yield from self._inference_errors()
         yield from self._model_and_env_errors()
+
+    def _reasoning_penalty_errors(self):
+        penalty = self.ungrounded_reasoning_penalty
+        if penalty > 0:
+            yield (f"ungrounded_reasoning_penalty={penalty} must be <= 0: it is charged per action not stated truly, "
+                   "and a positive value would pay for wrong reasoning.")
+        if penalty == 0:
+            return
+        if not self.enable_thinking:
+            yield (f"ungrounded_reasoning_penalty={penalty} charges what the <think> block says, and "
+                   "enable_thinking=False: set enable_thinking=True, or the penalty to 0.")
+        silent = [e.name for e in self.training_environments() if _is_known_env(e.env)
+                  and not checks_reasoning_claims(_env_class(e.env))]
+        if silent:
+            yield (f"ungrounded_reasoning_penalty={penalty}, but training environment(s) {silent} check no claims "
+                   "about their state (TextEnv.reasoning_claims), so every turn would be charged in full: train on "
+                   "ones that do (Sokoban, FrozenLake) or set the penalty to 0.")
 
     def _off_policy_errors(self):
         if self.max_policy_lag not in (0, 1):

@@ -14,6 +14,7 @@ from rllib_ragen.rollout.models import load_policy
     (dict(lambda_=1.5), "lambda_=1.5"), (dict(gamma=0.0), "gamma=0.0"), (dict(temperature=math.nan), "temperature=nan"),
     (dict(value_clip=0.0), "value_clip=0.0"), (dict(format_penalty=math.inf), "format_penalty=inf"),
     (dict(ineffective_action_penalty=math.nan), "ineffective_action_penalty=nan"),
+    (dict(ungrounded_reasoning_penalty=math.inf), "ungrounded_reasoning_penalty=inf"),
     (dict(entropy_coeff=math.nan), "entropy_coeff=nan"), (dict(kl_coeff="0.1"), "kl_coeff='0.1'"),
     (dict(max_context_tokens=0), "max_context_tokens=0"), (dict(enable_thinking="no"), "enable_thinking='no'"),
     (dict(micro_batch_size=1.5), "micro_batch_size=1.5"), (dict(num_groups=True), "num_groups=True"),
@@ -34,6 +35,27 @@ def test_unknown_model_keys_dtypes_and_env_arguments_are_named_with_the_accepted
     with pytest.raises(ValueError, match=r"env_config has unknown keys \['boxes'\].*accepted: \[.*'num_boxes'"):
         StarPOConfig().environment("rllib_ragen/Sokoban-v0", env_config={"boxes": 2}).validate()
     StarPOConfig().environment("rllib_ragen/Sokoban-v0", env_config={"num_boxes": 2}).validate()
+
+
+def test_the_ungrounded_reasoning_penalty_fails_where_it_could_only_mislead():
+    def errors(env="rllib_ragen/Sokoban-v0", train_envs=None, **knobs):
+        with pytest.raises(ValueError) as error:
+            StarPOConfig().environment(env, train_envs=train_envs).training(**knobs).validate()
+        return str(error.value)
+
+    # Positive, it would pay for wrong claims; without <think> there is nothing to check; the bandit checks
+    # nothing, so every turn would be charged in full (in a mixture too).
+    assert "ungrounded_reasoning_penalty=0.1 must be <= 0" in errors(ungrounded_reasoning_penalty=0.1)
+    assert "set enable_thinking=True, or the penalty to 0" in errors(ungrounded_reasoning_penalty=-0.1,
+                                                                      enable_thinking=False)
+    assert "['rllib_ragen/Bandit-v0'] check no claims" in errors("rllib_ragen/Bandit-v0",
+                                                                 ungrounded_reasoning_penalty=-0.1)
+    mixture = [{"env": "rllib_ragen/Sokoban-v0", "groups": 2}, {"env": "rllib_ragen/Bandit-v0", "groups": 2}]
+    assert "['rllib_ragen/Bandit-v0'] check no claims" in errors(train_envs=mixture, ungrounded_reasoning_penalty=-0.1)
+    # Training on environments that check claims is fine, validating on one that does not too (it is not charged).
+    StarPOConfig().environment("rllib_ragen/FrozenLake-v0").training(ungrounded_reasoning_penalty=-0.1).validate()
+    StarPOConfig().environment(validation_envs=[{"env": "rllib_ragen/Sokoban-v0"}, {"env": "rllib_ragen/Bandit-v0"}]
+                               ).training(ungrounded_reasoning_penalty=-0.1).validate()
 
 
 @pytest.mark.parametrize("field", ["num_gpus_per_env_runner", "num_gpus_per_learner"])
@@ -80,11 +102,12 @@ def test_minus_one_survives_the_build_and_a_checkpoint(ray_session, small_config
                   sentinel_snapshot_interval=2, sentinel_rollback_depth=2, importance_weight_cap=3.0,
                   sentinel_rules=[Rule("rollout_filter/reward_std", "below", -1.0, action="rollback",
                                        knobs={"lr_factor": 0.25})])
-    algo = small_config(format_penalty=-1.0, ineffective_action_penalty=-1.0, validation_interval=0,
-                        **credit).build_algo()
+    algo = small_config(format_penalty=-1.0, ineffective_action_penalty=-1.0, ungrounded_reasoning_penalty=-1.0,
+                        validation_interval=0, **credit).build_algo()
     try:
         assert algo.config.format_penalty == -1.0 and algo.env_runner.engine.config.format_penalty == -1.0
         assert algo.env_runner.engine.config.ineffective_action_penalty == -1.0
+        assert algo.env_runner.engine.config.ungrounded_reasoning_penalty == -1.0
         assert {k: getattr(algo.config, k) for k in credit} == credit
         checkpoint = algo.save_to_path(tmp_path / "checkpoint")
     finally:
@@ -92,6 +115,7 @@ def test_minus_one_survives_the_build_and_a_checkpoint(ray_session, small_config
     restored = StarPO.from_checkpoint(checkpoint)
     try:
         assert restored.config.format_penalty == -1.0 and restored.config.ineffective_action_penalty == -1.0
+        assert restored.config.ungrounded_reasoning_penalty == -1.0
         assert {k: getattr(restored.config, k) for k in credit} == credit
         assert restored.sentinel.rules == credit["sentinel_rules"] and restored.sentinel.max_rollbacks == 1
     finally:

@@ -273,6 +273,35 @@ def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
     assert not any(key.endswith("reasoning_grounded") for key in metrics)
 
 
+def test_the_ungrounded_reasoning_penalty_lands_on_the_turn_whose_reasoning_erred(tiny):
+    _, tokenizer = tiny
+    seeds, penalty = [5, 6, 7], -0.25
+    solver = sokoban_solver_policy(1)
+
+    def walker(prompt):  # calls every move a walk, then plays the solver's move
+        return "<think>Up walk, Down walk, Left walk, Right walk.</think>" + solver(prompt).split("</think>")[1]
+
+    def play(policy, ungrounded_reasoning_penalty):
+        config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=4, max_actions_per_turn=1,
+                               ungrounded_reasoning_penalty=ungrounded_reasoning_penalty)
+        return RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
+            seeds, 1, SamplingParams())[0]
+
+    for plain, charged in zip(play(walker, 0.0), play(walker, penalty)):
+        assert (charged.seed, charged.num_turns, charged.success) == (plain.seed, plain.num_turns, plain.success)
+        # Each turn pays once per move that is not a walk on the board that turn was written for.
+        env = gym.make("rllib_ragen/Sokoban-v0")
+        board, _ = env.reset(seed=plain.seed)
+        expected = []
+        for reward, action in zip(plain.turn_rewards, solve_level(env.unwrapped.level)):
+            expected.append(reward + penalty * (4 - move_effects(SokobanLevel.from_text(board)).count("walk")))
+            board = env.step(action)[0]
+        assert charged.turn_rewards == pytest.approx(expected) and charged.turn_rewards != plain.turn_rewards
+    # Reasoning that is true of every board costs nothing.
+    honest = sokoban_solver_policy(1, reasoning="effects")
+    assert [t.turn_rewards for t in play(honest, penalty)] == [t.turn_rewards for t in play(honest, 0.0)]
+
+
 def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_held_out(tiny):
     from rllib_ragen.experiment_outputs import LEARNER, TRAINING, VALIDATED_AT, VALIDATION, held_out_points
     from rllib_ragen.experiment_outputs import learning_curve_panels

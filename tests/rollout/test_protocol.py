@@ -114,6 +114,30 @@ def test_ineffective_actions_are_penalised_once_each():
     assert unpenalised.reward == pytest.approx(-0.3)
 
 
+def test_ungrounded_reasoning_is_charged_once_per_action_not_stated_truly():
+    # From the top-left corner of LEVEL: Up wall, Down walk, Left wall, Right walk (the box is two cells away).
+    def turn(thinking, env=None, penalty=-0.5):
+        reply = parse_reply(f"<think>{thinking}</think><answer>Down</answer>")
+        return execute_turn(env or _sokoban(), reply, actions_left=10, ungrounded_reasoning_penalty=penalty)
+
+    true = turn("Up wall, Down walk, Left wall, Right walk.")
+    assert (true.claims_checked, true.claims_true) == (4, 4) and true.reward == pytest.approx(-0.1)  # the step only
+    # One true claim (Down), one false (Up), two moves not mentioned: three actions not stated truly.
+    half = turn("Up walk, Down walk.")
+    assert (half.claims_checked, half.claims_true) == (2, 1) and half.reward == pytest.approx(-0.1 - 3 * 0.5)
+    # A move claimed twice counts its first claim; no reasoning at all is charged for all four actions.
+    assert turn("Up walk, Up wall, Down walk, Left wall, Right walk.").reward == pytest.approx(-0.1 - 0.5)
+    assert turn("").reward == pytest.approx(-0.1 - 4 * 0.5) and turn("").env_reward == pytest.approx(-0.1)
+    assert turn("Up walk, Down walk.", penalty=0.0).reward == pytest.approx(-0.1)  # off: claims counted, not charged
+    assert turn("Up walk, Down walk.", penalty=0.0).claims_true == 1
+    # An environment that checks no claims is never charged (a validation environment of a mixture).
+    bandit = gym.make("rllib_ragen/Bandit-v0")
+    bandit.reset(seed=0)
+    pick = parse_reply("<think>anything</think><answer>phoenix</answer>")
+    charged = execute_turn(bandit, pick, actions_left=1, ungrounded_reasoning_penalty=-0.5)
+    assert charged.reward == charged.env_reward and charged.claims_checked == 0
+
+
 def test_invalid_piece_is_skipped_and_penalised():
     reply = parse_reply("<think></think><answer>Right || jump || down</answer>")
     result = execute_turn(_sokoban(), reply, actions_left=10, format_penalty=-0.1)
