@@ -263,8 +263,9 @@ class StarPOConfig(AlgorithmConfig):
                 ``<think>`` does not state truly, wrongly or not at all, e.g. -0.02: a reward for reasoning that reads
                 the state right (VAGEN's idea of rewarding grounded state descriptions, checked here by the
                 environment, ``TextEnv.reasoning_claims``: Sokoban's and FrozenLake's "Up wall, Down walk, ...").
-                Never positive, so a longer episode never earns more. Needs ``enable_thinking`` and training
-                environments that check claims; other validation environments are not charged. 0: off.
+                Never positive, so a longer episode never earns more. Like every penalty it is part of the turn's
+                reward, which the next turn's message shows ("Reward: -0.1"). Needs ``enable_thinking`` and
+                training environments that check claims; other validation environments are not charged. 0: off.
             enable_thinking: require ``<think>...</think>`` before ``<answer>``.
             max_context_tokens: no trajectory grows longer: each reply may take only the room left, an episode with
                 no room for another turn ends (truncated), one whose first prompt leaves no room is not played
