@@ -6,9 +6,10 @@ computed the others, see ``batch.py``), then runs ``num_epochs`` passes of
 ``updates_per_rollout_batch`` optimizer steps, each accumulating gradients over micro-batches. RLlib's own
 minibatch loop is not used: it has no gradient accumulation and would score every minibatch separately.
 
-When the batch is trained by one optimizer step in one micro-batch (the CPU jobs' setting), the scoring pass and
-the step's forward pass would compute the same numbers from the same weights on the same rows: the step's own
-forward pass, detached, is the score, and the batch goes through the model once instead of twice.
+When the batch is trained by one optimizer step (the CPU jobs' setting), the scoring pass and the step's forward
+passes would compute the same numbers from the same weights on the same rows: each micro-batch's own forward pass,
+detached, is its score, and the batch goes through the model once instead of twice. With several micro-batches this
+needs a critic-free estimator: a critic's advantages are whitened over the whole batch's scores before any loss.
 """
 
 from __future__ import annotations
@@ -131,12 +132,11 @@ class StarPOTorchLearner(TorchLearner):
         minibatches = [order[i * size // steps:(i + 1) * size // steps] for order in orders for i in range(steps)]
         micro_size = config.micro_batch_size or size
 
-        if self._step_scores_itself(len(minibatches), micro_size, size):
-            rows = minibatches[0]
-            fwd_out = module.forward_train(_trimmed(data, rows))
-            self._prepare(data, module, config, [rows], scored=[fwd_out])
-            total, applied = self._optimizer_step(data, rows, module, module_id, config, micro_size, first=True,
-                                                  fwd_out=fwd_out)
+        if self._step_scores_itself(len(minibatches), micro_size, size, config):
+            self._start_scores(data, config)
+            total, applied = self._optimizer_step(data, minibatches[0], module, module_id, config, micro_size,
+                                                  first=True, scores_itself=True)
+            self._log_scores(data, config)
             skipped, passes = int(not applied), 1
         else:
             # Score once, in the exact micro-batches the first optimizer step will use: the first step's ratio is 1.
@@ -155,41 +155,54 @@ class StarPOTorchLearner(TorchLearner):
         return {}, {module_id: total}, {}
 
     @staticmethod
-    def _step_scores_itself(optimizer_steps: int, micro_size: int, size: int) -> bool:
-        """Whether the only optimizer step's forward pass can serve as the score: one step, in one micro-batch,
-        sees every row with the weights the score would use."""
-        return optimizer_steps == 1 and micro_size >= size
+    def _step_scores_itself(optimizer_steps: int, micro_size: int, size: int, config) -> bool:
+        """Whether the only optimizer step's forward passes can serve as the score: one step sees every row with
+        the weights the score would use. In several micro-batches only without a critic, whose advantages need
+        the whole batch's values (whitened over it) before the first micro-batch's loss."""
+        one_micro_batch = micro_size >= size
+        return optimizer_steps == 1 and (one_micro_batch or
+                                         not ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic)
 
     @torch.no_grad()
-    def _prepare(self, data: dict, module, config, micro_batches: list[torch.Tensor],
-                 scored: list[dict] | None = None) -> None:
-        """Fill ``old_logp``, ``old_values``, ``ref_logp``, ``token_advantages`` and ``returns`` into ``data``.
+    def _prepare(self, data: dict, module, config, micro_batches: list[torch.Tensor]) -> None:
+        """Score the batch without gradients, in ``micro_batches``, and fill ``old_logp``, ``old_values``,
+        ``ref_logp``, ``token_advantages`` and ``returns`` into ``data``."""
+        self._start_scores(data, config)
+        for rows in micro_batches:
+            inputs = _trimmed(data, rows)
+            self._score(data, module, config, rows, inputs, module.forward_train(inputs))
+        self._finish_scores(data, config)
+        self._log_scores(data, config)
 
-        ``scored``: ``forward_train``'s outputs on ``micro_batches``, already computed by the caller from the
-        current weights (their values are used, not their gradients); None scores them here."""
+    def _start_scores(self, data: dict, config) -> None:
+        """Empty score tensors, filled micro-batch by micro-batch by :meth:`_score`."""
         mask = data["response_mask"]
         data.setdefault("loss_mask", mask)  # a batch not built by prepare_update_batch trains every sampled token
-        old_logp, old_values = torch.zeros_like(mask), torch.zeros_like(mask)
-        ref_logp = torch.zeros_like(mask) if config.kl_coeff > 0 else None
-        for index, rows in enumerate(micro_batches):
-            inputs = _trimmed(data, rows)
-            width = inputs["input_ids"].shape[1]
-            out = module.forward_train(inputs) if scored is None else scored[index]
-            old_logp[rows, :width] = out["logp"].detach()
-            if "values" in out:
-                old_values[rows, :width] = out["values"].detach()
-            if ref_logp is not None:
-                logits = self._reference_logits(module, inputs)
-                ref_logp[rows, :width] = token_logprobs(logits, inputs["input_ids"], config.temperature)
-        behaviour = data["behaviour_logprobs"]
-        gap = ((old_logp - behaviour).abs() * mask)
-        self.metrics.log_value((DEFAULT_MODULE_ID, M.LOGPROB_GAP_MAX), gap.max().item(), window=1)
-        self.metrics.log_value((DEFAULT_MODULE_ID, M.LOGPROB_GAP_MEAN),
-                               (gap.sum() / mask.sum().clamp(min=1)).item(), window=1)
-        data["old_logp"] = old_logp * mask if config.recompute_logprobs else behaviour * mask
-        data["ref_logp"] = ref_logp
+        data["learner_logp"], data["old_values"] = torch.zeros_like(mask), torch.zeros_like(mask)
+        data["ref_logp"] = torch.zeros_like(mask) if config.kl_coeff > 0 else None
         # The critic learns, and the recursion reads, values on the tokens of the advantage mask.
-        value_mask = advantage_recursion_mask(mask, config.advantage_mask)
+        data["value_mask"] = advantage_recursion_mask(mask, config.advantage_mask)
+
+    @torch.no_grad()
+    def _score(self, data: dict, module, config, rows: torch.Tensor, inputs: dict, out: dict) -> None:
+        """Store the score of micro-batch ``rows``: ``out``, ``forward_train``'s output on ``inputs`` at the
+        current weights (its values, not its gradients), and the reference policy's log-probs."""
+        width = inputs["input_ids"].shape[1]
+        data["learner_logp"][rows, :width] = out["logp"].detach()
+        if "values" in out:
+            data["old_values"][rows, :width] = out["values"].detach()
+        if data["ref_logp"] is not None:
+            logits = self._reference_logits(module, inputs)
+            data["ref_logp"][rows, :width] = token_logprobs(logits, inputs["input_ids"], config.temperature)
+
+    @torch.no_grad()
+    def _finish_scores(self, data: dict, config) -> None:
+        """From the scores stored so far: the old log-probs, the advantages (a critic's, or the driver's) and the
+        value targets. Token by token for the critic-free estimators, so rows scored later do not change those
+        already prepared."""
+        mask, behaviour, learner_logp = data["response_mask"], data["behaviour_logprobs"], data["learner_logp"]
+        data["old_logp"] = learner_logp * mask if config.recompute_logprobs else behaviour * mask
+        old_values, value_mask = data["old_values"], data["value_mask"]
         if ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
             inputs = AdvantageInputs(token_rewards=data["token_rewards"], response_mask=value_mask,
                                      returns=data["token_rewards"].sum(-1), group_ids=data["group"], values=old_values)
@@ -198,22 +211,27 @@ class StarPOTorchLearner(TorchLearner):
             advantages = advantages * mask  # only sampled tokens are trained: observation steps keep none
         else:  # computed on the driver from the whole kept batch
             advantages, returns = data["advantages"], torch.zeros_like(mask)
-        if config.max_policy_lag:
-            advantages = advantages * self._importance_weights(old_logp, behaviour, mask, config)
-        data["old_values"], data["token_advantages"], data["returns"] = old_values, advantages, returns
-        data["value_mask"] = value_mask
+        if config.max_policy_lag:  # the off-policy correction of a rollout one update old
+            data["importance_weights"], data["importance_truncated"] = truncated_importance_weights(
+                learner_logp, behaviour, mask, config.importance_weight_cap)
+            advantages = advantages * data["importance_weights"]
+        data["token_advantages"], data["returns"] = advantages, returns
 
-    def _importance_weights(self, old_logp: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor,
-                            config) -> torch.Tensor:
-        """The off-policy correction of a rollout up to ``max_policy_lag`` updates old (see
-        ``truncated_importance_weights``), logged."""
-        weight, truncated = truncated_importance_weights(old_logp, behaviour, mask, config.importance_weight_cap)
+    @torch.no_grad()
+    def _log_scores(self, data: dict, config) -> None:
+        """Log, once per batch, the gap between the rollout's and the learner's log-probs and, with a policy lag,
+        the importance weights (see ``truncated_importance_weights``)."""
+        mask, behaviour, learner_logp = data["response_mask"], data["behaviour_logprobs"], data["learner_logp"]
         tokens = mask.sum().clamp(min=1)
-        self.metrics.log_value((DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_MEAN), (weight.sum() / tokens).item(),
-                               window=1)
-        self.metrics.log_value((DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_TRUNCATED),
-                               (truncated.sum() / tokens).item(), window=1)
-        return weight
+        gap = (learner_logp - behaviour).abs() * mask
+        self.metrics.log_value((DEFAULT_MODULE_ID, M.LOGPROB_GAP_MAX), gap.max().item(), window=1)
+        self.metrics.log_value((DEFAULT_MODULE_ID, M.LOGPROB_GAP_MEAN), (gap.sum() / tokens).item(), window=1)
+        if config.max_policy_lag:
+            weight, truncated = data["importance_weights"], data["importance_truncated"]
+            self.metrics.log_value((DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_MEAN), (weight.sum() / tokens).item(),
+                                   window=1)
+            self.metrics.log_value((DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_TRUNCATED),
+                                   (truncated.sum() / tokens).item(), window=1)
 
     def _reference_logits(self, module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if self._reference is not None:
@@ -294,14 +312,14 @@ class StarPOTorchLearner(TorchLearner):
         return norm
 
     def _optimizer_step(self, data: dict, rows: torch.Tensor, module, module_id, config, micro_size: int,
-                        first: bool, fwd_out: dict | None = None) -> tuple[torch.Tensor, bool]:
+                        first: bool, scores_itself: bool = False) -> tuple[torch.Tensor, bool]:
         """One optimizer step on the minibatch ``rows``, accumulating gradients over micro-batches.
 
         Each micro-batch's loss is weighted by its share of the minibatch's normaliser (tokens for token-mean,
         trajectories for the sequence means), so the accumulated gradient equals the whole minibatch's. Returns
         the loss and whether the step was applied: a non-finite loss or gradient skips it (see
-        :meth:`_skip_non_finite`). ``fwd_out``: ``forward_train``'s output on ``rows`` as one micro-batch, when
-        the caller already ran it.
+        :meth:`_skip_non_finite`). ``scores_itself``: each micro-batch's forward pass is also its score
+        (:meth:`_step_scores_itself`), stored before its loss reads it.
         """
         per_token = config.loss_aggregation == "token-mean"
 
@@ -322,7 +340,7 @@ class StarPOTorchLearner(TorchLearner):
             with contextlib.nullcontext() if sync else module.no_sync():
                 loss = self._micro_loss(data, micro, module, module_id, config, first and index == 0,
                                         policy_share=shares["loss_mask"], value_share=shares["value_mask"],
-                                        fwd_out=fwd_out)
+                                        score=scores_itself)
                 loss.backward()
             total = total + loss.detach()
         gradients = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
@@ -354,15 +372,18 @@ class StarPOTorchLearner(TorchLearner):
         return True
 
     def _micro_loss(self, data: dict, rows: torch.Tensor, module, module_id, config, first: bool, *,
-                    policy_share: torch.Tensor, value_share: torch.Tensor, fwd_out: dict | None = None) -> torch.Tensor:
+                    policy_share: torch.Tensor, value_share: torch.Tensor, score: bool = False) -> torch.Tensor:
         """The loss of micro-batch ``rows``, its policy and value terms weighted by their shares of the minibatch's
-        normalisers, so that the accumulated gradient is the whole minibatch's. ``fwd_out``: the model's output
-        on ``rows`` if already computed."""
+        normalisers, so that the accumulated gradient is the whole minibatch's. ``score``: this forward pass is
+        also the rows' score, stored before the loss reads it."""
         inputs = _trimmed(data, rows)
         width = inputs["input_ids"].shape[1]
+        fwd_out = module.forward_train(inputs)
+        if score:
+            self._score(data, module, config, rows, inputs, fwd_out)
+            self._finish_scores(data, config)
         batch = {**inputs, **{key: data[key][rows, :width] for key in LOSS_COLUMNS if data.get(key) is not None},
                  "policy_share": policy_share, "value_share": value_share}
-        fwd_out = module.forward_train(inputs) if fwd_out is None else fwd_out
         if first:  # before any step: old and new log-probs come from the same weights and the same computation
             deviation = ((fwd_out["logp"] - batch["old_logp"]).abs() * batch["response_mask"]).max().item()
             self.metrics.log_value((module_id, M.FIRST_STEP_LOGPROB_DEVIATION), deviation, window=1)

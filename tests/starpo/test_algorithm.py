@@ -52,8 +52,9 @@ def test_first_update_has_ratio_one_and_rollout_logprobs_match_the_learner(small
 
 
 def test_a_single_step_update_reads_the_batch_once_and_changes_nothing(small_config, monkeypatch):
-    """One optimizer step in one micro-batch: the step's forward pass is the score, so the batch goes through the
-    model once, and the update is the two-pass update bit for bit (GAE with its critic, whitened and not)."""
+    """One optimizer step: the step's forward passes are the score, so the batch goes through the model once, and
+    the update is the two-pass update bit for bit (GAE with its critic, whitened and not, in one micro-batch; GRPO
+    in several)."""
     from rllib_ragen.starpo.llm_rl_module import CausalLMRLModule
     from rllib_ragen.starpo.starpo_learner import StarPOTorchLearner
 
@@ -72,7 +73,24 @@ def test_a_single_step_update_reads_the_batch_once_and_changes_nothing(small_con
             twice = weights_after_one_iteration(config)
             assert len(calls) == 2
         assert all(torch.equal(once[k], twice[k]) for k in once), "the single pass changed the update"
-    # Two optimizer steps per batch need the whole score before the first step: the two-pass path.
+    # In micro-batches, a critic-free estimator (its advantages come from the driver) scores each micro-batch with
+    # its own forward pass too, KL term included: the same update bit for bit.
+    for knobs in (dict(), dict(kl_coeff=0.01)):
+        config = small_config(validation_interval=0, advantage_estimator="grpo", micro_batch_size=1, **knobs)
+        calls.clear()
+        once = weights_after_one_iteration(config)
+        assert [shape[0] for shape in calls] == [1, 1, 1, 1]
+        with monkeypatch.context() as forced:
+            forced.setattr(StarPOTorchLearner, "_step_scores_itself", staticmethod(lambda *args: False))
+            calls.clear()
+            twice = weights_after_one_iteration(config)
+            assert len(calls) == 8
+        assert all(torch.equal(once[k], twice[k]) for k in once), f"the single pass changed the update ({knobs})"
+    # A critic's advantages are whitened over the whole batch's values, so micro-batches score it first; so do two
+    # optimizer steps per batch, which need the whole score before the first step.
+    calls.clear()
+    weights_after_one_iteration(small_config(validation_interval=0, micro_batch_size=1))
+    assert len(calls) == 8  # the 4 trajectories scored, then stepped
     calls.clear()
     weights_after_one_iteration(small_config(validation_interval=0, updates_per_rollout_batch=2))
     assert len(calls) == 4  # a score of each half, then each half's step
