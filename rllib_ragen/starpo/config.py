@@ -260,12 +260,14 @@ class StarPOConfig(AlgorithmConfig):
                 0 (the reference's): such a move costs only the move. Validation returns include it too; success
                 does not depend on it.
             ungrounded_reasoning_penalty: added to a turn's reward for each action whose effect the turn's
-                ``<think>`` does not state truly, wrongly or not at all, e.g. -0.02: a reward for reasoning that reads
+                ``<think>`` does not state truly, wrongly or not at all, e.g. -0.05: a reward for reasoning that reads
                 the state right (VAGEN's idea of rewarding grounded state descriptions, checked here by the
                 environment, ``TextEnv.reasoning_claims``: Sokoban's and FrozenLake's "Up wall, Down walk, ...").
                 Never positive, so a longer episode never earns more. Like every penalty it is part of the turn's
                 reward, which the next turn's message shows ("Reward: -0.1"). Needs ``enable_thinking`` and
                 training environments that check claims; other validation environments are not charged. 0: off.
+                On the tiny model's Sokoban runs it kept the claims that hold at 0.78 where RL without it let them
+                fall to 0.45, with no better play (docs/results.md).
             enable_thinking: require ``<think>...</think>`` before ``<answer>``.
             max_context_tokens: no trajectory grows longer: each reply may take only the room left, an episode with
                 no room for another turn ends (truncated), one whose first prompt leaves no room is not played
