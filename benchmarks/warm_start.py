@@ -1,10 +1,12 @@
-"""Supervised warm-start steps: the shared prompt read once, and length-grouped batches, against the plain pass.
+"""Supervised warm-start steps: the shared prompt read once, length-grouped batches and bfloat16 autocast, against
+the plain pass.
 
 Collects a main job's demonstrations (its config and demonstration policy, the tiny model's tokenizer), then runs
-``supervised_warm_start`` for the same number of steps from the same initial weights three times: every row through
+``supervised_warm_start`` for the same number of steps from the same initial weights four times: every row through
 the whole model (``model(...)``, the warm start before ``forward_sharing_prefix``), the prefix all rows share read
-once (the default), and that plus ``group_by_length=True``. Prints seconds per step, padded tokens per batch and the share
-of them that are real, and each one's speed-up over the first.
+once (the default), that plus ``group_by_length=True``, and the default with ``precision="bfloat16"``. Prints
+seconds per step, padded tokens per batch and the share of them that are real, the loss, and each one's speed-up
+over the first.
 
     python benchmarks/warm_start.py [--job frozenlake|sokoban] [--steps 60] [--episodes 1000] [--threads 2]
 """
@@ -59,18 +61,20 @@ def main() -> None:
         return {"logits": model(input_ids=ids, attention_mask=attention, use_cache=False).logits}
 
     rows = {}
-    for name, logits_fn, grouped in (("every row whole", plain_pass, False),
-                                     ("shared prefix", forward_sharing_prefix, False),
-                                     ("shared + grouped", forward_sharing_prefix, True)):
+    for name, logits_fn, grouped, precision in (("every row whole", plain_pass, False, "float32"),
+                                                ("shared prefix", forward_sharing_prefix, False, "float32"),
+                                                ("shared + grouped", forward_sharing_prefix, True, "float32"),
+                                                ("shared, bfloat16", forward_sharing_prefix, False, "bfloat16")):
         sft.forward_sharing_prefix = logits_fn
         model, _ = load_policy("tiny", seed=0)
         supervised_warm_start(model, demos, steps=3, batch_size=job.warm_start_batch_size, lr=job.warm_start_lr,
-                              pad_token_id=tokenizer.pad_token_id, log_every=0)  # warm-up: allocator, kernels
+                              pad_token_id=tokenizer.pad_token_id, log_every=0,
+                              precision=precision)  # warm-up: allocator, kernels
         model, _ = load_policy("tiny", seed=0)
         t0 = time.perf_counter()
         losses = supervised_warm_start(model, demos, steps=args.steps, batch_size=job.warm_start_batch_size,
                                        lr=job.warm_start_lr, pad_token_id=tokenizer.pad_token_id, log_every=0,
-                                       group_by_length=grouped)
+                                       group_by_length=grouped, precision=precision)
         seconds = (time.perf_counter() - t0) / args.steps
         tokens, real_share = padding(lengths, job.warm_start_batch_size, args.steps, grouped)
         rows[name] = seconds

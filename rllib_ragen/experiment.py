@@ -94,7 +94,8 @@ def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pat
                                    lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id,
                                    average_decay=job.warm_start_average_decay,
                                    lr_schedule=job.warm_start_lr_schedule,
-                                   group_by_length=job.warm_start_group_by_length)
+                                   group_by_length=job.warm_start_group_by_length,
+                                   precision=job.warm_start_precision)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     # Which states the model was shown, so that a run started later from this folder (--model) still counts them

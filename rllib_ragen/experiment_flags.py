@@ -25,7 +25,7 @@ import torch
 
 from .experiment_outputs import keep_notices_off_the_console
 from .rollout.vllm_backend import vllm_available
-from .sft import LR_SCHEDULES
+from .sft import LR_SCHEDULES, WARM_START_PRECISIONS
 
 
 def _help(text: str, **kwargs):
@@ -55,6 +55,9 @@ class JobSettings:
     warm_start_group_by_length: bool = _help("batch warm-start demonstrations of similar length together: less "
                                              "padding, up to half the time per step; judge it by held-out success "
                                              "(README)", default=False)
+    warm_start_precision: str = _help("the warm start's forward pass: 'float32', or 'bfloat16' autocast (weights, "
+                                      "optimizer and loss stay float32; ~1.4x faster per step on a CPU with "
+                                      "AVX-512 BF16, and on GPUs)", default="float32")
     pass_bar: float = _help("least rise of validation success over the warm start that counts as learning",
                             default=0.05)
     checkpoint_interval: int = _help("save the algorithm to output_dir/checkpoint every N iterations and after "
@@ -93,6 +96,9 @@ class JobSettings:
         if self.warm_start_lr_schedule not in LR_SCHEDULES:
             errors.append(f"warm_start_lr_schedule={self.warm_start_lr_schedule!r}: choose one of "
                           f"{list(LR_SCHEDULES)}.")
+        if self.warm_start_precision not in WARM_START_PRECISIONS:
+            errors.append(f"warm_start_precision={self.warm_start_precision!r}: choose one of "
+                          f"{list(WARM_START_PRECISIONS)}.")
         for name in ("resume", "verbose", "warm_start_group_by_length"):
             if not isinstance(getattr(self, name), bool):
                 errors.append(f"{name}={getattr(self, name)!r} must be True or False.")
