@@ -83,12 +83,13 @@ def test_the_warm_start_updates_at_the_scheduled_learning_rate(bandit_demos, mon
     assert LrRecordingAdamW.rates == pytest.approx(expected, abs=1e-8)
 
 
-def test_an_unknown_warm_start_lr_schedule_is_refused(bandit_demos):
+@pytest.mark.parametrize("argument, value", [("lr_schedule", "linear"), ("precision", "float16")])
+def test_an_unknown_warm_start_choice_is_refused_naming_the_setting(bandit_demos, argument, value):
     demos, pad = bandit_demos
-    with pytest.raises(ValueError, match="lr_schedule='linear'"):
-        supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, pad_token_id=pad, lr_schedule="linear")
-    with pytest.raises(ValueError, match="warm_start_lr_schedule"):
-        JobSettings(warm_start_lr_schedule="linear").validate()
+    with pytest.raises(ValueError, match=f"{argument}='{value}'"):
+        supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, pad_token_id=pad, **{argument: value})
+    with pytest.raises(ValueError, match=f"warm_start_{argument}='{value}'"):
+        JobSettings(**{f"warm_start_{argument}": value}).validate()
 
 
 class MatmulDtypes(torch.overrides.TorchFunctionMode):
@@ -121,14 +122,6 @@ def test_a_bfloat16_warm_start_multiplies_in_bfloat16_and_keeps_float32_weights_
     assert all(w.dtype == torch.float32 for w in weights16)
     assert losses16 == pytest.approx(losses32, rel=0.03) and losses16 != losses32
     assert any(not torch.equal(a, b) for a, b in zip(weights16, weights32))
-
-
-def test_an_unknown_warm_start_precision_is_refused(bandit_demos):
-    demos, pad = bandit_demos
-    with pytest.raises(ValueError, match="precision='float16'"):
-        supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, pad_token_id=pad, precision="float16")
-    with pytest.raises(ValueError, match="warm_start_precision='fp16'"):
-        JobSettings(warm_start_precision="fp16").validate()
 
 
 def test_plain_batches_walk_random_passes_that_run_into_each_other():
