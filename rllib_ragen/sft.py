@@ -119,10 +119,11 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
             the time of 900 plain ones, played new maps worse (README).
         precision: ``"float32"``, or ``"bfloat16"``: the forward pass runs under bfloat16 autocast (matrix
             products in bfloat16) while the weights, their gradients, AdamW's moments and the loss stay float32,
-            so the saved model and RL after it are float32 as before. The tiny model's steps took 0.30 s instead of
-            0.43 on a 2-core CPU with AVX-512 BF16 (``benchmarks/warm_start.py``); a CPU without bfloat16 support
-            may be slower, not faster. On the solid-ice lake 900 such steps played the 256 held-out maps as well
-            as float32 ones (seed 1, paired: -0.004 [-0.065, +0.057]; README).
+            so the saved model and RL after it are float32 as before. A step of the tiny model on the FrozenLake
+            job's demonstrations took 0.363 s instead of 0.510 on a 2-core CPU with AVX-512 BF16
+            (``benchmarks/warm_start.py``); a CPU without bfloat16 support may be slower, not faster. On the
+            solid-ice lake 900 such steps played the 256 held-out maps as well as float32 ones (seed 1, paired:
+            -0.004 [-0.065, +0.057]; docs/results.md, FrozenLake).
 
     Returns:
         The loss of every step (mean over reply tokens).
