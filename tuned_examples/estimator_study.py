@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -42,13 +43,16 @@ from rllib_ragen import metrics as M
 from rllib_ragen.experiment import LEARNER, TRAINING, flatten_result, warm_start
 from rllib_ragen.experiment_outputs import (keep_notices_off_the_console, send_notices_to, trajectory_outcomes,
                                           write_text_atomically)
-from rllib_ragen.experiment_flags import user_model_config
+from rllib_ragen.experiment_flags import JobSettings, user_model_config
 from rllib_ragen.paired_stats import paired_comparison
 from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
 
 HERE = pathlib.Path(__file__).resolve().parent
 ESTIMATORS = ("gae", "bi_level_gae", "turn_gae", "gigpo", "grpo")
 BASELINE = "gae"
+# The main job's warm-start settings a study may override; flags with JobSettings' own help texts.
+WARM_START_FIELDS = ("warm_start_steps", "warm_start_episodes", "warm_start_lr", "warm_start_average_decay",
+                     "warm_start_precision")
 # environment -> (main job it takes its settings and warm start from, env_config, demonstration policy, iterations)
 STUDIES = {
     "frozenlake": ("starpo_frozenlake", {}, lambda config: frozen_lake_optimal_policy(False, is_slippery=False), 25),
@@ -139,14 +143,10 @@ def main(argv=None) -> int:
     parser.add_argument("--iterations", type=int, help="StarPO iterations per estimator (default: the study's)")
     parser.add_argument("--validation-size", type=int, default=512, help="held-out states played before and after")
     parser.add_argument("--output-dir", default="outputs/estimator_study")
-    parser.add_argument("--warm-start-steps", type=int, help="supervised warm-start steps (default: the job's)")
-    parser.add_argument("--warm-start-episodes", type=int, help="demonstration episodes (default: the job's)")
-    parser.add_argument("--warm-start-lr", type=float, help="supervised warm-start learning rate (default: the job's)")
-    parser.add_argument("--warm-start-average-decay", type=float,
-                        help="end the warm start on a moving average of its weights, 0: the last weights (default: "
-                             "the job's)")
-    parser.add_argument("--warm-start-precision", help="the warm start's forward pass, 'float32' or 'bfloat16' "
-                                                       "(default: the job's)")
+    help_texts = {f.name: f.metadata["help"] for f in dataclasses.fields(JobSettings)}
+    for name in WARM_START_FIELDS:
+        parser.add_argument("--" + name.replace("_", "-"), type=type(getattr(JobSettings(), name)),
+                            help=f"{help_texts[name]} (default: the job's)")
     parser.add_argument("--lr", type=float, help="the actor's RL learning rate (default: the job's)")
     args = parser.parse_args(argv)
     estimators = [name.strip() for name in args.estimators.split(",") if name.strip()]
@@ -165,8 +165,7 @@ def main(argv=None) -> int:
     config, job = study_config(args.env, args.validation_size)
     if args.lr is not None:
         config.training(lr=args.lr)
-    for field in ("warm_start_steps", "warm_start_episodes", "warm_start_lr", "warm_start_average_decay",
-                  "warm_start_precision"):
+    for field in WARM_START_FIELDS:
         if getattr(args, field) is not None:
             setattr(job, field, getattr(args, field))
     try:
