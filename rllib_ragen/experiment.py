@@ -12,7 +12,8 @@ scalar result, named by its path in the result: ``env_runners/...``, ``learners/
 text), ``policy/`` (the trained model, loadable by plain transformers), ``summary.json`` (before/after validation
 metrics, throughput, wall time), ``job.log``, ``sentinel.json`` (the sentinel's firings),
 ``training_rollouts.parquet`` (a training sample at every probe iteration, with token advantages), ``rollouts.html``
-(the rollout viewer), ``warm_start/`` (the SFT model) and ``checkpoint/`` (the algorithm every
+(the rollout viewer), ``warm_start/`` (the SFT model), ``warm_start_curve.csv`` (greedy held-out success during
+the warm start, with ``warm_start_eval_interval``) and ``checkpoint/`` (the algorithm every
 ``checkpoint_interval`` iterations and after the last; ``resume`` continues from it).
 
 Example::
@@ -42,7 +43,7 @@ from .collapse import reasoning_entropy
 from .experiment_flags import JobSettings, parse_job_args, user_model_config
 from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
                                  CHECKPOINT, LATEST, LEARNER, SENTINEL_FILE, SMOOTHING, TRAINING, TRAINING_ROLLOUTS,
-                                 VALIDATED_AT, VALIDATION, TensorBoardLog,
+                                 VALIDATED_AT, VALIDATION, WARM_START_CURVE, TensorBoardLog,
                                  check_output_paths, check_resume, close_run_log, keep_notices_off_the_console,
                                  keep_rollouts_up_to, plot_learning_curve, read_csv, read_first_reasonings,
                                  read_outcomes, read_reasoning_claims, resolve_run_folder,
@@ -90,12 +91,15 @@ def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pat
         raise ValueError(f"A demonstrated reply takes {longest} tokens, more than max_new_tokens_per_turn="
                          f"{config.max_new_tokens_per_turn} lets the policy write; raise it to at least {longest} "
                          f"(--max-new-tokens-per-turn {longest}) or demonstrate shorter replies.")
+    curve = (held_out_greedy_curve(config, model, tokenizer, path.parent / WARM_START_CURVE)
+             if job.warm_start_eval_interval else None)
     losses = supervised_warm_start(model, demos, steps=job.warm_start_steps, batch_size=job.warm_start_batch_size,
                                    lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id,
                                    average_decay=job.warm_start_average_decay,
                                    lr_schedule=job.warm_start_lr_schedule,
                                    group_by_length=job.warm_start_group_by_length,
-                                   precision=job.warm_start_precision)
+                                   precision=job.warm_start_precision,
+                                   evaluate=curve, evaluate_every=job.warm_start_eval_interval)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     # Which states the model was shown, so that a run started later from this folder (--model) still counts them
@@ -106,6 +110,38 @@ def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pat
           f"{job.warm_start_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     return str(path)
+
+
+def held_out_greedy_curve(config, model, tokenizer, path: pathlib.Path) -> Callable[[int, str], None]:
+    """An ``evaluate`` for ``supervised_warm_start``: each call plays the config's validation states greedily with
+    ``model`` as it is, adds a row (step, weights, greedy success pooled and per environment, format errors) to the
+    CSV at ``path``, rewritten whole each time so that a stopped run keeps its points, and prints it."""
+    from .rollout.backends import HFBackend, SamplingParams
+    from .rollout.engine import RolloutEngine, rollout_metrics
+
+    starts = config.validation_starts()
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=config.max_new_tokens_per_turn)
+    rows: list[dict] = []
+
+    def evaluate(step: int, weights: str) -> None:
+        t0 = time.perf_counter()
+        # A fresh backend each time: the weights changed in place, so an earlier call's KV cache is stale.
+        backend = HFBackend(model, tokenizer, max_batch_size=config.inference_batch_size)
+        trajectories, _ = RolloutEngine(config.rollout_config(), backend, tokenizer).rollout(starts, 1, greedy,
+                                                                                             sample_seed=0)
+        metrics = rollout_metrics(trajectories, 1)
+        row = {"step": step, "weights": weights, M.SUCCESS: metrics[M.env_metric(M.POOLED, M.SUCCESS)],
+               M.FORMAT_ERROR_RATE: metrics[M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE)]}
+        if config.is_mixture:
+            row.update({M.env_metric(e.name, M.SUCCESS): metrics.get(M.env_metric(e.name, M.SUCCESS), math.nan)
+                        for e in config.validation_environments()})
+        rows.append(row)
+        write_csv(path, rows)
+        print(f"warm start step {step}: greedy success {row[M.SUCCESS]:.3f} on {len(starts)} held-out states "
+              f"({weights} weights; format errors {row[M.FORMAT_ERROR_RATE]:.2f} of turns; "
+              f"{time.perf_counter() - t0:.0f} s)", flush=True)
+
+    return evaluate
 
 
 def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str] | None = None,

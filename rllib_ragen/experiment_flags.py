@@ -58,6 +58,10 @@ class JobSettings:
     warm_start_precision: str = _help("the warm start's forward pass: 'float32', or 'bfloat16' autocast (weights, "
                                       "optimizer and loss stay float32; ~1.4x faster per step on a CPU with "
                                       "AVX-512 BF16, and on GPUs)", default="float32")
+    warm_start_eval_interval: int = _help("every N warm-start steps and after the last, play the validation states "
+                                          "greedily (last weights, and averaged ones with averaging) and write "
+                                          "warm_start_curve.csv: see how long the warm start should run (0: off)",
+                                          default=0)
     pass_bar: float = _help("least rise of validation success over the warm start that counts as learning",
                             default=0.05)
     checkpoint_interval: int = _help("save the algorithm to output_dir/checkpoint every N iterations and after "
@@ -80,7 +84,8 @@ class JobSettings:
         errors = []
         least_values = {"iterations": 1, "threads": 1, "warm_start_batch_size": 1, "warm_start_episodes": 0,
                         "warm_start_steps": 0, "checkpoint_interval": 0,  # 0: no warm start / no checkpoints
-                        "warm_start_max_turns": 0}  # 0: the config's max_turns
+                        "warm_start_max_turns": 0,  # 0: the config's max_turns
+                        "warm_start_eval_interval": 0}  # 0: no held-out curve
         for name, least in least_values.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:

@@ -36,11 +36,12 @@ AFTER_ROLLOUTS = "validation_rollouts.parquet"  # the trained policy's
 BEFORE_GREEDY_ROLLOUTS = "validation_before_greedy.parquet"  # the same states played greedily (temperature 0)
 AFTER_GREEDY_ROLLOUTS = "validation_greedy.parquet"
 TRAINING_ROLLOUTS = "training_rollouts.parquet"  # a sample of training episodes every few iterations
+WARM_START_CURVE = "warm_start_curve.csv"  # greedy held-out success during the warm start (warm_start_eval_interval)
 VIEWER_PAGE = "rollouts.html"
 SENTINEL_FILE = "sentinel.json"  # the sentinel's firings over the run
 OUTPUT_FILES = ("metrics.csv", "summary.json", "learning_curve.png", BEFORE_ROLLOUTS, AFTER_ROLLOUTS,
                 BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS, RUN_CONFIG, "job.log", SENTINEL_FILE, TRAINING_ROLLOUTS,
-                VIEWER_PAGE)
+                VIEWER_PAGE, WARM_START_CURVE)
 
 # Where the driver reads its numbers in a flattened result row (paths in Algorithm.train()'s result).
 TRAINING = "env_runners/"

@@ -99,7 +99,8 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
                           batch_size: int = 16, lr: float = 1e-3, weight_decay: float = 0.0, seed: int = 0,
                           pad_token_id: int = 0, log_every: int = 50, average_decay: float = 0.0,
                           lr_schedule: str = "constant", group_by_length: bool = False,
-                          precision: str = "float32") -> list[float]:
+                          precision: str = "float32", evaluate: Callable[[int, str], None] | None = None,
+                          evaluate_every: int = 0) -> list[float]:
     """Fine-tune ``model`` in place on the reply tokens of ``demonstrations`` (cross-entropy, AdamW).
 
     Args:
@@ -124,6 +125,12 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
             (``benchmarks/warm_start.py``); a CPU without bfloat16 support may be slower, not faster. On the
             solid-ice lake 900 such steps played the 256 held-out maps as well as float32 ones (seed 1, paired:
             -0.004 [-0.065, +0.057]; docs/results.md, FrozenLake).
+        evaluate: called as ``evaluate(step, weights)`` after every ``evaluate_every`` steps and after the last, with
+            ``model`` in eval mode holding the last weights (``weights="last"``) and then, when ``average_decay``
+            is set, their average (``"averaged"``); e.g. to play held-out states (the main jobs'
+            ``warm_start_eval_interval``). The training afterwards is the same to the bit as without it: the
+            last weights and the train mode are put back, and the batches come from their own generator.
+        evaluate_every: steps between calls of ``evaluate``; 0 calls it only after the last step.
 
     Returns:
         The loss of every step (mean over reply tokens).
@@ -137,6 +144,8 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         raise ValueError(f"lr_schedule={lr_schedule!r}: choose one of {list(LR_SCHEDULES)}.")
     if precision not in WARM_START_PRECISIONS:
         raise ValueError(f"precision={precision!r}: choose one of {list(WARM_START_PRECISIONS)}.")
+    if evaluate_every < 0:
+        raise ValueError(f"evaluate_every={evaluate_every!r} must be >= 0 (0: evaluate after the last step only).")
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -171,9 +180,32 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         if log_every and (step + 1) % log_every == 0:
             logger.info("warm start step %d/%d: loss %.4f (%.1f s)", step + 1, steps, losses[-1],
                         time.perf_counter() - t0)
+        if evaluate is not None and (step + 1 == steps or (evaluate_every and (step + 1) % evaluate_every == 0)):
+            _evaluate_weights(model, params, averaged, evaluate, step + 1)
     if averaged is not None:
-        with torch.no_grad():
-            for p, avg in zip(params, averaged):
-                p.copy_(avg)
+        _load(params, averaged)
     model.eval()
     return losses
+
+
+@torch.no_grad()
+def _load(params: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    for p, value in zip(params, values):
+        p.copy_(value)
+
+
+def _evaluate_weights(model: torch.nn.Module, params: list[torch.Tensor], averaged: list[torch.Tensor] | None,
+                      evaluate: Callable[[int, str], None], step: int) -> None:
+    """``evaluate(step, "last")`` and, with averaging, ``evaluate(step, "averaged")``; then the last weights and
+    train mode again."""
+    device = params[0].device
+    # A forked RNG: whatever the callable draws, the training after it draws what it would have drawn without it.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model.eval()
+        evaluate(step, "last")
+        if averaged is not None:
+            last = [p.detach().clone() for p in params]
+            _load(params, averaged)
+            evaluate(step, "averaged")
+            _load(params, last)
+    model.train()

@@ -222,3 +222,102 @@ def test_a_saved_warm_start_records_the_demonstrations_it_was_shown(tmp_path):
     assert demonstrated_seeds(str(tmp_path / "warm")) == {
         "rllib_ragen/Sokoban-v0": range(DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + 6)}
     assert demonstrated_seeds("tiny") == {}  # a built-in model was shown nothing
+
+
+def test_evaluating_during_the_warm_start_sees_last_and_averaged_weights_and_leaves_training_bit_exact(bandit_demos):
+    demos, pad = bandit_demos
+    calls = []
+
+    def evaluate(step, weights):
+        calls.append((step, weights, model.training, [p.detach().clone() for p in model.parameters()]))
+
+    model, _ = load_policy("tiny", seed=0)
+    supervised_warm_start(model, demos, steps=5, batch_size=8, lr=2e-3, pad_token_id=pad, log_every=0,
+                          average_decay=0.5, evaluate=evaluate, evaluate_every=2)
+    final = [p.detach().clone() for p in model.parameters()]
+    # After steps 2 and 4 and after the last (5), each with the last weights and then their average, in eval mode.
+    assert [(step, weights) for step, weights, _, _ in calls] == [
+        (2, "last"), (2, "averaged"), (4, "last"), (4, "averaged"), (5, "last"), (5, "averaged")]
+    assert not any(training for _, _, training, _ in calls)
+    # "last" is the plain run's weights at that step (averaging does not change the training path), the final
+    # "averaged" is the model the warm start returns, and the run ends as it would without the calls.
+    for step in (2, 4):
+        seen = next(w for s, kind, _, w in calls if (s, kind) == (step, "last"))
+        assert all(torch.equal(a, b) for a, b in zip(seen, weights_after(step, demos, pad)))
+    assert all(torch.equal(a, b) for a, b in zip(calls[-1][3], final))
+    assert all(torch.equal(a, b) for a, b in zip(final, weights_after(5, demos, pad, average_decay=0.5)))
+    assert any(not torch.equal(a, b) for a, b in zip(calls[-2][3], final))  # last and averaged do differ
+
+
+def test_evaluating_during_a_warm_start_with_dropout_changes_no_dropout_mask(bandit_demos):
+    # With dropout the training draws from the global RNG and depends on train mode: an evaluation that samples
+    # (draws from the same RNG) and switches to eval mode must leave both as they were.
+    demos, pad = bandit_demos
+
+    def run(rng_seed, **kwargs):
+        torch.manual_seed(rng_seed)
+        model, _ = load_policy("tiny", seed=0)
+        for layer in model.model.layers:
+            layer.self_attn.attention_dropout = 0.3
+        supervised_warm_start(model, demos, steps=3, batch_size=8, lr=2e-3, pad_token_id=pad, log_every=0, **kwargs)
+        return [p.detach().clone() for p in model.parameters()]
+
+    plain = run(0)
+    assert any(not torch.equal(a, b) for a, b in zip(run(1), plain))  # the dropout masks do shape the weights
+    evaluated = run(0, evaluate=lambda step, weights: torch.rand(7), evaluate_every=1)
+    assert all(torch.equal(a, b) for a, b in zip(evaluated, plain))
+
+
+def test_a_negative_evaluation_interval_is_refused_naming_the_setting(bandit_demos):
+    demos, pad = bandit_demos
+    with pytest.raises(ValueError, match="evaluate_every=-1"):
+        supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, pad_token_id=pad,
+                              evaluate=lambda step, weights: None, evaluate_every=-1)
+    with pytest.raises(ValueError, match="warm_start_eval_interval=-1"):
+        JobSettings(warm_start_eval_interval=-1).validate()
+
+
+def test_the_warm_start_curve_ends_on_the_saved_models_greedy_play_of_the_validation_states(tmp_path):
+    # What the job's --warm-start-eval-interval writes: its last row must be the model RL starts from, played
+    # greedily on the states the "before" validation plays, here recomputed from the saved folder.
+    import csv
+
+    from rllib_ragen import StarPOConfig
+    from rllib_ragen.experiment import warm_start
+    from rllib_ragen.rollout.backends import HFBackend, SamplingParams
+    from rllib_ragen.rollout.engine import RolloutEngine, rollout_metrics
+    from rllib_ragen.rollout.scripted import random_arm_policy
+
+    config = StarPOConfig().environment("rllib_ragen/Bandit-v0").training(validation_size=16)
+    job = JobSettings(warm_start_episodes=32, warm_start_steps=30, warm_start_eval_interval=15)
+    saved = warm_start(config, job, random_arm_policy(seed=0), tmp_path / "warm_start")
+    with open(tmp_path / "warm_start_curve.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(int(r["step"]), r["weights"]) for r in rows] == [(15, "last"), (30, "last")]
+    model, tokenizer = load_policy(saved)
+    engine = RolloutEngine(config.rollout_config(), HFBackend(model.eval(), tokenizer), tokenizer)
+    trajectories, _ = engine.rollout(config.validation_starts(), 1, SamplingParams(
+        temperature=0.0, max_new_tokens=config.max_new_tokens_per_turn))
+    metrics = rollout_metrics(trajectories, 1)
+    assert len(trajectories) == 16
+    assert float(rows[-1]["success"]) == metrics["rollout/success"]
+    assert float(rows[-1]["format_error_rate"]) == metrics["rollout/format_error_rate"] < 1.0
+
+
+def test_the_warm_start_curve_of_a_mixture_has_each_validation_environments_success(tmp_path):
+    import csv
+
+    from rllib_ragen import StarPOConfig
+    from rllib_ragen.experiment import warm_start
+    from rllib_ragen.rollout.scripted import random_arm_policy
+
+    config = StarPOConfig().environment(
+        train_envs=[{"env": "rllib_ragen/Bandit-v0", "groups": 2}],
+        validation_envs=[{"env": "rllib_ragen/Bandit-v0", "states": 6},
+                         {"env": "rllib_ragen/BanditHeldOut-v0", "states": 6}]).training(num_groups=2)
+    warm_start(config, JobSettings(warm_start_episodes=32, warm_start_steps=40, warm_start_eval_interval=40),
+               random_arm_policy(seed=0), tmp_path / "warm_start")
+    with open(tmp_path / "warm_start_curve.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    per_env = [float(row[f"{name}/success"]) for name in ("rllib_ragen/Bandit-v0", "rllib_ragen/BanditHeldOut-v0")]
+    assert float(row["success"]) == pytest.approx(sum(per_env) / 2)  # six states each: the pooled mean
