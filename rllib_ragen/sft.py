@@ -129,7 +129,8 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
             ``model`` in eval mode holding the last weights (``weights="last"``) and then, when ``average_decay``
             is set, their average (``"averaged"``); e.g. to play held-out states (the main jobs'
             ``warm_start_eval_interval``). The training afterwards is the same to the bit as without it: the
-            last weights and the train mode are put back, and the batches come from their own generator.
+            last weights, the train mode and the global RNG state are put back, and the batches come from their
+            own generator.
         evaluate_every: steps between calls of ``evaluate``; 0 calls it only after the last step.
 
     Returns:
