@@ -116,19 +116,19 @@ def held_out_greedy_curve(config, model, tokenizer, path: pathlib.Path) -> Calla
     """An ``evaluate`` for ``supervised_warm_start``: each call plays the config's validation states greedily with
     ``model`` as it is, adds a row (step, weights, greedy success pooled and per environment, format errors) to the
     CSV at ``path``, rewritten whole each time so that a stopped run keeps its points, and prints it."""
-    from .rollout.backends import HFBackend, SamplingParams
     from .rollout.engine import RolloutEngine, rollout_metrics
+    from .starpo.inference_engines import make_backend
 
-    starts = config.validation_starts()
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=config.max_new_tokens_per_turn)
+    starts, rollout_config = config.validation_starts(), config.rollout_config()
+    # As StarPO.play_validation_states(0.0) plays them after the warm start: the validation's settings, greedy.
+    greedy = dataclasses.replace(config.sampling_params(validation=True), temperature=0.0)
     rows: list[dict] = []
 
     def evaluate(step: int, weights: str) -> None:
         t0 = time.perf_counter()
         # A fresh backend each time: the weights changed in place, so an earlier call's KV cache is stale.
-        backend = HFBackend(model, tokenizer, max_batch_size=config.inference_batch_size)
-        trajectories, _ = RolloutEngine(config.rollout_config(), backend, tokenizer).rollout(starts, 1, greedy,
-                                                                                             sample_seed=0)
+        backend = make_backend("hf", model, tokenizer, config)
+        trajectories, _ = RolloutEngine(rollout_config, backend, tokenizer).rollout(starts, 1, greedy, sample_seed=0)
         metrics = rollout_metrics(trajectories, 1)
         row = {"step": step, "weights": weights, M.SUCCESS: metrics[M.env_metric(M.POOLED, M.SUCCESS)],
                M.FORMAT_ERROR_RATE: metrics[M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE)]}
