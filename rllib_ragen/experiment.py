@@ -41,12 +41,12 @@ import torch
 from . import metrics as M
 from .collapse import reasoning_entropy
 from .experiment_flags import JobSettings, parse_job_args, user_model_config
-from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
-                                 CHECKPOINT, LATEST, LEARNER, SENTINEL_FILE, SMOOTHING, TRAINING, TRAINING_ROLLOUTS,
-                                 VALIDATED_AT, VALIDATION, WARM_START_CURVE, TensorBoardLog,
-                                 check_output_paths, check_resume, close_run_log, keep_notices_off_the_console,
-                                 keep_rollouts_up_to, plot_learning_curve, read_csv, read_first_reasonings,
-                                 read_outcomes, read_reasoning_claims, resolve_run_folder,
+from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS,
+                                 BEFORE_ROLLOUTS, CHECKPOINT, LATEST, LEARNER, SENTINEL_FILE, SMOOTHING, TRAINING,
+                                 TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, WARM_START_CURVE, TensorBoardLog,
+                                 baseline_file, check_output_paths, check_resume, close_run_log,
+                                 keep_notices_off_the_console, keep_rollouts_up_to, plot_learning_curve, read_csv,
+                                 read_first_reasonings, read_outcomes, read_reasoning_claims, resolve_run_folder,
                                  send_notices_to, start_run_folder, state_of, trailing_mean, write_csv, write_rollouts,
                                  write_text_atomically)
 from .held_out import initial_states
@@ -145,7 +145,8 @@ def held_out_greedy_curve(config, model, tokenizer, path: pathlib.Path) -> Calla
 
 
 def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str] | None = None,
-            reference_lines: dict[str, float] | None = None) -> dict:
+            reference_lines: dict[str, float] | None = None,
+            baselines: dict[str, Callable[[str], str]] | None = None) -> dict:
     """Warm start (when a demonstration policy is given), train, and write the outputs. Returns the summary.
 
     The run gets its own folder (``experiment_outputs``); its path is printed first and stored in the summary
@@ -154,8 +155,16 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     policy. The verdict against ``job.pass_bar`` (the least rise of validation success over the warm start that
     counts as learning) is printed and stored in the summary (``success_gain``, ``passed``).
     ``reference_lines`` (e.g. ``{"random policy": 0.22, "optimal policy": 1.0}``) are drawn on the success panel.
+    ``baselines`` (name: a scripted policy, prompt text -> reply, e.g. ``frozen_lake_hole_blind_policy()``) are
+    played on the first training environment's validation states after training, and the greedy agent is paired
+    against each before and after RL: which states it solves that the baseline fails, and the reverse
+    (``summary.json``'s ``baselines``; their episodes under ``baselines/`` in the run folder).
     """
     job.validate(config)
+    files = [baseline_file(name) for name in baselines or {}]  # before any work: each baseline needs its own file
+    if len(set(files)) < len(files):
+        raise ValueError(f"baselines {sorted(baselines)} would share a file ({files}): give them names that differ "
+                         "in their letters or digits.")
     if not job.verbose:
         keep_notices_off_the_console()
     if not config.sentinel_rules and job.sentinel != "off":  # custom rules (--sentinel-rules) replace the built-in
@@ -165,12 +174,13 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     check_resume(out / CHECKPOINT, job.resume)
     start_run_folder(out, config, job)
     try:
-        return _run(config, job, demonstration_policy, out, reference_lines or {})
+        return _run(config, job, demonstration_policy, out, reference_lines or {}, baselines or {})
     finally:
         close_run_log()
 
 
-def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, reference_lines: dict) -> dict:
+def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, reference_lines: dict,
+         baselines: dict) -> dict:
     import ray
 
     if not job.verbose:
@@ -261,6 +271,10 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
         write_rollouts(out / AFTER_ROLLOUTS, algo.last_validation, algo.tokenizer, iteration=algo.iteration)
         write_rollouts(out / AFTER_GREEDY_ROLLOUTS, algo.play_validation_states(0.0), algo.tokenizer,
                        iteration=algo.iteration)
+        if baselines:
+            (out / BASELINES).mkdir(exist_ok=True)
+        for name, policy in baselines.items():
+            write_rollouts(out / baseline_file(name), play_baseline(config, policy, algo.tokenizer), algo.tokenizer)
         algo.export_pretrained(out / "policy")
         write_viewer(out)
     finally:
@@ -274,6 +288,8 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     summary["paired_greedy"] = _paired(out, SAMPLED_AND_GREEDY["greedy"], first)
     summary["reasoning_entropy"] = _reasoning_entropy(out, first)
     summary["reasoning_grounded"] = _reasoning_grounded(out, first)
+    if baselines:
+        summary["baselines"] = _against_baselines(config, out, baselines)
     if config.is_mixture:
         summary["by_env"] = {e.name: {mode: _paired(out, files, {e.name}) for mode, files in SAMPLED_AND_GREEDY.items()}
                              for e in config.validation_environments()}
@@ -286,8 +302,9 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     title = (f"{config.env_name} | model {pathlib.Path(str(base_model)).name} | seed {config.seed} | "
              f"{summary['iterations']} iterations")
+    baseline_lines = {name: b["success"] for name, b in summary.get("baselines", {}).items()}
     plot_learning_curve(out / "learning_curve.png", rows, validations, config.env_name, title,
-                        {"warm start": summary["before"][M.SUCCESS], **reference_lines})
+                        {"warm start": summary["before"][M.SUCCESS], **reference_lines, **baseline_lines})
     _print_table(summary, config)
     _print_paired(summary, config)
     print(f"success gain {summary['success_gain']:+.3f} (bar {job.pass_bar}): "
@@ -394,13 +411,50 @@ def trained_seeds_by_env(config, next_train: int) -> dict[str, list[int]]:
     return by_env
 
 
+def _first_env_validation_names(config) -> set[str]:
+    """The validation environments that are the first training environment: the same environment with the same
+    arguments, whatever their names."""
+    first = config.training_environments()[0]
+    return {e.name for e in config.validation_environments() if (e.env, e.env_config) == (first.env, first.env_config)}
+
+
+def play_baseline(config, policy: Callable[[str], str], tokenizer) -> list:
+    """A scripted ``policy`` on the first training environment's validation states, as many episodes per state
+    as validation plays, in the same agent loop (prompts, budgets, transition seeds): the outcomes a run pairs
+    its agent against (``run_job``'s ``baselines``)."""
+    from .rollout.backends import SamplingParams, ScriptedBackend
+    from .rollout.engine import RolloutEngine
+
+    names = _first_env_validation_names(config)
+    starts = [s for s in config.validation_starts() if not isinstance(s, tuple) or s[0] in names]
+    engine = RolloutEngine(config.rollout_config(), ScriptedBackend(policy, tokenizer), tokenizer)
+    trajectories, _ = engine.rollout(starts, config.validation_group_size,
+                                     SamplingParams(max_new_tokens=config.max_new_tokens_per_turn))
+    return trajectories
+
+
+def _against_baselines(config, out: pathlib.Path, baselines: dict) -> dict:
+    """Per baseline: its success on the states it played, and the greedy agent paired against it before and after
+    RL (``paired_stats``: "before" is the baseline, "after" the agent, so "improved" counts the states the agent
+    solves and the baseline fails)."""
+    names = _first_env_validation_names(config)
+    result = {}
+    for name in baselines:
+        outcomes = read_outcomes(out / baseline_file(name))
+        result[name] = {"file": baseline_file(name), "episodes": len(outcomes),
+                        "success": sum(outcomes.values()) / max(len(outcomes), 1)}
+        for when, agent in (("warm_start", BEFORE_GREEDY_ROLLOUTS), ("after_rl", AFTER_GREEDY_ROLLOUTS)):
+            result[name][when] = _paired(out, (baseline_file(name), agent), names)
+    return result
+
+
 def _held_out(config, out: pathlib.Path, trained: dict[str, list[int]]) -> dict | None:
     """Held-out success on the first training environment's validation states, split by whether training ever
     showed the state and by its optimal solution length (where the environment computes one), sampled and
     greedy (``held_out.py``). A validation environment counts as the training one when it builds the same
     environment with the same arguments, whatever its name."""
     first = config.training_environments()[0]
-    names = {e.name for e in config.validation_environments() if (e.env, e.env_config) == (first.env, first.env_config)}
+    names = _first_env_validation_names(config)
     pairs = {mode: _outcome_pair(out, files, names) for mode, files in SAMPLED_AND_GREEDY.items()}
     pairs = {mode: pair for mode, pair in pairs.items() if pair is not None}
     if not pairs:
@@ -446,6 +500,12 @@ def _print_paired(summary: dict, config) -> None:
             for mode, comparison in comparisons.items():
                 if comparison:
                     print(f"  {env:40s}{mode:9s}{PairedComparison(**comparison).describe()}")
+    for name, baseline in (summary.get("baselines") or {}).items():
+        print(f"against the baseline '{name}' (it -> the greedy agent, on the same {baseline['episodes']} "
+              f"episodes):")
+        for when, label in (("warm_start", "warm start"), ("after_rl", "after RL")):
+            if baseline[when]:
+                print(f"  {label:26s}{PairedComparison(**baseline[when]).describe()}")
     held_out = summary.get("held_out") or {}
     for name, subsets in held_out.get("by_seen", {}).items():
         if isinstance(subsets.get("unseen"), dict) and "p_value" in subsets["unseen"]:

@@ -19,6 +19,7 @@ import logging.handlers
 import math
 import os
 import pathlib
+import re
 import sys
 import time
 
@@ -30,7 +31,8 @@ from .starpo.checkpoints import recover_interrupted_save
 CHECKPOINT = "checkpoint"
 LATEST = "latest"
 RUN_CONFIG = "run_config.json"
-OUTPUT_FOLDERS = ("policy", "warm_start", CHECKPOINT, "tensorboard")
+BASELINES = "baselines"  # scripted baselines' episodes on the validation states (run_job's ``baselines``)
+OUTPUT_FOLDERS = ("policy", "warm_start", CHECKPOINT, "tensorboard", BASELINES)
 BEFORE_ROLLOUTS = "validation_before.parquet"  # the warm start's validation episodes
 AFTER_ROLLOUTS = "validation_rollouts.parquet"  # the trained policy's
 BEFORE_GREEDY_ROLLOUTS = "validation_before_greedy.parquet"  # the same states played greedily (temperature 0)
@@ -313,6 +315,14 @@ def episode_turns(t: Trajectory, tokenizer, advantages: list[float] | None = Non
         })
         previous_end = end
     return turns
+
+
+def baseline_file(name: str) -> str:
+    """Where in the run folder the baseline ``name``'s episodes go: ``baselines/<name, letters and digits>.parquet``."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower()
+    if not slug:
+        raise ValueError(f"baseline name {name!r} has no letter or digit to name its file by.")
+    return f"{BASELINES}/{slug}.parquet"
 
 
 def outcomes_by_state(episodes) -> dict[str, float]:

@@ -30,7 +30,8 @@ import gymnasium as gym
 from rllib_ragen import StarPOConfig
 from rllib_ragen.experiment import JobSettings, run_job
 from rllib_ragen.experiment_flags import apply_job_args, job_parser
-from rllib_ragen.rollout.scripted import FROZEN_LAKE_REASONING, frozen_lake_optimal_policy
+from rllib_ragen.rollout.scripted import (FROZEN_LAKE_REASONING, frozen_lake_hole_blind_policy,
+                                          frozen_lake_optimal_policy)
 
 config = (
     StarPOConfig()
@@ -61,7 +62,7 @@ def gpu_config(config):
 
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
-    """The job flags plus ``--demonstration-reasoning``; returns (config, job, demonstration policy)."""
+    """The job flags plus ``--demonstration-reasoning``; returns (config, job, demonstration policy, baselines)."""
     parser = job_parser(config, job, description)
     parser.add_argument("--demonstration-reasoning", choices=FROZEN_LAKE_REASONING, default="plain",
                         help="the demonstrated <think> line, with --enable-thinking: 'plain' a fixed sentence; "
@@ -72,11 +73,15 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
         parser.error(f"--demonstration-reasoning {cli.demonstration_reasoning} writes a <think> line, and this run "
                      f"has enable_thinking=False; add --enable-thinking.")
     slippery = gym.make(config.env, **config.env_config).unwrapped.is_slippery
-    return config, job, frozen_lake_optimal_policy(config.enable_thinking, slippery, cli.demonstration_reasoning)
+    # The agent is paired against this on the held-out maps: a policy that has found the goal but not the holes
+    # plays it move for move (the job's warm starts did, on 243-253 of 256 maps: README).
+    baselines = {"hole-blind policy": frozen_lake_hole_blind_policy(config.enable_thinking, slippery)}
+    return (config, job, frozen_lake_optimal_policy(config.enable_thinking, slippery, cli.demonstration_reasoning),
+            baselines)
 
 
 if __name__ == "__main__":
-    config, job, demonstrations = parse_args(config, job)
+    config, job, demonstrations, baselines = parse_args(config, job)
     measured_on = (config.env, config.max_actions_per_episode, config.validation_seed_start) == (
         "rllib_ragen/FrozenLakeNotSlippery-v0", 10, 123)  # the lines hold for the maps and budget they were measured on
-    run_job(config, job, demonstrations, SOLID_ICE_REFERENCE_LINES if measured_on else None)
+    run_job(config, job, demonstrations, SOLID_ICE_REFERENCE_LINES if measured_on else None, baselines)

@@ -2,7 +2,8 @@
 
 They read the state from the prompt text, as a model would, and answer with an optimal plan: the Sokoban
 solver's moves, or FrozenLake's finite-horizon optimal move. They serve tests (the loop must reach their
-known success rates) and demonstrations for warm-start fine-tuning.
+known success rates), demonstrations for warm-start fine-tuning, and baselines a job pairs its agent against
+(``frozen_lake_hole_blind_policy``).
 """
 
 from __future__ import annotations
@@ -67,15 +68,32 @@ def frozen_lake_optimal_policy(enable_thinking: bool = True, is_slippery: bool =
     """
     if reasoning not in FROZEN_LAKE_REASONING:
         raise ValueError(f"reasoning={reasoning!r}: choose one of {list(FROZEN_LAKE_REASONING)}.")
-    to_letter = {LAKE_SYMBOLS["frozen"]: "F", LAKE_SYMBOLS["hole"]: "H", LAKE_SYMBOLS["goal"]: "G",
+    return _lake_policy(enable_thinking, is_slippery, reasoning, sees_holes=True)
+
+
+def frozen_lake_hole_blind_policy(enable_thinking: bool = True, is_slippery: bool = True):
+    """The optimal policy of the same map with every hole turned to ice: it heads for the goal as if there were no
+    holes, and steps into one whenever one lies on its way. A baseline for a learned policy: one that has found
+    the goal on the map but not the holes next to it plays like this, move for move (the FrozenLake job pairs
+    its agent against it on the held-out maps). Same arguments as :func:`frozen_lake_optimal_policy`."""
+    return _lake_policy(enable_thinking, is_slippery, "plain", sees_holes=False)
+
+
+_LAKE_LETTERS = {LAKE_SYMBOLS["frozen"]: "F", LAKE_SYMBOLS["hole"]: "H", LAKE_SYMBOLS["goal"]: "G",
                  LAKE_SYMBOLS["player"]: "S"}
+
+
+def _lake_policy(enable_thinking: bool, is_slippery: bool, reasoning: str, sees_holes: bool):
+    """The finite-horizon optimal move of the map in the last message (``sees_holes=False``: of that map with its
+    holes turned to ice), with its reply."""
 
     def policy(prompt: str) -> str:
         message = last_turn_message(prompt)
         state, left = message.observation, message.actions_left
-        rows = ["".join(to_letter.get(ch, "F") for ch in row) for row in state.splitlines()]
+        rows = ["".join(_LAKE_LETTERS.get(ch, "F") for ch in row) for row in state.splitlines()]
+        planned = rows if sees_holes else [row.replace("H", "F") for row in rows]
         position = state.replace("\n", "").index(LAKE_SYMBOLS["player"])
-        lake = FrozenLakeEnv(desc=rows, is_slippery=is_slippery)
+        lake = FrozenLakeEnv(desc=planned, is_slippery=is_slippery)
         _, actions = optimal_policy(lake.P, len(rows) ** 2, max(left, 1))
         move = LAKE_ACTIONS[int(actions[max(left, 1), position])]
         if reasoning == "effects":

@@ -4,7 +4,8 @@ import pytest
 
 from rllib_ragen.rollout.context import (ChatFormat, TemplateError, TurnMessage, last_turn_message, turn_message)
 from rllib_ragen.rollout.models import build_tiny_tokenizer
-from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
+from rllib_ragen.rollout.scripted import (frozen_lake_hole_blind_policy, frozen_lake_optimal_policy,
+                                          sokoban_solver_policy)
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +83,18 @@ def test_scripted_policies_read_the_state_through_the_same_parser():
         "<think>Left edge, Down hole, Right ice, Up edge.</think><answer>Right</answer>")
     with pytest.raises(ValueError, match="reasoning='plan'"):
         frozen_lake_optimal_policy(reasoning="plan")
+
+
+def test_the_hole_blind_policy_steps_into_the_hole_the_optimal_policy_walks_around():
+    def first_move(policy, lake):
+        return policy(enable_thinking=False, is_slippery=False)(turn_message(lake, turn=1, actions_left=10))
+
+    # Solid ice, the goal two cells right of the player and a hole between them. Ignoring holes, the only
+    # two-move path is Right, Right; the optimal policy goes around below (Down, Right, Right, Up: Up is the edge).
+    lake = "POG_\n____\n____\n____"
+    assert first_move(frozen_lake_hole_blind_policy, lake) == "<answer>Right</answer>"
+    assert first_move(frozen_lake_optimal_policy, lake) == "<answer>Down</answer>"
+    # A hole off the way changes nothing: both head straight for the goal.
+    lake = "P_G_\nO___\n____\n____"
+    assert first_move(frozen_lake_hole_blind_policy, lake) == first_move(frozen_lake_optimal_policy, lake) == (
+        "<answer>Right</answer>")
