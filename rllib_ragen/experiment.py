@@ -156,7 +156,7 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     counts as learning) is printed and stored in the summary (``success_gain``, ``passed``).
     ``reference_lines`` (e.g. ``{"random policy": 0.22, "optimal policy": 1.0}``) are drawn on the success panel.
     ``baselines`` (name: a scripted policy, prompt text -> reply, e.g. ``frozen_lake_hole_blind_policy()``) are
-    played on the first training environment's validation states after training, and the greedy agent is paired
+    played on the first training environment's validation states before RL, and the greedy agent is paired
     against each before and after RL: which states it solves that the baseline fails, and the reverse
     (``summary.json``'s ``baselines``; their episodes under ``baselines/`` in the run folder).
     """
@@ -216,6 +216,11 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     clock = _Clock(job.iterations, config.validation_interval)
     tensorboard = TensorBoardLog(out / "tensorboard")
     try:
+        # Played first (seconds), so that a baseline that cannot play these states fails before any RL.
+        if baselines:
+            (out / BASELINES).mkdir(exist_ok=True)
+        for name, policy in baselines.items():
+            write_rollouts(out / baseline_file(name), play_baseline(config, policy, algo.tokenizer), algo.tokenizer)
         if job.resume:
             algo.restore_from_path(out / CHECKPOINT)
             rows = read_csv(out / "metrics.csv", up_to=algo.iteration)
@@ -271,10 +276,6 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
         write_rollouts(out / AFTER_ROLLOUTS, algo.last_validation, algo.tokenizer, iteration=algo.iteration)
         write_rollouts(out / AFTER_GREEDY_ROLLOUTS, algo.play_validation_states(0.0), algo.tokenizer,
                        iteration=algo.iteration)
-        if baselines:
-            (out / BASELINES).mkdir(exist_ok=True)
-        for name, policy in baselines.items():
-            write_rollouts(out / baseline_file(name), play_baseline(config, policy, algo.tokenizer), algo.tokenizer)
         algo.export_pretrained(out / "policy")
         write_viewer(out)
     finally:

@@ -57,3 +57,14 @@ def test_baselines_are_filed_by_name_and_two_names_may_not_share_a_file(tmp_path
     with pytest.raises(ValueError, match="would share a file"):  # refused before any work: no run folder
         run_job(StarPOConfig().environment(SOLID_ICE), job, baselines={"hole blind": policy, "hole-blind": policy})
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_baseline_that_cannot_play_the_states_stops_the_run_before_any_rl(tmp_path, ray_session, small_config):
+    def not_a_lake_policy(prompt):
+        raise KeyError("this policy reads lakes, not Sokoban boards")
+
+    job = JobSettings(output_dir=str(tmp_path), iterations=2, threads=1)
+    with pytest.raises(KeyError, match="reads lakes"):
+        run_job(small_config(), job, baselines={"lake policy": not_a_lake_policy})
+    run = (tmp_path / "latest").resolve()
+    assert run.is_dir() and not (run / "metrics.csv").exists() and not (run / "checkpoint").exists()
