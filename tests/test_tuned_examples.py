@@ -117,9 +117,14 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
         assert not any(key.startswith("env_runners/" + names[-1]) for key in rows[0])  # validated, not trained
     else:
         assert "by_env" not in summary
-    if example == "starpo_frozenlake.py":  # the greedy agent paired against the hole-blind policy on the same maps
-        baseline = summary["baselines"]["hole-blind policy"]
+    # The greedy agent paired against the job's scripted baseline on the same states (for the mixture, the states of
+    # its training environment only).
+    baseline_of = {"starpo_frozenlake.py": "hole-blind policy", "generalization.py": "random moves"}
+    if example in baseline_of:
+        name = baseline_of[example]
+        baseline = summary["baselines"][name]
         played = pq.read_table(run / baseline["file"]).to_pylist()
+        assert {r["env"] for r in played} == {env}
         assert sorted(r["seed"] for r in played) == sorted(r["seed"] for r in rollouts)
         assert baseline["episodes"] == 8 and baseline["success"] == sum(r["success"] for r in played) / 8
         for when, agent in (("warm_start", "before"), ("after_rl", "after")):
@@ -127,7 +132,7 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
             assert baseline[when]["after"] == summary["paired_greedy"][agent]
             solved = {r["seed"]: r["success"] for r in greedy[agent]}  # the maps the agent solves and it fails
             assert baseline[when]["improved"] == sum(solved[r["seed"]] and not r["success"] for r in played)
-        assert "against the baseline 'hole-blind policy'" in done.stdout
+        assert f"against the baseline '{name}'" in done.stdout
     else:
         assert "baselines" not in summary
     if example == "generalization.py":  # Sokoban: success by optimal solution length covers every state once

@@ -32,5 +32,5 @@ job = dataclasses.replace(sokoban["job"], output_dir="outputs/generalization", e
 
 if __name__ == "__main__":
     # That job's flags, --demonstration-moves-per-reply among them, and its demonstrations.
-    config, job, demonstrations = sokoban["parse_args"](config, job, description=__doc__.splitlines()[0])
-    run_job(config, job, demonstrations)
+    config, job, demonstrations, baselines = sokoban["parse_args"](config, job, description=__doc__.splitlines()[0])
+    run_job(config, job, demonstrations, baselines=baselines)  # random moves, on the held-out 6x6 levels

@@ -15,7 +15,8 @@ success by only 1-4 points in the same time. ``--env-config '{"reward": "shaped"
 from rllib_ragen import StarPOConfig
 from rllib_ragen.experiment import JobSettings, run_job
 from rllib_ragen.experiment_flags import apply_job_args, job_parser
-from rllib_ragen.rollout.scripted import SOKOBAN_REASONING, sokoban_solver_policy
+from rllib_ragen.envs.sokoban_levels import ACTION_NAMES
+from rllib_ragen.rollout.scripted import SOKOBAN_REASONING, random_moves_policy, sokoban_solver_policy
 
 config = (
     StarPOConfig()
@@ -32,10 +33,11 @@ config = (
 job = JobSettings(output_dir="outputs/starpo_sokoban", iterations=80, warm_start_episodes=2000, warm_start_steps=500,
                   pass_bar=0.05,  # validation success must rise at least this much over the warm start
                   expected_minutes=17)
-# Measured on the 256 validation levels: 10 uniformly random moves (8 plays each) solve 0.308 of them, and the
-# solver solves 0.996 within the job's 10 moves. Random moves are a strong baseline on these small levels: the
-# agent, unlike them, also loses turns to format errors.
-REFERENCE_LINES = {"random moves": 0.308, "optimal policy": 0.996}
+# Measured on the 256 validation levels: the solver solves 0.996 within the job's 10 moves. Random moves are a
+# strong baseline on these small levels (10 of them, 8 plays each: 0.308), and the job plays them on its own
+# validation levels and pairs its greedy agent against them (parse_args' baselines): the agent, unlike them, also
+# loses turns to format errors.
+REFERENCE_LINES = {"optimal policy": 0.996}
 # Each demonstrated reply shows as many moves of the solver's plan as a reply may carry (max_actions_per_turn).
 # One move per reply (--demonstration-moves-per-reply 1: the model learns the next move and reads the board again
 # each turn) plays better after RL, and with ten turns of it (--max-turns 10 --warm-start-max-turns 5) and 120
@@ -53,7 +55,7 @@ REFERENCE_LINES = {"random moves": 0.308, "optimal policy": 0.996}
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
     """The job flags plus ``--demonstration-moves-per-reply`` and ``--demonstration-reasoning``; returns (config,
-    job, demonstration policy)."""
+    job, demonstration policy, baselines)."""
     parser = job_parser(config, job, description)
     parser.add_argument("--demonstration-moves-per-reply", type=int, default=None, metavar="INT",
                         help="moves of the solver's plan shown in each demonstrated reply, 1 to max_actions_per_turn "
@@ -68,11 +70,13 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
     if not 1 <= moves <= config.max_actions_per_turn:
         parser.error(f"--demonstration-moves-per-reply is {moves}; it must be between 1 "
                      f"and max_actions_per_turn ({config.max_actions_per_turn}): the protocol cuts a longer reply.")
-    return config, job, sokoban_solver_policy(moves, config.enable_thinking, cli.demonstration_reasoning)
+    baselines = {"random moves": random_moves_policy(ACTION_NAMES, config.max_actions_per_turn, config.enable_thinking,
+                                                     seed=config.seed or 0)}
+    return config, job, sokoban_solver_policy(moves, config.enable_thinking, cli.demonstration_reasoning), baselines
 
 
 if __name__ == "__main__":
-    config, job, demonstrations = parse_args(config, job)
+    config, job, demonstrations, baselines = parse_args(config, job)
     measured_on = (config.env, config.max_actions_per_episode, config.validation_seed_start) == (
         "rllib_ragen/Sokoban-v0", 10, 123)  # the lines hold for the levels and the move budget they were measured on
-    run_job(config, job, demonstrations, REFERENCE_LINES if measured_on else None)
+    run_job(config, job, demonstrations, REFERENCE_LINES if measured_on else None, baselines)

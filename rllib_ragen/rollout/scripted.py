@@ -3,12 +3,15 @@
 They read the state from the prompt text, as a model would, and answer with an optimal plan: the Sokoban
 solver's moves, or FrozenLake's finite-horizon optimal move. They serve tests (the loop must reach their
 known success rates), demonstrations for warm-start fine-tuning, and baselines a job pairs its agent against
-(``frozen_lake_hole_blind_policy``).
+(``frozen_lake_hole_blind_policy``, ``random_moves_policy``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
 import re
+from typing import Sequence
 
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
@@ -102,6 +105,21 @@ def _lake_policy(enable_thinking: bool, is_slippery: bool, reasoning: str, sees_
         else:
             thinking = "Best move on slippery ice." if is_slippery else "Shortest safe path."
         return _reply([move], thinking, enable_thinking)
+
+    return policy
+
+
+def random_moves_policy(moves: Sequence[str], per_reply: int = 1, enable_thinking: bool = True, seed: int = 0):
+    """A policy that replies with ``per_reply`` moves drawn uniformly from ``moves`` (e.g. Sokoban's
+    ``ACTION_NAMES``): the floor a learned policy has to clear. The draw is seeded by ``seed`` and the conversation so
+    far, so a state played twice gets the same moves, whatever order the episodes are played in."""
+    if per_reply < 1 or not moves:
+        raise ValueError(f"random_moves_policy needs moves to draw from and per_reply >= 1 (got {list(moves)}, "
+                         f"{per_reply}).")
+
+    def policy(prompt: str) -> str:
+        rng = random.Random(f"{seed}:{hashlib.sha256(prompt.encode()).hexdigest()}")
+        return _reply([rng.choice(list(moves)) for _ in range(per_reply)], "I move at random.", enable_thinking)
 
     return policy
 

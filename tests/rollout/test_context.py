@@ -5,7 +5,7 @@ import pytest
 from rllib_ragen.rollout.context import (ChatFormat, TemplateError, TurnMessage, last_turn_message, turn_message)
 from rllib_ragen.rollout.models import build_tiny_tokenizer
 from rllib_ragen.rollout.scripted import (frozen_lake_hole_blind_policy, frozen_lake_optimal_policy,
-                                          sokoban_solver_policy)
+                                          random_moves_policy, sokoban_solver_policy)
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +98,16 @@ def test_the_hole_blind_policy_steps_into_the_hole_the_optimal_policy_walks_arou
     lake = "P_G_\nO___\n____\n____"
     assert first_move(frozen_lake_hole_blind_policy, lake) == first_move(frozen_lake_optimal_policy, lake) == (
         "<answer>Right</answer>")
+
+
+def test_random_moves_are_uniform_and_the_same_for_the_same_conversation_whatever_the_order():
+    names = ("Up", "Down", "Left", "Right")
+    policy = random_moves_policy(names, per_reply=5, enable_thinking=False, seed=3)
+    prompts = [turn_message("#P" + "_" * k + "O#", turn=1, actions_left=10) for k in range(40)]
+    replies = [policy(p) for p in prompts]
+    assert [policy(p) for p in reversed(prompts)] == replies[::-1]  # a state's draw does not depend on play order
+    moves = [move for r in replies for move in r.removeprefix("<answer>").removesuffix("</answer>").split(" || ")]
+    assert len(moves) == 200 and all(25 <= moves.count(name) <= 75 for name in names)  # 50 each expected
+    assert [random_moves_policy(names, 5, False, seed=4)(p) for p in prompts] != replies  # the seed matters
+    with pytest.raises(ValueError, match="per_reply >= 1"):
+        random_moves_policy(names, per_reply=0)
