@@ -288,8 +288,10 @@ def test_the_sokoban_jobs_demonstrations_show_as_many_plan_moves_per_reply_as_to
         assert "--demonstration-moves-per-reply" in capsys.readouterr().err
     # generalization.py trains as the Sokoban job does: the same demonstrations, from the same flag.
     generalization = job_file("generalization.py")
-    config, _, policy = generalization["sokoban"]["parse_args"](generalization["config"], generalization["job"], [])
+    config, _, policy, baselines = generalization["sokoban"]["parse_args"](generalization["config"],
+                                                                           generalization["job"], [])
     assert policy(prompt) == reply() and len(config.validation_environments()) == 4
+    assert list(baselines) == ["random moves"]  # and the same baseline
 
 
 def test_the_frozenlake_jobs_demonstrations_can_say_where_each_move_leads(capsys):
