@@ -113,13 +113,14 @@ def random_moves_policy(moves: Sequence[str], per_reply: int = 1, enable_thinkin
     """A policy that replies with ``per_reply`` moves drawn uniformly from ``moves`` (e.g. Sokoban's
     ``ACTION_NAMES``): the floor a learned policy has to clear. The draw is seeded by ``seed`` and the conversation so
     far, so a state played twice gets the same moves, whatever order the episodes are played in."""
+    moves = list(moves)
     if per_reply < 1 or not moves:
-        raise ValueError(f"random_moves_policy needs moves to draw from and per_reply >= 1 (got {list(moves)}, "
+        raise ValueError(f"random_moves_policy needs moves to draw from and per_reply >= 1 (got {moves}, "
                          f"{per_reply}).")
 
     def policy(prompt: str) -> str:
         rng = random.Random(f"{seed}:{hashlib.sha256(prompt.encode()).hexdigest()}")
-        return _reply([rng.choice(list(moves)) for _ in range(per_reply)], "I move at random.", enable_thinking)
+        return _reply([rng.choice(moves) for _ in range(per_reply)], "I move at random.", enable_thinking)
 
     return policy
 
