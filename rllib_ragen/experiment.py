@@ -165,6 +165,9 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     if len(set(files)) < len(files):
         raise ValueError(f"baselines {sorted(baselines)} would share a file ({files}): give them names that differ "
                          "in their letters or digits.")
+    if set(baselines or {}) & set(reference_lines or {}):  # the curve draws both by name: one would hide the other
+        raise ValueError(f"{sorted(set(baselines) & set(reference_lines))} names both a baseline and a reference "
+                         "line; rename one.")
     if not job.verbose:
         keep_notices_off_the_console()
     if not config.sentinel_rules and job.sentinel != "off":  # custom rules (--sentinel-rules) replace the built-in
