@@ -34,7 +34,7 @@ import pathlib
 import statistics
 import sys
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -54,6 +54,9 @@ from .paired_stats import PairedComparison, paired_by_subset, paired_comparison
 from .sentinel import as_rule, echo_trap_rules
 from .sft import DEMONSTRATION_SEED_START
 from .viewer import write_viewer
+
+if TYPE_CHECKING:
+    from .starpo.config import EnvEntry
 
 __all__ = ["JobSettings", "demonstration_rollout_config", "flatten_result", "parse_job_args", "run_job",
            "warm_start"]
@@ -156,9 +159,11 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     counts as learning) is printed and stored in the summary (``success_gain``, ``passed``).
     ``reference_lines`` (e.g. ``{"random policy": 0.22, "optimal policy": 1.0}``) are drawn on the success panel.
     ``baselines`` (name: a scripted policy, prompt text -> reply, e.g. ``frozen_lake_hole_blind_policy()``) are
-    played on the first training environment's validation states before RL, and the greedy agent is paired
-    against each before and after RL: which states it solves that the baseline fails, and the reverse
-    (``summary.json``'s ``baselines``; their episodes under ``baselines/`` in the run folder).
+    played on the headline environment's validation states (``headline_environment``) before RL, and the greedy
+    agent is paired against each before and after RL: which states it solves that the baseline fails, and the
+    reverse (``summary.json``'s ``baselines``; their episodes under ``baselines/`` in the run folder). The final
+    table and ``summary.json`` score the headline environment: the first validation environment that is the first
+    training environment, else the first validation environment.
     """
     job.validate(config)
     files = [baseline_file(name) for name in baselines or {}]  # before any work: each baseline needs its own file
@@ -280,18 +285,19 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
         write_rollouts(out / AFTER_GREEDY_ROLLOUTS, algo.play_validation_states(0.0), algo.tokenizer,
                        iteration=algo.iteration)
         algo.export_pretrained(out / "policy")
-        write_viewer(out)
+        write_viewer(out, validation_env=headline_environment(config).name)
     finally:
         algo.stop()
         tensorboard.close()
     summary = _summary(config, base_model, rows, validations, time.perf_counter() - t_start)
     summary["success_gain"] = summary["after"][M.SUCCESS] - summary["before"][M.SUCCESS]
     summary["passed"] = bool(summary["success_gain"] >= job.pass_bar)
-    first = {config.env_name} if config.is_mixture else None  # the table's environment; by_env has the others
-    summary["paired"] = _paired(out, SAMPLED_AND_GREEDY["sampled"], first)
-    summary["paired_greedy"] = _paired(out, SAMPLED_AND_GREEDY["greedy"], first)
-    summary["reasoning_entropy"] = _reasoning_entropy(out, first)
-    summary["reasoning_grounded"] = _reasoning_grounded(out, first)
+    headline = headline_environment(config)
+    scored = {headline.name} if config.is_mixture else None  # the table's environment; by_env has the others
+    summary["paired"] = _paired(out, SAMPLED_AND_GREEDY["sampled"], scored)
+    summary["paired_greedy"] = _paired(out, SAMPLED_AND_GREEDY["greedy"], scored)
+    summary["reasoning_entropy"] = _reasoning_entropy(out, scored)
+    summary["reasoning_grounded"] = _reasoning_grounded(out, scored)
     if baselines:
         summary["baselines"] = _against_baselines(config, out, baselines)
     if config.is_mixture:
@@ -308,7 +314,8 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
              f"{summary['iterations']} iterations")
     baseline_lines = {name: b["success"] for name, b in summary.get("baselines", {}).items()}
     plot_learning_curve(out / "learning_curve.png", rows, validations, config.env_name, title,
-                        {"warm start": summary["before"][M.SUCCESS], **reference_lines, **baseline_lines})
+                        {"warm start": summary["before"][M.SUCCESS], **reference_lines, **baseline_lines},
+                        validation_env=headline.name)
     _print_table(summary, config)
     _print_paired(summary, config)
     print(f"success gain {summary['success_gain']:+.3f} (bar {job.pass_bar}): "
@@ -415,22 +422,25 @@ def trained_seeds_by_env(config, next_train: int) -> dict[str, list[int]]:
     return by_env
 
 
-def _first_env_validation_names(config) -> set[str]:
-    """The validation environments that are the first training environment: the same environment with the same
-    arguments, whatever their names."""
+def headline_environment(config) -> EnvEntry:
+    """The validation environment a run's final table, paired statistics, baselines and held-out splits score: the
+    first one that builds the first training environment (the same environment with the same arguments, whatever
+    its name), else the first validation environment (a run that validates only on environments it does not train
+    on, as a transfer study does)."""
     first = config.training_environments()[0]
-    return {e.name for e in config.validation_environments() if (e.env, e.env_config) == (first.env, first.env_config)}
+    entries = config.validation_environments()
+    return next((e for e in entries if (e.env, e.env_config) == (first.env, first.env_config)), entries[0])
 
 
 def play_baseline(config, policy: Callable[[str], str], tokenizer) -> list:
-    """A scripted ``policy`` on the first training environment's validation states, as many episodes per state
+    """A scripted ``policy`` on the headline environment's validation states, as many episodes per state
     as validation plays, in the same agent loop (prompts, budgets, transition seeds): the outcomes a run pairs
     its agent against (``run_job``'s ``baselines``)."""
     from .rollout.backends import SamplingParams, ScriptedBackend
     from .rollout.engine import RolloutEngine
 
-    names = _first_env_validation_names(config)
-    starts = [s for s in config.validation_starts() if not isinstance(s, tuple) or s[0] in names]
+    name = headline_environment(config).name
+    starts = [s for s in config.validation_starts() if not isinstance(s, tuple) or s[0] == name]
     engine = RolloutEngine(config.rollout_config(), ScriptedBackend(policy, tokenizer), tokenizer)
     trajectories, _ = engine.rollout(starts, config.validation_group_size,
                                      SamplingParams(max_new_tokens=config.max_new_tokens_per_turn))
@@ -441,7 +451,7 @@ def _against_baselines(config, out: pathlib.Path, baselines: dict) -> dict:
     """Per baseline: its success on the states it played, and the greedy agent paired against it before and after
     RL (``paired_stats``: "before" is the baseline, "after" the agent, so "improved" counts the states the agent
     solves and the baseline fails)."""
-    names = _first_env_validation_names(config)
+    names = {headline_environment(config).name}
     result = {}
     for name in baselines:
         outcomes = read_outcomes(out / baseline_file(name))
@@ -453,22 +463,24 @@ def _against_baselines(config, out: pathlib.Path, baselines: dict) -> dict:
 
 
 def _held_out(config, out: pathlib.Path, trained: dict[str, list[int]]) -> dict | None:
-    """Held-out success on the first training environment's validation states, split by whether training ever
-    showed the state and by its optimal solution length (where the environment computes one), sampled and
-    greedy (``held_out.py``). A validation environment counts as the training one when it builds the same
-    environment with the same arguments, whatever its name."""
-    first = config.training_environments()[0]
-    names = _first_env_validation_names(config)
-    pairs = {mode: _outcome_pair(out, files, names) for mode, files in SAMPLED_AND_GREEDY.items()}
+    """Held-out success on the headline environment's validation states, split by whether training ever showed
+    the state and by its optimal solution length (where the environment computes one), sampled and greedy
+    (``held_out.py``). Training showed a state if a training environment that builds the same environment with
+    the same arguments (whatever its name) was reset to it."""
+    headline = headline_environment(config)
+    builds = (headline.env, headline.env_config)
+    pairs = {mode: _outcome_pair(out, files, {headline.name}) for mode, files in SAMPLED_AND_GREEDY.items()}
     pairs = {mode: pair for mode, pair in pairs.items() if pair is not None}
     if not pairs:
         return None
     states = next(iter(pairs.values()))[0].keys()
     seed_of = {state: state_of(state)[1] for state in states}
-    described = initial_states(first.env, first.env_config, set(seed_of.values()), solution_lengths=True)
-    seen = {key for key, _ in initial_states(first.env, first.env_config, trained[first.name]).values()}
+    described = initial_states(*builds, set(seed_of.values()), solution_lengths=True)
+    trained_here = [seed for e in config.training_environments() if (e.env, e.env_config) == builds
+                    for seed in trained.get(e.name, [])]
+    seen = {key for key, _ in initial_states(*builds, trained_here).values()}
     seen_label = {s: "seen in training" if described[seed_of[s]][0] in seen else "unseen" for s in states}
-    result = {"env": first.name, "training_states": len(seen),
+    result = {"env": headline.name, "training_states": len(seen),
               "unseen_states": sum(label == "unseen" for label in seen_label.values()),
               "by_seen": {name: paired_by_subset(*pair, seen_label) for name, pair in pairs.items()}}
     lengths = {s: described[seed_of[s]][1] for s in states}
@@ -620,8 +632,10 @@ def _print_progress(env: str, iterations: int, rows: list[dict], clock: _Clock) 
 
 
 def _summary(config, base_model: str, rows: list[dict], validations: list[dict], wall_s: float) -> dict:
+    headline = headline_environment(config).name
+
     def val(index: int, name: str) -> float:
-        key = VALIDATION + M.env_metric(config.env_name, name)
+        key = VALIDATION + M.env_metric(headline, name)
         return validations[index].get(key, math.nan) if validations else math.nan
 
     pooled = TRAINING + M.POOLED + "/"
@@ -629,7 +643,7 @@ def _summary(config, base_model: str, rows: list[dict], validations: list[dict],
                     * r.get(pooled + M.NUM_TRAJECTORIES, 0) for r in rows)
     generate_s = sum(r.get(TRAINING + M.TIME_GENERATE, 0) for r in rows)
     return {
-        "env": config.env_name, "model": base_model, "iterations": len(rows),
+        "env": headline, "model": base_model, "iterations": len(rows),
         "validation_episodes": int(val(0, M.NUM_TRAJECTORIES)) if validations else 0,
         "validation_temperature": config.validation_temperature,
         "before": {n: val(0, n) for n in SUMMARY_METRICS}, "after": {n: val(-1, n) for n in SUMMARY_METRICS},

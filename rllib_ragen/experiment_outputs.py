@@ -405,29 +405,34 @@ def learning_curve_panels(env: str) -> list[tuple[str, str]]:
     ]
 
 
-def held_out_points(validations: list[dict], column: str, env: str) -> list[tuple[float, float]]:
+def held_out_points(validations: list[dict], column: str, env: str,
+                    validation_env: str | None = None) -> list[tuple[float, float]]:
     """(iteration, value) of a training rollout column (``env_runners/...``) in each validation that logged it:
     the held-out counterpart a learning-curve panel draws beside the training series. A pooled column
-    (``rollout/...``) is read on ``env``, the environment the final table scores: validation may also play
-    variants that training never sees, and pooling them would not compare with training. None for learner
-    columns."""
+    (``rollout/...``) and a column of the training environment ``env`` are read on ``validation_env`` (default
+    ``env``), the environment the final table scores: validation may also play variants that training never sees,
+    and pooling them would not compare with training; and a run may validate only on environments it does not
+    train on. None for learner columns."""
     if not column.startswith(TRAINING):
         return []
     name = column.removeprefix(TRAINING)
-    pooled = M.env_metric(M.POOLED, "")
-    key = VALIDATION + (M.env_metric(env, name.removeprefix(pooled)) if name.startswith(pooled) else name)
+    for prefix in (M.env_metric(M.POOLED, ""), M.env_metric(env, "")):
+        if name.startswith(prefix):
+            name = M.env_metric(validation_env or env, name.removeprefix(prefix))
+            break
+    key = VALIDATION + name
     return [(v[VALIDATED_AT], v[key]) for v in validations
             if isinstance(v.get(key), (int, float)) and math.isfinite(v[key])]
 
 
 def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[dict], env: str, title: str,
-                        reference_lines: dict[str, float] | None = None) -> None:
+                        reference_lines: dict[str, float] | None = None, validation_env: str | None = None) -> None:
     """Nine panels over iterations (:func:`learning_curve_panels`): success (training raw and smoothed, validation
     joined, reference lines), format-error rate, response length, in-group reward std, token entropy, actor grad
     norm, the first turn's reasoning entropy (the template collapse that token entropy and distinct-2 can miss),
     the share of actions that changed the state, and the share of checkable claims in the reasoning that hold.
-    A rollout panel also draws its held-out values where validation logs them. A panel whose signal the run never
-    logged says so."""
+    A rollout panel also draws its held-out values (on ``validation_env``, default ``env``, the training
+    environment) where validation logs them. A panel whose signal the run never logged says so."""
     try:
         import matplotlib
 
@@ -441,7 +446,7 @@ def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[
     fig, axes = plt.subplots(3, 3, figsize=(15, 10))
     for ax, (key, name) in zip(axes.flat, panels):
         series = [r.get(key, math.nan) for r in rows]
-        held_out = held_out_points(validations, key, env)
+        held_out = held_out_points(validations, key, env, validation_env)
         if not held_out and not any(isinstance(v, (int, float)) and math.isfinite(v) for v in series):
             # answer-only replies have no reasoning; say so rather than leave an empty frame that looks broken
             ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes,

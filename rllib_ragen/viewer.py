@@ -32,11 +32,14 @@ SOURCES = ((TRAINING_ROLLOUTS, "training"), (BEFORE_ROLLOUTS, "validation before
 EPISODE_COLUMNS = ("env", "seed", "group", "success", "return", "num_turns", "format_errors", "iteration", "turns")
 
 
-def write_viewer(run_dir: pathlib.Path, path: pathlib.Path | None = None) -> pathlib.Path:
-    """Write the page for ``run_dir`` (to ``run_dir/rollouts.html`` unless ``path`` is given); returns its path."""
+def write_viewer(run_dir: pathlib.Path, path: pathlib.Path | None = None,
+                 validation_env: str | None = None) -> pathlib.Path:
+    """Write the page for ``run_dir`` (to ``run_dir/rollouts.html`` unless ``path`` is given); returns its path.
+    ``validation_env``: the environment whose validation success the curves draw (default: the run's
+    ``summary.json`` says, else the first training environment)."""
     run_dir = pathlib.Path(run_dir).resolve()
     path = pathlib.Path(path) if path is not None else run_dir / VIEWER_PAGE
-    write_text_atomically(path, build_page(run_dir))
+    write_text_atomically(path, build_page(run_dir, validation_env))
     return path
 
 
@@ -59,7 +62,7 @@ def load_episodes(run_dir: pathlib.Path) -> list[dict]:
     return episodes
 
 
-def build_page(run_dir: pathlib.Path) -> str:
+def build_page(run_dir: pathlib.Path, validation_env: str | None = None) -> str:
     episodes = load_episodes(run_dir)
     if not episodes:
         raise FileNotFoundError(f"{run_dir} holds no rollouts ({', '.join(name for name, _ in SOURCES)}): is it a "
@@ -70,10 +73,12 @@ def build_page(run_dir: pathlib.Path) -> str:
     recorded = run_config.get("config", {})
     first = (recorded.get("train_envs") or [{}])[0]  # a mixture's curves are its first training environment's
     env = str(first.get("name") or first.get("env") or recorded.get("env", episodes[0]["env"]))
+    if validation_env is None and (run_dir / "summary.json").is_file():  # the environment its final table scores
+        validation_env = json.loads((run_dir / "summary.json").read_text()).get("env")
     title = f"{run_dir.name}: {env}"
     data = json.dumps({"episodes": episodes}, allow_nan=False, default=_finite)
     data = data.replace("</", "<\\/")  # a "</script>" inside an episode's text must not end the data block
-    return PAGE.format(title=html.escape(title), curves=curves_svg(rows, firings, env),
+    return PAGE.format(title=html.escape(title), curves=curves_svg(rows, firings, env, validation_env),
                        firings=firings_table(firings), data=data, script=SCRIPT, style=STYLE)
 
 
@@ -82,7 +87,8 @@ def _finite(value):
 
 
 # ---- curves: inline SVG, one small panel per signal, sentinel firings as red lines -------------------------------
-def _series(rows: list[dict], env: str) -> list[tuple[str, list[tuple[float, float]]]]:
+def _series(rows: list[dict], env: str,
+            validation_env: str | None = None) -> list[tuple[str, list[tuple[float, float]]]]:
     def points(key, smooth=False):
         its = [r.get("training_iteration", i + 1) for i, r in enumerate(rows)]
         values = [r.get(key, math.nan) for r in rows]
@@ -90,7 +96,7 @@ def _series(rows: list[dict], env: str) -> list[tuple[str, list[tuple[float, flo
             values = trailing_mean(values, 5)
         return [(x, y) for x, y in zip(its, values) if math.isfinite(y)]
 
-    validation = sorted({(r[VALIDATED_AT], r.get(VALIDATION + M.env_metric(env, M.SUCCESS), math.nan))
+    validation = sorted({(r[VALIDATED_AT], r.get(VALIDATION + M.env_metric(validation_env or env, M.SUCCESS), math.nan))
                          for r in rows if math.isfinite(r.get(VALIDATED_AT, math.nan))})
     return [("training success (5-iteration mean)", points(TRAINING + M.env_metric(env, M.SUCCESS), smooth=True)),
             ("validation success", [(x, y) for x, y in validation if math.isfinite(y)]),
@@ -105,11 +111,11 @@ def _series(rows: list[dict], env: str) -> list[tuple[str, list[tuple[float, flo
             ("format error rate", points(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE)))]
 
 
-def curves_svg(rows: list[dict], firings: list[dict], env: str) -> str:
+def curves_svg(rows: list[dict], firings: list[dict], env: str, validation_env: str | None = None) -> str:
     width, height, pad = 240, 120, 28
     panels = []
     last = int(max([r.get("training_iteration", 0) for r in rows] + [1]))
-    for name, points in _series(rows, env):
+    for name, points in _series(rows, env, validation_env):
         if not points:
             continue
         ys = [y for _, y in points]

@@ -324,3 +324,9 @@ def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_held_
                    {VALIDATED_AT: 10, on_env: 0.75, pooled: 0.5}]
     assert held_out_points(validations, column, config.env) == [(0, 0.5), (10, 0.75)]
     assert held_out_points(validations, LEARNER + "entropy", config.env) == []
+    # A run that validates only on another environment draws that one's values beside the training series.
+    success = TRAINING + "rllib_ragen/FrozenLakeNotSlippery-v0/success"
+    other = VALIDATION + "rllib_ragen/FrozenLake-v0/success"
+    validations = [{VALIDATED_AT: 0, other: 0.25}, {VALIDATED_AT: 10, other: 0.5}]
+    assert held_out_points(validations, success, config.env) == []
+    assert held_out_points(validations, success, config.env, "rllib_ragen/FrozenLake-v0") == [(0, 0.25), (10, 0.5)]

@@ -1,6 +1,8 @@
 """Environment mixtures: train on several environments at once (groups per environment) and validate on another
 list (states per environment), with metrics per environment, remote env runners and bit-exact resume."""
 
+import pathlib
+
 import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -143,3 +145,38 @@ def test_the_filter_per_environment_keeps_groups_of_each_environment_in_a_real_u
     # ceil(0.5 x 1) group of each environment; the batch-wide filter would keep ceil(0.5 x 2) = 1 in all.
     assert result["rollout_filter/kept_groups"] == 2 and result["update/kept_trajectories"] == 8
     assert result[f"rollout_filter/kept_groups/{SOKOBAN}"] == result[f"rollout_filter/kept_groups/{FROZEN}"] == 1
+
+
+def test_a_job_that_validates_only_on_environments_it_does_not_train_on_scores_the_first_of_them(
+        ray_session, tmp_path, small_config):
+    # A transfer study: train on one bandit, validate on its held-out-names variant only. The final table, the
+    # paired statistics, the baseline and the held-out split score the first validation environment; before this,
+    # the job trained to the end and then failed to write its summary (it looked for the training environment's
+    # validation numbers).
+    import json
+
+    import pyarrow.parquet as pq
+
+    from rllib_ragen.experiment import JobSettings, headline_environment, run_job
+    from rllib_ragen.rollout.scripted import random_arm_policy
+
+    held_out = "rllib_ragen/BanditHeldOut-v0"
+    config = small_config("rllib_ragen/Bandit-v0", max_turns=1).environment(
+        train_envs=[{"env": "rllib_ragen/Bandit-v0", "groups": 2}], validation_envs=[{"env": held_out, "states": 6}])
+    assert headline_environment(config).name == held_out
+    job = JobSettings(output_dir=str(tmp_path), iterations=1, threads=1, warm_start_steps=0)
+    summary = run_job(config, job, baselines={"random arm": random_arm_policy(seed=0)})
+    run = pathlib.Path(summary["run_dir"])
+    assert json.loads((run / "summary.json").read_text())["env"] == summary["env"] == held_out
+    after = pq.read_table(run / "validation_rollouts.parquet").to_pylist()
+    assert {r["env"] for r in after} == {held_out} and len(after) == 6
+    assert summary["after"]["success"] == sum(r["success"] for r in after) / 6
+    assert summary["paired"]["n"] == summary["paired_greedy"]["n"] == 6
+    assert summary["paired"]["after"] == summary["after"]["success"]
+    played = pq.read_table(run / summary["baselines"]["random arm"]["file"]).to_pylist()
+    assert {r["env"] for r in played} == {held_out} and summary["baselines"]["random arm"]["episodes"] == 6
+    # Training never played the held-out names' environment: every state it validates on is unseen there.
+    assert summary["held_out"]["env"] == held_out and summary["held_out"]["training_states"] == 0
+    assert summary["held_out"]["unseen_states"] == 6
+    # The viewer's curves draw that environment's validation success (a panel with no points is left out).
+    assert 'aria-label="validation success"' in (run / "rollouts.html").read_text()
