@@ -215,7 +215,9 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
         config = config.copy(copy_frozen=False).rl_module(model_config={**user_model_config(config), "model": model})
     # The "before" validation runs here, not inside the first train(): its score is printed as soon as it is known
     # and its one-off cost stays out of the iteration times. Same seeds and sampling seed, so the same numbers.
-    validate_first = bool(not job.resume and config.validation_interval and config.validate_before_training)
+    # Whatever validation_interval says (0: no validation between iterations), the job measures after RL; it
+    # measures before RL too unless validate_before_training is off, and then has no gain to report.
+    validate_first = bool(not job.resume and config.validate_before_training)
     if validate_first:
         config = config.copy(copy_frozen=False).training(validate_before_training=False)
     algo = config.build_algo()
@@ -318,8 +320,12 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
                         validation_env=headline.name)
     _print_table(summary, config)
     _print_paired(summary, config)
-    print(f"success gain {summary['success_gain']:+.3f} (bar {job.pass_bar}): "
-          f"{'PASS' if summary['passed'] else 'below the bar'}")
+    if math.isfinite(summary["success_gain"]):
+        print(f"success gain {summary['success_gain']:+.3f} (bar {job.pass_bar}): "
+              f"{'PASS' if summary['passed'] else 'below the bar'}")
+    else:
+        print(f"success gain not measured: no validation before RL (validate_before_training=False), so the bar "
+              f"({job.pass_bar}) is not judged")
     print(f"outputs: {out}")
     return summary
 
@@ -510,7 +516,7 @@ def _print_paired(summary: dict, config) -> None:
         # log n is the most it can be: every episode reasoning differently
         print(f"{'reasoning entropy, ' + mode:28s}{entropy['before']:.3f} -> {entropy['after']:.3f} nats over "
               f"{entropy['episodes']} first turns (at most {math.log(max(entropy['episodes'], 1)):.2f})")
-    if summary.get("by_env"):
+    if any(any(comparisons.values()) for comparisons in (summary.get("by_env") or {}).values()):
         print("validation environments, paired before -> after:")
         for env, comparisons in summary["by_env"].items():
             for mode, comparison in comparisons.items():
@@ -540,11 +546,12 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool) 
     groups = " + ".join(f"{e.count} {e.name}" for e in config.training_environments()) \
         if config.train_envs else f"{config.num_groups}"
     steps.append(f"{job.iterations} StarPO iterations of {groups} groups x {config.group_size} episodes")
-    if config.validation_interval:
-        states = ", ".join(f"{e.count} of {e.name}" for e in config.validation_environments()) \
-            if config.is_mixture else f"{config.validation_size}"
-        steps.append(f"validation on {states} held-out states every {config.validation_interval} "
-                     "iterations and after the last")
+    states = ", ".join(f"{e.count} of {e.name}" for e in config.validation_environments()) \
+        if config.is_mixture else f"{config.validation_size}"
+    when = [*(["before RL"] if config.validate_before_training and not job.resume else []),
+            *([f"every {config.validation_interval} iterations"] if config.validation_interval else [])]
+    steps.append(f"validation on {states} held-out states {', '.join(when)}{' and ' if when else ''}"
+                 "after the last iteration")
     # Measured with the job's defaults: flags (another model, more iterations) can change it a lot.
     estimate = (f"; with its default settings this job takes about {job.expected_minutes:g} min on a 2-core CPU"
                 if job.expected_minutes else "")
@@ -633,6 +640,7 @@ def _print_progress(env: str, iterations: int, rows: list[dict], clock: _Clock) 
 
 def _summary(config, base_model: str, rows: list[dict], validations: list[dict], wall_s: float) -> dict:
     headline = headline_environment(config).name
+    measured_before = bool(validations) and validations[0][VALIDATED_AT] == 0
 
     def val(index: int, name: str) -> float:
         key = VALIDATION + M.env_metric(headline, name)
@@ -644,9 +652,11 @@ def _summary(config, base_model: str, rows: list[dict], validations: list[dict],
     generate_s = sum(r.get(TRAINING + M.TIME_GENERATE, 0) for r in rows)
     return {
         "env": headline, "model": base_model, "iterations": len(rows),
-        "validation_episodes": int(val(0, M.NUM_TRAJECTORIES)) if validations else 0,
+        "validation_episodes": int(val(-1, M.NUM_TRAJECTORIES)) if validations else 0,
         "validation_temperature": config.validation_temperature,
-        "before": {n: val(0, n) for n in SUMMARY_METRICS}, "after": {n: val(-1, n) for n in SUMMARY_METRICS},
+        # NaN, not the first later validation, when nothing was measured before RL
+        "before": {n: val(0, n) if measured_before else math.nan for n in SUMMARY_METRICS},
+        "after": {n: val(-1, n) for n in SUMMARY_METRICS},
         "validated_at": [int(v[VALIDATED_AT]) for v in validations],
         "rollout_tokens_per_s": generated / generate_s if generate_s else math.nan,
         "update_tokens_per_s": rows[-1].get(LEARNER + M.UPDATE_TOKENS_PER_S, math.nan) if rows else math.nan,
@@ -658,8 +668,11 @@ def _print_table(summary: dict, config) -> None:
     print(f"\n{summary['env']}, model {summary['model']}, {summary['iterations']} iterations, validation on "
           f"{summary['validation_episodes']} held-out initial states (temperature {config.validation_temperature})")
     print(f"{'':28s}{'before':>10s}{'after':>10s}")
+    def cell(value: float) -> str:
+        return f"{value:10.3f}" if math.isfinite(value) else f"{'-':>10s}"
+
     for name in SUMMARY_METRICS:
-        print(f"{name:28s}{summary['before'][name]:10.3f}{summary['after'][name]:10.3f}")
+        print(f"{name:28s}{cell(summary['before'][name])}{cell(summary['after'][name])}")
     print(f"{'rollout tokens/s':28s}{summary['rollout_tokens_per_s']:20,.0f}")
     print(f"{'update tokens/s':28s}{summary['update_tokens_per_s']:20,.0f}")
     print(f"{'wall time':28s}{summary['wall_time_s'] / 60:17.1f} min")

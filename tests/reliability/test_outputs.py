@@ -76,3 +76,30 @@ def test_a_resumed_run_drops_the_training_samples_it_will_play_again(tmp_path):
     keep_rollouts_up_to(path, 10)
     assert [r["iteration"] for r in pq.read_table(path).to_pylist()] == [1, 1, 6, 6]
     keep_rollouts_up_to(tmp_path / "missing.parquet", 10)  # no sample yet: nothing to do
+
+
+@pytest.mark.parametrize("before_rl", [True, False])
+def test_a_job_without_periodic_validation_still_measures_before_and_after_and_never_passes_one_for_the_other(
+        before_rl, ray_session, small_config, tmp_path, capsys):
+    # validation_interval=0 turns off validation between iterations, not the job's before/after table. With
+    # validate_before_training=False nothing is measured before RL: "before" is NaN and no gain is judged (it
+    # used to be the after-RL validation, a gain of exactly 0 reported as measured).
+    import json
+    import math
+    import pathlib
+
+    config = small_config(validation_interval=0, validate_before_training=before_rl)
+    summary = run_job(config, JobSettings(output_dir=str(tmp_path), iterations=1, warm_start_steps=0, threads=1))
+    printed = capsys.readouterr().out
+    assert summary["validated_at"] == ([0, 1] if before_rl else [1])
+    assert math.isfinite(summary["after"]["success"])
+    assert json.loads((pathlib.Path(summary["run_dir"]) / "summary.json").read_text())["validated_at"] == \
+        summary["validated_at"]
+    if before_rl:
+        assert math.isfinite(summary["before"]["success"]) and summary["paired"]["n"] == 4
+        assert summary["success_gain"] == summary["after"]["success"] - summary["before"]["success"]
+        assert "before RL and after the last iteration" in printed
+    else:
+        assert all(math.isnan(value) for value in summary["before"].values())
+        assert math.isnan(summary["success_gain"]) and summary["passed"] is False and summary["paired"] is None
+        assert "success gain not measured" in printed and "held-out states after the last iteration" in printed
