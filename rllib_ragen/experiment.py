@@ -461,7 +461,7 @@ def _against_baselines(config, out: pathlib.Path, baselines: dict) -> dict:
     result = {}
     for name in baselines:
         outcomes = read_outcomes(out / baseline_file(name))
-        result[name] = {"file": baseline_file(name), "episodes": len(outcomes),
+        result[name] = {"file": baseline_file(name), "states": len(outcomes),
                         "success": sum(outcomes.values()) / max(len(outcomes), 1)}
         for when, agent in (("warm_start", BEFORE_GREEDY_ROLLOUTS), ("after_rl", AFTER_GREEDY_ROLLOUTS)):
             result[name][when] = _paired(out, (baseline_file(name), agent), names)
@@ -523,8 +523,7 @@ def _print_paired(summary: dict, config) -> None:
                 if comparison:
                     print(f"  {env:40s}{mode:9s}{PairedComparison(**comparison).describe()}")
     for name, baseline in (summary.get("baselines") or {}).items():
-        print(f"against the baseline '{name}' (it -> the greedy agent, on the same {baseline['episodes']} "
-              f"episodes):")
+        print(f"against the baseline '{name}' (it -> the greedy agent, on the same {baseline['states']} states):")
         for when, label in (("warm_start", "warm start"), ("after_rl", "after RL")):
             if baseline[when]:
                 print(f"  {label:26s}{PairedComparison(**baseline[when]).describe()}")

@@ -326,20 +326,24 @@ def baseline_file(name: str) -> str:
 
 
 def outcomes_by_state(episodes) -> dict[str, float]:
-    """Success per validation episode, keyed ``"<env>:<seed>/<k>"`` (the k-th episode of that environment's seed,
-    so several episodes per state never overwrite one another, nor do two environments' same seed): what a paired
-    comparison pairs. String keys, so the outcomes are JSON. ``episodes`` yields ``(env name, seed, success)``."""
-    outcomes, seen = {}, {}
+    """Success per validation state, keyed ``"<env>:<seed>"`` (two environments' same seed stay apart): the mean
+    over the state's episodes when validation plays several (``validation_group_size``). The state, not the
+    episode, is what a paired comparison pairs: one state's episodes share its difficulty, and the k-th episode
+    before has no more to do with the k-th after than with any other, so pairing episodes would count each state's
+    luck several times and narrow the interval. String keys, so the outcomes are JSON. ``episodes`` yields
+    ``(env name, seed, success)``."""
+    totals: dict[str, tuple[float, int]] = {}
     for env, seed, success in episodes:
-        k = seen[env, seed] = seen.get((env, seed), -1) + 1
-        outcomes[f"{env}:{int(seed)}/{k}"] = float(success)
-    return outcomes
+        key = f"{env}:{int(seed)}"
+        total, count = totals.get(key, (0.0, 0))
+        totals[key] = (total + float(success), count + 1)
+    return {key: total / count for key, (total, count) in totals.items()}
 
 
 def state_of(outcome_key: str) -> tuple[str, int]:
     """The ``(env name, seed)`` of an :func:`outcomes_by_state` key."""
-    env, episode = outcome_key.rsplit(":", 1)
-    return env, int(episode.split("/")[0])
+    env, seed = outcome_key.rsplit(":", 1)
+    return env, int(seed)
 
 
 def trajectory_outcomes(trajectories) -> dict[str, float]:

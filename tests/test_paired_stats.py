@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from rllib_ragen.paired_stats import exact_mcnemar_p, paired_comparison
+from rllib_ragen.paired_stats import Z_95, exact_mcnemar_p, paired_comparison
 
 
 def test_exact_mcnemar_by_hand():
@@ -38,17 +38,25 @@ def test_states_must_match():
         paired_comparison({1: 0.0}, {1: 1.0})
 
 
-def test_several_episodes_of_one_state_are_paired_one_by_one_never_overwritten():
+def test_several_episodes_of_one_state_are_averaged_into_one_paired_state():
     from rllib_ragen.experiment_outputs import outcomes_by_state, state_of
 
-    # validation_group_size=2: two episodes per state; keyed by seed alone the second would replace the first.
-    # Two environments share seed 123 in a mixture: keyed by seed alone they would overwrite one another too.
-    before = outcomes_by_state([("a/S-v0", 123, 0.0), ("a/S-v0", 123, 1.0), ("a/S-v0", 124, 0.0), ("F", 123, 0.0)])
-    after = outcomes_by_state([("a/S-v0", 123, 1.0), ("a/S-v0", 123, 1.0), ("a/S-v0", 124, 0.0), ("F", 123, 1.0)])
-    assert before == {"a/S-v0:123/0": 0.0, "a/S-v0:123/1": 1.0, "a/S-v0:124/0": 0.0, "F:123/0": 0.0}
-    assert state_of("a/S-v0:123/1") == ("a/S-v0", 123)
+    # validation_group_size=2: two episodes per state. The state is the unit: its episodes share its difficulty,
+    # and the k-th before pairs with the k-th after no better than with any other. Two environments share seed 123
+    # in a mixture and stay apart.
+    before = outcomes_by_state([("a/S-v0", 123, 0.0), ("a/S-v0", 123, 1.0), ("a/S-v0", 124, 0.0), ("a/S-v0", 124, 0.0),
+                                ("F", 123, 0.0), ("F", 123, 0.0)])
+    after = outcomes_by_state([("a/S-v0", 123, 1.0), ("a/S-v0", 123, 1.0), ("a/S-v0", 124, 0.0), ("a/S-v0", 124, 0.0),
+                               ("F", 123, 1.0), ("F", 123, 0.0)])
+    assert before == {"a/S-v0:123": 0.5, "a/S-v0:124": 0.0, "F:123": 0.0}
+    assert after == {"a/S-v0:123": 1.0, "a/S-v0:124": 0.0, "F:123": 0.5}
+    assert state_of("a/S-v0:123") == ("a/S-v0", 123)
     result = paired_comparison(before, after)
-    assert (result.n, result.improved, result.worsened) == (4, 2, 0)
+    # By hand: differences +0.5, 0, +0.5 over n = 3 states (not 6 episodes); mean 1/3, sample sd sqrt(1/12),
+    # half-width 1.96 sqrt(1/12) / sqrt(3) = 1.96 / 6; two states up, none down: p = 2 x (1/2)^2 = 0.5.
+    assert (result.n, result.improved, result.worsened) == (3, 2, 0)
+    assert result.difference == pytest.approx(1 / 3) and result.p_value == pytest.approx(0.5)
+    assert (result.ci_low, result.ci_high) == (pytest.approx(1 / 3 - Z_95 / 6), pytest.approx(1 / 3 + Z_95 / 6))
 
 
 def test_paired_by_subset_compares_within_each_subset():

@@ -126,7 +126,7 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
         played = pq.read_table(run / baseline["file"]).to_pylist()
         assert {r["env"] for r in played} == {env}
         assert sorted(r["seed"] for r in played) == sorted(r["seed"] for r in rollouts)
-        assert baseline["episodes"] == 8 and baseline["success"] == sum(r["success"] for r in played) / 8
+        assert baseline["states"] == 8 and baseline["success"] == sum(r["success"] for r in played) / 8
         for when, agent in (("warm_start", "before"), ("after_rl", "after")):
             assert baseline[when]["before"] == baseline["success"]
             assert baseline[when]["after"] == summary["paired_greedy"][agent]

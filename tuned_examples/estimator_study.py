@@ -72,7 +72,7 @@ def study_config(env: str, validation_size: int):
 
 
 def outcomes(algo) -> dict[str, float]:
-    """Per held-out episode of the last validation (``"<env>:<seed>/<k>"``), 1.0 if it was solved."""
+    """Per held-out state of the last validation (``"<env>:<seed>"``), the share of its episodes solved."""
     return trajectory_outcomes(algo.last_validation)
 
 

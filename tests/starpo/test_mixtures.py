@@ -161,7 +161,7 @@ def test_a_job_that_validates_only_on_environments_it_does_not_train_on_scores_t
     from rllib_ragen.rollout.scripted import random_arm_policy
 
     held_out = "rllib_ragen/BanditHeldOut-v0"
-    config = small_config("rllib_ragen/Bandit-v0", max_turns=1).environment(
+    config = small_config("rllib_ragen/Bandit-v0", max_turns=1, validation_group_size=2).environment(
         train_envs=[{"env": "rllib_ragen/Bandit-v0", "groups": 2}], validation_envs=[{"env": held_out, "states": 6}])
     assert headline_environment(config).name == held_out
     job = JobSettings(output_dir=str(tmp_path), iterations=1, threads=1, warm_start_steps=0)
@@ -169,12 +169,13 @@ def test_a_job_that_validates_only_on_environments_it_does_not_train_on_scores_t
     run = pathlib.Path(summary["run_dir"])
     assert json.loads((run / "summary.json").read_text())["env"] == summary["env"] == held_out
     after = pq.read_table(run / "validation_rollouts.parquet").to_pylist()
-    assert {r["env"] for r in after} == {held_out} and len(after) == 6
-    assert summary["after"]["success"] == sum(r["success"] for r in after) / 6
+    assert {r["env"] for r in after} == {held_out} and len(after) == 12  # two episodes of each of the six states
+    assert summary["after"]["success"] == pytest.approx(sum(r["success"] for r in after) / 12)
+    # The paired statistics pair states, each one's episodes averaged: n is 6, not 12.
     assert summary["paired"]["n"] == summary["paired_greedy"]["n"] == 6
     assert summary["paired"]["after"] == summary["after"]["success"]
     played = pq.read_table(run / summary["baselines"]["random arm"]["file"]).to_pylist()
-    assert {r["env"] for r in played} == {held_out} and summary["baselines"]["random arm"]["episodes"] == 6
+    assert {r["env"] for r in played} == {held_out} and summary["baselines"]["random arm"]["states"] == 6
     # Training never played the held-out names' environment: every state it validates on is unseen there.
     assert summary["held_out"]["env"] == held_out and summary["held_out"]["training_states"] == 0
     assert summary["held_out"]["unseen_states"] == 6
