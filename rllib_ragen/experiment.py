@@ -239,6 +239,10 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
                 _keep_validation(row, validations)
             print(f"resumed from {out / CHECKPOINT} at iteration {algo.iteration} ({len(rows)} rows of metrics.csv "
                   "kept)", flush=True)
+            if algo.iteration >= job.iterations:  # never silent: the run keeps the iterations it has
+                print(f"the run is at iteration {algo.iteration}, and iterations is {job.iterations}: nothing left "
+                      "to train (raise --iterations to train longer); validating and writing its outputs again",
+                      flush=True)
         elif validate_first:
             t0 = time.perf_counter()
             before = flatten_result({"evaluation": {"env_runners": algo.evaluate_validation_set()}})

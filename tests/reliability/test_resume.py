@@ -113,6 +113,12 @@ def test_a_crashed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(
     final = StarPO.from_checkpoint(crashed / "checkpoint")
     assert final.iteration == 3  # the last iteration is always checkpointed
     final.stop()
+    # Resumed with fewer iterations than it has: it says so and keeps its iterations, rather than the number asked.
+    capsys.readouterr()
+    again = run_job(config, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "crashed"), "resume": True,
+                                           "iterations": 2}))
+    assert "the run is at iteration 3, and iterations is 2: nothing left to train" in capsys.readouterr().out
+    assert again["iterations"] == 3 and again["after"] == whole["after"]
 
 
 
