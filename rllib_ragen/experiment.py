@@ -671,6 +671,7 @@ def _print_table(summary: dict, config) -> None:
     print(f"\n{summary['env']}, model {summary['model']}, {summary['iterations']} iterations, validation on "
           f"{summary['validation_episodes']} held-out initial states (temperature {config.validation_temperature})")
     print(f"{'':28s}{'before':>10s}{'after':>10s}")
+
     def cell(value: float) -> str:
         return f"{value:10.3f}" if math.isfinite(value) else f"{'-':>10s}"
 
