@@ -42,9 +42,9 @@ from . import metrics as M
 from .collapse import reasoning_entropy
 from .experiment_flags import JobSettings, parse_job_args, user_model_config
 from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS,
-                                 BEFORE_ROLLOUTS, CHECKPOINT, LATEST, LEARNER, SENTINEL_FILE, SMOOTHING, TRAINING,
-                                 TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, WARM_START_CURVE, TensorBoardLog,
-                                 baseline_file, check_output_paths, check_resume, close_run_log,
+                                 BEFORE_ROLLOUTS, CHECKPOINT, JOB_WALL_TIME, LATEST, LEARNER, SENTINEL_FILE, SMOOTHING,
+                                 TRAINING, TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, WARM_START_CURVE,
+                                 TensorBoardLog, baseline_file, check_output_paths, check_resume, close_run_log,
                                  keep_notices_off_the_console, keep_rollouts_up_to, plot_learning_curve, read_csv,
                                  read_first_reasonings, read_outcomes, read_reasoning_claims, resolve_run_folder,
                                  send_notices_to, start_run_folder, state_of, trailing_mean, write_csv, write_rollouts,
@@ -200,7 +200,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
                  **({} if job.verbose else {"logging_level": logging.ERROR}))
         if not job.verbose:
             keep_notices_off_the_console()  # ray.init set up its console handler again
-    t_start = time.perf_counter()
+    t_start, earlier_s = time.perf_counter(), 0.0
     _print_plan(config, job, out, demonstration_policy is not None)
 
     base_model = config.model_config["model"]
@@ -239,6 +239,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
                 _keep_validation(row, validations)
             print(f"resumed from {out / CHECKPOINT} at iteration {algo.iteration} ({len(rows)} rows of metrics.csv "
                   "kept)", flush=True)
+            earlier_s = rows[-1].get(JOB_WALL_TIME, 0.0) if rows else 0.0  # the sessions before this one
             if algo.iteration >= job.iterations:  # never silent: the run keeps the iterations it has
                 print(f"the run is at iteration {algo.iteration}, and iterations is {job.iterations}: nothing left "
                       "to train (raise --iterations to train longer); validating and writing its outputs again",
@@ -258,6 +259,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             t0 = time.perf_counter()
             result = algo.train()
             row = flatten_result(result)
+            row[JOB_WALL_TIME] = earlier_s + time.perf_counter() - t_start
             rows.append(row)
             _record_firings(algo, out)
             if algo.last_token_advantages:  # the probe ran: keep a sample of this rollout, with its advantages
@@ -295,7 +297,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     finally:
         algo.stop()
         tensorboard.close()
-    summary = _summary(config, base_model, rows, validations, time.perf_counter() - t_start)
+    summary = _summary(config, base_model, rows, validations, earlier_s + time.perf_counter() - t_start)
     summary["success_gain"] = summary["after"][M.SUCCESS] - summary["before"][M.SUCCESS]
     summary["passed"] = bool(summary["success_gain"] >= job.pass_bar)
     headline = headline_environment(config)

@@ -50,6 +50,8 @@ TRAINING = "env_runners/"
 VALIDATION = "evaluation/env_runners/"
 LEARNER = "learners/default_policy/"
 VALIDATED_AT = VALIDATION + M.VALIDATION_ITERATION
+# The job's wall time up to a row (warm start and validations included), summed over the sessions of a resumed run.
+JOB_WALL_TIME = "job/wall_time_s"
 
 
 # ---- run folders ------------------------------------------------------------------------------------------------

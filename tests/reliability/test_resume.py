@@ -95,6 +95,7 @@ def test_a_crashed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(
         run_job(config, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "crashed")}))
     crashed = (tmp_path / "crashed" / "latest").resolve()
     assert len(_rows(crashed)) == 2  # iterations 1 and 2 done, 2 checkpointed
+    wall_before_crash = [float(r["job/wall_time_s"]) for r in _rows(crashed)]
     monkeypatch.setattr(StarPO, "training_step", training_step)
     # --resume with the job's folder continues the run its "latest" link points at.
     capsys.readouterr()
@@ -109,6 +110,9 @@ def test_a_crashed_job_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(
                                                                  for r in _rows(pathlib.Path(whole["run_dir"]))]
     assert resumed["before"] == whole["before"] and resumed["after"] == whole["after"]
     assert resumed["validated_at"] == whole["validated_at"] == [0, 3]
+    # The job's wall time runs on over the sessions: the resumed rows and summary add to the crashed session's.
+    wall = [float(r["job/wall_time_s"]) for r in _rows(crashed)]
+    assert wall[:2] == wall_before_crash and wall[0] < wall[1] < wall[2] < resumed["wall_time_s"]
     assert len(json.loads((crashed / "run_config.json").read_text())["resumed"]) == 1
     final = StarPO.from_checkpoint(crashed / "checkpoint")
     assert final.iteration == 3  # the last iteration is always checkpointed
