@@ -45,10 +45,10 @@ from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINE
                                  BEFORE_ROLLOUTS, CHECKPOINT, JOB_WALL_TIME, LATEST, LEARNER, SENTINEL_FILE, SMOOTHING,
                                  TRAINING, TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, WARM_START_CURVE,
                                  TensorBoardLog, baseline_file, check_output_paths, check_resume, close_run_log,
-                                 keep_notices_off_the_console, keep_rollouts_up_to, plot_learning_curve, read_csv,
-                                 read_first_reasonings, read_outcomes, read_reasoning_claims, resolve_run_folder,
-                                 send_notices_to, start_run_folder, state_of, trailing_mean, write_csv, write_rollouts,
-                                 write_text_atomically)
+                                 json_ready, keep_notices_off_the_console, keep_rollouts_up_to, plot_learning_curve,
+                                 read_csv, read_first_reasonings, read_outcomes, read_reasoning_claims,
+                                 resolve_run_folder, send_notices_to, start_run_folder, state_of, trailing_mean,
+                                 write_csv, write_rollouts, write_text_atomically)
 from .held_out import initial_states
 from .paired_stats import PairedComparison, paired_by_subset, paired_comparison
 from .sentinel import as_rule, echo_trap_rules
@@ -317,7 +317,8 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     summary["held_out"] = _held_out(config, out, trained)
     summary["sentinel_firings"] = [dataclasses.asdict(f) for f in algo.sentinel.firings]
     summary["run_dir"] = str(out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    # Standard JSON (NaN as null), and never half-written
+    write_text_atomically(out / "summary.json", json.dumps(json_ready(summary), indent=2, allow_nan=False))
     title = (f"{config.env_name} | model {pathlib.Path(str(base_model)).name} | seed {config.seed} | "
              f"{summary['iterations']} iterations")
     baseline_lines = {name: b["success"] for name, b in summary.get("baselines", {}).items()}

@@ -220,6 +220,18 @@ def close_run_log() -> None:
 
 
 # ---- metrics.csv and TensorBoard -------------------------------------------------------------------------------
+def json_ready(value):
+    """``value`` with every non-finite float (NaN: not measured) as None, so that a file written from it is standard
+    JSON that any reader parses (jq, JavaScript); Python's json would write the bare token NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(item) for item in value]
+    return value
+
+
 def read_csv(path: pathlib.Path, up_to: int) -> list[dict]:
     """The rows of a metrics.csv written by an earlier run, up to iteration ``up_to`` (later ones were never
     checkpointed: they are trained again)."""
