@@ -220,6 +220,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     validate_first = bool(not job.resume and config.validate_before_training)
     if validate_first:
         config = config.copy(copy_frozen=False).training(validate_before_training=False)
+    headline = headline_environment(config)  # what the table, curves and viewer score
     algo = config.build_algo()
     rows: list[dict] = []
     validations: list[dict] = []
@@ -293,14 +294,13 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
         write_rollouts(out / AFTER_GREEDY_ROLLOUTS, algo.play_validation_states(0.0), algo.tokenizer,
                        iteration=algo.iteration)
         algo.export_pretrained(out / "policy")
-        write_viewer(out, validation_env=headline_environment(config).name)
+        write_viewer(out, validation_env=headline.name)
     finally:
         algo.stop()
         tensorboard.close()
     summary = _summary(config, base_model, rows, validations, earlier_s + time.perf_counter() - t_start)
     summary["success_gain"] = summary["after"][M.SUCCESS] - summary["before"][M.SUCCESS]
     summary["passed"] = bool(summary["success_gain"] >= job.pass_bar)
-    headline = headline_environment(config)
     scored = {headline.name} if config.is_mixture else None  # the table's environment; by_env has the others
     summary["paired"] = _paired(out, SAMPLED_AND_GREEDY["sampled"], scored)
     summary["paired_greedy"] = _paired(out, SAMPLED_AND_GREEDY["greedy"], scored)
