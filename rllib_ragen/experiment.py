@@ -1,20 +1,21 @@
-"""The main-job driver behind ``tuned_examples/``: warm start, StarPO training with progress, and outputs.
+"""The main-job driver behind ``tuned_examples/``: a warm start, a Tune experiment of StarPO, and the report.
 
-Plain calls, no trainer framework. A job file defines its ``StarPOConfig`` and its :class:`JobSettings` (output
-folder, iterations, warm start, pass bar); :func:`parse_job_args` lays the command-line flags over both; then
-:func:`run_job` warm-starts the policy on demonstrations, builds the algorithm, trains it while printing progress,
-and writes what a user needs to judge the run.
+A job file defines its ``StarPOConfig`` and its :class:`JobSettings` (output folder, iterations, warm start, pass
+bar); :func:`parse_job_args` lays the command-line flags over both; :func:`run_job` then
 
-Each run writes to its own folder, ``<output_dir>/<timestamp>_seed<seed>/`` with ``<output_dir>/latest`` pointing
-at the newest (see ``experiment_outputs``): ``run_config.json``, ``metrics.csv`` (one row per iteration, every
-scalar result, named by its path in the result: ``env_runners/...``, ``learners/default_policy/...``),
-``tensorboard/``, ``learning_curve.png``, ``validation_rollouts.parquet`` (the last validation's episodes, with their
-text), ``policy/`` (the trained model, loadable by plain transformers), ``summary.json`` (before/after validation
-metrics, throughput, wall time), ``job.log``, ``sentinel.json`` (the sentinel's firings),
-``training_rollouts.parquet`` (a training sample at every probe iteration, with token advantages), ``rollouts.html``
-(the rollout viewer), ``warm_start/`` (the SFT model), ``warm_start_curve.csv`` (greedy held-out success during
-the warm start, with ``warm_start_eval_interval``) and ``checkpoint/`` (the algorithm every
-``checkpoint_interval`` iterations and after the last; ``resume`` continues from it).
+1. warm-starts the policy on demonstrations, once per distinct set of warm-start settings: the model is cached
+   under ``<output_dir>/warm_starts/<key>/``, so seeds, sweep trials and a resumed job share it;
+2. runs ``tune.Tuner(StarPO, ...)`` with one trial per seed (``--seeds``) and grid point (``--grid``), each in
+   its own folder, stopped at ``iterations``, checkpointed every ``checkpoint_interval`` iterations, restarted
+   from its last checkpoint after a failure up to ``max_failures`` times; the trials write their outputs
+   themselves (:class:`~rllib_ragen.callbacks.JobOutputs`), and Tune writes the metrics (``progress.csv``,
+   ``result.json``, TensorBoard events);
+3. builds the report from the finished folders (:mod:`rllib_ragen.report`): ``summary.json``, the learning
+   curve and the final table.
+
+The run folder is Tune's experiment folder, ``<output_dir>/<run_name>/`` (default ``<timestamp>_seed<seed>``),
+with ``<output_dir>/latest`` pointing at the newest: ``tune.ExperimentAnalysis`` opens it, ``Tuner.restore``
+continues it (``--resume``), ``tensorboard --logdir`` shows it.
 
 Example::
 
@@ -26,42 +27,293 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 import logging
 import math
 import os
 import pathlib
+import re
+import shutil
 import statistics
 import sys
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
+from ray.tune import Callback
 
 from . import metrics as M
-from .collapse import reasoning_entropy
+from .callbacks import BEFORE_RL, JobOutputs
 from .experiment_flags import JobSettings, parse_job_args, user_model_config
-from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS,
-                                 BEFORE_ROLLOUTS, CHECKPOINT, JOB_WALL_TIME, LATEST, LEARNER, SENTINEL_FILE, SMOOTHING,
-                                 TRAINING, TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, WARM_START_CURVE,
-                                 TensorBoardLog, baseline_file, check_output_paths, check_resume, close_run_log,
-                                 json_ready, keep_notices_off_the_console, keep_rollouts_up_to, plot_learning_curve,
-                                 read_csv, read_first_reasonings, read_outcomes, read_reasoning_claims,
-                                 resolve_run_folder, send_notices_to, start_run_folder, state_of, trailing_mean,
-                                 write_csv, write_rollouts, write_text_atomically)
-from .held_out import initial_states
-from .paired_stats import PairedComparison, paired_by_subset, paired_comparison
+from .experiment_outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED_AT, VALIDATION,
+                                 WARM_START_CURVE, baseline_file, close_run_log,
+                                 keep_notices_off_the_console, send_notices_to, start_run_folder, write_csv,
+                                 write_rollouts, write_text_atomically)
+from .held_out import DEMONSTRATIONS_FILE
+from .report import headline_environment, report_experiment
 from .sentinel import as_rule, echo_trap_rules
 from .sft import DEMONSTRATION_SEED_START
-from .viewer import write_viewer
-
-if TYPE_CHECKING:
-    from .starpo.config import EnvEntry
 
 __all__ = ["JobSettings", "demonstration_rollout_config", "flatten_result", "parse_job_args", "run_job",
            "warm_start"]
 
-SUMMARY_METRICS = (M.SUCCESS, "pass@1", M.VALID_ACTION_RATE, M.FORMAT_ERROR_RATE, M.RETURN_MEAN, M.NUM_ACTIONS)
+WARM_STARTS = "warm_starts"  # in the output folder: one cached warm-start model per distinct set of settings
+
+
+def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str] | None = None,
+            reference_lines: dict[str, float] | None = None,
+            baselines: dict[str, Callable[[str], str]] | None = None) -> dict:
+    """Warm start (when a demonstration policy is given), train as a Tune experiment, report. Returns the summary:
+    the trial's with one trial, else ``{"trials": {name: summary}, "spread": ...}``.
+
+    Validation runs before training and every ``validation_interval`` iterations, as the config says, and once
+    more after the last iteration when that one did not validate, so "after" is always the trained policy. The
+    verdict against ``job.pass_bar`` (the least rise of validation success over the warm start that counts as
+    learning) is printed and stored in the summary (``success_gain``, ``passed``). ``reference_lines`` (e.g.
+    ``{"random policy": 0.22}``) are drawn on the success panel. ``baselines`` (name: a scripted policy, prompt
+    text -> reply) are played on the headline environment's validation states before RL, and each trial's greedy
+    agent is paired against each before and after RL (``summary.json``'s ``baselines``). Raises RuntimeError,
+    after writing the report of what finished, when a trial failed.
+    """
+    job.validate(config)
+    files = [baseline_file(name) for name in baselines or {}]  # before any work: each baseline needs its own file
+    if len(set(files)) < len(files):
+        raise ValueError(f"baselines {sorted(baselines)} would share a file ({files}): give them names that differ "
+                         "in their letters or digits.")
+    if set(baselines or {}) & set(reference_lines or {}):  # the curve draws both by name: one would hide the other
+        raise ValueError(f"{sorted(set(baselines) & set(reference_lines))} names both a baseline and a reference "
+                         "line; rename one.")
+    if not job.verbose:
+        keep_notices_off_the_console()
+    if not config.sentinel_rules and job.sentinel != "off":  # custom rules (--sentinel-rules) replace the built-in
+        config = config.copy(copy_frozen=False).training(sentinel_rules=echo_trap_rules(job.sentinel))
+    out = claim_run_folder(job, config.seed or 0)
+    start_run_folder(out, config, job)
+    try:
+        return _run(config, job, demonstration_policy, out, reference_lines or {}, baselines or {})
+    finally:
+        close_run_log()
+
+
+def claim_run_folder(job: JobSettings, seed: int) -> pathlib.Path:
+    """The run's folder, checked before any work: for ``resume`` the experiment ``run_name`` (or ``latest``) names,
+    which Tune must be able to restore; else a new folder, created here at once (``mkdir`` is atomic), so that two
+    jobs started together with the same name never share one: the second is refused, or with the default name
+    gets the next free one."""
+    from ray import tune
+
+    base = pathlib.Path(job.output_dir).resolve()
+    if base.exists() and not base.is_dir():
+        raise NotADirectoryError(f"output_dir {base} is a file; choose another --output-dir.")
+    if job.resume:
+        out = base / job.run_name if job.run_name else (base / LATEST).resolve()
+        if not tune.Tuner.can_restore(str(out)):
+            raise FileNotFoundError(f"--resume: there is no Tune experiment to continue at {out}. Give the "
+                                    "--output-dir of the job (its 'latest' run), or --run-name of the run.")
+        return out
+    base.mkdir(parents=True, exist_ok=True)
+    if job.run_name:
+        out = base / job.run_name
+        if out.exists() and not out.is_dir():
+            raise NotADirectoryError(f"run folder {out} is a file; choose another --run-name.")
+        try:
+            out.mkdir()
+        except FileExistsError:
+            raise FileExistsError(f"{out} holds an earlier run. Continue it with --resume, or choose another "
+                                  "--run-name. Nothing was overwritten.") from None
+        return out
+    stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
+    while True:
+        out = base / (f"{stamp}_seed{seed}" + (f"-{n}" if n > 1 else ""))
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:  # a job started in the same second
+            n += 1
+
+
+def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, reference_lines: dict,
+         baselines: dict) -> dict:
+    import ray
+    from ray import tune
+
+    from .starpo import StarPO
+
+    if not job.verbose:
+        send_notices_to(out / "job.log")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=job.verbose,
+                 **({} if job.verbose else {"logging_level": logging.ERROR}))
+        if not job.verbose:
+            keep_notices_off_the_console()  # ray.init set up its console handler again
+    seeds, grid = job.seed_list(config), job.grid or {}
+    trials = len(seeds) * math.prod(len(values) for values in grid.values())
+    threads = job.threads or max(1, int(ray.available_resources().get("CPU", 1)) // trials)
+    torch.set_num_threads(threads)
+    _print_plan(config, job, out, demonstration_policy is not None, trials)
+
+    if demonstration_policy is not None and job.warm_start_steps > 0 and job.warm_start_episodes > 0:
+        model = cached_warm_start(config, job, demonstration_policy)
+        config = config.copy(copy_frozen=False).rl_module(model_config={**user_model_config(config), "model": model})
+    headline = headline_environment(config)
+    config = config.copy(copy_frozen=False).resources(num_cpus_for_main_process=threads).callbacks(
+        [*_as_list(config.callbacks_class),
+         functools.partial(JobOutputs, iterations=job.iterations)])
+    if baselines and not job.resume:  # played first (seconds): a baseline that cannot play the states fails now
+        _play_baselines(config, baselines, out / BASELINES, headline.name)
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's banner and trial table: JobConsole prints instead
+    console = JobConsole(job.iterations, config.validation_interval, config.env_name, headline.name, trials)
+    if job.resume:
+        tuner = tune.Tuner.restore(str(out), trainable=StarPO, resume_errored=True)
+        print(f"resuming {out}: every unfinished trial continues from its last checkpoint", flush=True)
+    else:
+        tuner = tune.Tuner(StarPO, param_space=_param_space(config, seeds, grid), run_config=tune.RunConfig(
+            name=out.name, storage_path=str(out.parent), stop={"training_iteration": job.iterations},
+            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=job.checkpoint_interval,
+                                                    checkpoint_at_end=job.checkpoint_interval > 0),
+            failure_config=tune.FailureConfig(max_failures=job.max_failures),
+            sync_config=tune.SyncConfig(sync_artifacts=True),  # outputs of trials whose storage is not local
+            callbacks=[console], verbose=0),
+            tune_config=tune.TuneConfig(trial_dirname_creator=trial_dirname))
+    results = tuner.fit()
+    failed = [r for r in results if r.error]
+    report = report_experiment(out, job.pass_bar, reference_lines)
+    print(f"outputs: {out}")
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(results)} trials failed: "
+                           + "; ".join(f"{r.path}: {type(r.error).__name__}: {r.error}" for r in failed)
+                           + ". Continue with --resume (from each trial's last checkpoint).")
+    return next(iter(report["trials"].values())) if len(report["trials"]) == 1 else report
+
+
+def _as_list(callbacks) -> list:
+    """The callbacks a config already has, without RLlib's do-nothing default."""
+    from ray.rllib.callbacks.callbacks import RLlibCallback
+
+    listed = callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]
+    return [c for c in listed if c is not None and c is not RLlibCallback]
+
+
+def _param_space(config, seeds: list[int], grid: dict[str, list]):
+    """The config itself for one trial; else its dict with Tune grid searches over the seeds and the grid."""
+    from ray import tune
+
+    if len(seeds) == 1 and not grid:
+        return config.copy(copy_frozen=False).debugging(seed=seeds[0])
+    space = config.to_dict()
+    for name, values in {**grid, **({"seed": seeds} if len(seeds) > 1 else {})}.items():
+        space[name] = tune.grid_search(list(values))
+    if len(seeds) == 1:
+        space["seed"] = seeds[0]
+    return space
+
+
+def trial_dirname(trial) -> str:
+    """A trial's folder: its seed and the grid values that set it apart, e.g. ``seed1_lr=0.0003``."""
+    varied = {k.split("/")[-1]: v for k, v in trial.evaluated_params.items() if k.split("/")[-1] != "seed"}
+    name = f"seed{trial.config.get('seed')}" + "".join(f"_{k}={v}" for k, v in sorted(varied.items()))
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", name)[:120]
+
+
+def _play_baselines(config, baselines: dict, folder: pathlib.Path, headline: str) -> None:
+    """Each scripted baseline on the headline environment's validation states, once for the experiment."""
+    from .rollout.models import load_policy
+    from .starpo import StarPO
+
+    folder.mkdir(exist_ok=True)
+    _, tokenizer = load_policy(config.model_config["model"], seed=config.seed or 0)
+    for name, policy in baselines.items():
+        path = folder.parent / baseline_file(name)
+        write_rollouts(path, StarPO.play_validation_states_scripted(config, policy, tokenizer, headline), tokenizer)
+    write_text_atomically(folder / "names.json", json.dumps({pathlib.Path(baseline_file(n)).name: n
+                                                             for n in baselines}))
+
+
+class JobConsole(Callback):
+    """Tune's callback on the driver that prints what a person follows: the score before RL, one line per
+    iteration with an honest time left (:class:`_Clock`), each validation. With several trials each line starts
+    with the trial's folder name."""
+
+    def __init__(self, iterations: int, validation_interval: int, env: str, headline: str, trials: int):
+        self.iterations, self.interval, self.env, self.headline = iterations, validation_interval, env, headline
+        super().__init__()
+        self.several = trials > 1
+        self.clocks: dict[str, _Clock] = {}
+        self.recent: dict[str, list[dict]] = {}
+        self.before: dict[str, float] = {}
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        from ray.tune.utils import flatten_dict
+
+        row = flatten_dict(result, delimiter="/")
+        label = f"[{trial.storage.trial_dir_name}] " if self.several else ""
+        key = VALIDATION + M.env_metric(self.headline, M.SUCCESS)
+        before_key = f"{BEFORE_RL}/{TRAINING}{M.env_metric(self.headline, M.SUCCESS)}"
+        if before_key in row:
+            self.before[trial.trial_id] = row[before_key]
+            print(f"{label}before RL: validation success {row[before_key]:.3f} on the held-out states of "
+                  f"{self.headline}", flush=True)
+        done = int(row["training_iteration"])
+        clock = self.clocks.setdefault(trial.trial_id, _Clock(self.iterations, self.interval))
+        validated = row.get(VALIDATED_AT) == done
+        clock.record(float(row.get("time_this_iter_s", math.nan)), validated)
+        rows = self.recent.setdefault(trial.trial_id, [])
+        rows[:] = [*rows[-(SMOOTHING - 1):], row]
+        success = TRAINING + M.env_metric(self.env, M.SUCCESS)
+        smoothed = statistics.fmean([r.get(success, math.nan) for r in rows])
+        print(f"{label}iter {done:3d}/{self.iterations} | success {row.get(success, math.nan):.2f} "
+              f"({SMOOTHING}-it mean {smoothed:.2f}) "
+              f"| reward {row.get(TRAINING + M.EPISODE_RETURN_MEAN, math.nan):+.3f} "
+              f"(in-group std {row.get(M.FILTER_REWARD_STD, math.nan):.3f}) "
+              f"| entropy {row.get(LEARNER + M.ENTROPY, math.nan):.3f} "
+              f"| format errors {row.get(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), math.nan):.2f} "
+              f"| {clock.last_s:.1f} s/it | left ~{clock.seconds_left(done) / 60:.1f} min", flush=True)
+        if validated or (done >= self.iterations and key in row):
+            before = self.before.get(trial.trial_id)
+            print(f"{label}  validation at iteration {done}: success {row.get(key, math.nan):.3f}"
+                  + (f" (before RL {before:.3f})" if before is not None else ""), flush=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        print(f"trial {trial.storage.trial_dir_name} failed: see {trial.path}/error.txt", flush=True)
+
+
+# ---- the warm start ---------------------------------------------------------------------------------------------
+def cached_warm_start(config, job: JobSettings, policy: Callable[[str], str]) -> str:
+    """The warm-start model for these settings: trained once into ``<output_dir>/warm_starts/<key>/`` (``key``: a
+    hash of everything the warm start depends on, :func:`warm_start_key`), then reused by every later run, seed
+    and trial with the same settings. Written to a side folder and renamed, so a killed warm start is no cache."""
+    key = warm_start_key(config, job, policy)
+    path = pathlib.Path(job.output_dir).resolve() / WARM_STARTS / key
+    if (path / "config.json").is_file():
+        print(f"warm start: reusing {path} (the same settings)", flush=True)
+        return str(path)
+    partial = path.with_name(f"{key}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    warm_start(config, job, policy, partial)
+    try:
+        os.replace(partial, path)
+    except OSError:  # another job trained the same warm start meanwhile: use theirs
+        shutil.rmtree(partial, ignore_errors=True)
+    return str(path)
+
+
+def warm_start_key(config, job: JobSettings, policy: Callable[[str], str]) -> str:
+    """A short hash of the warm start's settings: the model, the demonstrations' agent loop, the policy that plays
+    them (its name and the plain values it closes over), the warm-start flags and the seed."""
+    closure = [c.cell_contents for c in getattr(policy, "__closure__", None) or ()]
+    settings = {
+        "model": str(config.model_config["model"]), "dtype": str(config.model_config.get("dtype")),
+        "seed": config.seed or 0, "rollout": repr(demonstration_rollout_config(config, job)),
+        "policy": f"{getattr(policy, '__module__', '')}.{getattr(policy, '__qualname__', type(policy).__name__)}",
+        "policy_values": [repr(v) for v in closure if isinstance(v, (bool, int, float, str, type(None)))],
+        "job": {f.name: getattr(job, f.name) for f in dataclasses.fields(job) if f.name.startswith("warm_start")},
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def demonstration_rollout_config(config, job: JobSettings):
@@ -94,7 +346,8 @@ def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pat
         raise ValueError(f"A demonstrated reply takes {longest} tokens, more than max_new_tokens_per_turn="
                          f"{config.max_new_tokens_per_turn} lets the policy write; raise it to at least {longest} "
                          f"(--max-new-tokens-per-turn {longest}) or demonstrate shorter replies.")
-    curve = (held_out_greedy_curve(config, model, tokenizer, path.parent / WARM_START_CURVE)
+    path.mkdir(parents=True, exist_ok=True)  # the held-out curve is written beside the model as it trains
+    curve = (held_out_greedy_curve(config, model, tokenizer, path / WARM_START_CURVE)
              if job.warm_start_eval_interval else None)
     losses = supervised_warm_start(model, demos, steps=job.warm_start_steps, batch_size=job.warm_start_batch_size,
                                    lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id,
@@ -147,403 +400,8 @@ def held_out_greedy_curve(config, model, tokenizer, path: pathlib.Path) -> Calla
     return evaluate
 
 
-def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str] | None = None,
-            reference_lines: dict[str, float] | None = None,
-            baselines: dict[str, Callable[[str], str]] | None = None) -> dict:
-    """Warm start (when a demonstration policy is given), train, and write the outputs. Returns the summary.
 
-    The run gets its own folder (``experiment_outputs``); its path is printed first and stored in the summary
-    (``run_dir``). Validation runs before training and every ``validation_interval`` iterations, as the config
-    says, and once more after the last iteration when that one did not validate, so "after" is always the trained
-    policy. The verdict against ``job.pass_bar`` (the least rise of validation success over the warm start that
-    counts as learning) is printed and stored in the summary (``success_gain``, ``passed``).
-    ``reference_lines`` (e.g. ``{"random policy": 0.22, "optimal policy": 1.0}``) are drawn on the success panel.
-    ``baselines`` (name: a scripted policy, prompt text -> reply, e.g. ``frozen_lake_hole_blind_policy()``) are
-    played on the headline environment's validation states (``headline_environment``) before RL, and the greedy
-    agent is paired against each before and after RL: which states it solves that the baseline fails, and the
-    reverse (``summary.json``'s ``baselines``; their episodes under ``baselines/`` in the run folder). The final
-    table and ``summary.json`` score the headline environment: the first validation environment that is the first
-    training environment, else the first validation environment.
-    """
-    job.validate(config)
-    files = [baseline_file(name) for name in baselines or {}]  # before any work: each baseline needs its own file
-    if len(set(files)) < len(files):
-        raise ValueError(f"baselines {sorted(baselines)} would share a file ({files}): give them names that differ "
-                         "in their letters or digits.")
-    if set(baselines or {}) & set(reference_lines or {}):  # the curve draws both by name: one would hide the other
-        raise ValueError(f"{sorted(set(baselines) & set(reference_lines))} names both a baseline and a reference "
-                         "line; rename one.")
-    if not job.verbose:
-        keep_notices_off_the_console()
-    if not config.sentinel_rules and job.sentinel != "off":  # custom rules (--sentinel-rules) replace the built-in
-        config = config.copy(copy_frozen=False).training(sentinel_rules=echo_trap_rules(job.sentinel))
-    out = resolve_run_folder(job.output_dir, job.run_name, job.resume, config.seed or 0)
-    check_output_paths(out)  # before any work: a run must not train for minutes and then fail to save
-    check_resume(out / CHECKPOINT, job.resume)
-    start_run_folder(out, config, job)
-    try:
-        return _run(config, job, demonstration_policy, out, reference_lines or {}, baselines or {})
-    finally:
-        close_run_log()
-
-
-def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, reference_lines: dict,
-         baselines: dict) -> dict:
-    import ray
-
-    if not job.verbose:
-        send_notices_to(out / "job.log")
-    torch.set_num_threads(job.threads)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False,
-                 **({} if job.verbose else {"logging_level": logging.ERROR}))
-        if not job.verbose:
-            keep_notices_off_the_console()  # ray.init set up its console handler again
-    t_start, earlier_s = time.perf_counter(), 0.0
-    _print_plan(config, job, out, demonstration_policy is not None)
-
-    base_model = config.model_config["model"]
-    warm_started = demonstration_policy is not None and job.warm_start_steps > 0 and job.warm_start_episodes > 0
-    if warm_started:
-        warm_dir = out / "warm_start"
-        if job.resume and (warm_dir / "config.json").is_file():
-            model = str(warm_dir)  # the checkpoint was trained from it; fine-tuning again would only cost time
-            print(f"warm start: reusing {warm_dir}", flush=True)
-        else:
-            model = warm_start(config, job, demonstration_policy, warm_dir)
-        config = config.copy(copy_frozen=False).rl_module(model_config={**user_model_config(config), "model": model})
-    # The "before" validation runs here, not inside the first train(): its score is printed as soon as it is known
-    # and its one-off cost stays out of the iteration times. Same seeds and sampling seed, so the same numbers.
-    # Whatever validation_interval says (0: no validation between iterations), the job measures after RL; it
-    # measures before RL too unless validate_before_training is off, and then has no gain to report.
-    validate_first = bool(not job.resume and config.validate_before_training)
-    if validate_first:
-        config = config.copy(copy_frozen=False).training(validate_before_training=False)
-    headline = headline_environment(config)  # what the table, curves and viewer score
-    algo = config.build_algo()
-    rows: list[dict] = []
-    validations: list[dict] = []
-    clock = _Clock(job.iterations, config.validation_interval)
-    tensorboard = TensorBoardLog(out / "tensorboard")
-    try:
-        # Played first (seconds), so that a baseline that cannot play these states fails before any RL.
-        if baselines:
-            (out / BASELINES).mkdir(exist_ok=True)
-        for name, policy in baselines.items():
-            write_rollouts(out / baseline_file(name), play_baseline(config, policy, algo.tokenizer), algo.tokenizer)
-        if job.resume:
-            algo.restore_from_path(out / CHECKPOINT)
-            rows = read_csv(out / "metrics.csv", up_to=algo.iteration)
-            keep_rollouts_up_to(out / TRAINING_ROLLOUTS, algo.iteration)  # later ones are played again
-            for row in rows:
-                _keep_validation(row, validations)
-            print(f"resumed from {out / CHECKPOINT} at iteration {algo.iteration} ({len(rows)} rows of metrics.csv "
-                  "kept)", flush=True)
-            earlier_s = rows[-1].get(JOB_WALL_TIME, 0.0) if rows else 0.0  # the sessions before this one
-            if algo.iteration >= job.iterations:  # never silent: the run keeps the iterations it has
-                print(f"the run is at iteration {algo.iteration}, and iterations is {job.iterations}: nothing left "
-                      "to train (raise --iterations to train longer); validating and writing its outputs again",
-                      flush=True)
-        elif validate_first:
-            t0 = time.perf_counter()
-            before = flatten_result({"evaluation": {"env_runners": algo.evaluate_validation_set()}})
-            clock.validation_s = time.perf_counter() - t0
-            _keep_validation(before, validations)
-            tensorboard.write(before, 0)
-            # kept for the paired comparison and the viewer
-            write_rollouts(out / BEFORE_ROLLOUTS, algo.last_validation, algo.tokenizer)
-            write_rollouts(out / BEFORE_GREEDY_ROLLOUTS, algo.play_validation_states(0.0), algo.tokenizer)
-            print(f"before RL: validation success {_validation_summary(before, config)} ({clock.validation_s:.0f} s)",
-                  flush=True)
-        while algo.iteration < job.iterations:
-            t0 = time.perf_counter()
-            result = algo.train()
-            row = flatten_result(result)
-            row[JOB_WALL_TIME] = earlier_s + time.perf_counter() - t_start
-            rows.append(row)
-            _record_firings(algo, out)
-            if algo.last_token_advantages:  # the probe ran: keep a sample of this rollout, with its advantages
-                _keep_training_sample(algo, out / TRAINING_ROLLOUTS)
-            validated = _keep_validation(row, validations)
-            clock.record(time.perf_counter() - t0, validated)
-            _print_progress(config.env_name, job.iterations, rows, clock)
-            if validated:
-                print(f"  validation at iteration {algo.iteration}: success "
-                      f"{_validation_summary(validations[-1], config)} "
-                      f"(before RL {_validation_summary(validations[0], config, counts=False)})", flush=True)
-            write_csv(out / "metrics.csv", rows)
-            # Rows between validations repeat the last validation's numbers: TensorBoard gets them once, at the
-            # iteration they were measured.
-            tensorboard.write(row if validated else {k: v for k, v in row.items() if not k.startswith(VALIDATION)},
-                              algo.iteration)
-            stopping = bool(result.get("done"))
-            if job.checkpoint_interval and (algo.iteration % job.checkpoint_interval == 0
-                                            or algo.iteration == job.iterations or stopping):
-                algo.save_to_path(out / CHECKPOINT)
-            if stopping:
-                print(f"stopped at iteration {algo.iteration} of {job.iterations} by the sentinel (see above and "
-                      f"{out / SENTINEL_FILE})", flush=True)
-                break
-        if (not algo.last_validation or not validations
-                or validations[-1][VALIDATED_AT] != algo.iteration):
-            after = flatten_result({"evaluation": {"env_runners": algo.evaluate_validation_set()}})
-            _keep_validation(after, validations)
-            tensorboard.write(after, algo.iteration)
-        write_rollouts(out / AFTER_ROLLOUTS, algo.last_validation, algo.tokenizer, iteration=algo.iteration)
-        write_rollouts(out / AFTER_GREEDY_ROLLOUTS, algo.play_validation_states(0.0), algo.tokenizer,
-                       iteration=algo.iteration)
-        algo.export_pretrained(out / "policy")
-        write_viewer(out, validation_env=headline.name)
-    finally:
-        algo.stop()
-        tensorboard.close()
-    summary = _summary(config, base_model, rows, validations, earlier_s + time.perf_counter() - t_start)
-    summary["success_gain"] = summary["after"][M.SUCCESS] - summary["before"][M.SUCCESS]
-    summary["passed"] = bool(summary["success_gain"] >= job.pass_bar)
-    scored = {headline.name} if config.is_mixture else None  # the table's environment; by_env has the others
-    summary["paired"] = _paired(out, SAMPLED_AND_GREEDY["sampled"], scored)
-    summary["paired_greedy"] = _paired(out, SAMPLED_AND_GREEDY["greedy"], scored)
-    summary["reasoning_entropy"] = _reasoning_entropy(out, scored)
-    summary["reasoning_grounded"] = _reasoning_grounded(out, scored)
-    if baselines:
-        summary["baselines"] = _against_baselines(config, out, baselines)
-    if config.is_mixture:
-        summary["by_env"] = {e.name: {mode: _paired(out, files, {e.name}) for mode, files in SAMPLED_AND_GREEDY.items()}
-                             for e in config.validation_environments()}
-    trained = trained_seeds_by_env(config, algo.seed_schedule.next_train)
-    for env_name, seeds in demonstrated_seeds(config.model_config["model"]).items():
-        trained.setdefault(env_name, []).extend(seeds)
-    summary["held_out"] = _held_out(config, out, trained)
-    summary["sentinel_firings"] = [dataclasses.asdict(f) for f in algo.sentinel.firings]
-    summary["run_dir"] = str(out)
-    # Standard JSON (NaN as null), and never half-written
-    write_text_atomically(out / "summary.json", json.dumps(json_ready(summary), indent=2, allow_nan=False))
-    title = (f"{config.env_name} | model {pathlib.Path(str(base_model)).name} | seed {config.seed} | "
-             f"{summary['iterations']} iterations")
-    baseline_lines = {name: b["success"] for name, b in summary.get("baselines", {}).items()}
-    plot_learning_curve(out / "learning_curve.png", rows, validations, config.env_name, title,
-                        {"warm start": summary["before"][M.SUCCESS], **reference_lines, **baseline_lines},
-                        validation_env=headline.name)
-    _print_table(summary, config)
-    _print_paired(summary, config)
-    if math.isfinite(summary["success_gain"]):
-        print(f"success gain {summary['success_gain']:+.3f} (bar {job.pass_bar}): "
-              f"{'PASS' if summary['passed'] else 'below the bar'}")
-    else:
-        print(f"success gain not measured: no validation before RL (validate_before_training=False), so the bar "
-              f"({job.pass_bar}) is not judged")
-    print(f"outputs: {out}")
-    return summary
-
-
-def _keep_training_sample(algo, path: pathlib.Path, unkept: int = 8) -> None:
-    """Append this iteration's trained episodes (with their token advantages) and ``unkept`` of the episodes the
-    rollout filter left out to the training sample the viewer shows."""
-    advantages = algo.last_token_advantages
-    left_out = [i for i in range(len(algo.last_rollout)) if i not in advantages][:unkept]
-    chosen = sorted([*advantages, *left_out])
-    write_rollouts(path, [algo.last_rollout[i] for i in chosen], algo.tokenizer, iteration=algo.iteration,
-                   advantages={new: advantages[old] for new, old in enumerate(chosen) if old in advantages},
-                   append=True)
-
-
-def _record_firings(algo, out: pathlib.Path) -> None:
-    """Keep the run's sentinel firings in ``sentinel.json`` (the algorithm logs each one as a warning)."""
-    if algo.sentinel.rules:
-        write_text_atomically(out / SENTINEL_FILE,
-                              json.dumps([dataclasses.asdict(f) for f in algo.sentinel.firings], indent=2))
-
-
-SAMPLED_AND_GREEDY = {"sampled": (BEFORE_ROLLOUTS, AFTER_ROLLOUTS),
-                     "greedy": (BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS)}
-
-
-def _outcome_pair(out: pathlib.Path, files: tuple[str, str], envs: set[str] | None = None) -> tuple[dict, dict] | None:
-    """Each held-out state's success before and after RL (``files``), of the environments named ``envs`` (None:
-    all); None without both files, with different states, or with fewer than two."""
-    if not all((out / name).is_file() for name in files):
-        return None
-    before, after = (read_outcomes(out / name) for name in files)
-    if envs is not None:
-        before, after = ({k: v for k, v in outcomes.items() if state_of(k)[0] in envs} for outcomes in (before, after))
-    if before.keys() != after.keys() or len(before) < 2:
-        return None  # e.g. a resumed run whose validation settings changed: not the same states
-    return before, after
-
-
-def _held_out_file_pairs(out: pathlib.Path):
-    """(mode, before file, after file) for sampled and greedy, where the run wrote both files of the pair."""
-    for mode, (before, after) in SAMPLED_AND_GREEDY.items():
-        if (out / before).is_file() and (out / after).is_file():
-            yield mode, out / before, out / after
-
-
-def _reasoning_entropy(out: pathlib.Path, envs: set[str] | None) -> dict | None:
-    """The entropy of the first turn's reasoning over the held-out episodes before and after RL, sampled and
-    greedy (``collapse.reasoning_entropy``, nats); None where the replies carry no reasoning."""
-    result = {}
-    for mode, before_file, after_file in _held_out_file_pairs(out):
-        before, after = (read_first_reasonings(path, envs) for path in (before_file, after_file))
-        if before is not None and after is not None and (any(before) or any(after)):
-            result[mode] = {"before": reasoning_entropy(before), "after": reasoning_entropy(after),
-                            "episodes": len(after)}
-    return result or None
-
-
-def _reasoning_grounded(out: pathlib.Path, envs: set[str] | None) -> dict | None:
-    """The share of the checkable claims about the state in the held-out episodes' reasoning that held, before
-    and after RL, sampled and greedy (``TextEnv.reasoning_claims``); None where the environment checked none."""
-    result = {}
-    for mode, before_file, after_file in _held_out_file_pairs(out):
-        (checked_before, true_before), (checked_after, true_after) = (
-            read_reasoning_claims(path, envs) for path in (before_file, after_file))
-        if checked_before and checked_after:
-            result[mode] = {"before": true_before / checked_before, "after": true_after / checked_after,
-                            "claims_before": checked_before, "claims_after": checked_after}
-    return result or None
-
-
-def _paired(out: pathlib.Path, files: tuple[str, str], envs: set[str] | None = None) -> dict | None:
-    """The paired comparison (``paired_stats``) of two validation files of the run; None as ``_outcome_pair``."""
-    pair = _outcome_pair(out, files, envs)
-    return None if pair is None else paired_comparison(*pair).as_dict()
-
-
-DEMONSTRATIONS_FILE = "demonstrations.json"  # in a warm start's folder: the environment and seeds it was shown
-
-
-def demonstrated_seeds(model: str) -> dict[str, range]:
-    """``{env name: seeds}`` of the demonstrations a warm start saved in folder ``model`` was trained on (this
-    run's or an earlier run's, passed as ``--model``); empty for a model without the record (a built-in one)."""
-    record = pathlib.Path(str(model)) / DEMONSTRATIONS_FILE
-    if not record.is_file():
-        return {}
-    shown = json.loads(record.read_text())
-    return {shown["env"]: range(*shown["seeds"])}
-
-
-def trained_seeds_by_env(config, next_train: int) -> dict[str, list[int]]:
-    """The seeds each training environment was reset with, training seeds ``train_seed_start`` to ``next_train``
-    (the algorithm's seed schedule), ``num_groups`` per step, shared out as ``config.training_starts`` does."""
-    seeds = list(range(config.train_seed_start, next_train))
-    by_env: dict[str, list[int]] = {e.name: [] for e in config.training_environments()}
-    for step in range(0, len(seeds), config.num_groups):
-        for start in config.training_starts(seeds[step:step + config.num_groups]):
-            name, seed = start if isinstance(start, tuple) else (config.env_name, start)
-            by_env[name].append(seed)
-    return by_env
-
-
-def headline_environment(config) -> EnvEntry:
-    """The validation environment a run's final table, paired statistics, baselines and held-out splits score: the
-    first one that builds the first training environment (the same environment with the same arguments, whatever
-    its name), else the first validation environment (a run that validates only on environments it does not train
-    on, as a transfer study does)."""
-    first = config.training_environments()[0]
-    entries = config.validation_environments()
-    return next((e for e in entries if (e.env, e.env_config) == (first.env, first.env_config)), entries[0])
-
-
-def play_baseline(config, policy: Callable[[str], str], tokenizer) -> list:
-    """A scripted ``policy`` on the headline environment's validation states, as many episodes per state
-    as validation plays, in the same agent loop (prompts, budgets, transition seeds): the outcomes a run pairs
-    its agent against (``run_job``'s ``baselines``)."""
-    from .rollout.backends import SamplingParams, ScriptedBackend
-    from .rollout.engine import RolloutEngine
-
-    name = headline_environment(config).name
-    starts = [s for s in config.validation_starts() if not isinstance(s, tuple) or s[0] == name]
-    engine = RolloutEngine(config.rollout_config(), ScriptedBackend(policy, tokenizer), tokenizer)
-    trajectories, _ = engine.rollout(starts, config.validation_group_size,
-                                     SamplingParams(max_new_tokens=config.max_new_tokens_per_turn))
-    return trajectories
-
-
-def _against_baselines(config, out: pathlib.Path, baselines: dict) -> dict:
-    """Per baseline: its success on the states it played, and the greedy agent paired against it before and after
-    RL (``paired_stats``: "before" is the baseline, "after" the agent, so "improved" counts the states the agent
-    solves and the baseline fails)."""
-    names = {headline_environment(config).name}
-    result = {}
-    for name in baselines:
-        outcomes = read_outcomes(out / baseline_file(name))
-        result[name] = {"file": baseline_file(name), "states": len(outcomes),
-                        "success": sum(outcomes.values()) / max(len(outcomes), 1)}
-        for when, agent in (("warm_start", BEFORE_GREEDY_ROLLOUTS), ("after_rl", AFTER_GREEDY_ROLLOUTS)):
-            result[name][when] = _paired(out, (baseline_file(name), agent), names)
-    return result
-
-
-def _held_out(config, out: pathlib.Path, trained: dict[str, list[int]]) -> dict | None:
-    """Held-out success on the headline environment's validation states, split by whether training ever showed
-    the state and by its optimal solution length (where the environment computes one), sampled and greedy
-    (``held_out.py``). Training showed a state if a training environment that builds the same environment with
-    the same arguments (whatever its name) was reset to it."""
-    headline = headline_environment(config)
-    builds = (headline.env, headline.env_config)
-    pairs = {mode: _outcome_pair(out, files, {headline.name}) for mode, files in SAMPLED_AND_GREEDY.items()}
-    pairs = {mode: pair for mode, pair in pairs.items() if pair is not None}
-    if not pairs:
-        return None
-    states = next(iter(pairs.values()))[0].keys()
-    seed_of = {state: state_of(state)[1] for state in states}
-    described = initial_states(*builds, set(seed_of.values()), solution_lengths=True)
-    trained_here = [seed for e in config.training_environments() if (e.env, e.env_config) == builds
-                    for seed in trained.get(e.name, [])]
-    seen = {key for key, _ in initial_states(*builds, trained_here).values()}
-    seen_label = {s: "seen in training" if described[seed_of[s]][0] in seen else "unseen" for s in states}
-    result = {"env": headline.name, "training_states": len(seen),
-              "unseen_states": sum(label == "unseen" for label in seen_label.values()),
-              "by_seen": {name: paired_by_subset(*pair, seen_label) for name, pair in pairs.items()}}
-    lengths = {s: described[seed_of[s]][1] for s in states}
-    if any(length is not None for length in lengths.values()):
-        result["by_solution_length"] = {name: paired_by_subset(*pair, lengths) for name, pair in pairs.items()}
-    return result
-
-
-def _validation_summary(row: dict, config, counts: bool = True) -> str:
-    """Validation success in a row: ``"0.172 on 256 held-out states"``, or per environment for a mixture."""
-    entries = config.validation_environments()
-    if not config.is_mixture:
-        return f"{_validation_success(row, entries[0].name):.3f}" + f" on {entries[0].count} held-out states" * counts
-    return "; ".join(f"{e.name} {_validation_success(row, e.name):.3f}" + f" ({e.count} states)" * counts
-                     for e in entries)
-
-
-def _print_paired(summary: dict, config) -> None:
-    """The paired before/after lines of the final table: sampled, greedy, unseen states, by solution length."""
-    for key, label in (("paired", f"paired, T={config.validation_temperature:g}"), ("paired_greedy", "paired, greedy")):
-        if summary.get(key):
-            print(f"{label:28s}{PairedComparison(**summary[key]).describe()}")
-    for mode, grounded in (summary.get("reasoning_grounded") or {}).items():
-        print(f"{'reasoning grounded, ' + mode:28s}{grounded['before']:.3f} -> {grounded['after']:.3f} of "
-              f"{grounded['claims_before']} -> {grounded['claims_after']} checked claims about the state")
-    for mode, entropy in (summary.get("reasoning_entropy") or {}).items():
-        # log n is the most it can be: every episode reasoning differently
-        print(f"{'reasoning entropy, ' + mode:28s}{entropy['before']:.3f} -> {entropy['after']:.3f} nats over "
-              f"{entropy['episodes']} first turns (at most {math.log(max(entropy['episodes'], 1)):.2f})")
-    if any(any(comparisons.values()) for comparisons in (summary.get("by_env") or {}).values()):
-        print("validation environments, paired before -> after:")
-        for env, comparisons in summary["by_env"].items():
-            for mode, comparison in comparisons.items():
-                if comparison:
-                    print(f"  {env:40s}{mode:9s}{PairedComparison(**comparison).describe()}")
-    for name, baseline in (summary.get("baselines") or {}).items():
-        print(f"against the baseline '{name}' (it -> the greedy agent, on the same {baseline['states']} states):")
-        for when, label in (("warm_start", "warm start"), ("after_rl", "after RL")):
-            if baseline[when]:
-                print(f"  {label:26s}{PairedComparison(**baseline[when]).describe()}")
-    held_out = summary.get("held_out") or {}
-    for name, subsets in held_out.get("by_seen", {}).items():
-        if isinstance(subsets.get("unseen"), dict) and "p_value" in subsets["unseen"]:
-            print(f"{'unseen states, ' + name:28s}{PairedComparison(**subsets['unseen']).describe()}")
-    for name, subsets in held_out.get("by_solution_length", {}).items():
-        cells = ", ".join(f"{length}: {c['before']:.2f}->{c['after']:.2f} (n={c['n']})" for length, c in subsets.items())
-        print(f"{'by solution length, ' + name:28s}{cells}")
-
-
-def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool) -> None:
+def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, trials: int) -> None:
     print(f"run folder: {out} ({pathlib.Path(job.output_dir) / LATEST} points here)", flush=True)
     steps = []
     if warm_starts and job.warm_start_steps > 0 and job.warm_start_episodes > 0 and not job.resume:
@@ -551,7 +409,8 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool) 
         steps.append(f"warm start {job.warm_start_steps} steps on {job.warm_start_episodes} demonstrations{cut}")
     groups = " + ".join(f"{e.count} {e.name}" for e in config.training_environments()) \
         if config.train_envs else f"{config.num_groups}"
-    steps.append(f"{job.iterations} StarPO iterations of {groups} groups x {config.group_size} episodes")
+    steps.append(f"{job.iterations} StarPO iterations of {groups} groups x {config.group_size} episodes"
+                 + (f" in each of {trials} trials" if trials > 1 else ""))
     states = ", ".join(f"{e.count} of {e.name}" for e in config.validation_environments()) \
         if config.is_mixture else f"{config.validation_size}"
     when = [*(["before RL"] if config.validate_before_training and not job.resume else []),
@@ -600,6 +459,7 @@ class _Clock:
         return typical * len(left) + (validation or 0.0) * validations
 
 
+
 def flatten_result(result: dict, prefix: str = "") -> dict:
     """Scalar results as one flat row, each named by its path in the result (``env_runners/episode_return_mean``)."""
     row = {}
@@ -614,72 +474,3 @@ def flatten_result(result: dict, prefix: str = "") -> dict:
             except (TypeError, ValueError):
                 continue
     return row
-
-
-def _keep_validation(row: dict, validations: list[dict]) -> bool:
-    """Remember a row's validation metrics once (rows between validations repeat or lack the last ones); True
-    when the row brought a new validation."""
-    validated_at = row.get(VALIDATED_AT, math.nan)
-    if math.isfinite(validated_at) and (not validations or validations[-1][VALIDATED_AT] != validated_at):
-        validations.append({k: v for k, v in row.items() if k.startswith(VALIDATION)})
-        return True
-    return False
-
-
-def _validation_success(row: dict, env: str) -> float:
-    return row.get(VALIDATION + M.env_metric(env, M.SUCCESS), math.nan)
-
-
-def _print_progress(env: str, iterations: int, rows: list[dict], clock: _Clock) -> None:
-    row = rows[-1]
-    done = int(row["training_iteration"])
-    key = TRAINING + M.env_metric(env, M.SUCCESS)
-    smoothed = trailing_mean([r.get(key, math.nan) for r in rows[-SMOOTHING:]], SMOOTHING)[-1]
-    print(f"iter {done:3d}/{iterations} | success {row.get(key, math.nan):.2f} ({SMOOTHING}-it mean {smoothed:.2f}) "
-          f"| reward {row.get(TRAINING + M.EPISODE_RETURN_MEAN, math.nan):+.3f} "
-          f"(in-group std {row.get(M.FILTER_REWARD_STD, math.nan):.3f}) "
-          f"| entropy {row.get(LEARNER + M.ENTROPY, math.nan):.3f} "
-          f"| format errors {row.get(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), math.nan):.2f} "
-          f"| {clock.last_s:.1f} s/it "
-          f"| left ~{clock.seconds_left(done) / 60:.1f} min", flush=True)
-
-
-def _summary(config, base_model: str, rows: list[dict], validations: list[dict], wall_s: float) -> dict:
-    headline = headline_environment(config).name
-    measured_before = bool(validations) and validations[0][VALIDATED_AT] == 0
-
-    def val(index: int, name: str) -> float:
-        key = VALIDATION + M.env_metric(headline, name)
-        return validations[index].get(key, math.nan) if validations else math.nan
-
-    pooled = TRAINING + M.POOLED + "/"
-    generated = sum(r.get(pooled + M.RESPONSE_TOKENS_PER_TURN, 0) * r.get(pooled + M.NUM_TURNS, 0)
-                    * r.get(pooled + M.NUM_TRAJECTORIES, 0) for r in rows)
-    generate_s = sum(r.get(TRAINING + M.TIME_GENERATE, 0) for r in rows)
-    return {
-        "env": headline, "model": base_model, "iterations": len(rows),
-        "validation_episodes": int(val(-1, M.NUM_TRAJECTORIES)) if validations else 0,
-        "validation_temperature": config.validation_temperature,
-        # NaN, not the first later validation, when nothing was measured before RL
-        "before": {n: val(0, n) if measured_before else math.nan for n in SUMMARY_METRICS},
-        "after": {n: val(-1, n) for n in SUMMARY_METRICS},
-        "validated_at": [int(v[VALIDATED_AT]) for v in validations],
-        "rollout_tokens_per_s": generated / generate_s if generate_s else math.nan,
-        "update_tokens_per_s": rows[-1].get(LEARNER + M.UPDATE_TOKENS_PER_S, math.nan) if rows else math.nan,
-        "wall_time_s": wall_s,
-    }
-
-
-def _print_table(summary: dict, config) -> None:
-    print(f"\n{summary['env']}, model {summary['model']}, {summary['iterations']} iterations, validation on "
-          f"{summary['validation_episodes']} held-out initial states (temperature {config.validation_temperature})")
-    print(f"{'':28s}{'before':>10s}{'after':>10s}")
-
-    def cell(value: float) -> str:
-        return f"{value:10.3f}" if math.isfinite(value) else f"{'-':>10s}"
-
-    for name in SUMMARY_METRICS:
-        print(f"{name:28s}{cell(summary['before'][name])}{cell(summary['after'][name])}")
-    print(f"{'rollout tokens/s':28s}{summary['rollout_tokens_per_s']:20,.0f}")
-    print(f"{'update tokens/s':28s}{summary['update_tokens_per_s']:20,.0f}")
-    print(f"{'wall time':28s}{summary['wall_time_s'] / 60:17.1f} min")

@@ -5,8 +5,8 @@ entry in ``training``'s docstring and the job's own value as the default; so are
 (learning rate, environment, model, seed, resources) and the driver's settings. There is no second list of knobs
 to keep in step: a knob added to ``STARPO_S_DEFAULTS`` and documented in ``training`` is a flag.
 
-Precedence, lowest first: the job's config, then on a CUDA machine the ``"reference-gpu"`` preset and the job's
-own GPU settings, then ``--preset``, then every other flag given. The result is validated; a bad value exits
+Precedence, lowest first: the job's config, then with ``--preset reference-gpu`` the job's own GPU settings and
+run length, then ``--preset``, then every other flag given. A visible GPU changes nothing by itself. The result is validated; a bad value exits
 with code 2 and ``validate()``'s message, which names the field.
 """
 
@@ -21,10 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from .experiment_outputs import keep_notices_off_the_console
-from .rollout.vllm_backend import vllm_available
 from .sft import LR_SCHEDULES, WARM_START_PRECISIONS
 
 
@@ -39,7 +36,14 @@ class JobSettings:
     output_dir: str = _help("the job's folder: each run writes its metrics, plots, rollouts and model to a folder of "
                             "its own inside it", default="outputs/starpo")
     iterations: int = _help("StarPO training iterations (one rollout batch and update each)", default=20)
-    threads: int = _help("torch threads in the driver process", default=2)
+    threads: int = _help("torch threads (and CPUs) of each trial and of the warm start (0: the machine's CPUs shared "
+                         "among the trials)", default=0)
+    seeds: str = _help("run one trial per seed, e.g. '0,1,2', and report their spread (empty: the config's seed); "
+                       "the trials share one warm start and run side by side where the CPUs allow", default="")
+    grid: dict = _help("a sweep: one trial per combination of these config values, as JSON, e.g. "
+                       "'{\"lr\": [1e-4, 3e-4]}' (null: none)", default=None)
+    max_failures: int = _help("restart a failed trial from its last checkpoint up to this many times (Tune's "
+                              "FailureConfig)", default=0)
     warm_start_episodes: int = _help("demonstration episodes for the supervised warm start (0: none)", default=512)
     warm_start_steps: int = _help("supervised warm-start steps (0: start RL from the model as loaded)", default=200)
     warm_start_lr: float = _help("warm-start learning rate", default=2e-3)
@@ -64,11 +68,11 @@ class JobSettings:
                                           default=0)
     pass_bar: float = _help("least rise of validation success over the warm start that counts as learning",
                             default=0.05)
-    checkpoint_interval: int = _help("save the algorithm to output_dir/checkpoint every N iterations and after "
+    checkpoint_interval: int = _help("checkpoint each trial (Tune's checkpoint_<n>/ in its folder) every N iterations and after "
                                      "the last (0: never)", default=5)
     run_name: str = _help("the run's folder inside output_dir (empty: <timestamp>_seed<seed>); with --resume, the "
                           "run to continue (empty: the one output_dir/latest points at)", default="")
-    resume: bool = _help("continue a run from its checkpoint (after a crash, or with a larger --iterations); "
+    resume: bool = _help("continue a run's unfinished trials from their last checkpoints (Tune's Tuner.restore), "
                          "iterations after that checkpoint are trained again", default=False)
     verbose: bool = _help("show library notices (RLlib, Ray, transformers) and loading bars on the console; "
                           "otherwise they go to the run folder's job.log", default=False)
@@ -82,7 +86,7 @@ class JobSettings:
         """Raise ValueError naming each field of the wrong kind or out of range (against ``config``, the job's
         ``StarPOConfig``, where a setting depends on it)."""
         errors = []
-        least_values = {"iterations": 1, "threads": 1, "warm_start_batch_size": 1, "warm_start_episodes": 0,
+        least_values = {"iterations": 1, "threads": 0, "max_failures": 0, "warm_start_batch_size": 1, "warm_start_episodes": 0,
                         "warm_start_steps": 0, "checkpoint_interval": 0,  # 0: no warm start / no checkpoints
                         "warm_start_max_turns": 0,  # 0: the config's max_turns
                         "warm_start_eval_interval": 0}  # 0: no held-out curve
@@ -120,8 +124,35 @@ class JobSettings:
         if config is not None and isinstance(turns, int) and turns > config.max_turns:
             errors.append(f"warm_start_max_turns={turns} exceeds max_turns={config.max_turns}: demonstrations would "
                           "show turns the agent never plays. Lower it, or raise --max-turns.")
+        try:
+            self.seed_list(config)
+        except ValueError as error:
+            errors.append(str(error))
+        if self.grid is not None and (not isinstance(self.grid, dict) or not all(
+                isinstance(k, str) and isinstance(v, list) and v for k, v in self.grid.items())):
+            errors.append(f"grid={self.grid!r} must map config fields to non-empty lists of values, e.g. "
+                          "{\"lr\": [1e-4, 3e-4]}.")
+        elif self.grid and config is not None:
+            unknown = sorted(set(self.grid) - set(config.to_dict()))
+            if unknown:
+                errors.append(f"grid names {unknown}, which are not fields of the config; use the names of "
+                              "StarPOConfig's fields (e.g. lr, rollout_filter_ratio).")
         if errors:
             raise ValueError("Invalid JobSettings:\n  - " + "\n  - ".join(errors))
+
+    def seed_list(self, config=None) -> list[int]:
+        """The trials' seeds: ``seeds`` parsed, else the config's seed (0 when it has none)."""
+        if not isinstance(self.seeds, str):
+            raise ValueError(f"seeds={self.seeds!r} must be comma-separated integers, e.g. '0,1,2'.")
+        if not self.seeds.strip():
+            return [(config.seed if config is not None else None) or 0]
+        try:
+            seeds = [int(s) for s in self.seeds.split(",")]
+        except ValueError:
+            raise ValueError(f"seeds={self.seeds!r} must be comma-separated integers, e.g. '0,1,2'.") from None
+        if len(set(seeds)) < len(seeds):
+            raise ValueError(f"seeds={self.seeds!r} repeats a seed: each trial needs its own.")
+        return seeds
 
 
 SENTINEL_CHOICES = ("warn", "stop", "rollback", "off")
@@ -219,7 +250,7 @@ def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, g
         config: the job's ``StarPOConfig`` (not modified).
         job: the job's :class:`JobSettings` (not modified).
         argv: the flags (default: ``sys.argv[1:]``).
-        gpu_config: on a CUDA machine, called as ``gpu_config(config)`` after the ``"reference-gpu"`` preset: the
+        gpu_config: with ``--preset reference-gpu``, called as ``gpu_config(config)`` after the preset: the
             job's own GPU settings (e.g. a harder environment variant).
         description: the ``--help`` headline.
     """
@@ -252,12 +283,9 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
     config = config.copy(copy_frozen=False)
     job_fields = {f.name for f in dataclasses.fields(JobSettings)}
     given = vars(namespace)  # flags not given are absent (SUPPRESS): a given null is a value, None
-    if torch.cuda.is_available():
-        config.preset("reference-gpu")
-        if vllm_available():
-            config.training(inference_backend="vllm")
-        if gpu_config is not None:
-            gpu_config(config)
+    # GPU settings come only from an explicit --preset reference-gpu: a visible GPU changes nothing by itself.
+    gpu = given.get("preset") == "reference-gpu"
+    if gpu:
         job = dataclasses.replace(job, **REFERENCE_GPU_JOB)
     job = dataclasses.replace(job, **{k: v for k, v in given.items() if k in job_fields})
     if job.verbose is False:  # RLlib's API-stack notice comes at validate(): hold it for the run's job.log
@@ -265,12 +293,14 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
     try:
         if "preset" in given:
             config.preset(given["preset"])
+        if gpu and gpu_config is not None:
+            gpu_config(config)
         for name in config_flag_names():
             if name in given:
                 set_config_value(config, name, given[name])
-        if (torch.cuda.is_available() and config.inference_backend == "hf" and config.num_env_runners == 0
-                and "num_gpus_per_env_runner" not in given):
-            config.env_runners(num_gpus_per_env_runner=1)  # the driver samples: generate on its GPU, not its CPU
+        if gpu and config.inference_backend == "hf" and config.num_env_runners == 0 \
+                and "num_gpus_per_env_runner" not in given:
+            config.env_runners(num_gpus_per_env_runner=1)  # the preset's: the driver samples on its GPU
         config.validate()
         job.validate(config)
     except ValueError as error:

@@ -1,12 +1,14 @@
-"""What a main job writes, and where: run folders, metrics.csv, TensorBoard events, the learning curve, rollouts.
+"""What a main job writes, and where: run folders, the quiet console, rollout files, the learning curve.
 
-Every run gets its own folder, ``<output_dir>/<YYYYmmdd-HHMMSS>_seed<seed>/`` (or ``<output_dir>/<run_name>/``),
-and ``<output_dir>/latest`` points at the newest; ``--resume`` continues the run ``latest`` points at (or the one
-``--run-name`` names). A run folder holds ``run_config.json`` (the config and settings it ran with, and the
-command), ``metrics.csv``, ``tensorboard/`` (``tensorboard --logdir outputs/`` shows every run),
-``learning_curve.png``, ``validation_before.parquet`` and ``validation_rollouts.parquet`` (the validation
-episodes before and after RL, with their text), ``summary.json`` (with the paired before/after comparison),
-``job.log`` (library notices kept off the console), ``warm_start/``, ``checkpoint/`` and ``policy/``.
+A run folder is a Tune experiment folder, ``<output_dir>/<YYYYmmdd-HHMMSS>_seed<seed>/`` (or
+``<output_dir>/<run_name>/``), and ``<output_dir>/latest`` points at the newest. It holds ``run_config.json`` (the
+config and settings it ran with, and the command), ``job.log`` (library notices kept off the console),
+``baselines/``, the experiment's ``summary.json`` and one folder per trial. A trial folder holds Tune's
+``progress.csv``, ``result.json``, TensorBoard events and ``checkpoint_<n>/``, and the job's outputs
+(:mod:`rllib_ragen.callbacks`, :mod:`rllib_ragen.report`): ``validation_before.parquet`` and
+``validation_rollouts.parquet`` (the validation episodes before and after RL, with their text), their greedy
+twins, ``training_rollouts/``, ``sentinel.json``, ``policy/``, ``rollouts.html``, ``summary.json`` and
+``learning_curve.png``.
 """
 
 from __future__ import annotations
@@ -26,82 +28,28 @@ import time
 from . import metrics as M
 from .rollout.engine import Trajectory
 from .sentinel import as_rule
-from .starpo.checkpoints import recover_interrupted_save
 
-CHECKPOINT = "checkpoint"
+POLICY = "policy"  # the trained model, loadable by plain transformers
 LATEST = "latest"
 RUN_CONFIG = "run_config.json"
 BASELINES = "baselines"  # scripted baselines' episodes on the validation states (run_job's ``baselines``)
-OUTPUT_FOLDERS = ("policy", "warm_start", CHECKPOINT, "tensorboard", BASELINES)
 BEFORE_ROLLOUTS = "validation_before.parquet"  # the warm start's validation episodes
 AFTER_ROLLOUTS = "validation_rollouts.parquet"  # the trained policy's
 BEFORE_GREEDY_ROLLOUTS = "validation_before_greedy.parquet"  # the same states played greedily (temperature 0)
 AFTER_GREEDY_ROLLOUTS = "validation_greedy.parquet"
-TRAINING_ROLLOUTS = "training_rollouts.parquet"  # a sample of training episodes every few iterations
+TRAINING_ROLLOUTS = "training_rollouts"  # a sample of training episodes every few iterations: one Parquet file each
 WARM_START_CURVE = "warm_start_curve.csv"  # greedy held-out success during the warm start (warm_start_eval_interval)
 VIEWER_PAGE = "rollouts.html"
 SENTINEL_FILE = "sentinel.json"  # the sentinel's firings over the run
-OUTPUT_FILES = ("metrics.csv", "summary.json", "learning_curve.png", BEFORE_ROLLOUTS, AFTER_ROLLOUTS,
-                BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS, RUN_CONFIG, "job.log", SENTINEL_FILE, TRAINING_ROLLOUTS,
-                VIEWER_PAGE, WARM_START_CURVE)
 
 # Where the driver reads its numbers in a flattened result row (paths in Algorithm.train()'s result).
 TRAINING = "env_runners/"
 VALIDATION = "evaluation/env_runners/"
 LEARNER = "learners/default_policy/"
 VALIDATED_AT = VALIDATION + M.VALIDATION_ITERATION
-# The job's wall time up to a row (warm start and validations included), summed over the sessions of a resumed run.
-JOB_WALL_TIME = "job/wall_time_s"
 
 
 # ---- run folders ------------------------------------------------------------------------------------------------
-def resolve_run_folder(output_dir: str, run_name: str, resume: bool, seed: int) -> pathlib.Path:
-    """The run's folder (not created): ``run_name``'s, else for ``resume`` the one ``latest`` points at, else a
-    new ``<timestamp>_seed<seed>`` one. Fails before any work when there is nothing to resume."""
-    base = pathlib.Path(output_dir).resolve()
-    if base.exists() and not base.is_dir():
-        raise NotADirectoryError(f"output_dir {base} is a file; choose another --output-dir.")
-    if run_name:
-        return base / run_name
-    if resume:
-        latest = base / LATEST
-        if not latest.is_dir():
-            raise FileNotFoundError(f"--resume: {base} holds no run to continue (no '{LATEST}' link). Give the "
-                                    "--output-dir of the job, or --run-name of the run to continue.")
-        return latest.resolve()
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run, n = base / f"{stamp}_seed{seed}", 1
-    while run.exists():  # two runs started in the same second
-        n += 1
-        run = base / f"{stamp}_seed{seed}-{n}"
-    return run
-
-
-def check_output_paths(out: pathlib.Path) -> None:
-    """Fail before any work when an output could not be written where it goes (a file where a folder must be, or
-    the reverse): transformers' ``save_pretrained`` onto a file only logs an error, and the trained policy is lost.
-    """
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"run folder {out} is a file; choose another --output-dir or --run-name.")
-    wrong = [out / name for name in OUTPUT_FOLDERS if (out / name).exists() and not (out / name).is_dir()]
-    wrong += [out / name for name in OUTPUT_FILES if (out / name).is_dir()]
-    if wrong:
-        raise FileExistsError(f"these outputs would not be written: {[str(p) for p in wrong]} (a file where a folder "
-                              "goes, or a folder where a file goes); move them or choose another --run-name.")
-
-
-def check_resume(checkpoint: pathlib.Path, resume: bool) -> None:
-    """Before any work: ``resume`` needs a checkpoint, and a fresh run must not overwrite an earlier run's."""
-    recover_interrupted_save(checkpoint)  # a kill mid-save may have left the last checkpoint beside its place
-    if resume and not (checkpoint / "rllib_checkpoint.json").is_file():
-        raise FileNotFoundError(f"--resume: there is no checkpoint at {checkpoint}. Resume with the --output-dir of "
-                                "the run to continue, or start without --resume.")
-    if not resume and checkpoint.exists():
-        raise FileExistsError(f"{checkpoint.parent} holds the checkpoint of an earlier run. Continue it with --resume "
-                              "(raise --iterations to train longer), or choose another --run-name. Nothing was "
-                              "overwritten.")
-
-
 def start_run_folder(out: pathlib.Path, config, job) -> None:
     """Create the run folder, point ``latest`` at it, and record what it runs with."""
     out.mkdir(parents=True, exist_ok=True)
@@ -118,14 +66,16 @@ def start_run_folder(out: pathlib.Path, config, job) -> None:
     earlier = json.loads((out / RUN_CONFIG).read_text()) if (out / RUN_CONFIG).is_file() else {}
     if job.resume:
         record["resumed"] = [*earlier.get("resumed", []), record["started"]]
-        record["changed_on_resume"] = earlier.get("changed_on_resume", [])
         changed = changed_settings(earlier.get("config", {}), record["config"])
-        if changed:
-            # Allowed (a resumed run may move to more env runners), but never silent, and the old values are kept.
-            record["changed_on_resume"].append({"at": record["started"], "fields": changed})
-            print("resume: the run continues with settings that differ from those it ran with so far (run -> now): "
-                  + "; ".join(f"{name} {_short(old)} -> {_short(new)}" for name, (old, new) in changed.items())
-                  + ". Pass the run's values to continue it unchanged.", flush=True)
+        ran_for = earlier.get("job", {}).get("iterations")
+        if ran_for is not None and ran_for != job.iterations:
+            changed["iterations"] = [ran_for, job.iterations]
+        if changed:  # Tuner.restore continues with the settings the run started with: other values would be ignored
+            raise ValueError("--resume continues a run with the settings it started with (Tune restores them), and "
+                             "these differ (run -> now): " + "; ".join(f"{name} {_short(old)} -> {_short(new)}"
+                                                                       for name, (old, new) in changed.items())
+                             + ". Drop those flags to resume, or start a new run with them.")
+        record = {**earlier, "resumed": record["resumed"]}
     write_text_atomically(out / RUN_CONFIG, json.dumps(record, indent=1))
 
 
@@ -232,17 +182,6 @@ def json_ready(value):
     return value
 
 
-def read_csv(path: pathlib.Path, up_to: int) -> list[dict]:
-    """The rows of a metrics.csv written by an earlier run, up to iteration ``up_to`` (later ones were never
-    checkpointed: they are trained again)."""
-    if not path.is_file():
-        logging.getLogger(__name__).warning("%s is missing: the resumed run's metrics start at this iteration.", path)
-        return []
-    with open(path, newline="") as f:
-        rows = [{k: float(v) for k, v in row.items() if v not in ("", None)} for row in csv.DictReader(f)]
-    return [row for row in rows if row.get("training_iteration", math.inf) <= up_to]
-
-
 def write_csv(path: pathlib.Path, rows: list[dict]) -> None:
     columns = sorted({k for row in rows for k in row})
     partial = path.with_name(path.name + ".partial")
@@ -251,27 +190,6 @@ def write_csv(path: pathlib.Path, rows: list[dict]) -> None:
         writer.writeheader()
         writer.writerows(rows)
     os.replace(partial, path)
-
-
-class TensorBoardLog:
-    """Every scalar of every iteration's row as TensorBoard events in ``folder``, at step = training iteration.
-
-    A resumed run appends to the same folder; TensorBoard shows the later value where steps repeat.
-    """
-
-    def __init__(self, folder: pathlib.Path):
-        from tensorboardX import SummaryWriter  # a dependency of ray[tune]
-
-        self._writer = SummaryWriter(logdir=str(folder), flush_secs=30)
-
-    def write(self, row: dict, step: int) -> None:
-        for name, value in row.items():
-            if isinstance(value, float) and math.isfinite(value) and name != "training_iteration":
-                self._writer.add_scalar(name, value, global_step=step)
-        self._writer.flush()
-
-    def close(self) -> None:
-        self._writer.close()
 
 
 def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory], tokenizer=None, *, iteration: int = 0,
@@ -298,16 +216,21 @@ def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory], tokenizer
     os.replace(partial, path)
 
 
-def keep_rollouts_up_to(path: pathlib.Path, iteration: int) -> None:
-    """Drop the episodes a run played after ``iteration`` (a resumed run plays them again)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+def read_results(trial: pathlib.Path) -> list[dict]:
+    """Tune's results of a trial (its ``result.json``), one flat row per iteration (``env_runners/...``), scalars
+    only; an iteration a restored trial played again keeps its last result. Empty without the file."""
+    from ray.tune.utils import flatten_dict
 
-    if path.is_file():
-        table = pq.read_table(path)
-        partial = path.with_name(path.name + ".partial")
-        pq.write_table(table.filter(pc.less_equal(table["iteration"], iteration)), partial)
-        os.replace(partial, path)
+    by_iteration: dict[int, dict] = {}
+    path = pathlib.Path(trial) / "result.json"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        if line.strip():
+            result = json.loads(line)
+            result.pop("config", None)
+            row = {k: v for k, v in flatten_dict(result, delimiter="/").items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            by_iteration[int(row["training_iteration"])] = row
+    return [by_iteration[i] for i in sorted(by_iteration)]
 
 
 def episode_turns(t: Trajectory, tokenizer, advantages: list[float] | None = None) -> list[dict]:

@@ -8,6 +8,8 @@ training or warm-start seed.
 
 from __future__ import annotations
 
+import json
+import pathlib
 from typing import Iterable
 
 from .envs import make_text_env
@@ -25,3 +27,28 @@ def initial_states(env_id, env_config: dict, seeds: Iterable[int],
         out[int(seed)] = (str(text_env.state_key()),
                           text_env.optimal_solution_length() if solution_lengths else None)
     return out
+
+
+DEMONSTRATIONS_FILE = "demonstrations.json"  # in a warm start's folder: the environment and seeds it was shown
+
+
+def demonstrated_seeds(model: str) -> dict[str, range]:
+    """``{env name: seeds}`` of the demonstrations a warm start saved in folder ``model`` was trained on (this
+    run's or an earlier run's, passed as ``--model``); empty for a model without the record (a built-in one)."""
+    record = pathlib.Path(str(model)) / DEMONSTRATIONS_FILE
+    if not record.is_file():
+        return {}
+    shown = json.loads(record.read_text())
+    return {shown["env"]: range(*shown["seeds"])}
+
+
+def trained_seeds_by_env(config, next_train: int) -> dict[str, list[int]]:
+    """The seeds each training environment was reset with, training seeds ``train_seed_start`` to ``next_train``
+    (the algorithm's seed schedule), ``num_groups`` per step, shared out as ``config.training_starts`` does."""
+    seeds = list(range(config.train_seed_start, next_train))
+    by_env: dict[str, list[int]] = {e.name: [] for e in config.training_environments()}
+    for step in range(0, len(seeds), config.num_groups):
+        for start in config.training_starts(seeds[step:step + config.num_groups]):
+            name, seed = start if isinstance(start, tuple) else (config.env_name, start)
+            by_env[name].append(seed)
+    return by_env

@@ -1,10 +1,10 @@
 """The rollout viewer: one self-contained HTML page of a run's episodes, turn by turn, with its curves.
 
-    python -m rllib_ragen.viewer outputs/starpo_sokoban/latest      # writes .../rollouts.html
+    python -m rllib_ragen.viewer outputs/starpo_sokoban/latest/seed0      # writes .../rollouts.html
 
-It reads a run folder (what the main jobs write): the Parquet rollouts (``training_rollouts.parquet``, a sample of
+It reads a trial folder (what the main jobs write): the Parquet rollouts (``training_rollouts/``, a sample of
 training episodes every few iterations with their token advantages; ``validation_before.parquet`` and
-``validation_rollouts.parquet``), ``metrics.csv`` and ``sentinel.json``. The page needs no server, no internet and
+``validation_rollouts.parquet``), Tune's ``result.json`` and ``sentinel.json``. The page needs no server, no internet and
 no CDN: the data sit in the page as JSON, the curves as inline SVG, and a few lines of plain JavaScript draw the
 episode list (filterable by source, environment, success and iteration) and the selected episode: each turn's
 observation (boards in a fixed-width font), the thinking, the answer and the actions executed, the reward, and
@@ -23,7 +23,7 @@ import pathlib
 from . import metrics as M
 from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
                                  LEARNER, RUN_CONFIG, SENTINEL_FILE,
-                                 TRAINING, TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, VIEWER_PAGE, read_csv,
+                                 TRAINING, TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, VIEWER_PAGE, read_results,
                                  trailing_mean, write_text_atomically)
 
 SOURCES = ((TRAINING_ROLLOUTS, "training"), (BEFORE_ROLLOUTS, "validation before RL"),
@@ -50,7 +50,7 @@ def load_episodes(run_dir: pathlib.Path) -> list[dict]:
     episodes = []
     for name, source in SOURCES:
         file = run_dir / name
-        if not file.is_file():
+        if not file.exists():
             continue
         table = pq.read_table(file)
         columns = [c for c in EPISODE_COLUMNS if c in table.column_names]
@@ -67,7 +67,7 @@ def build_page(run_dir: pathlib.Path, validation_env: str | None = None) -> str:
     if not episodes:
         raise FileNotFoundError(f"{run_dir} holds no rollouts ({', '.join(name for name, _ in SOURCES)}): is it a "
                                 "run folder of a main job?")
-    rows = read_csv(run_dir / "metrics.csv", up_to=math.inf) if (run_dir / "metrics.csv").is_file() else []
+    rows = read_results(run_dir)
     firings = json.loads((run_dir / SENTINEL_FILE).read_text()) if (run_dir / SENTINEL_FILE).is_file() else []
     run_config = json.loads((run_dir / RUN_CONFIG).read_text()) if (run_dir / RUN_CONFIG).is_file() else {}
     recorded = run_config.get("config", {})
@@ -138,7 +138,7 @@ def curves_svg(rows: list[dict], firings: list[dict], env: str, validation_env: 
             f'<text x="2" y="12">{high:.3g}</text><text x="2" y="{height - pad + 6}">{low:.3g}</text>'
             f'<text x="{pad}" y="{height - 6}">iteration 0-{last}</text></svg>'
             f'<figcaption>{html.escape(name)}</figcaption></figure>')
-    return "".join(panels) or "<p>No metrics.csv in this folder: no curves.</p>"
+    return "".join(panels) or "<p>No result.json in this folder: no curves.</p>"
 
 
 def firings_table(firings: list[dict]) -> str:

@@ -7,7 +7,8 @@ import pytest
 import rllib_ragen  # noqa: F401  (registers the environments)
 from rllib_ragen import StarPOConfig
 from rllib_ragen.envs.frozen_lake import optimal_policy
-from rllib_ragen.experiment import JobSettings, play_baseline, run_job
+from rllib_ragen import StarPO
+from rllib_ragen.experiment import JobSettings, run_job
 from rllib_ragen.experiment_outputs import baseline_file
 from rllib_ragen.rollout.models import build_tiny_tokenizer
 from rllib_ragen.rollout.scripted import frozen_lake_hole_blind_policy
@@ -38,8 +39,8 @@ def test_a_baseline_plays_the_validation_states_in_the_agents_loop():
     config = (StarPOConfig().environment(SOLID_ICE)
               .training(enable_thinking=False, max_turns=10, max_actions_per_turn=1, max_actions_per_episode=10,
                         validation_size=48))
-    trajectories = play_baseline(config, frozen_lake_hole_blind_policy(enable_thinking=False, is_slippery=False),
-                                 build_tiny_tokenizer(0))
+    trajectories = StarPO.play_validation_states_scripted(
+        config, frozen_lake_hole_blind_policy(enable_thinking=False, is_slippery=False), build_tiny_tokenizer(0))
     assert [t.seed for t in trajectories] == list(config.validation_starts())
     outcomes = [bool(t.success) for t in trajectories]
     # Each map's outcome equals the walk planned from the environment's own map; some maps end in a hole.
@@ -70,4 +71,4 @@ def test_a_baseline_that_cannot_play_the_states_stops_the_run_before_any_rl(tmp_
     with pytest.raises(KeyError, match="reads lakes"):
         run_job(small_config(), job, baselines={"lake policy": not_a_lake_policy})
     run = (tmp_path / "latest").resolve()
-    assert run.is_dir() and not (run / "metrics.csv").exists() and not (run / "checkpoint").exists()
+    assert run.is_dir() and not list(run.glob("*/result.json"))  # no trial started

@@ -13,9 +13,10 @@ import subprocess
 import sys
 
 import pytest
+from ray import tune
 
 from rllib_ragen.experiment import parse_job_args
-from rllib_ragen.experiment_outputs import learning_curve_panels
+from rllib_ragen.experiment_outputs import learning_curve_panels, read_results
 from rllib_ragen.starpo.config import STARPO_S_DEFAULTS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -51,8 +52,10 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     room = ["--max-new-tokens-per-turn", "32"] if example == "generalization.py" else []
     done = run_example(example, *TINY_BUDGET, *room, "--output-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
-    run = (tmp_path / "latest").resolve()  # the run's own folder
-    assert done.stdout.startswith(f"run folder: {run}")  # where the outputs go, first
+    experiment = (tmp_path / "latest").resolve()  # the run's own folder: a Tune experiment of one trial
+    assert done.stdout.startswith(f"run folder: {experiment}")  # where the outputs go, first
+    run = experiment / "seed0"  # the trial's folder
+    assert tune.ExperimentAnalysis(str(experiment)).trials[0].path == str(run)
     assert "iter   2/2 | success" in done.stdout  # progress while it runs
     # The warm start's validation score is shown as soon as it is known: before the first iteration ends.
     assert done.stdout.index("before RL: validation success") < done.stdout.index("iter   1/2")
@@ -60,7 +63,9 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     # Quiet: library notices and loading bars go to the run's job.log, not the console.
     for noise in ("new API stack", "Loading weights", "Started a local Ray instance", "gputil"):
         assert noise not in done.stdout + done.stderr, noise
-    assert "new API stack" in (run / "job.log").read_text()
+    assert "new API stack" in (experiment / "job.log").read_text()
+    assert json.loads((experiment / "summary.json").read_text())["trials"]["seed0"] == json.loads(
+        (run / "summary.json").read_text())
     summary = json.loads((run / "summary.json").read_text())
     assert summary["run_dir"] == str(run)
     assert summary["validated_at"] == [0, 2] and summary["validation_episodes"] == 8
@@ -100,8 +105,7 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     held_out = summary["held_out"]
     for name in ("sampled", "greedy"):
         assert sum(subset["n"] for subset in held_out["by_seen"][name].values()) == 8
-    with open(run / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_results(run)  # Tune's result.json, one flat row per iteration
     validated_on = {"starpo_bandit.py": ["rllib_ragen/Bandit-v0", "rllib_ragen/BanditHeldOut-v0",
                                          "rllib_ragen/BanditReversed-v0"],
                     "generalization.py": ["rllib_ragen/Sokoban-v0", "rllib_ragen/SokobanAltSymbols-v0",
@@ -123,7 +127,7 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     if example in baseline_of:
         name = baseline_of[example]
         baseline = summary["baselines"][name]
-        played = pq.read_table(run / baseline["file"]).to_pylist()
+        played = pq.read_table(baseline["file"]).to_pylist()
         assert {r["env"] for r in played} == {env}
         assert sorted(r["seed"] for r in played) == sorted(r["seed"] for r in rollouts)
         assert baseline["states"] == 8 and baseline["success"] == sum(r["success"] for r in played) / 8
@@ -138,7 +142,7 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     if example == "generalization.py":  # Sokoban: success by optimal solution length covers every state once
         lengths = held_out["by_solution_length"]["greedy"]
         assert sum(c["n"] for c in lengths.values()) == 8 and all(int(length) >= 1 for length in lengths)
-    assert summary["before"]["success"] == float(rows[0][f"evaluation/env_runners/{env}/success"])
+    assert summary["before"]["success"] == rows[0][f"before_rl/env_runners/{env}/success"]
     bar = job_file(example)["job"].pass_bar
     assert summary["passed"] == (summary["success_gain"] >= bar)  # the job's pass bar, applied and recorded
     assert "(bar " in done.stdout
@@ -147,7 +151,7 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     # Every panel draws a signal the job logs (a renamed metric would leave a panel empty); reasoning entropy
     # wherever a training episode's first turn reasons (the sample is some of iteration 1's episodes).
     # Reasoning grounded wherever the environment checked a claim in a sampled episode.
-    sample = pq.read_table(run / "training_rollouts.parquet").to_pylist()
+    sample = pq.read_table(run / "training_rollouts").to_pylist()
     first_thoughts = [e["turns"][0]["think"] for e in sample]
     for column, _ in learning_curve_panels(env):
         if column == "collapse/reasoning_entropy" and not any(first_thoughts):
@@ -156,13 +160,14 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
             continue
         assert column in rows[0], column
     AutoModelForCausalLM.from_pretrained(run / "policy")
-    AutoModelForCausalLM.from_pretrained(run / "warm_start")
-    # TensorBoard events: every iteration's scalars, and the validations at their iterations.
-    scalars = read_tensorboard_scalars(run / "tensorboard")
-    assert [step for step, _ in scalars["learners/default_policy/actor/entropy"]] == [1, 2]
-    assert [step for step, _ in scalars[f"evaluation/env_runners/{env}/success"]] == [0, 2]
-    assert scalars[f"evaluation/env_runners/{env}/success"][0][1] == pytest.approx(summary["before"]["success"])
-    recorded = json.loads((run / "run_config.json").read_text())
+    assert pathlib.Path(summary["model"]).parent == tmp_path / "warm_starts"  # the cached warm start
+    AutoModelForCausalLM.from_pretrained(summary["model"])
+    # TensorBoard events (Tune's logger): every iteration's scalars, the score before RL with the first.
+    scalars = read_tensorboard_scalars(run)
+    assert [step for step, _ in scalars["ray/tune/learners/default_policy/actor/entropy"]] == [1, 2]
+    assert scalars[f"ray/tune/before_rl/env_runners/{env}/success"] == [
+        (1, pytest.approx(summary["before"]["success"]))]
+    recorded = json.loads((experiment / "run_config.json").read_text())
     assert recorded["job"]["iterations"] == 2 and recorded["config"]["num_groups"] == 2
     # The sentinel watched with the built-in echo-trap rules (warn), recorded with the config.
     assert [r["action"] for r in recorded["config"]["sentinel_rules"]] == ["warn"] * 4
@@ -170,9 +175,9 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
         "sentinel_firings"]
     # Echo-trap diagnostics in every row, the probe's at iteration 1 (its interval is 5); a training sample of
     # that iteration with its token advantages; and the rollout viewer's page.
-    assert "collapse/distinct_2" in rows[1] and math.isfinite(float(rows[0]["collapse/mi_estimate"]))
-    assert math.isnan(float(rows[1]["collapse/mi_estimate"]))  # not measured at iteration 2
-    sample = pq.read_table(run / "training_rollouts.parquet").to_pylist()
+    assert "collapse/distinct_2" in rows[1] and math.isfinite(rows[0]["collapse/mi_estimate"])
+    assert math.isnan(rows[1]["collapse/mi_estimate"])  # not measured at iteration 2
+    sample = pq.read_table(run / "training_rollouts").to_pylist()
     assert {r["iteration"] for r in sample} == {1}
     assert any(turn["advantages"] is not None for r in sample for turn in r["turns"])
     page = (run / "rollouts.html").read_text()
@@ -233,28 +238,27 @@ def test_help_shows_every_training_knob_once_with_the_jobs_default(capsys):
     assert text.count("(default: ") == text.count("default: ")  # each default shown once, one way
 
 
-def test_gpu_machines_get_the_reference_preset_and_the_jobs_own(monkeypatch):
+def test_a_visible_gpu_changes_nothing_and_the_gpu_preset_brings_the_jobs_own_gpu_settings(monkeypatch):
     import torch
 
     frozenlake = job_file("starpo_frozenlake.py")
     config, job = frozenlake["config"], frozenlake["job"]
     gpu = frozenlake["gpu_config"]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    on_cpu, _ = parse_job_args(config, job, [], gpu_config=gpu)
-    assert (on_cpu.env, on_cpu.num_gpus_per_env_runner) == ("rllib_ragen/FrozenLakeNotSlippery-v0", 0)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr("rllib_ragen.experiment_flags.vllm_available", lambda: False)
-    on_gpu, gpu_job = parse_job_args(config, job, [], gpu_config=gpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU is visible: nothing may change by itself
+    plain, plain_job = parse_job_args(config, job, [], gpu_config=gpu)
+    assert (plain.env, plain.num_gpus_per_env_runner, plain.model_config["model"], plain_job.iterations) == (
+        "rllib_ragen/FrozenLakeNotSlippery-v0", 0, config.model_config["model"], job.iterations)
+    on_gpu, gpu_job = parse_job_args(config, job, ["--preset", "reference-gpu"], gpu_config=gpu)
     assert (on_gpu.model_config["model"], on_gpu.num_groups, on_gpu.group_size) == ("Qwen/Qwen2.5-0.5B-Instruct", 8, 16)
     assert (on_gpu.env, on_gpu.enable_thinking, gpu_job.iterations) == ("rllib_ragen/FrozenLake-v0", True, 200)
-    # Without vLLM the driver samples with Hugging Face generate: on its GPU, not its CPU.
+    # The preset samples with Hugging Face generate in the driver: on its GPU, not its CPU.
     assert (on_gpu.inference_backend, on_gpu.num_env_runners, on_gpu.num_gpus_per_env_runner) == ("hf", 0, 1)
-    flagged, _ = parse_job_args(config, job, ["--env", "rllib_ragen/FrozenLakeNotSlippery-v0"], gpu_config=gpu)
-    assert flagged.env.endswith("NotSlippery-v0")  # flags still win
-    remote, _ = parse_job_args(config, job, ["--num-env-runners", "2"], gpu_config=gpu)
+    flagged, flagged_job = parse_job_args(config, job, ["--preset", "reference-gpu", "--env",
+                                                        "rllib_ragen/FrozenLakeNotSlippery-v0", "--iterations", "7"],
+                                          gpu_config=gpu)
+    assert flagged.env.endswith("NotSlippery-v0") and flagged_job.iterations == 7  # flags still win
+    remote, _ = parse_job_args(config, job, ["--preset", "reference-gpu", "--num-env-runners", "2"], gpu_config=gpu)
     assert remote.num_gpus_per_env_runner == 0  # remote runners take a GPU each only when asked
-    asked, _ = parse_job_args(config, job, ["--num-gpus-per-env-runner", "0"], gpu_config=gpu)
-    assert asked.num_gpus_per_env_runner == 0
 
 
 def test_the_sokoban_jobs_demonstrations_show_as_many_plan_moves_per_reply_as_told(capsys):
@@ -335,26 +339,34 @@ def test_vllm_backend_without_vllm_is_refused_with_the_install_command():
 
 
 @pytest.mark.slow
-def test_tune_sweep_runs_its_grid_and_reports_the_best_trial(tmp_path):
-    script = ROOT / "tuned_examples" / "tune_sokoban.py"
-    flags = [sys.executable, str(script), "--actions-per-turn", "1,5", "--updates", "1", "--keep-ratios", "1.0",
-             "--iterations", "1", "--validation-size", "4", "--warm-start-steps", "3", "--warm-start-episodes", "8",
-             "--output-dir", str(tmp_path)]
-    done = subprocess.run(flags, capture_output=True, text=True, timeout=600, cwd=ROOT, env=CPU_ONLY)
+def test_a_sweep_is_the_job_with_a_grid_and_the_report_covers_every_trial(tmp_path):
+    from rllib_ragen.report import report_experiment
+
+    flags = ["--grid", '{"max_actions_per_turn": [1, 5]}', "--iterations", "1", "--num-groups", "2",
+             "--group-size", "2", "--validation-size", "4", "--warm-start-steps", "3", "--warm-start-episodes", "8",
+             "--max-new-tokens-per-turn", "32", "--run-name", "sweep", "--output-dir", str(tmp_path)]
+    done = run_example("tune_sokoban.py", *flags, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    # Every trial checkpointed its last iteration, so an interrupted search could go on with --resume.
-    assert len(list((tmp_path / "tune_sokoban").glob("*/checkpoint_*/rllib_checkpoint.json"))) == 2
-    # Each trial writes TensorBoard events (Tune's logger), so `tensorboard --logdir outputs/` shows the search.
-    assert len(list((tmp_path / "tune_sokoban").glob("*/events.out.tfevents.*"))) == 2
-    again = subprocess.run(flags, capture_output=True, text=True, timeout=600, cwd=ROOT, env=CPU_ONLY)
-    assert again.returncode == 2 and "continue it with --resume" in again.stderr  # nothing overwritten
-    with open(tmp_path / "trials.csv") as f:
-        trials = list(csv.DictReader(f))
-    assert sorted(int(t["max_actions_per_turn"]) for t in trials) == [1, 5]  # one trial per grid point
-    # Each trial validated after its iteration on the 4 held-out levels: a share of 4 episodes (NaN fails).
-    assert all(not t["error"] and float(t["success_after"]) * 4 in (0, 1, 2, 3, 4) for t in trials)
-    assert "best: {'max_actions_per_turn'" in done.stdout
-    assert (tmp_path / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    experiment = tmp_path / "sweep"
+    trials = sorted(p.name for p in experiment.glob("seed0_*"))
+    assert trials == ["seed0_max_actions_per_turn=1", "seed0_max_actions_per_turn=5"]  # one trial per grid point
+    assert "[seed0_max_actions_per_turn=5] iter   1/1" in done.stdout  # each line names its trial
+    # Every trial checkpointed its last iteration and wrote its own outputs and TensorBoard events.
+    for trial in trials:
+        assert list((experiment / trial).glob("checkpoint_*/rllib_checkpoint.json"))
+        assert (experiment / trial / "validation_greedy.parquet").is_file()
+        assert list((experiment / trial).glob("events.out.tfevents.*"))
+    assert len(tune.ExperimentAnalysis(str(experiment)).trials) == 2
+    # The report of the finished sweep: each trial's summary and their spread, recomputed from the folders alone.
+    written = json.loads((experiment / "summary.json").read_text())
+    assert sorted(written["trials"]) == trials and written["spread"]["after"]["trials"] == 2
+    again = report_experiment(experiment)
+    assert again["spread"]["after"]["mean"] == pytest.approx(written["spread"]["after"]["mean"])
+    after = [t["after"]["success"] for t in written["trials"].values()]
+    assert written["spread"]["after"]["mean"] == pytest.approx(sum(after) / 2)
+    # The same name again: refused before any work, nothing overwritten.
+    twice = run_example("tune_sokoban.py", *flags, timeout=600)
+    assert twice.returncode != 0 and "holds an earlier run" in twice.stderr
 
 
 @pytest.mark.parametrize("flag, message", [("--warm-start-lr", "warm_start_lr=0.0 must be a finite number > 0"),

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from rllib_ragen.experiment_outputs import AFTER_ROLLOUTS, SENTINEL_FILE, TRAINING_ROLLOUTS, write_csv, write_rollouts
+from rllib_ragen.experiment_outputs import AFTER_ROLLOUTS, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts
 from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.models import load_policy
@@ -33,13 +33,16 @@ def run_dir(tmp_path_factory):
                             ScriptedBackend(sokoban_solver_policy(max_actions_per_turn=1), tokenizer), tokenizer)
     training, _ = sokoban.rollout(list(range(10_000, 10_004)), 2, SamplingParams())
     advantages = {0: [0.5] * len(training[0].token_ids), 1: [-0.25] * len(training[1].token_ids)}
-    write_rollouts(out / TRAINING_ROLLOUTS, training, tokenizer, iteration=5, advantages=advantages)
+    (out / TRAINING_ROLLOUTS).mkdir()  # one file per probe iteration, as the job's callback writes them
+    write_rollouts(out / TRAINING_ROLLOUTS / "iteration_000005.parquet", training, tokenizer, iteration=5,
+                   advantages=advantages)
     lake = RolloutEngine(RolloutConfig(env="rllib_ragen/FrozenLake-v0"),
                          ScriptedBackend(frozen_lake_optimal_policy(), tokenizer), tokenizer)
     validation, _ = lake.rollout(list(range(123, 126)), 1, SamplingParams())
     write_rollouts(out / AFTER_ROLLOUTS, validation, tokenizer, iteration=10)
-    write_csv(out / "metrics.csv", [{"training_iteration": i, "rollout_filter/reward_std": 0.3 / i,
-                                     "env_runners/rllib_ragen/Sokoban-v0/success": 0.1 * i} for i in range(1, 11)])
+    (out / "result.json").write_text("".join(  # Tune's results, one JSON line per iteration
+        json.dumps({"training_iteration": i, "rollout_filter": {"reward_std": 0.3 / i},
+                    "env_runners": {"rllib_ragen/Sokoban-v0": {"success": 0.1 * i}}}) + "\n" for i in range(1, 11)))
     firing = {"iteration": 7, "rule": "reward std vanished", "signal": "rollout_filter/reward_std", "value": 0.04,
               "reference": 0.05, "action": "warn", "done": "warned"}
     (out / SENTINEL_FILE).write_text(json.dumps([firing]))

@@ -212,7 +212,8 @@ def test_demonstrated_replies_longer_than_the_policy_may_write_are_refused_befor
 def test_a_saved_warm_start_records_the_demonstrations_it_was_shown(tmp_path):
     # A later run started from the folder (--model DIR --warm-start-steps 0) must still count those levels as seen
     # when it splits held-out success into seen and unseen states.
-    from rllib_ragen.experiment import demonstrated_seeds, warm_start
+    from rllib_ragen.experiment import warm_start
+    from rllib_ragen.held_out import demonstrated_seeds
     from rllib_ragen.rollout.scripted import sokoban_solver_policy
     from rllib_ragen.sft import DEMONSTRATION_SEED_START
 
@@ -291,7 +292,7 @@ def test_the_warm_start_curve_ends_on_the_saved_models_greedy_play_of_the_valida
     config = StarPOConfig().environment("rllib_ragen/Bandit-v0").training(validation_size=16)
     job = JobSettings(warm_start_episodes=32, warm_start_steps=30, warm_start_eval_interval=15)
     saved = warm_start(config, job, random_arm_policy(seed=0), tmp_path / "warm_start")
-    with open(tmp_path / "warm_start_curve.csv") as f:
+    with open(tmp_path / "warm_start" / "warm_start_curve.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(int(r["step"]), r["weights"]) for r in rows] == [(15, "last"), (30, "last")]
     model, tokenizer = load_policy(saved)
@@ -317,7 +318,7 @@ def test_the_warm_start_curve_of_a_mixture_has_each_validation_environments_succ
                          {"env": "rllib_ragen/BanditHeldOut-v0", "states": 6}]).training(num_groups=2)
     warm_start(config, JobSettings(warm_start_episodes=32, warm_start_steps=40, warm_start_eval_interval=40),
                random_arm_policy(seed=0), tmp_path / "warm_start")
-    with open(tmp_path / "warm_start_curve.csv") as f:
+    with open(tmp_path / "warm_start" / "warm_start_curve.csv") as f:
         (row,) = list(csv.DictReader(f))
     per_env = [float(row[f"{name}/success"]) for name in ("rllib_ragen/Bandit-v0", "rllib_ragen/BanditHeldOut-v0")]
     assert float(row["success"]) == pytest.approx(sum(per_env) / 2)  # six states each: the pooled mean

@@ -57,7 +57,7 @@ SOLID_ICE_REFERENCE_LINES = {"random moves": 0.216, "optimal policy": 1.0}
 
 
 def gpu_config(config):
-    """On a CUDA machine, over the reference-gpu preset: the reference's slippery lake, with thinking."""
+    """With --preset reference-gpu, over the preset: the reference's slippery lake, with thinking."""
     config.environment("rllib_ragen/FrozenLake-v0").training(enable_thinking=True)
 
 

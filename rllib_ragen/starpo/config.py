@@ -356,7 +356,8 @@ class StarPOConfig(AlgorithmConfig):
             validation_interval: play the validation set every k iterations (0: never).
             validation_size: fixed validation initial states (256; seeds 123...).
             validation_group_size: episodes per validation state.
-            validate_before_training: also validate before the first update, for a before/after comparison.
+            validate_before_training: also validate before the first update (even with validation_interval=0), for a
+                before/after comparison.
             train_seed_start, validation_seed_start: first training and validation reset seeds. Training seeds
                 advance by ``num_groups`` each step and never repeat.
             collapse_diagnostics_interval: run the learner's echo-trap probe (cross-scoring: retrieval accuracy and

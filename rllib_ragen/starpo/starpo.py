@@ -35,6 +35,7 @@ import numpy as np
 import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.callbacks.utils import make_callback
 from ray.rllib.core import (COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE,
                             DEFAULT_MODULE_ID)
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
@@ -98,7 +99,7 @@ class StarPO(Algorithm):
     @override(Algorithm)
     def training_step(self) -> None:
         config, iteration = self.config, self.iteration
-        if iteration == 0 and config.validation_interval and config.validate_before_training:
+        if iteration == 0 and config.validate_before_training:  # whatever validation_interval says: a baseline
             self._validate(iteration)
 
         with self._timer(M.TIME_SAMPLE):
@@ -255,6 +256,21 @@ class StarPO(Algorithm):
                                         self._sample_seed("validation", 0))
         return trajectories
 
+    @staticmethod
+    def play_validation_states_scripted(config, policy, tokenizer, env_name: str | None = None) -> list[Trajectory]:
+        """A scripted ``policy`` (prompt text -> reply) on the validation states of ``env_name`` (None: all), as
+        many episodes per state as validation plays, in the agent's own loop (prompts, budgets, transition seeds):
+        the outcomes a job pairs its agent against (baselines). Needs no model and no built algorithm."""
+        from ..rollout.backends import ScriptedBackend
+        from ..rollout.engine import RolloutEngine
+
+        starts = [s for s in config.validation_starts()
+                  if env_name is None or not isinstance(s, tuple) or s[0] == env_name]
+        engine = RolloutEngine(config.rollout_config(), ScriptedBackend(policy, tokenizer), tokenizer)
+        trajectories, _ = engine.rollout(starts, config.validation_group_size,
+                                         SamplingParams(max_new_tokens=config.max_new_tokens_per_turn))
+        return trajectories
+
     def _runners_on_current_weights(self) -> None:
         """Off-policy: let the runners finish the rollout in flight, then give them the learner's weights."""
         if self._pending is not None:
@@ -271,6 +287,10 @@ class StarPO(Algorithm):
         self.last_validation = trajectories
         results[M.VALIDATION_ITERATION] = float(iteration)
         self._log(results, EVALUATION_RESULTS, ENV_RUNNER_RESULTS)
+        # RLlib's hook after an evaluation: callbacks (the job's outputs) see each validation as it happens.
+        make_callback("on_evaluate_end", callbacks_objects=self.callbacks,
+                      callbacks_functions=config.callbacks_on_evaluate_end,
+                      kwargs=dict(algorithm=self, metrics_logger=self.metrics, evaluation_metrics=results))
         return results
 
     # ---- the sentinel (sentinel.py): watch each result, act on firings --------------------------------------------

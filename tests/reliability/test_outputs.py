@@ -6,20 +6,38 @@ from rllib_ragen import StarPOConfig
 from rllib_ragen.experiment import JobSettings, run_job
 
 
-@pytest.mark.parametrize("blocker", ["policy", "metrics.csv/"])
-def test_a_job_whose_outputs_cannot_be_written_fails_before_any_work(tmp_path, blocker):
-    out = tmp_path / "run"
-    out.mkdir()
-    if blocker.endswith("/"):
-        (out / blocker.rstrip("/")).mkdir()  # a folder where a file goes
-    else:
-        (out / blocker).write_text("not a model")  # a file where the exported policy's folder goes
-    # An invalid env would fail at build: reaching it would mean the outputs were not checked first.
-    with pytest.raises(FileExistsError, match=blocker.rstrip("/")):
+def test_a_named_run_that_exists_is_refused_before_any_work(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "policy").write_text("an earlier run's file")
+    # An invalid env would fail at build: reaching it would mean the folder was not claimed first.
+    with pytest.raises(FileExistsError, match="holds an earlier run"):
         run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path), run_name="run",
                                                                    iterations=1))
-    assert sorted(p.name for p in out.iterdir()) == [blocker.rstrip("/")]  # nothing else was written
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["policy"]  # nothing else was written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # not even the "latest" link
+
+
+def test_two_jobs_started_at_once_with_the_same_name_never_share_a_folder(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rllib_ragen.experiment import claim_run_folder
+
+    named = JobSettings(output_dir=str(tmp_path), run_name="same")
+    with ThreadPoolExecutor(8) as pool:  # the check and the creation are one step (mkdir): exactly one wins
+        outcomes = list(pool.map(lambda _: _claim(claim_run_folder, named), range(8)))
+    assert outcomes.count("claimed") == 1 and outcomes.count("refused") == 7
+    default = JobSettings(output_dir=str(tmp_path / "default"))
+    with ThreadPoolExecutor(8) as pool:  # default names: each job gets a folder of its own
+        folders = list(pool.map(lambda _: claim_run_folder(default, 0), range(8)))
+    assert len(set(folders)) == 8 and all(folder.is_dir() for folder in folders)
+
+
+def _claim(claim, job) -> str:
+    try:
+        claim(job, 0)
+        return "claimed"
+    except FileExistsError:
+        return "refused"
 
 
 def test_an_output_dir_that_is_a_file_is_refused(tmp_path):
@@ -60,22 +78,6 @@ def test_a_bad_job_flag_exits_with_code_2_naming_the_field(capsys):
     with pytest.raises(SystemExit) as exit_code:
         parse_job_args(StarPOConfig(), JobSettings(), ["--warm-start-lr", "-0.001"])
     assert exit_code.value.code == 2 and "warm_start_lr=-0.001" in capsys.readouterr().err
-
-
-def test_a_resumed_run_drops_the_training_samples_it_will_play_again(tmp_path):
-    import pyarrow.parquet as pq
-
-    from rllib_ragen.experiment_outputs import keep_rollouts_up_to, write_rollouts
-    from rllib_ragen.rollout.engine import Trajectory
-
-    episode = Trajectory(env_name="e", group=0, seed=1, token_ids=[1, 2], response_mask=[0, 1],
-                         behaviour_logprobs=[0.0, -0.5], turn_spans=[(1, 2)], turn_rewards=[1.0])
-    path = tmp_path / "training_rollouts.parquet"
-    for iteration in (1, 6, 11):  # samples kept at three probe iterations; the checkpoint was at iteration 10
-        write_rollouts(path, [episode, episode], iteration=iteration, append=True)
-    keep_rollouts_up_to(path, 10)
-    assert [r["iteration"] for r in pq.read_table(path).to_pylist()] == [1, 1, 6, 6]
-    keep_rollouts_up_to(tmp_path / "missing.parquet", 10)  # no sample yet: nothing to do
 
 
 @pytest.mark.parametrize("before_rl", [True, False])

@@ -228,7 +228,7 @@ def test_each_turn_records_the_state_it_answered(tiny):
 def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
     import pyarrow.parquet as pq
 
-    from rllib_ragen.experiment import SAMPLED_AND_GREEDY, _reasoning_grounded
+    from rllib_ragen.report import SAMPLED_AND_GREEDY, _reasoning_grounded
     from rllib_ragen.experiment_outputs import write_rollouts
 
     _, tokenizer = tiny

@@ -1,0 +1,103 @@
+"""The job's outputs, written by an RLlib callback into the trial's own folder.
+
+Any StarPO algorithm that carries :class:`JobOutputs` (``config.callbacks(...)``) writes, while it trains, what a
+person needs to judge the run: the validation episodes before RL and after the last iteration (sampled and
+greedy), a sample of training episodes with their token advantages at every probe iteration, the sentinel's
+firings, and the trained policy (``policy/``, loadable by plain transformers). The report writes the viewer from them. A main job, every
+trial of a Tune sweep and a cluster run get them alike, because the trial writes them itself.
+
+The folder is the trial's folder in Tune's ``storage_path`` when that is a local path (a cluster's shared disk
+too), so that a restored trial appends to what its earlier session wrote; otherwise the trial's working
+directory, which Tune copies to the storage with ``SyncConfig(sync_artifacts=True)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
+
+from . import metrics as M
+from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
+                                 POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
+
+BEFORE_RL = "before_rl"  # the first result's copy of the validation played before any update
+NEXT_TRAINING_SEED = "job/next_training_seed"  # which training states the run has shown so far (held-out splits)
+
+
+def trial_folder(algorithm) -> pathlib.Path:
+    """Where the trial's outputs go: its folder in a local ``storage_path``, else its working directory (an
+    algorithm built outside Tune: its ``logdir``)."""
+    import pyarrow.fs
+
+    storage = getattr(algorithm, "_storage", None)  # Tune's StorageContext of this trial; None outside Tune
+    if storage is not None and isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+        folder = pathlib.Path(storage.trial_fs_path)
+    else:
+        folder = pathlib.Path(algorithm.logdir)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class JobOutputs(RLlibCallback):
+    """Writes a main job's outputs into the trial folder (see the module docstring).
+
+    Args:
+        iterations: the iteration the job stops at; after it the trained policy is validated (unless that
+            iteration validated already), played greedily and exported. A run the sentinel
+            stops (``result["done"]``) ends the same way.
+        training_sample: episodes the rollout filter left out, kept beside the trained ones in the training sample.
+    """
+
+    def __init__(self, iterations: int, training_sample: int = 8):
+        super().__init__()
+        self.iterations, self.training_sample = iterations, training_sample
+        self._before: dict | None = None
+
+    def on_evaluate_end(self, *, algorithm, evaluation_metrics: dict, **kwargs) -> None:
+        folder, iteration = trial_folder(algorithm), int(evaluation_metrics[M.VALIDATION_ITERATION])
+        if iteration == 0:  # before any update: kept for the paired comparison, greedy too
+            self._before = dict(evaluation_metrics)
+            write_rollouts(folder / BEFORE_ROLLOUTS, algorithm.last_validation, algorithm.tokenizer)
+            write_rollouts(folder / BEFORE_GREEDY_ROLLOUTS, algorithm.play_validation_states(0.0),
+                           algorithm.tokenizer)
+        else:  # the latest validation; after the last iteration, the trained policy's
+            write_rollouts(folder / AFTER_ROLLOUTS, algorithm.last_validation, algorithm.tokenizer,
+                           iteration=iteration)
+
+    def on_train_result(self, *, algorithm, result: dict, **kwargs) -> None:
+        folder, iteration = trial_folder(algorithm), algorithm.iteration
+        if self._before is not None:  # the first result carries it: a later validation in the same iteration
+            result[BEFORE_RL] = {ENV_RUNNER_RESULTS: self._before}  # replaces it under "evaluation"
+            self._before = None
+        result.setdefault("job", {})["next_training_seed"] = algorithm.seed_schedule.next_train
+        if algorithm.last_token_advantages:  # the probe ran: one file per iteration, so a replayed one replaces it
+            self._write_training_sample(algorithm, folder / TRAINING_ROLLOUTS / f"iteration_{iteration:06d}.parquet")
+        if algorithm.sentinel.rules:
+            write_text_atomically(folder / SENTINEL_FILE, json.dumps(
+                [dataclasses.asdict(f) for f in algorithm.sentinel.firings], indent=2))
+        if iteration >= self.iterations or result.get("done"):
+            self._finish(algorithm, folder, result)
+
+    def _finish(self, algorithm, folder: pathlib.Path, result: dict) -> None:
+        """The trained policy: validated (this result shows it), played greedily and exported."""
+        validation = result.get(EVALUATION_RESULTS, {}).get(ENV_RUNNER_RESULTS, {})
+        if validation.get(M.VALIDATION_ITERATION) != algorithm.iteration:
+            metrics = algorithm.evaluate_validation_set()
+            result.setdefault(EVALUATION_RESULTS, {})[ENV_RUNNER_RESULTS] = metrics
+        write_rollouts(folder / AFTER_GREEDY_ROLLOUTS, algorithm.play_validation_states(0.0), algorithm.tokenizer,
+                       iteration=algorithm.iteration)
+        algorithm.export_pretrained(folder / POLICY)
+
+    def _write_training_sample(self, algorithm, path: pathlib.Path) -> None:
+        """This iteration's trained episodes (with their token advantages) and a few the rollout filter left out."""
+        advantages = algorithm.last_token_advantages
+        left_out = [i for i in range(len(algorithm.last_rollout)) if i not in advantages][:self.training_sample]
+        chosen = sorted([*advantages, *left_out])
+        path.parent.mkdir(exist_ok=True)
+        write_rollouts(path, [algorithm.last_rollout[i] for i in chosen], algorithm.tokenizer,
+                       iteration=algorithm.iteration,
+                       advantages={new: advantages[old] for new, old in enumerate(chosen) if old in advantages})

@@ -1,0 +1,388 @@
+"""The report of a finished run, built from its folder: ``python -m rllib_ragen.report RUN_DIR``.
+
+Works on any finished Tune experiment of StarPO trials that carried :class:`~rllib_ragen.callbacks.JobOutputs` (a
+main job with one trial or several seeds, a sweep), and on a single trial folder. For each trial it reads Tune's
+``result.json`` and ``params.pkl`` and the callback's rollout files, and writes the trial's ``summary.json``
+(validation before and after RL, the paired comparisons, baselines, held-out splits, throughput) and its
+``learning_curve.png``; it prints the final table. For an experiment it also writes the experiment's
+``summary.json``: every trial's summary and the spread over trials. Each trial also gets the rollout viewer
+(``rollouts.html``).
+
+The verdict judges the headline environment (:func:`headline_environment`); the report still prints every
+validation environment's paired line and flags a significant drop on any of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import pickle
+import statistics
+import sys
+
+from . import metrics as M
+from .callbacks import BEFORE_RL, NEXT_TRAINING_SEED
+from .collapse import reasoning_entropy
+from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS,
+                                 BEFORE_ROLLOUTS, LEARNER, TRAINING, VALIDATED_AT, VALIDATION, json_ready,
+                                 plot_learning_curve, read_first_reasonings, read_results, read_outcomes, read_reasoning_claims,
+                                 state_of, write_text_atomically)
+from .held_out import demonstrated_seeds, initial_states, trained_seeds_by_env
+from .paired_stats import PairedComparison, paired_by_subset, paired_comparison
+
+__all__ = ["headline_environment", "report_experiment", "report_trial", "trial_folders"]
+
+SUMMARY_METRICS = (M.SUCCESS, "pass@1", M.VALID_ACTION_RATE, M.FORMAT_ERROR_RATE, M.RETURN_MEAN, M.NUM_ACTIONS)
+SAMPLED_AND_GREEDY = {"sampled": (BEFORE_ROLLOUTS, AFTER_ROLLOUTS),
+                      "greedy": (BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS)}
+SIGNIFICANT = 0.05  # a paired drop with a smaller p-value is flagged, on whichever environment it happens
+
+
+# ---- reading a trial ---------------------------------------------------------------------------------------------
+def trial_folders(run_dir: pathlib.Path) -> list[pathlib.Path]:
+    """The trial folders of an experiment folder (each holds Tune's ``result.json``), or ``[run_dir]`` for a trial."""
+    run_dir = pathlib.Path(run_dir)
+    if (run_dir / "result.json").is_file():
+        return [run_dir]
+    return sorted(p.parent for p in run_dir.glob("*/result.json"))
+
+
+def trial_config(trial: pathlib.Path):
+    """The trial's ``StarPOConfig``, from the parameters Tune stored (``params.pkl``)."""
+    from .starpo.config import StarPOConfig
+
+    with open(trial / "params.pkl", "rb") as f:
+        return StarPOConfig.from_dict(pickle.load(f))
+
+
+def validations_of(rows: list[dict]) -> list[dict]:
+    """Each validation once, in order, as ``{evaluation/env_runners/...: value}`` (the one before RL first)."""
+    validations: list[dict] = []
+    if rows and BEFORE_RL + "/" in "".join(rows[0]):
+        validations.append({VALIDATION + k.removeprefix(f"{BEFORE_RL}/{TRAINING}"): v for k, v in rows[0].items()
+                            if k.startswith(f"{BEFORE_RL}/{TRAINING}")})
+    for row in rows:
+        at = row.get(VALIDATED_AT, math.nan)
+        if math.isfinite(at) and (not validations or validations[-1][VALIDATED_AT] != at):
+            validations.append({k: v for k, v in row.items() if k.startswith(VALIDATION)})
+    return validations
+
+
+def headline_environment(config):
+    """The validation environment a run's table, paired statistics, baselines and held-out splits score: the first
+    one that builds the first training environment (the same environment with the same arguments, whatever its
+    name), else the first validation environment (a run that validates only on environments it does not train on,
+    as a transfer study does)."""
+    first = config.training_environments()[0]
+    entries = config.validation_environments()
+    return next((e for e in entries if (e.env, e.env_config) == (first.env, first.env_config)), entries[0])
+
+
+# ---- the report ---------------------------------------------------------------------------------------------------
+def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, reference_lines: dict[str, float] | None = None,
+                 baselines_dir: pathlib.Path | None = None, quiet: bool = False) -> dict:
+    """Write the trial's ``summary.json`` and ``learning_curve.png``; print its table unless ``quiet``; return the
+    summary. ``baselines_dir``: the folder of scripted baselines' episodes (default: the experiment's)."""
+    trial = pathlib.Path(trial)
+    config = trial_config(trial)
+    rows = read_results(trial)
+    validations = validations_of(rows)
+    headline = headline_environment(config)
+    summary = _summary(config, rows, validations, headline.name)
+    summary["success_gain"] = summary["after"][M.SUCCESS] - summary["before"][M.SUCCESS]
+    summary["passed"] = bool(summary["success_gain"] >= pass_bar)
+    summary["pass_bar"] = pass_bar
+    scored = {headline.name} if config.is_mixture else None
+    summary["paired"] = _paired(trial, SAMPLED_AND_GREEDY["sampled"], scored)
+    summary["paired_greedy"] = _paired(trial, SAMPLED_AND_GREEDY["greedy"], scored)
+    summary["reasoning_entropy"] = _reasoning_entropy(trial, scored)
+    summary["reasoning_grounded"] = _reasoning_grounded(trial, scored)
+    baselines_dir = baselines_dir or trial.parent / BASELINES
+    baseline_files = sorted(baselines_dir.glob("*.parquet")) if baselines_dir.is_dir() else []
+    if baseline_files:
+        summary["baselines"] = _against_baselines(trial, baseline_files, headline.name)
+    names = [e.name for e in config.validation_environments()]
+    if len(names) > 1:
+        summary["by_env"] = {name: {mode: _paired(trial, files, {name}) for mode, files in SAMPLED_AND_GREEDY.items()}
+                             for name in names}
+    summary["significant_drops"] = _significant_drops(summary)
+    next_seed = int(rows[-1].get(NEXT_TRAINING_SEED, config.train_seed_start)) if rows else config.train_seed_start
+    trained = trained_seeds_by_env(config, next_seed)
+    for env_name, seeds in demonstrated_seeds(config.model_config["model"]).items():
+        trained.setdefault(env_name, []).extend(seeds)
+    summary["held_out"] = _held_out(config, trial, trained)
+    sentinel = trial / "sentinel.json"
+    summary["sentinel_firings"] = json.loads(sentinel.read_text()) if sentinel.is_file() else []
+    summary["run_dir"] = str(trial)
+    write_text_atomically(trial / "summary.json", json.dumps(json_ready(summary), indent=2, allow_nan=False))
+    title = (f"{config.env_name} | model {pathlib.Path(str(summary['model'])).name} | seed {config.seed} | "
+             f"{summary['iterations']} iterations")
+    baseline_lines = {name: b["success"] for name, b in summary.get("baselines", {}).items()}
+    plot_learning_curve(trial / "learning_curve.png", rows, validations, config.env_name, title,
+                        {"warm start": summary["before"][M.SUCCESS], **(reference_lines or {}), **baseline_lines},
+                        validation_env=headline.name)
+    if (trial / AFTER_ROLLOUTS).is_file():
+        from .viewer import write_viewer
+
+        write_viewer(trial, validation_env=headline.name)
+    if not quiet:
+        print_table(summary, config)
+    return summary
+
+
+def report_experiment(run_dir: pathlib.Path, pass_bar: float = 0.05,
+                      reference_lines: dict[str, float] | None = None) -> dict:
+    """Report every trial of the experiment folder ``run_dir`` and, with several, their spread; writes the
+    experiment's ``summary.json`` and returns it (``{"trials": {name: summary}, "spread": ...}``)."""
+    run_dir = pathlib.Path(run_dir)
+    trials = trial_folders(run_dir)
+    if not trials:
+        raise FileNotFoundError(f"{run_dir} holds no finished trial (no */result.json): is it a job's run folder?")
+    several = len(trials) > 1
+    summaries = {}
+    for trial in trials:
+        if several:
+            print(f"\n== trial {trial.name}")
+        summaries[trial.name] = report_trial(trial, pass_bar, reference_lines, run_dir / BASELINES)
+    report = {"trials": summaries, "spread": spread(summaries.values()) if several else None}
+    if several:
+        print_spread(report["spread"])
+    if trials != [run_dir]:
+        write_text_atomically(run_dir / "summary.json", json.dumps(json_ready(report), indent=2, allow_nan=False))
+    return report
+
+
+def spread(summaries) -> dict:
+    """Mean, standard deviation, least and most over trials of validation success before and after RL and of the
+    gain (each trial, e.g. each seed, counts once)."""
+    values = {"before": [s["before"][M.SUCCESS] for s in summaries], "after": [s["after"][M.SUCCESS] for s in summaries],
+              "success_gain": [s["success_gain"] for s in summaries]}
+    result = {}
+    for name, series in values.items():
+        finite = [v for v in series if math.isfinite(v)]
+        result[name] = {"mean": statistics.fmean(finite) if finite else math.nan,
+                        "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
+                        "min": min(finite, default=math.nan), "max": max(finite, default=math.nan),
+                        "trials": len(finite)}
+    return result
+
+
+def print_spread(result: dict) -> None:
+    print(f"\nover {result['after']['trials']} trials (mean ± std [min, max]):")
+    for name, cell in result.items():
+        print(f"  {name:26s}{cell['mean']:+.3f} ± {cell['std']:.3f} [{cell['min']:+.3f}, {cell['max']:+.3f}]")
+
+
+# ---- the summary's parts ----------------------------------------------------------------------------------------
+def _summary(config, rows: list[dict], validations: list[dict], headline: str) -> dict:
+    measured_before = bool(validations) and validations[0][VALIDATED_AT] == 0
+
+    def val(index: int, name: str) -> float:
+        key = VALIDATION + M.env_metric(headline, name)
+        return validations[index].get(key, math.nan) if validations else math.nan
+
+    pooled = TRAINING + M.POOLED + "/"
+    generated = sum(r.get(pooled + M.RESPONSE_TOKENS_PER_TURN, 0) * r.get(pooled + M.NUM_TURNS, 0)
+                    * r.get(pooled + M.NUM_TRAJECTORIES, 0) for r in rows)
+    generate_s = sum(r.get(TRAINING + M.TIME_GENERATE, 0) for r in rows)
+    return {
+        "env": headline, "model": config.model_config["model"], "seed": config.seed,
+        "iterations": int(rows[-1]["training_iteration"]) if rows else 0,
+        "validation_episodes": int(val(-1, M.NUM_TRAJECTORIES)) if validations else 0,
+        "validation_temperature": config.validation_temperature,
+        # NaN, not the first later validation, when nothing was measured before RL
+        "before": {n: val(0, n) if measured_before else math.nan for n in SUMMARY_METRICS},
+        "after": {n: val(-1, n) for n in SUMMARY_METRICS},
+        "validated_at": [int(v[VALIDATED_AT]) for v in validations],
+        "rollout_tokens_per_s": generated / generate_s if generate_s else math.nan,
+        "update_tokens_per_s": rows[-1].get(LEARNER + M.UPDATE_TOKENS_PER_S, math.nan) if rows else math.nan,
+        # Tune's clock of the trial, over every session of a restored one (the warm start is not in it)
+        "wall_time_s": rows[-1].get("time_total_s", math.nan) if rows else math.nan,
+    }
+
+
+def _outcome_pair(folder: pathlib.Path, files: tuple[str, str], envs: set[str] | None = None):
+    """Each held-out state's success in two rollout files of ``folder``, of the environments ``envs`` (None: all);
+    None without both files, with different states, or with fewer than two."""
+    if not all((folder / name).is_file() for name in files):
+        return None
+    before, after = (read_outcomes(folder / name) for name in files)
+    if envs is not None:
+        before, after = ({k: v for k, v in outcomes.items() if state_of(k)[0] in envs} for outcomes in (before, after))
+    if before.keys() != after.keys() or len(before) < 2:
+        return None  # e.g. a resumed run whose validation settings changed: not the same states
+    return before, after
+
+
+def _paired(folder: pathlib.Path, files: tuple[str, str], envs: set[str] | None = None) -> dict | None:
+    """The paired comparison (``paired_stats``) of two rollout files; None as ``_outcome_pair``."""
+    pair = _outcome_pair(folder, files, envs)
+    return None if pair is None else paired_comparison(*pair).as_dict()
+
+
+def _significant_drops(summary: dict) -> list[str]:
+    """Every paired comparison in the summary that fell with p below :data:`SIGNIFICANT`, named."""
+    found = [("headline " + mode, summary.get(key)) for mode, key in (("sampled", "paired"), ("greedy", "paired_greedy"))]
+    found += [(f"{env} {mode}", c) for env, modes in (summary.get("by_env") or {}).items() for mode, c in modes.items()]
+    return [name for name, c in found if c and c["difference"] < 0 and c["p_value"] < SIGNIFICANT]
+
+
+def _held_out_file_pairs(folder: pathlib.Path):
+    for mode, (before, after) in SAMPLED_AND_GREEDY.items():
+        if (folder / before).is_file() and (folder / after).is_file():
+            yield mode, folder / before, folder / after
+
+
+def _reasoning_entropy(folder: pathlib.Path, envs: set[str] | None) -> dict | None:
+    """The entropy of the first turn's reasoning over the held-out episodes before and after RL, sampled and
+    greedy (``collapse.reasoning_entropy``, nats); None where the replies carry no reasoning."""
+    result = {}
+    for mode, before_file, after_file in _held_out_file_pairs(folder):
+        before, after = (read_first_reasonings(path, envs) for path in (before_file, after_file))
+        if before is not None and after is not None and (any(before) or any(after)):
+            result[mode] = {"before": reasoning_entropy(before), "after": reasoning_entropy(after),
+                            "episodes": len(after)}
+    return result or None
+
+
+def _reasoning_grounded(folder: pathlib.Path, envs: set[str] | None) -> dict | None:
+    """The share of the checkable claims about the state in the held-out episodes' reasoning that held, before
+    and after RL (``TextEnv.reasoning_claims``); None where the environment checked none."""
+    result = {}
+    for mode, before_file, after_file in _held_out_file_pairs(folder):
+        (checked_before, true_before), (checked_after, true_after) = (
+            read_reasoning_claims(path, envs) for path in (before_file, after_file))
+        if checked_before and checked_after:
+            result[mode] = {"before": true_before / checked_before, "after": true_after / checked_after,
+                            "claims_before": checked_before, "claims_after": checked_after}
+    return result or None
+
+
+def _against_baselines(trial: pathlib.Path, files: list[pathlib.Path], headline: str) -> dict:
+    """Per baseline: its success on the states it played, and the greedy agent paired against it before and after
+    RL ("before" is the baseline, "after" the agent: "improved" counts the states the agent solves and the baseline
+    fails)."""
+    result = {}
+    for file in files:
+        outcomes = read_outcomes(file)
+        entry = {"file": str(file), "states": len(outcomes), "success": sum(outcomes.values()) / max(len(outcomes), 1)}
+        for when, agent in (("warm_start", BEFORE_GREEDY_ROLLOUTS), ("after_rl", AFTER_GREEDY_ROLLOUTS)):
+            pair = None
+            if (trial / agent).is_file():
+                mine = {k: v for k, v in read_outcomes(trial / agent).items() if state_of(k)[0] == headline}
+                if mine.keys() == outcomes.keys() and len(mine) >= 2:
+                    pair = paired_comparison(outcomes, mine).as_dict()
+            entry[when] = pair
+        result[_baseline_name(file)] = entry
+    return result
+
+
+def _baseline_name(file: pathlib.Path) -> str:
+    """The baseline's name as the job gave it (recorded beside its episodes), else the file's stem."""
+    names = file.parent / "names.json"
+    return json.loads(names.read_text()).get(file.name, file.stem) if names.is_file() else file.stem
+
+
+def _held_out(config, trial: pathlib.Path, trained: dict[str, list[int]]) -> dict | None:
+    """Held-out success on the headline environment's validation states, split by whether training ever showed
+    the state and by its optimal solution length (where the environment computes one), sampled and greedy."""
+    headline = headline_environment(config)
+    builds = (headline.env, headline.env_config)
+    pairs = {mode: _outcome_pair(trial, files, {headline.name}) for mode, files in SAMPLED_AND_GREEDY.items()}
+    pairs = {mode: pair for mode, pair in pairs.items() if pair is not None}
+    if not pairs:
+        return None
+    states = next(iter(pairs.values()))[0].keys()
+    seed_of = {state: state_of(state)[1] for state in states}
+    described = initial_states(*builds, set(seed_of.values()), solution_lengths=True)
+    trained_here = [seed for e in config.training_environments() if (e.env, e.env_config) == builds
+                    for seed in trained.get(e.name, [])]
+    seen = {key for key, _ in initial_states(*builds, trained_here).values()}
+    seen_label = {s: "seen in training" if described[seed_of[s]][0] in seen else "unseen" for s in states}
+    result = {"env": headline.name, "training_states": len(seen),
+              "unseen_states": sum(label == "unseen" for label in seen_label.values()),
+              "by_seen": {name: paired_by_subset(*pair, seen_label) for name, pair in pairs.items()}}
+    lengths = {s: described[seed_of[s]][1] for s in states}
+    if any(length is not None for length in lengths.values()):
+        result["by_solution_length"] = {name: paired_by_subset(*pair, lengths) for name, pair in pairs.items()}
+    return result
+
+
+# ---- printing -----------------------------------------------------------------------------------------------------
+def print_table(summary: dict, config) -> None:
+    """The final table, the paired lines (every validation environment's), the baselines and the verdict."""
+    print(f"\n{summary['env']}, model {summary['model']}, {summary['iterations']} iterations, validation on "
+          f"{summary['validation_episodes']} held-out initial states (temperature {config.validation_temperature})")
+    print(f"{'':28s}{'before':>10s}{'after':>10s}")
+
+    def cell(value: float) -> str:
+        return f"{value:10.3f}" if math.isfinite(value) else f"{'-':>10s}"
+
+    for name in SUMMARY_METRICS:
+        print(f"{name:28s}{cell(summary['before'][name])}{cell(summary['after'][name])}")
+    print(f"{'rollout tokens/s':28s}{summary['rollout_tokens_per_s']:20,.0f}")
+    print(f"{'update tokens/s':28s}{summary['update_tokens_per_s']:20,.0f}")
+    print(f"{'wall time':28s}{summary['wall_time_s'] / 60:17.1f} min")
+    _print_paired(summary, config)
+    gain, bar = summary["success_gain"], summary["pass_bar"]
+    if math.isfinite(gain):
+        print(f"success gain on {summary['env']} {gain:+.3f} (bar {bar}): "
+              f"{'PASS' if summary['passed'] else 'below the bar'}")
+    else:
+        print(f"success gain not measured: no validation before RL (validate_before_training=False), so the bar "
+              f"({bar}) is not judged")
+    for drop in summary["significant_drops"]:
+        print(f"WARNING: validation success fell significantly on {drop} (p < {SIGNIFICANT}): see the paired lines "
+              "above and the viewer (rollouts.html)")
+
+
+def _print_paired(summary: dict, config) -> None:
+    for key, label in (("paired", f"paired, T={config.validation_temperature:g}"), ("paired_greedy", "paired, greedy")):
+        if summary.get(key):
+            print(f"{label:28s}{PairedComparison(**summary[key]).describe()}")
+    for mode, grounded in (summary.get("reasoning_grounded") or {}).items():
+        print(f"{'reasoning grounded, ' + mode:28s}{grounded['before']:.3f} -> {grounded['after']:.3f} of "
+              f"{grounded['claims_before']} -> {grounded['claims_after']} checked claims about the state")
+    for mode, entropy in (summary.get("reasoning_entropy") or {}).items():
+        # log n is the most it can be: every episode reasoning differently
+        print(f"{'reasoning entropy, ' + mode:28s}{entropy['before']:.3f} -> {entropy['after']:.3f} nats over "
+              f"{entropy['episodes']} first turns (at most {math.log(max(entropy['episodes'], 1)):.2f})")
+    if any(any(comparisons.values()) for comparisons in (summary.get("by_env") or {}).values()):
+        print("validation environments, paired before -> after:")
+        for env, comparisons in summary["by_env"].items():
+            for mode, comparison in comparisons.items():
+                if comparison:
+                    print(f"  {env:40s}{mode:9s}{PairedComparison(**comparison).describe()}")
+    for name, baseline in (summary.get("baselines") or {}).items():
+        print(f"against the baseline '{name}' (it -> the greedy agent, on the same {baseline['states']} states):")
+        for when, label in (("warm_start", "warm start"), ("after_rl", "after RL")):
+            if baseline[when]:
+                print(f"  {label:26s}{PairedComparison(**baseline[when]).describe()}")
+    held_out = summary.get("held_out") or {}
+    for name, subsets in held_out.get("by_seen", {}).items():
+        if isinstance(subsets.get("unseen"), dict) and "p_value" in subsets["unseen"]:
+            print(f"{'unseen states, ' + name:28s}{PairedComparison(**subsets['unseen']).describe()}")
+    for name, subsets in held_out.get("by_solution_length", {}).items():
+        cells = ", ".join(f"{length}: {c['before']:.2f}->{c['after']:.2f} (n={c['n']})" for length, c in subsets.items())
+        print(f"{'by solution length, ' + name:28s}{cells}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rllib_ragen.report", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=pathlib.Path, help="a job's run folder (a Tune experiment) or one trial's")
+    parser.add_argument("--pass-bar", type=float, default=0.05, help="least success gain that counts as learning")
+    args = parser.parse_args(argv)
+    if not args.run_dir.is_dir():
+        parser.error(f"{args.run_dir} is not a folder")
+    try:
+        report_experiment(args.run_dir.resolve(), args.pass_bar)
+    except FileNotFoundError as error:
+        print(error, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
