@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"estimator study on {config.env}: {', '.join(estimators)}; {iterations} iterations each; "
           f"{args.validation_size} held-out states; outputs in {out}", flush=True)
-    torch.set_num_threads(job.threads)
+    torch.set_num_threads(job.threads or os.cpu_count() or 1)  # 0: every CPU
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     send_notices_to(out / "job.log")
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
