@@ -181,7 +181,12 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             tune_config=tune.TuneConfig(trial_dirname_creator=trial_dirname))
     results = tuner.fit()
     failed = [r for r in results if r.error]
-    report = report_experiment(out, job.pass_bar, reference_lines)
+    try:
+        report = report_experiment(out, job.pass_bar, reference_lines)
+    except FileNotFoundError:
+        if not failed:
+            raise
+        report = {"trials": {}}  # no trial got as far as a result: the failure below says why
     print(f"outputs: {out}")
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(results)} trials failed: "
