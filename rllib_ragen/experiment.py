@@ -189,8 +189,10 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
         report = {"trials": {}}  # no trial got as far as a result: the failure below says why
     print(f"outputs: {out}")
     if failed:
+        # The error's last line names the cause; the whole traceback is in each trial's error.txt.
         raise RuntimeError(f"{len(failed)} of {len(results)} trials failed: "
-                           + "; ".join(f"{r.path}: {type(r.error).__name__}: {r.error}" for r in failed)
+                           + "; ".join(f"{r.path}: {str(r.error).strip().splitlines()[-1]} (see error.txt there)"
+                                       for r in failed)
                            + ". Continue with --resume (from each trial's last checkpoint).")
     return next(iter(report["trials"].values())) if len(report["trials"]) == 1 else report
 

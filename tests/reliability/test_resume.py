@@ -1,13 +1,11 @@
 """Main jobs checkpoint as they go and ``--resume`` continues a crashed run exactly where its checkpoint left it."""
 
 import json
-import os
 import pathlib
 import time
 
 import pytest
 import torch
-from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen import StarPO, StarPOConfig
@@ -45,33 +43,32 @@ def test_changed_settings_compares_values_as_they_are_stored():
     assert changed_settings({"a": 1, "b": 2}, {"a": 1.5, "c": 3}) == {"a": [1, 1.5], "b": [2, None], "c": [None, 3]}
 
 
-class CrashOnce(RLlibCallback):
-    """Raises in the trial's second iteration once (a marker file remembers), as a killed worker would stop it."""
+def crash_once_at_iteration_2(marker: pathlib.Path):
+    """An ``on_train_result`` callback that raises in the trial's second iteration once (the marker file remembers),
+    as a dying worker would stop it. A closure, so Ray ships it by value to the trial's worker."""
 
-    def on_train_result(self, *, algorithm, result, **kwargs):
-        marker = pathlib.Path(os.environ["CRASH_MARKER"])
+    def on_train_result(*, algorithm, result, **kwargs):
         if algorithm.iteration == 2 and not marker.exists():
             marker.write_text("crashed")
             raise RuntimeError("simulated crash")
 
+    return on_train_result
+
 
 @pytest.mark.slow
-@pytest.mark.skip(reason="TODO(issue 50): the crashed trial's result.json is not in the storage folder when the "
-                         "report runs (Tune's driver sync); found at the end of the session, not yet fixed")
-def test_a_crashed_job_resumes_through_tune_and_ends_as_if_never_stopped(ray_session, small_config, tmp_path,
-                                                                       monkeypatch):
-    monkeypatch.setenv("CRASH_MARKER", str(tmp_path / "crashed.marker"))  # Ray workers inherit the driver's env
+def test_a_crashed_job_resumes_through_tune_and_ends_as_if_never_stopped(ray_session, small_config, tmp_path):
     config = small_config(validation_interval=3)
     job = JobSettings(iterations=3, checkpoint_interval=1, warm_start_steps=0, threads=1)
     whole = run_job(config, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "whole")}))
+    crashing = config.copy(copy_frozen=False).callbacks(
+        on_train_result=crash_once_at_iteration_2(tmp_path / "crashed.marker"))
     with pytest.raises(RuntimeError, match="1 of 1 trials failed.*--resume"):
-        run_job(config.copy(copy_frozen=False).callbacks(CrashOnce),
+        run_job(crashing,
                 JobSettings(**{**vars(job), "output_dir": str(tmp_path / "crashed")}))
     crashed = (tmp_path / "crashed" / "latest").resolve() / "seed7"
     assert [r["training_iteration"] for r in read_results(crashed)] == [1]  # iteration 2 never reported
     # --resume with the job's folder continues the experiment its "latest" link points at, through Tuner.restore.
-    resumed = run_job(config.copy(copy_frozen=False).callbacks(CrashOnce),
-                      JobSettings(**{**vars(job), "output_dir": str(tmp_path / "crashed"), "resume": True}))
+    resumed = run_job(crashing, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "crashed"), "resume": True}))
     assert resumed["run_dir"] == str(crashed)
     # Same seeds, same weights, same optimizer state: the resumed run's numbers are the uninterrupted run's.
     columns = ["training_iteration", "env_runners/episode_return_mean", "learners/default_policy/actor/pg_loss",
