@@ -137,6 +137,12 @@ class JobSettings:
             if unknown:
                 errors.append(f"grid names {unknown}, which are not fields of the config; use the names of "
                               "StarPOConfig's fields (e.g. lr, rollout_filter_ratio).")
+            for name, values in self.grid.items() if not unknown else ():
+                for value in values:  # each point as its trial will build it: a bad one fails now, not mid-sweep
+                    try:
+                        config.copy(copy_frozen=False).update_from_dict({name: value}).validate()
+                    except (ValueError, TypeError) as error:
+                        errors.append(f"grid {name}={value!r}: {error}")
         if errors:
             raise ValueError("Invalid JobSettings:\n  - " + "\n  - ".join(errors))
 
@@ -150,6 +156,8 @@ class JobSettings:
             seeds = [int(s) for s in self.seeds.split(",")]
         except ValueError:
             raise ValueError(f"seeds={self.seeds!r} must be comma-separated integers, e.g. '0,1,2'.") from None
+        if any(seed < 0 for seed in seeds):  # RLlib drops a -1 from configs (its "deprecated value" marker)
+            raise ValueError(f"seeds={self.seeds!r}: seeds must be integers >= 0.")
         if len(set(seeds)) < len(seeds):
             raise ValueError(f"seeds={self.seeds!r} repeats a seed: each trial needs its own.")
         return seeds

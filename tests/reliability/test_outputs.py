@@ -1,5 +1,7 @@
 """Outputs that could not be written: the main job fails before any work, and an export never skips silently."""
 
+import re
+
 import pytest
 
 from rllib_ragen import StarPOConfig
@@ -64,12 +66,23 @@ def test_export_onto_a_file_raises(ray_session, small_config, tmp_path):
 @pytest.mark.parametrize("field, value", [("iterations", 0), ("threads", 1.5), ("warm_start_steps", -1),
                                           ("warm_start_lr", 0.0), ("pass_bar", float("nan")), ("iterations", True),
                                           ("run_name", "a/b"), ("run_name", "latest"), ("verbose", "no"),
-                                          ("expected_minutes", -1.0)])
+                                          ("expected_minutes", -1.0), ("threads", -1), ("max_failures", -1),
+                                          ("max_failures", True), ("seeds", "0,x"), ("seeds", "1,1"), ("seeds", "-1"),
+                                          ("grid", {"lr": []}), ("grid", {"lr": 1e-4})])
 def test_bad_job_settings_fail_before_any_work_naming_the_field(tmp_path, field, value):
     job = JobSettings(output_dir=str(tmp_path / "run"), **{field: value})
-    with pytest.raises(ValueError, match=f"{field}={value!r}"):
+    with pytest.raises(ValueError, match=re.escape(f"{field}={value!r}")):
         run_job(StarPOConfig(), job)
     assert not (tmp_path / "run").exists()  # nothing was written
+
+
+@pytest.mark.parametrize("grid, message", [({"no_such_knob": [1]}, "grid names ['no_such_knob']"),
+                                          ({"lr": [1e-4, 0.0]}, "grid lr=0.0: ")])
+def test_a_sweep_with_an_unknown_knob_or_a_bad_point_fails_before_any_work(tmp_path, grid, message):
+    # Each point is validated as its trial would build it: a bad one must not fail mid-sweep, after other trials ran.
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run_job(StarPOConfig(), JobSettings(output_dir=str(tmp_path / "run"), grid=grid))
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_bad_job_flag_exits_with_code_2_naming_the_field(capsys):
