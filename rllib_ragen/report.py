@@ -203,12 +203,12 @@ def _summary(config, rows: list[dict], validations: list[dict], headline: str) -
     }
 
 
-def _outcome_pair(folder: pathlib.Path, files: tuple[str, str], envs: set[str] | None = None):
-    """Each held-out state's success in two rollout files of ``folder``, of the environments ``envs`` (None: all);
-    None without both files, with different states, or with fewer than two."""
-    if not all((folder / name).is_file() for name in files):
+def _outcome_pair(paths: tuple[pathlib.Path, pathlib.Path], envs: set[str] | None = None):
+    """Each held-out state's success in two rollout files, of the environments ``envs`` (None: all); None without
+    both files, with different states, or with fewer than two."""
+    if not all(path.is_file() for path in paths):
         return None
-    before, after = (read_outcomes(folder / name) for name in files)
+    before, after = (read_outcomes(path) for path in paths)
     if envs is not None:
         before, after = ({k: v for k, v in outcomes.items() if state_of(k)[0] in envs} for outcomes in (before, after))
     if before.keys() != after.keys() or len(before) < 2:
@@ -217,8 +217,8 @@ def _outcome_pair(folder: pathlib.Path, files: tuple[str, str], envs: set[str] |
 
 
 def _paired(folder: pathlib.Path, files: tuple[str, str], envs: set[str] | None = None) -> dict | None:
-    """The paired comparison (``paired_stats``) of two rollout files; None as ``_outcome_pair``."""
-    pair = _outcome_pair(folder, files, envs)
+    """The paired comparison (``paired_stats``) of two rollout files of ``folder``; None as ``_outcome_pair``."""
+    pair = _outcome_pair((folder / files[0], folder / files[1]), envs)
     return None if pair is None else paired_comparison(*pair).as_dict()
 
 
@@ -269,12 +269,8 @@ def _against_baselines(trial: pathlib.Path, files: list[pathlib.Path], headline:
         outcomes = read_outcomes(file)
         entry = {"file": str(file), "states": len(outcomes), "success": sum(outcomes.values()) / max(len(outcomes), 1)}
         for when, agent in (("warm_start", BEFORE_GREEDY_ROLLOUTS), ("after_rl", AFTER_GREEDY_ROLLOUTS)):
-            pair = None
-            if (trial / agent).is_file():
-                mine = {k: v for k, v in read_outcomes(trial / agent).items() if state_of(k)[0] == headline}
-                if mine.keys() == outcomes.keys() and len(mine) >= 2:
-                    pair = paired_comparison(outcomes, mine).as_dict()
-            entry[when] = pair
+            pair = _outcome_pair((file, trial / agent), {headline})
+            entry[when] = None if pair is None else paired_comparison(*pair).as_dict()
         result[_baseline_name(file)] = entry
     return result
 
@@ -290,7 +286,8 @@ def _held_out(config, trial: pathlib.Path, trained: dict[str, list[int]]) -> dic
     the state and by its optimal solution length (where the environment computes one), sampled and greedy."""
     headline = headline_environment(config)
     builds = (headline.env, headline.env_config)
-    pairs = {mode: _outcome_pair(trial, files, {headline.name}) for mode, files in SAMPLED_AND_GREEDY.items()}
+    pairs = {mode: _outcome_pair((trial / files[0], trial / files[1]), {headline.name})
+             for mode, files in SAMPLED_AND_GREEDY.items()}
     pairs = {mode: pair for mode, pair in pairs.items() if pair is not None}
     if not pairs:
         return None
