@@ -14,7 +14,8 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def off_policy_config(small_config, **training):
-    knobs = dict(validation_interval=0, max_policy_lag=1, **training)
+    # No validation at all (validate_before_training would play one before the first update): the test counts rollouts.
+    knobs = dict(validation_interval=0, validate_before_training=False, max_policy_lag=1, **training)
     return small_config(**knobs).env_runners(num_env_runners=1)
 
 
