@@ -98,32 +98,20 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
 
 
 def claim_run_folder(job: JobSettings, seed: int) -> pathlib.Path:
-    """The run's folder, checked before any work: for ``resume`` the experiment ``run_name`` (or ``latest``) names,
-    which Tune must be able to restore; else a new folder, created here at once (``mkdir`` is atomic), so that two
-    jobs started together with the same name never share one: the second is refused, or with the default name
-    gets the next free one."""
-    from ray import tune
-
-    base = pathlib.Path(job.output_dir).resolve()
-    if base.exists() and not base.is_dir():
-        raise NotADirectoryError(f"output_dir {base} is a file; choose another --output-dir.")
+    """The run's folder (``job.validate`` checked the paths): for ``resume`` the run to continue; else a new
+    folder, created here at once (``mkdir`` is atomic), so that two jobs started together with the same name never
+    share one: the second is refused, or with the default name gets the next free one."""
     if job.resume:
-        out = base / job.run_name if job.run_name else (base / LATEST).resolve()
-        if not tune.Tuner.can_restore(str(out)):
-            raise FileNotFoundError(f"--resume: there is no Tune experiment to continue at {out}. Give the "
-                                    "--output-dir of the job (its 'latest' run), or --run-name of the run.")
-        return out
+        return job.run_folder()
+    base = pathlib.Path(job.output_dir).resolve()
     base.mkdir(parents=True, exist_ok=True)
     if job.run_name:
-        out = base / job.run_name
-        if out.exists() and not out.is_dir():
-            raise NotADirectoryError(f"run folder {out} is a file; choose another --run-name.")
         try:
-            out.mkdir()
+            (base / job.run_name).mkdir()
         except FileExistsError:
-            raise FileExistsError(f"{out} holds an earlier run. Continue it with --resume, or choose another "
-                                  "--run-name. Nothing was overwritten.") from None
-        return out
+            raise FileExistsError(f"{base / job.run_name} holds an earlier run. Continue it with --resume, or "
+                                  "choose another --run-name. Nothing was overwritten.") from None
+        return base / job.run_name
     stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
     while True:
         out = base / (f"{stamp}_seed{seed}" + (f"-{n}" if n > 1 else ""))

@@ -17,11 +17,13 @@ import dataclasses
 import inspect
 import json
 import math
+import pathlib
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .experiment_outputs import keep_notices_off_the_console
+from .experiment_outputs import LATEST, keep_notices_off_the_console
 from .sft import LR_SCHEDULES, WARM_START_PRECISIONS
 
 
@@ -124,6 +126,8 @@ class JobSettings:
         if config is not None and isinstance(turns, int) and turns > config.max_turns:
             errors.append(f"warm_start_max_turns={turns} exceeds max_turns={config.max_turns}: demonstrations would "
                           "show turns the agent never plays. Lower it, or raise --max-turns.")
+        if isinstance(self.output_dir, str) and self.output_dir and isinstance(self.run_name, str):
+            errors += self._run_folder_errors()
         try:
             self.seed_list(config)
         except ValueError as error:
@@ -145,6 +149,28 @@ class JobSettings:
                         errors.append(f"grid {name}={value!r}: {error}")
         if errors:
             raise ValueError("Invalid JobSettings:\n  - " + "\n  - ".join(errors))
+
+    def run_folder(self) -> pathlib.Path:
+        """The folder of the run to continue (``resume``), or the named run's."""
+        base = pathlib.Path(self.output_dir).resolve()
+        return base / self.run_name if self.run_name else (base / LATEST).resolve()
+
+    def _run_folder_errors(self) -> list[str]:
+        """The output paths, before anything is created: a folder to write to, the run to resume, no earlier run
+        under the chosen name (the new folder itself is claimed with an atomic mkdir, ``claim_run_folder``)."""
+        base = pathlib.Path(self.output_dir)
+        if base.exists() and not base.is_dir():
+            return [f"output_dir={self.output_dir!r} is a file; choose another --output-dir."]
+        if self.resume:
+            from ray import tune
+
+            if not tune.Tuner.can_restore(str(self.run_folder())):
+                return [f"resume=True: there is no Tune experiment to continue at {self.run_folder()}. Give the "
+                        "--output-dir of the job (its 'latest' run), or --run-name of the run."]
+        elif self.run_name and (base / self.run_name).exists():
+            return [f"run_name={self.run_name!r}: {base / self.run_name} holds an earlier run (or a file). Continue "
+                    "it with --resume, or choose another --run-name. Nothing was overwritten."]
+        return []
 
     def seed_list(self, config=None) -> list[int]:
         """The trials' seeds: ``seeds`` parsed, else the config's seed (0 when it has none)."""
@@ -210,7 +236,7 @@ def training_knob_help() -> dict[str, str]:
     args = doc.split("Args:", 1)[1] if "Args:" in doc else ""
     entries: dict[str, str] = {}
     for match in re.finditer(r"^    (\w+(?:, \w+)*): (.*?)(?=^    \w|\Z)", args, re.MULTILINE | re.DOTALL):
-        text = " ".join(match.group(2).split())
+        text = " ".join(match.group(2).split()).replace("``", "")
         for name in match.group(1).split(", "):
             entries[name] = text
     return entries
@@ -266,21 +292,94 @@ def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, g
     return apply_job_args(parser, parser.parse_args(argv), config, job, gpu_config=gpu_config)
 
 
+# What ``--help`` shows: the flags a user changes first. ``--help-all`` adds every other flag, by section.
+FIRST_FLAGS = ("preset", "output_dir", "iterations", "seeds", "grid", "resume", "run_name", "verbose", "model",
+               "env", "lr", "seed", "num_groups", "group_size", "max_turns", "validation_size",
+               "validation_interval", "advantage_estimator")
+# The sections of RLlib's own fields, by the config setter they go through.
+RLLIB_SECTIONS = {"environment": "environment and model", "rl_module": "environment and model",
+                  "training": "RLlib training fields", "debugging": "RLlib training fields",
+                  "env_runners": "resources", "learners": "resources"}
+# A negative number argparse would take for an option: it knows -1 and -.5, not -1e-4 or -inf.
+_NEGATIVE_NUMBER = re.compile(r"-(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|-inf(?:inity)?", re.IGNORECASE)
+
+
+class JobArgumentParser(argparse.ArgumentParser):
+    """The parser of a job's flags: ``--help`` lists the flags a user changes first (:data:`FIRST_FLAGS`),
+    ``--help-all`` every flag by section; and a negative number is a value (``--lr -1e-4``), as it reads."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, usage="%(prog)s [FLAG VALUE ...]  (--help-all: every flag)", **kwargs)
+        self.show_every_flag = False
+        self.add_argument("--help-all", action=_HelpAll, help="show every flag, by section, and exit")
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        joined, i = [], 0
+        while i < len(args):  # "--lr -1e-4" -> "--lr=-1e-4", for flags that take one value
+            action = self._option_string_actions.get(args[i])
+            if (action is not None and action.nargs is None and i + 1 < len(args)
+                    and _NEGATIVE_NUMBER.fullmatch(args[i + 1])):
+                joined.append(f"{args[i]}={args[i + 1]}")
+                i += 2
+            else:
+                joined.append(args[i])
+                i += 1
+        return super().parse_known_args(joined, namespace)
+
+    def format_help(self) -> str:
+        if self.show_every_flag:
+            return super().format_help()
+        hidden = [a for a in self._actions if a.dest not in (*FIRST_FLAGS, "help", "help_all")]
+        texts = [a.help for a in hidden]
+        try:
+            for action in hidden:  # argparse drops a section whose flags are all suppressed
+                action.help = argparse.SUPPRESS
+            return super().format_help()
+        finally:
+            for action, text in zip(hidden, texts):
+                action.help = text
+
+
+class _HelpAll(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.show_every_flag = True
+        parser.print_help()
+        parser.exit()
+
+
 def job_parser(config, job: JobSettings, description: str | None = None) -> argparse.ArgumentParser:
-    """The parser of every job and config flag, defaults from ``config`` and ``job``; add a script's own flags
-    to it, then hand what it parsed to :func:`apply_job_args`."""
+    """The parser of every job and config flag, defaults from ``config`` and ``job``, grouped: the flags a user
+    changes first, then by section. Add a script's own flags to it, then hand what it parsed to
+    :func:`apply_job_args`."""
+    from .starpo.config import KNOB_SECTIONS
+
     help_texts = training_knob_help()
-    parser = argparse.ArgumentParser(description=description or f"StarPO on {config.env}")
-    parser.add_argument("--preset", default=argparse.SUPPRESS,
-                        help="named settings applied before the other flags: 'starpo-s' (the defaults: filter, "
-                             "critic, no KL, clip-higher), 'starpo' (vanilla) or 'reference-gpu' (default: none)")
-    driver = parser.add_argument_group("driver")
+    undocumented = [name for name in config_flag_names() if name not in RLLIB_FLAGS and not help_texts.get(name)]
+    if undocumented:  # a knob without its docstring entry would be a flag without help
+        raise RuntimeError(f"StarPOConfig.training's docstring has no 'Args:' entry for {undocumented}.")
+    parser = JobArgumentParser(description=description or f"StarPO on {config.env}")
+    first = parser.add_argument_group("the flags to change first (--help-all: every flag)")
+    groups: dict[str, Any] = {}
+
+    def group(title: str, name: str):
+        return first if name in FIRST_FLAGS else groups.setdefault(title, parser.add_argument_group(title))
+
+    group("presets", "preset").add_argument(
+        "--preset", default=argparse.SUPPRESS,
+        help="named settings applied before the other flags: 'starpo-s' (the library's defaults: filter, critic, no "
+             "KL, clip-higher), 'starpo' (vanilla) or 'reference-gpu' (the job's GPU settings); none by default")
     for f in dataclasses.fields(JobSettings):
-        _add_flag(driver, f.name, getattr(job, f.name), f.metadata["help"])
-    knobs = parser.add_argument_group("method (StarPOConfig; see its training() docstring)")
-    for name in config_flag_names():
-        text = RLLIB_FLAGS[name][2] if name in RLLIB_FLAGS else help_texts.get(name, "")
-        _add_flag(knobs, name, config_value(config, name), text)
+        title = "warm start" if f.name.startswith("warm_start") else "job"
+        _add_flag(group(title, f.name), f.name, getattr(job, f.name), f.metadata["help"])
+    for name, (setter, _, text) in RLLIB_FLAGS.items():
+        _add_flag(group(RLLIB_SECTIONS[setter], name), name, config_value(config, name), text)
+    for section, knobs in KNOB_SECTIONS.items():
+        for name in knobs:
+            _add_flag(group(f"StarPO: {section}", name), name, config_value(config, name), help_texts[name])
     return parser
 
 
@@ -320,7 +419,7 @@ def _add_flag(group, name: str, default: Any, text: str) -> None:
     """``--name`` parsing its value like ``default``: a switch for booleans, JSON for dicts, tuples and None."""
     flag = "--" + name.strip("_").replace("_", "-")  # lambda_ -> --lambda
     as_json = isinstance(default, (dict, list, tuple, type(None)))  # shown as the flag takes it
-    shown = f"{text} (default: {json.dumps(default) if as_json else default})"
+    shown = f"{text} (default: {json.dumps(default) if as_json or default == '' else default})"
     unset = argparse.SUPPRESS  # a flag not given leaves no attribute, so `--dual-clip null` can set None
     if isinstance(default, bool):
         group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=unset, help=shown)

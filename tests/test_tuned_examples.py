@@ -226,16 +226,43 @@ def test_flags_override_the_jobs_config_and_leave_it_unchanged(monkeypatch):
     assert config.dual_clip is None
 
 
-def test_help_shows_every_training_knob_once_with_the_jobs_default(capsys):
+def test_help_shows_the_first_flags_and_help_all_every_flag_once_with_the_jobs_default(capsys):
     frozenlake = job_file("starpo_frozenlake.py")
     with pytest.raises(SystemExit):
         parse_job_args(frozenlake["config"], frozenlake["job"], ["--help"])
+    short = " ".join(capsys.readouterr().out.split())
+    assert "--iterations INT" in short and "--lr FLOAT" in short and "--help-all" in short
+    assert "--clip-ratio-low" not in short and "--warm-start-lr" not in short  # the rest: --help-all
+    with pytest.raises(SystemExit):
+        parse_job_args(frozenlake["config"], frozenlake["job"], ["--help-all"])
     text = " ".join(capsys.readouterr().out.split())
     for knob in STARPO_S_DEFAULTS:
         flag = "--" + knob.strip("_").replace("_", "-")
         assert f" {flag} " in text or f" {flag}, " in text, flag  # booleans: "--x, --no-x"
     assert "--max-turns INT replies per episode" in text and "(default: 10)" in text  # the job's 10, not the 5
     assert text.count("(default: ") == text.count("default: ")  # each default shown once, one way
+    assert "StarPO: losses: --clip-ratio-low FLOAT" in text and "warm start: --warm-start-episodes INT" in text
+
+
+def test_every_flag_has_help_of_its_own():
+    from rllib_ragen.experiment_flags import job_parser
+
+    bandit = job_file("starpo_bandit.py")
+    for action in job_parser(bandit["config"], bandit["job"])._actions:
+        text = action.help.split(" (default: ")[0].strip()
+        assert len(text) > 10, action.option_strings  # no knob without its docstring entry
+
+
+@pytest.mark.parametrize("value", ["-1e-4", "-0.5", "-3", "-inf"])
+def test_a_negative_value_reaches_validate_in_either_spelling(capsys, value):
+    bandit = job_file("starpo_bandit.py")
+    for flags in (["--lr", value], [f"--lr={value}"]):
+        with pytest.raises(SystemExit) as exit_:
+            parse_job_args(bandit["config"], bandit["job"], flags)
+        assert exit_.value.code == 2
+        assert f"lr={float(value)!r}" in capsys.readouterr().err  # validate()'s message, not "expected one argument"
+    config, _ = parse_job_args(bandit["config"], bandit["job"], ["--format-penalty", "-0.25"])
+    assert config.format_penalty == -0.25
 
 
 def test_a_visible_gpu_changes_nothing_and_the_gpu_preset_brings_the_jobs_own_gpu_settings(monkeypatch):

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import inspect
 import math
+import os
 from typing import Any, Sequence
 
 import gymnasium as gym
@@ -31,36 +32,38 @@ from ..rollout.vllm_backend import VLLM_LORA_RANKS, VLLM_MISSING, vllm_available
 from .inference_engines import INFERENCE_BACKENDS
 from .llm_rl_module import CRITIC_TYPES, DEFAULT_MODEL_CONFIG, CausalLMRLModule
 
-# The knobs StarPOConfig adds to AlgorithmConfig, with the reference's StarPO-S values (the RAGEN paper, arXiv
-# 2504.20073, and its public training configs).
-STARPO_S_DEFAULTS: dict[str, Any] = {
-    # rollout
-    "num_groups": 8, "group_size": 16, "max_turns": 5, "max_actions_per_turn": 5, "max_actions_per_episode": 10,
-    "temperature": 1.0, "validation_temperature": 0.5, "max_new_tokens_per_turn": 400,
-    "format_penalty": DEFAULT_FORMAT_PENALTY, "ineffective_action_penalty": 0.0, "ungrounded_reasoning_penalty": 0.0,
-    "enable_thinking": True,
-    "max_context_tokens": 4096, "independent_transitions": False,
-    "inference_backend": "hf", "inference_batch_size": 128, "num_inference_engines": 1, "vllm_engine_config": {},
-    # advantages and filter
-    "advantage_estimator": "gae", "grpo_normalize_std": True, "lambda_": 1.0, "turn_level_rewards": False,
-    "whiten_advantages": True, "gamma_turn": 0.95, "gamma_token": 1.0, "gigpo_step_gamma": 0.95, "gigpo_omega": 1.0,
-    "rollout_filter": "std", "rollout_filter_ratio": 0.25, "rollout_filter_per_env": False,
-    # losses
-    "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dual_clip": 3.0, "kl_coeff": 0.0, "kl_estimator": "k3",
-    "entropy_coeff": 0.001, "loss_aggregation": "token-mean", "loss_mask": "all", "value_clip": 0.5, "vf_loss_coeff": 1.0,
-    "advantage_mask": "sampled", "recompute_logprobs": True,
-    # optimisation
-    "critic_lr": 1e-5, "weight_decay": 0.01, "adam_betas": (0.9, 0.999), "micro_batch_size": None,
-    "updates_per_rollout_batch": 1, "max_consecutive_skipped_steps": 5,
-    # one-step off-policy rollouts: overlap iteration k+1's generation with iteration k's update (off by default)
-    "max_policy_lag": 0, "importance_weight_cap": 2.0,
-    # validation and seeds
-    "validation_interval": 10, "validation_size": 256, "validation_group_size": 1, "validate_before_training": True,
-    "train_seed_start": 10_000, "validation_seed_start": 123,
-    # echo-trap diagnostics and the sentinel (collapse.py, sentinel.py)
-    "collapse_diagnostics_interval": 5, "collapse_subsample": 8, "sentinel_rules": [], "sentinel_max_rollbacks": 3,
-    "sentinel_snapshot_interval": 1, "sentinel_rollback_depth": 3,
+# The knobs StarPOConfig adds to AlgorithmConfig by section (the flags' --help-all groups), with the reference's
+# StarPO-S values (the RAGEN paper, arXiv 2504.20073, and its public training configs).
+KNOB_SECTIONS: dict[str, dict[str, Any]] = {
+    "rollout": {
+        "num_groups": 8, "group_size": 16, "max_turns": 5, "max_actions_per_turn": 5, "max_actions_per_episode": 10,
+        "temperature": 1.0, "validation_temperature": 0.5, "max_new_tokens_per_turn": 400,
+        "format_penalty": DEFAULT_FORMAT_PENALTY, "ineffective_action_penalty": 0.0,
+        "ungrounded_reasoning_penalty": 0.0, "enable_thinking": True, "max_context_tokens": 4096,
+        "independent_transitions": False},
+    "inference": {"inference_backend": "hf", "inference_batch_size": 128, "num_inference_engines": 1,
+                  "vllm_engine_config": {}},
+    "advantages and rollout filter": {
+        "advantage_estimator": "gae", "grpo_normalize_std": True, "lambda_": 1.0, "turn_level_rewards": False,
+        "whiten_advantages": True, "gamma_turn": 0.95, "gamma_token": 1.0, "gigpo_step_gamma": 0.95,
+        "gigpo_omega": 1.0, "rollout_filter": "std", "rollout_filter_ratio": 0.25, "rollout_filter_per_env": False},
+    "losses": {
+        "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dual_clip": 3.0, "kl_coeff": 0.0, "kl_estimator": "k3",
+        "entropy_coeff": 0.001, "loss_aggregation": "token-mean", "loss_mask": "all", "value_clip": 0.5,
+        "vf_loss_coeff": 1.0, "advantage_mask": "sampled", "recompute_logprobs": True},
+    "optimisation": {
+        "critic_lr": 1e-5, "weight_decay": 0.01, "adam_betas": (0.9, 0.999), "micro_batch_size": None,
+        "updates_per_rollout_batch": 1, "max_consecutive_skipped_steps": 5,
+        # one-step off-policy rollouts: overlap iteration k+1's generation with iteration k's update
+        "max_policy_lag": 0, "importance_weight_cap": 2.0},
+    "validation and seeds": {
+        "validation_interval": 10, "validation_size": 256, "validation_group_size": 1,
+        "validate_before_training": True, "train_seed_start": 10_000, "validation_seed_start": 123},
+    "echo-trap diagnostics and the sentinel": {  # collapse.py, sentinel.py
+        "collapse_diagnostics_interval": 5, "collapse_subsample": 8, "sentinel_rules": [],
+        "sentinel_max_rollbacks": 3, "sentinel_snapshot_interval": 1, "sentinel_rollback_depth": 3},
 }
+STARPO_S_DEFAULTS: dict[str, Any] = {k: v for section in KNOB_SECTIONS.values() for k, v in section.items()}
 
 # Fields RLlib itself leaves at its deprecated-value marker (-1): they stay out of the state, as RLlib wants.
 _RLLIB_PLACEHOLDERS = frozenset(k for k, v in AlgorithmConfig().__dict__.items()
@@ -89,6 +92,12 @@ _BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "whi
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def _in_hub_cache(model_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
 
 
 def _is_int(value) -> bool:
@@ -246,7 +255,7 @@ class StarPOConfig(AlgorithmConfig):
 
         Args:
             num_groups: P, initial states per training step; every group's episodes share one reset seed.
-            group_size: N, episodes per initial state. P x N = 8 x 16 = 128 trajectories per step by default.
+            group_size: N, episodes per initial state; a training step plays P x N trajectories.
             max_turns: replies per episode (an environment may lower it: the bandit is single-turn).
             max_actions_per_turn: actions kept from one reply (``A1 || A2 || ...``); the paper finds 5-6 best.
             max_actions_per_episode: actions executed over the whole episode.
@@ -254,7 +263,7 @@ class StarPOConfig(AlgorithmConfig):
                 with the same T, so it must be > 0.
             validation_temperature: sampling temperature on the validation set (0 is greedy).
             max_new_tokens_per_turn: reply length limit; a cut reply usually fails the format.
-            format_penalty: added to a turn's reward when the reply breaks the protocol (-0.1).
+            format_penalty: added to a turn's reward when the reply breaks the protocol (<= 0).
             ineffective_action_penalty: added to a turn's reward for each executed action that left the state as
                 it was (a Sokoban move into a wall or a blocked push, a FrozenLake step off the edge), e.g. -0.1.
                 0 (the reference's): such a move costs only the move. Validation returns include it too; success
@@ -266,8 +275,6 @@ class StarPOConfig(AlgorithmConfig):
                 Never positive, so a longer episode never earns more. Like every penalty it is part of the turn's
                 reward, which the next turn's message shows ("Reward: -0.1"). Needs ``enable_thinking`` and
                 training environments that check claims; other validation environments are not charged. 0: off.
-                On the tiny model's Sokoban runs it kept the claims that hold at 0.78 where RL without it let them
-                fall to 0.45, with no better play (docs/results.md).
             enable_thinking: require ``<think>...</think>`` before ``<answer>``.
             max_context_tokens: no trajectory grows longer: each reply may take only the room left, an episode with
                 no room for another turn ends (truncated), one whose first prompt leaves no room is not played
@@ -300,10 +307,10 @@ class StarPOConfig(AlgorithmConfig):
             whiten_advantages: whiten the advantages of estimators with a critic (gae, bi_level_gae, turn_gae)
                 over the batch's generated tokens (masked mean, Bessel std), as the reference does. With several
                 learners each whitens its own shard.
-            gamma_turn, gamma_token: ``bi_level_gae``'s discounts across turns (0.95, the reference's) and inside
-                a turn (1.0); ``turn_gae`` discounts with ``gamma_turn``. ``gae`` uses ``gamma``.
-            gigpo_step_gamma: discount of GiGPO's step returns (0.95).
-            gigpo_omega: weight of GiGPO's step-level advantage (1.0).
+            gamma_turn, gamma_token: ``bi_level_gae``'s discounts across turns and inside a turn (the
+                reference's: 0.95 and 1.0); ``turn_gae`` discounts with ``gamma_turn``. ``gae`` uses ``gamma``.
+            gigpo_step_gamma: discount of GiGPO's step returns.
+            gigpo_omega: weight of GiGPO's step-level advantage (0: GRPO).
             turn_level_rewards: put each turn's reward on that turn's last token instead of the whole return on
                 the trajectory's last token (turn-level credit; matters with gamma < 1 or a critic).
             rollout_filter: ``"std"`` keeps the groups whose returns vary most (StarPO-S), ``"reversed_std"``
@@ -314,18 +321,18 @@ class StarPOConfig(AlgorithmConfig):
                 one environment's groups can all be dropped from an update. The same with one environment.
             clip_ratio_low, clip_ratio_high: PPO clip range [1 - low, 1 + high]; 0.2 / 0.28 is "clip-higher",
                 which leaves room for rare tokens to gain probability.
-            dual_clip: bound c on the loss of negative-advantage tokens (3.0), or None to switch it off.
+            dual_clip: bound c on the loss of negative-advantage tokens (> 1), or None to switch it off.
             kl_coeff: weight of KL(policy || frozen initial policy); 0 (StarPO-S) does not load the reference.
             kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (low-variance, >= 0).
-            entropy_coeff: entropy bonus weight (0.001).
+            entropy_coeff: entropy bonus weight.
             loss_aggregation: ``"token-mean"`` (every token weighs the same), ``"seq-mean-token-mean"`` (every
                 trajectory weighs the same) or ``"seq-mean-token-sum"``.
             loss_mask: which sampled tokens the policy loss (and its entropy and KL terms) trains: ``"all"`` (the
                 reference's), ``"no_think"`` (all but the reasoning inside ``<think>...</think>``) or
                 ``"answer"`` (the ``<answer>...</answer>`` block alone). Template and observation tokens are never
-                trained. With ``"answer"`` the format penalty cannot train a malformed tag outside the answer block
-                (on the tiny model's Sokoban runs format errors rose from 0.08 to 0.76 of turns: docs/results.md). The advantage recursion and the value loss run over the ``advantage_mask``'s tokens,
-                which hold every sampled token: rewards sit on each turn's last one.
+                trained. With ``"answer"`` the format penalty cannot train a malformed tag outside the answer block,
+                so format errors can grow. The advantage recursion and the value loss run over the
+                ``advantage_mask``'s tokens, which hold every sampled token: rewards sit on each turn's last one.
             advantage_mask: which tokens ``gae``'s recursion steps through and the critic is trained on (VAGEN's
                 "GAE mask"): ``"sampled"`` (the policy's own tokens, skipping the environment's: the reference's)
                 or ``"sampled_and_observations"`` (the observation tokens between turns are steps too, with no
@@ -336,7 +343,7 @@ class StarPOConfig(AlgorithmConfig):
             vf_loss_coeff: weight of the value loss.
             recompute_logprobs: use the learner's own pass for the old log-probs (the first ratio is then exactly
                 1 whatever the backend); False uses the rollout's. Their gap is logged either way.
-            critic_lr: the critic's learning rate (1e-5; the actor's is ``lr``).
+            critic_lr: the critic's learning rate (the actor's is ``lr``).
             weight_decay, adam_betas: AdamW settings of both optimizers.
             micro_batch_size: trajectories per forward/backward pass; gradients accumulate to the minibatch's,
                 so memory drops without changing the update. None: the whole minibatch at once.
@@ -344,17 +351,17 @@ class StarPOConfig(AlgorithmConfig):
                 "Online-k"); 1 (fresh rollouts every update) is what the paper recommends.
             max_consecutive_skipped_steps: an optimizer step whose loss or gradient is not finite is skipped,
                 weights and optimizer state untouched, and counted (``perf/skipped_optimizer_steps``); this many
-                in a row stop training with an error (5).
+                in a row stop training with an error.
             max_policy_lag: 1 plays iteration k+1's rollout on the remote env runners while the learner runs
                 iteration k's update (one-step off-policy: that rollout comes from the policy one update old);
-                0 (the default) alternates them. Needs ``num_env_runners >= 1`` and ``recompute_logprobs``. The
+                0 alternates them. Needs ``num_env_runners >= 1`` and ``recompute_logprobs``. The
                 lag of every trained batch is logged (``rollout/policy_lag``) and never exceeds this.
             importance_weight_cap: with ``max_policy_lag=1``, each token's advantage is weighted by
                 ``min(pi_old / pi_behaviour, cap)``, where pi_old is the learner's policy before the update (the
                 PPO ratio's denominator) and pi_behaviour the one that sampled the token (decoupled PPO with a
-                truncated importance weight; 2.0).
+                truncated importance weight).
             validation_interval: play the validation set every k iterations (0: never).
-            validation_size: fixed validation initial states (256; seeds 123...).
+            validation_size: fixed validation initial states (seeds from ``validation_seed_start`` on).
             validation_group_size: episodes per validation state.
             validate_before_training: also validate before the first update (even with validation_interval=0), for a
                 before/after comparison.
@@ -364,12 +371,11 @@ class StarPOConfig(AlgorithmConfig):
                 MI estimate; the policy-gradient norm per reward-variance bucket) every k iterations, on the
                 current rollout before its update (0: never). The cheap reply diagnostics run every iteration.
             collapse_subsample: first-turn reasonings cross-scored by the probe (m; m x m scoring passes).
-            sentinel_rules: :class:`~rllib_ragen.sentinel.Rule` objects watched after every iteration (none by
-                default); see ``rllib_ragen/sentinel.py``.
+            sentinel_rules: :class:`~rllib_ragen.sentinel.Rule` objects watched after every iteration; see ``rllib_ragen/sentinel.py``.
             sentinel_max_rollbacks: rollbacks allowed per run; a rollback rule firing after that stops the run.
             sentinel_snapshot_interval: with a rollback rule, keep the weights and optimizer state of every k-th
                 healthy iteration (on local disk) as rollback points.
-            sentinel_rollback_depth: a rollback restores the oldest of the last this many snapshots (3). The
+            sentinel_rollback_depth: a rollback restores the oldest of the last this many snapshots. The
                 signals can trail a sudden collapse by a few iterations (README, "Seeing collapse coming"), so the
                 newest "healthy" snapshot may already hold collapsed weights.
         """
@@ -647,8 +653,16 @@ class StarPOConfig(AlgorithmConfig):
                 continue
             if not _is_number(value) or not math.isfinite(value):
                 yield f"{field}={value!r} must be a finite number{' or None' * (field in _FINITE_NUMBERS_OR_NONE)}."
-        if _is_number(self.lr) and not math.isfinite(self.lr):  # (RLlib also accepts a schedule: a list)
+        # (RLlib also accepts a schedule for lr: a list of [timestep, value] pairs)
+        if not isinstance(self.lr, (list, tuple)) and not (_is_number(self.lr) and math.isfinite(self.lr)):
             yield f"lr={self.lr!r} must be a finite number."
+        # RLlib's own counts, which it takes as given: True would count as 1 and False as 0.
+        for field in ("num_env_runners", "num_learners"):
+            if not _is_int(getattr(self, field)):
+                yield f"{field}={getattr(self, field)!r} must be an integer >= 0."
+        for field in ("minibatch_size", "seed"):
+            if getattr(self, field) is not None and not _is_int(getattr(self, field)):
+                yield f"{field}={getattr(self, field)!r} must be an integer or None."
         for field in _BOOLEANS:
             if not isinstance(getattr(self, field), (bool, np.bool_)):
                 yield f"{field}={getattr(self, field)!r} must be True or False."
@@ -664,6 +678,13 @@ class StarPOConfig(AlgorithmConfig):
         unknown = set(model_config) - set(DEFAULT_MODEL_CONFIG) - set(self._model_config_auto_includes)
         if unknown:
             yield f"model_config has unknown keys {sorted(unknown)}; accepted: {sorted(DEFAULT_MODEL_CONFIG)}."
+        model = model_config.get("model")
+        if isinstance(model, str) and model not in BUILT_IN_MODELS and not os.path.isdir(os.path.expanduser(model)):
+            # A path (./x, /x, ~/x) that is no folder, or a hub id with the hub switched off: it cannot load.
+            offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+            if model.startswith((".", "/", "~")) or (offline and not _in_hub_cache(model)):
+                yield (f"model={model!r} is no local folder{' nor a cached hub id (HF_HUB_OFFLINE)' * offline}: "
+                       f"give a folder saved with save_pretrained, a Hugging Face id, or one of {list(BUILT_IN_MODELS)}.")
         if model_config.get("critic") not in CRITIC_TYPES:
             yield f"model_config['critic']={model_config.get('critic')!r}: choose one of {list(CRITIC_TYPES)}."
         if str(model_config.get("dtype")).removeprefix("torch.") not in MODEL_DTYPES:

@@ -1,5 +1,6 @@
 """Outputs that could not be written: the main job fails before any work, and an export never skips silently."""
 
+import pathlib
 import re
 
 import pytest
@@ -12,7 +13,7 @@ def test_a_named_run_that_exists_is_refused_before_any_work(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "policy").write_text("an earlier run's file")
     # An invalid env would fail at build: reaching it would mean the folder was not claimed first.
-    with pytest.raises(FileExistsError, match="holds an earlier run"):
+    with pytest.raises(ValueError, match="run_name='run': .* holds an earlier run"):
         run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path), run_name="run",
                                                                    iterations=1))
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["policy"]  # nothing else was written
@@ -44,12 +45,25 @@ def _claim(claim, job) -> str:
 
 def test_an_output_dir_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "run").write_text("")
-    with pytest.raises(NotADirectoryError, match="--output-dir"):
+    with pytest.raises(ValueError, match="output_dir=.* is a file; choose another --output-dir"):
         run_job(StarPOConfig(), JobSettings(output_dir=str(tmp_path / "run")))
     (tmp_path / "job").mkdir()
     (tmp_path / "job" / "named").write_text("")
-    with pytest.raises(NotADirectoryError, match="--run-name"):
+    with pytest.raises(ValueError, match="run_name='named': .* choose another --run-name"):
         run_job(StarPOConfig(), JobSettings(output_dir=str(tmp_path / "job"), run_name="named"))
+
+
+def test_a_model_path_that_is_no_folder_exits_2_with_one_line_before_anything_is_created(tmp_path):
+    import subprocess
+    import sys
+
+    # A new user's typo: it used to print the plan, then a 54-line traceback, and leave a run folder behind.
+    job = pathlib.Path(__file__).resolve().parents[2] / "tuned_examples" / "starpo_bandit.py"
+    done = subprocess.run([sys.executable, str(job), "--model", "./models/my-qwen", "--output-dir",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "model='./models/my-qwen' is no local folder" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists() and done.stdout == ""
 
 
 @pytest.mark.slow

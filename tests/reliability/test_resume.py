@@ -14,10 +14,10 @@ from rllib_ragen.experiment_outputs import changed_settings, read_results, start
 
 
 def test_resume_without_a_run_fails_before_any_work(tmp_path):
-    with pytest.raises(FileNotFoundError, match="--resume: there is no Tune experiment to continue"):
+    with pytest.raises(ValueError, match="resume=True: there is no Tune experiment to continue"):
         run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path / "job"), resume=True))
     assert not (tmp_path / "job").exists()
-    with pytest.raises(FileNotFoundError, match="--resume: there is no Tune experiment to continue"):
+    with pytest.raises(ValueError, match="resume=True: there is no Tune experiment to continue"):
         run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path / "job"), run_name="a",
                                                                    resume=True))
     assert not (tmp_path / "job").exists()

@@ -27,6 +27,25 @@ def test_bad_values_fail_at_validate_naming_the_field(knobs, field):
     assert field in str(error.value)
 
 
+def _numeric_flags():
+    from rllib_ragen.experiment_flags import config_flag_names, config_value
+
+    base, structured = StarPOConfig(), {"train_envs", "validation_envs", "lora"}  # JSON, None when unset
+    return [n for n in config_flag_names() if n not in structured
+            and not isinstance(config_value(base, n), (bool, str, dict, list, tuple))]
+
+
+@pytest.mark.parametrize("name", _numeric_flags())
+def test_every_numeric_setting_refuses_a_boolean(name):
+    # lr=True once trained at lr 1.0; num_env_runners=True ran one runner. A boolean is never a number here.
+    from rllib_ragen.experiment_flags import set_config_value
+
+    config = StarPOConfig()
+    set_config_value(config, name, True)
+    with pytest.raises(ValueError, match=f"{name}=True must be"):
+        config.validate()
+
+
 def test_unknown_model_keys_dtypes_and_env_arguments_are_named_with_the_accepted_ones():
     with pytest.raises(ValueError, match=r"unknown keys \['modle'\]; accepted: \['critic', 'dtype', 'lora', 'model'"):
         StarPOConfig().rl_module(model_config={"modle": "tiny"}).validate()
