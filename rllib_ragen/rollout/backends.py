@@ -219,6 +219,8 @@ class HFBackend:
 
         Returns the logits at the last position (batch, vocab), the cache and the grown attention mask.
         """
+        from rllib_ragen.rollout.models import cache_argument
+
         pad = self.tokenizer.pad_token_id
         width = max(len(r) for r in ids)
         if width == 1:  # a decode step: one token or a hole per row
@@ -236,8 +238,8 @@ class HFBackend:
         position_ids = (seen + new_mask.cumsum(-1) - 1).clamp(min=0)
         mask = new_mask if mask is None else torch.cat([mask, new_mask], dim=1)
         output = self.model(input_ids=new_ids.to(self.device), attention_mask=mask, position_ids=position_ids,
-                            past_key_values=cache, use_cache=True)
-        return output.logits[:, -1].float(), output.past_key_values, mask
+                            **{cache_argument(): cache}, use_cache=True)
+        return output.logits[:, -1].float(), output[cache_argument()], mask
 
     def _generate_batch(self, chunk: int, prompts: list[list[int]], params: SamplingParams, caps: list[int],
                         generator: torch.Generator) -> list[Generation]:

@@ -8,6 +8,7 @@ caches a plain copy for fast reloads. Anything else is passed to ``from_pretrain
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import pathlib
@@ -230,6 +231,16 @@ def disable_dropout(model: torch.nn.Module) -> None:
             setattr(model.config, name, 0.0)
 
 
+@functools.cache
+def cache_argument() -> str:
+    """The name of a model's KV-cache argument and output: transformers 5.24 renamed ``past_key_values`` to
+    ``cache`` (the old name warns, and goes in 5.40); older releases, which a vLLM environment may pin, know only
+    the old one."""
+    import transformers
+    from packaging.version import Version
+
+    return "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+
 SHARED_PREFIX_MIN_TOKENS = 16  # below this, reading the prefix once saves less than the extra call costs
 
 
@@ -287,12 +298,12 @@ def forward_sharing_prefix(model, input_ids: torch.Tensor, attention_mask: torch
                     output_hidden_states=output_hidden_states)
         return {key: out[key] for key in fields if out.get(key) is not None}
     batch, width = input_ids.shape
-    head = model(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True,
+    head = model(input_ids=input_ids[:1, :prefix], **{cache_argument(): cache}, use_cache=True,
                  output_hidden_states=output_hidden_states)
     cache.batch_repeat_interleave(batch)
     positions = torch.arange(prefix, width, device=input_ids.device).expand(batch, -1)
     tail = model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, position_ids=positions,
-                 past_key_values=cache, use_cache=True, output_hidden_states=output_hidden_states)
+                 **{cache_argument(): cache}, use_cache=True, output_hidden_states=output_hidden_states)
 
     def joined(first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
         return torch.cat([first.expand(batch, *first.shape[1:]), rest], dim=1)
