@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 import rllib_ragen.sft as sft
-from rllib_ragen.experiment import demonstration_rollout_config
+from rllib_ragen.sft import demonstration_rollout_config
 from rllib_ragen.rollout.models import forward_sharing_prefix, load_policy
 from rllib_ragen.sft import collect_demonstrations, demonstration_batches, supervised_warm_start
 

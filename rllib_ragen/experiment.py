@@ -26,18 +26,14 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import math
 import os
 import pathlib
 import re
-import shutil
 import statistics
-import sys
 import time
 from typing import Callable
 
@@ -48,18 +44,13 @@ from . import metrics as M
 from .callbacks import BEFORE_RL, JobOutputs
 from .experiment_flags import JobSettings, parse_job_args, user_model_config
 from .experiment_outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED_AT, VALIDATION,
-                                 WARM_START_CURVE, baseline_file, close_run_log,
-                                 keep_notices_off_the_console, send_notices_to, start_run_folder, write_csv,
-                                 write_rollouts, write_text_atomically)
-from .held_out import DEMONSTRATIONS_FILE
+                                 baseline_file, close_run_log,
+                                 keep_notices_off_the_console, send_notices_to, start_run_folder, write_rollouts, write_text_atomically)
 from .report import headline_environment, report_experiment
 from .sentinel import as_rule, echo_trap_rules
-from .sft import DEMONSTRATION_SEED_START
+from .sft import cached_warm_start
 
-__all__ = ["JobSettings", "demonstration_rollout_config", "flatten_result", "parse_job_args", "run_job",
-           "warm_start"]
-
-WARM_STARTS = "warm_starts"  # in the output folder: one cached warm-start model per distinct set of settings
+__all__ = ["JobSettings", "parse_job_args", "run_job"]
 
 
 def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str] | None = None,
@@ -216,14 +207,13 @@ def trial_dirname(trial) -> str:
 
 def _play_baselines(config, baselines: dict, folder: pathlib.Path, headline: str) -> None:
     """Each scripted baseline on the headline environment's validation states, once for the experiment."""
-    from .rollout.models import load_policy
     from .starpo import StarPO
 
     folder.mkdir(exist_ok=True)
-    _, tokenizer = load_policy(config.model_config["model"], seed=config.seed or 0)
+    tokenizer = config.policy_tokenizer()
     for name, policy in baselines.items():
-        path = folder.parent / baseline_file(name)
-        write_rollouts(path, StarPO.play_validation_states_scripted(config, policy, tokenizer, headline), tokenizer)
+        trajectories = StarPO.play_validation_states_with(config, policy, tokenizer, env_name=headline)
+        write_rollouts(folder.parent / baseline_file(name), trajectories, tokenizer)
     write_text_atomically(folder / "names.json", json.dumps({pathlib.Path(baseline_file(n)).name: n
                                                              for n in baselines}))
 
@@ -274,126 +264,6 @@ class JobConsole(Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         print(f"trial {trial.storage.trial_dir_name} failed: see {trial.path}/error.txt", flush=True)
-
-
-# ---- the warm start ---------------------------------------------------------------------------------------------
-def cached_warm_start(config, job: JobSettings, policy: Callable[[str], str]) -> str:
-    """The warm-start model for these settings: trained once into ``<output_dir>/warm_starts/<key>/`` (``key``: a
-    hash of everything the warm start depends on, :func:`warm_start_key`), then reused by every later run, seed
-    and trial with the same settings. Written to a side folder and renamed, so a killed warm start is no cache."""
-    key = warm_start_key(config, job, policy)
-    path = pathlib.Path(job.output_dir).resolve() / WARM_STARTS / key
-    if (path / "config.json").is_file():
-        print(f"warm start: reusing {path} (the same settings)", flush=True)
-        return str(path)
-    partial = path.with_name(f"{key}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    warm_start(config, job, policy, partial)
-    try:
-        os.replace(partial, path)
-    except OSError:  # another job trained the same warm start meanwhile: use theirs
-        shutil.rmtree(partial, ignore_errors=True)
-    return str(path)
-
-
-def warm_start_key(config, job: JobSettings, policy: Callable[[str], str]) -> str:
-    """A short hash of the warm start's settings: the model, the demonstrations' agent loop, the policy that plays
-    them (its name and the plain values it closes over), the warm-start flags and the seed."""
-    closure = [c.cell_contents for c in getattr(policy, "__closure__", None) or ()]
-    settings = {
-        "model": str(config.model_config["model"]), "dtype": str(config.model_config.get("dtype")),
-        "seed": config.seed or 0, "rollout": repr(demonstration_rollout_config(config, job)),
-        "policy": f"{getattr(policy, '__module__', '')}.{getattr(policy, '__qualname__', type(policy).__name__)}",
-        "policy_values": [repr(v) for v in closure if isinstance(v, (bool, int, float, str, type(None)))],
-        "job": {f.name: getattr(job, f.name) for f in dataclasses.fields(job) if f.name.startswith("warm_start")},
-    }
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def demonstration_rollout_config(config, job: JobSettings):
-    """The agent loop the demonstrations are played in: the config's, cut to ``job.warm_start_max_turns`` turns when
-    that is set. The prompts do not state the turn budget, so a cut demonstration is the first turns of a whole one."""
-    rollout_config = config.rollout_config()
-    if job.warm_start_max_turns:
-        rollout_config = dataclasses.replace(rollout_config, max_turns=job.warm_start_max_turns)
-    return rollout_config
-
-
-def warm_start(config, job: JobSettings, policy: Callable[[str], str], path: pathlib.Path) -> str:
-    """Fine-tune the config's model on ``policy``'s demonstrations; save it to ``path`` and return that path."""
-    from .rollout.models import load_policy
-    from .sft import collect_demonstrations, supervised_warm_start
-
-    t0 = time.perf_counter()
-    sft_log = logging.getLogger("rllib_ragen.sft")  # its every-50-steps loss lines are this job's progress
-    if not sft_log.handlers:
-        sft_log.addHandler(logging.StreamHandler(sys.stdout))
-        sft_log.setLevel(logging.INFO)
-    seed = config.seed or 0
-    model, tokenizer = load_policy(config.model_config["model"], seed=seed)
-    if torch.cuda.is_available():  # the same steps on the GPU, many times faster
-        model.to(config.local_gpu_idx)
-    demos = collect_demonstrations(demonstration_rollout_config(config, job), policy, tokenizer,
-                                   job.warm_start_episodes)
-    longest = max(end - start for t in demos for start, end in t.turn_spans)
-    if longest > config.max_new_tokens_per_turn:  # RL would cut such replies short: a format error every time
-        raise ValueError(f"A demonstrated reply takes {longest} tokens, more than max_new_tokens_per_turn="
-                         f"{config.max_new_tokens_per_turn} lets the policy write; raise it to at least {longest} "
-                         f"(--max-new-tokens-per-turn {longest}) or demonstrate shorter replies.")
-    path.mkdir(parents=True, exist_ok=True)  # the held-out curve is written beside the model as it trains
-    curve = (held_out_greedy_curve(config, model, tokenizer, path / WARM_START_CURVE)
-             if job.warm_start_eval_interval else None)
-    losses = supervised_warm_start(model, demos, steps=job.warm_start_steps, batch_size=job.warm_start_batch_size,
-                                   lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id,
-                                   average_decay=job.warm_start_average_decay,
-                                   lr_schedule=job.warm_start_lr_schedule,
-                                   group_by_length=job.warm_start_group_by_length,
-                                   precision=job.warm_start_precision,
-                                   evaluate=curve, evaluate_every=job.warm_start_eval_interval)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    # Which states the model was shown, so that a run started later from this folder (--model) still counts them
-    # as seen in its held-out report.
-    write_text_atomically(path / DEMONSTRATIONS_FILE, json.dumps(
-        {"env": config.env_name, "seeds": [DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + len(demos)]}))
-    print(f"warm start: {len(demos)} demonstrations ({sum(t.success for t in demos) / len(demos):.0%} successful), "
-          f"{job.warm_start_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
-    return str(path)
-
-
-def held_out_greedy_curve(config, model, tokenizer, path: pathlib.Path) -> Callable[[int, str], None]:
-    """An ``evaluate`` for ``supervised_warm_start``: each call plays the config's validation states greedily with
-    ``model`` as it is, adds a row (step, weights, greedy success pooled and per environment, format errors) to the
-    CSV at ``path``, rewritten whole each time so that a stopped run keeps its points, and prints it."""
-    from .rollout.engine import RolloutEngine, rollout_metrics
-    from .starpo.inference_engines import make_backend
-
-    starts, rollout_config = config.validation_starts(), config.rollout_config()
-    # As StarPO.play_validation_states(0.0) plays them after the warm start: the validation's settings, greedy.
-    greedy = dataclasses.replace(config.sampling_params(validation=True), temperature=0.0)
-    rows: list[dict] = []
-
-    def evaluate(step: int, weights: str) -> None:
-        t0 = time.perf_counter()
-        # A fresh backend each time: the weights changed in place, so an earlier call's KV cache is stale.
-        backend = make_backend("hf", model, tokenizer, config)
-        trajectories, _ = RolloutEngine(rollout_config, backend, tokenizer).rollout(starts, 1, greedy, sample_seed=0)
-        metrics = rollout_metrics(trajectories, 1)
-        row = {"step": step, "weights": weights, M.SUCCESS: metrics[M.env_metric(M.POOLED, M.SUCCESS)],
-               M.FORMAT_ERROR_RATE: metrics[M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE)]}
-        if config.is_mixture:
-            row.update({M.env_metric(e.name, M.SUCCESS): metrics.get(M.env_metric(e.name, M.SUCCESS), math.nan)
-                        for e in config.validation_environments()})
-        rows.append(row)
-        write_csv(path, rows)
-        print(f"warm start step {step}: greedy success {row[M.SUCCESS]:.3f} on {len(starts)} held-out states "
-              f"({weights} weights; format errors {row[M.FORMAT_ERROR_RATE]:.2f} of turns; "
-              f"{time.perf_counter() - t0:.0f} s)", flush=True)
-
-    return evaluate
-
 
 
 def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, trials: int) -> None:
@@ -454,18 +324,3 @@ class _Clock:
         return typical * len(left) + (validation or 0.0) * validations
 
 
-
-def flatten_result(result: dict, prefix: str = "") -> dict:
-    """Scalar results as one flat row, each named by its path in the result (``env_runners/episode_return_mean``)."""
-    row = {}
-    for key, value in result.items():
-        if key == "config":
-            continue
-        if isinstance(value, dict):
-            row.update(flatten_result(value, f"{prefix}{key}/"))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) or hasattr(value, "item"):
-            try:
-                row[prefix + key] = float(value)
-            except (TypeError, ValueError):
-                continue
-    return row

@@ -216,19 +216,25 @@ def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory], tokenizer
     os.replace(partial, path)
 
 
-def read_results(trial: pathlib.Path) -> list[dict]:
-    """Tune's results of a trial (its ``result.json``), one flat row per iteration (``env_runners/...``), scalars
-    only; an iteration a restored trial played again keeps its last result. Empty without the file."""
+def result_row(result: dict) -> dict[str, float]:
+    """An RLlib result as one flat row of its numbers, each named by its path as Tune's loggers name it
+    (``env_runners/episode_return_mean``); the config and anything not a number left out."""
+    import numpy as np
     from ray.tune.utils import flatten_dict
 
+    flat = flatten_dict({k: v for k, v in result.items() if k != "config"}, delimiter="/")
+    return {k: float(v) for k, v in flat.items()
+            if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))}
+
+
+def read_results(trial: pathlib.Path) -> list[dict]:
+    """Tune's results of a trial (its ``result.json``), one flat row per iteration (:func:`result_row`); an
+    iteration a restored trial played again keeps its last result. Empty without the file."""
     by_iteration: dict[int, dict] = {}
     path = pathlib.Path(trial) / "result.json"
     for line in path.read_text().splitlines() if path.is_file() else []:
         if line.strip():
-            result = json.loads(line)
-            result.pop("config", None)
-            row = {k: v for k, v in flatten_dict(result, delimiter="/").items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            row = result_row(json.loads(line))
             by_iteration[int(row["training_iteration"])] = row
     return [by_iteration[i] for i in sorted(by_iteration)]
 

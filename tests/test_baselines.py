@@ -39,7 +39,7 @@ def test_a_baseline_plays_the_validation_states_in_the_agents_loop():
     config = (StarPOConfig().environment(SOLID_ICE)
               .training(enable_thinking=False, max_turns=10, max_actions_per_turn=1, max_actions_per_episode=10,
                         validation_size=48))
-    trajectories = StarPO.play_validation_states_scripted(
+    trajectories = StarPO.play_validation_states_with(
         config, frozen_lake_hole_blind_policy(enable_thinking=False, is_slippery=False), build_tiny_tokenizer(0))
     assert [t.seed for t in trajectories] == list(config.validation_starts())
     outcomes = [bool(t.success) for t in trajectories]

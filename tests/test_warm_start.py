@@ -161,7 +161,7 @@ def sokoban_one_move_config(max_turns):
 
 
 def test_demonstrations_cut_to_warm_start_max_turns_are_the_first_turns_of_whole_ones():
-    from rllib_ragen.experiment import demonstration_rollout_config
+    from rllib_ragen.sft import demonstration_rollout_config
     from rllib_ragen.rollout.scripted import sokoban_solver_policy
 
     config = sokoban_one_move_config(max_turns=10)
@@ -194,7 +194,7 @@ def test_warm_start_max_turns_above_the_configs_max_turns_is_refused_naming_both
 
 def test_demonstrated_replies_longer_than_the_policy_may_write_are_refused_before_training(tmp_path):
     # RL would cut every such reply short, a format error each time; the job must stop and name the fix instead.
-    from rllib_ragen.experiment import warm_start
+    from rllib_ragen.sft import warm_start
     from rllib_ragen.rollout.scripted import sokoban_solver_policy
 
     config = sokoban_one_move_config(max_turns=2).training(max_new_tokens_per_turn=30)
@@ -212,7 +212,7 @@ def test_demonstrated_replies_longer_than_the_policy_may_write_are_refused_befor
 def test_a_saved_warm_start_records_the_demonstrations_it_was_shown(tmp_path):
     # A later run started from the folder (--model DIR --warm-start-steps 0) must still count those levels as seen
     # when it splits held-out success into seen and unseen states.
-    from rllib_ragen.experiment import warm_start
+    from rllib_ragen.sft import warm_start
     from rllib_ragen.held_out import demonstrated_seeds
     from rllib_ragen.rollout.scripted import sokoban_solver_policy
     from rllib_ragen.sft import DEMONSTRATION_SEED_START
@@ -284,7 +284,7 @@ def test_the_warm_start_curve_ends_on_the_saved_models_greedy_play_of_the_valida
     import csv
 
     from rllib_ragen import StarPOConfig
-    from rllib_ragen.experiment import warm_start
+    from rllib_ragen.sft import warm_start
     from rllib_ragen.rollout.backends import HFBackend, SamplingParams
     from rllib_ragen.rollout.engine import RolloutEngine, rollout_metrics
     from rllib_ragen.rollout.scripted import random_arm_policy
@@ -309,7 +309,7 @@ def test_the_warm_start_curve_of_a_mixture_has_each_validation_environments_succ
     import csv
 
     from rllib_ragen import StarPOConfig
-    from rllib_ragen.experiment import warm_start
+    from rllib_ragen.sft import warm_start
     from rllib_ragen.rollout.scripted import random_arm_policy
 
     config = StarPOConfig().environment(

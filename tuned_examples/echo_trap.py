@@ -29,7 +29,9 @@ import torch
 
 from rllib_ragen import StarPOConfig
 from rllib_ragen import metrics as M
-from rllib_ragen.experiment import JobSettings, flatten_result, warm_start
+from rllib_ragen.experiment_flags import JobSettings
+from rllib_ragen.experiment_outputs import result_row
+from rllib_ragen.sft import warm_start
 from rllib_ragen.experiment_outputs import (LEARNER, VALIDATION, keep_notices_off_the_console, write_csv,
                                             write_text_atomically)
 from rllib_ragen.rollout.scripted import random_arm_policy, sokoban_solver_policy
@@ -74,10 +76,10 @@ def train_variant(config: StarPOConfig, iterations: int, out: pathlib.Path) -> t
     algo = config.build_algo()
     try:
         # The warm start's score first (iteration 0), so a fall from it counts.
-        rows = [{**flatten_result({"evaluation": {"env_runners": algo.evaluate_validation_set()}}),
+        rows = [{**result_row({"evaluation": {"env_runners": algo.evaluate_validation_set()}}),
                  "training_iteration": 0}]
         for _ in range(iterations):
-            row = flatten_result(algo.train())
+            row = result_row(algo.train())
             rows.append(row)
             shown = {"validation": success_key(config.env), "reward std": M.FILTER_REWARD_STD,
                      "entropy": LEARNER + M.ENTROPY, "MI": M.MI_ESTIMATE}

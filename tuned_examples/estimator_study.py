@@ -40,7 +40,8 @@ import time
 import torch
 
 from rllib_ragen import metrics as M
-from rllib_ragen.experiment import LEARNER, TRAINING, flatten_result, warm_start
+from rllib_ragen.experiment_outputs import LEARNER, TRAINING, result_row
+from rllib_ragen.sft import warm_start
 from rllib_ragen.experiment_outputs import (keep_notices_off_the_console, send_notices_to, trajectory_outcomes,
                                           write_text_atomically)
 from rllib_ragen.experiment_flags import JobSettings, user_model_config
@@ -101,7 +102,7 @@ def train_and_validate(config, model: str, estimator: str, iterations: int, fold
             writer.writerow(columns)
             for _ in range(iterations):
                 t0 = time.perf_counter()
-                result = flatten_result(algo.train())
+                result = result_row(algo.train())
                 row = (algo.iteration, *(result.get(name, math.nan) for name in names), time.perf_counter() - t0)
                 writer.writerow(row)
                 f.flush()

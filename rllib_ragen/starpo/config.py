@@ -447,6 +447,12 @@ class StarPOConfig(AlgorithmConfig):
         return {**DEFAULT_MODEL_CONFIG, **super().model_config, **self._model_config_auto_includes}
 
     # ---- derived settings ------------------------------------------------------------------------------------------
+    def policy_tokenizer(self):
+        """The tokenizer of the policy model (``model_config["model"]``), as the algorithm loads it."""
+        from ..rollout.models import load_policy
+
+        return load_policy(self.model_config["model"], seed=self.seed or 0)[1]
+
     def training_environments(self) -> list[EnvEntry]:
         """What each training step plays: ``env`` alone (``num_groups`` groups), or the ``train_envs`` mixture."""
         if self.train_envs is None:

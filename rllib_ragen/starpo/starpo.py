@@ -257,18 +257,27 @@ class StarPO(Algorithm):
         return trajectories
 
     @staticmethod
-    def play_validation_states_scripted(config, policy, tokenizer, env_name: str | None = None) -> list[Trajectory]:
-        """A scripted ``policy`` (prompt text -> reply) on the validation states of ``env_name`` (None: all), as
-        many episodes per state as validation plays, in the agent's own loop (prompts, budgets, transition seeds):
-        the outcomes a job pairs its agent against (baselines). Needs no model and no built algorithm."""
+    def play_validation_states_with(config, policy, tokenizer=None, *, temperature: float = 0.0,
+                                    env_name: str | None = None) -> list[Trajectory]:
+        """The validation states of ``env_name`` (None: all) played without a built algorithm, in the agent's own
+        loop (prompts, budgets, transition seeds, as many episodes per state as validation plays), by ``policy``:
+        a scripted one (prompt text -> reply), the baselines a job pairs its agent against; or a model as it is, at
+        ``temperature`` with the validation's settings (the warm start's held-out curve). ``tokenizer``: the
+        policy model's (None: the config's model's)."""
         from ..rollout.backends import ScriptedBackend
         from ..rollout.engine import RolloutEngine
+        from .inference_engines import make_backend
 
+        tokenizer = tokenizer or config.policy_tokenizer()
+        if isinstance(policy, torch.nn.Module):  # a fresh backend: the weights may have changed in place
+            backend = make_backend("hf", policy, tokenizer, config)
+        else:
+            backend = ScriptedBackend(policy, tokenizer)
         starts = [s for s in config.validation_starts()
                   if env_name is None or not isinstance(s, tuple) or s[0] == env_name]
-        engine = RolloutEngine(config.rollout_config(), ScriptedBackend(policy, tokenizer), tokenizer)
-        trajectories, _ = engine.rollout(starts, config.validation_group_size,
-                                         SamplingParams(max_new_tokens=config.max_new_tokens_per_turn))
+        sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
+        trajectories, _ = RolloutEngine(config.rollout_config(), backend, tokenizer).rollout(
+            starts, config.validation_group_size, sampling, sample_seed=0)
         return trajectories
 
     def _runners_on_current_weights(self) -> None:

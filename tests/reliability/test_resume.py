@@ -8,7 +8,7 @@ import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_ragen import StarPO, StarPOConfig
+from rllib_ragen import StarPOConfig
 from rllib_ragen.experiment import JobSettings, run_job
 from rllib_ragen.experiment_outputs import changed_settings, read_results, start_run_folder
 

@@ -12,7 +12,6 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from rllib_ragen import StarPO
 from rllib_ragen.rollout.lora import adapter_files, attach_lora, lora_settings, merged_policy_state, write_adapter
 from rllib_ragen.rollout.models import load_policy
-from rllib_ragen.starpo.llm_rl_module import PLACEHOLDER_SPACE
 
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
