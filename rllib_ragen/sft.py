@@ -115,26 +115,20 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
 
     Args:
         average_decay: leave ``model`` holding an exponential moving average of its weights over the steps
-            (Polyak averaging), ``avg = decay * avg + (1 - decay) * weights`` after every step, instead of the last
-            step's weights. At a constant high rate the last weights land wherever the last batches threw them:
-            on one-move Sokoban replies greedy success after 300, 400, 450 and 500 steps read 0.14, 0.21, 0.34,
-            0.30, and their average (decay 0.98) 0.18, 0.23, 0.29, 0.41. 0: the last weights.
+            (Polyak averaging, ``torch.optim.swa_utils``), ``avg = decay * avg + (1 - decay) * weights`` after
+            every step from the starting weights on, instead of the last step's weights, which at a constant high
+            rate land wherever the last batches threw them. 0: the last weights.
         lr_schedule: ``"constant"`` (``lr`` at every step) or ``"cosine"``: step ``k`` of ``steps`` updates at
             ``lr * (1 + cos(pi * k / steps)) / 2``, from ``lr`` down towards 0, so the last steps stop throwing the
             weights around at the full rate.
         group_by_length: draw ``LENGTH_GROUP_BATCHES`` batches' worth of demonstrations at a time, sort them by
-            length and cut them into batches, taken in random order. A batch is padded to its longest episode; on
-            the solid-ice lake's demonstrations (163-716 tokens) only 58% of a random batch's tokens are real, and
-            grouped batches took half the time per step (``benchmarks/warm_start.py``). Each demonstration is still
-            used once per pass. Not yet shown to help held-out play: on that lake (seed 0), 1,350 grouped steps, in
-            the time of 900 plain ones, played new maps worse (README).
+            length and cut them into batches, taken in random order. A batch is padded to its longest episode, so
+            grouping pads less (``benchmarks/warm_start.py`` measures the time per step). Each demonstration is
+            still used once per pass.
         precision: ``"float32"``, or ``"bfloat16"``: the forward pass runs under bfloat16 autocast (matrix
             products in bfloat16) while the weights, their gradients, AdamW's moments and the loss stay float32,
-            so the saved model and RL after it are float32 as before. A step of the tiny model on the FrozenLake
-            job's demonstrations took 0.363 s instead of 0.510 on a 2-core CPU with AVX-512 BF16
-            (``benchmarks/warm_start.py``); a CPU without bfloat16 support may be slower, not faster. On the
-            solid-ice lake 900 such steps played the 256 held-out maps as well as float32 ones (seed 1, paired:
-            -0.004 [-0.065, +0.057]; docs/results.md, FrozenLake).
+            so the saved model and RL after it are float32 as before. Faster on CPUs with bfloat16 support and on
+            GPUs; a CPU without it may be slower (``benchmarks/warm_start.py``).
         evaluate: called as ``evaluate(step, weights)`` after every ``evaluate_every`` steps and after the last, with
             ``model`` in eval mode holding the last weights (``weights="last"``) and then, when ``average_decay``
             is set, their average (``"averaged"``); e.g. to play held-out states (the main jobs'
@@ -164,8 +158,16 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
     losses, t0 = [], time.perf_counter()
     batches = demonstration_batches([len(t.token_ids) for t in demonstrations], batch_size, generator,
                                     group_by_length)
-    params = [p for p in model.parameters() if p.requires_grad]
-    averaged = [p.detach().clone() for p in params] if average_decay > 0 else None
+    # The learning rate of step k is lr * factor(k); LambdaLR sets it before each step.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warm_start_lr(1.0, step, steps, lr_schedule))
+    params = list(model.parameters())
+    averaged = None
+    if average_decay > 0:  # EMA of the weights, starting from the weights before the first step
+        average = torch.optim.swa_utils.AveragedModel(
+            model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(average_decay))
+        average.update_parameters(model)
+        averaged = list(average.module.parameters())
     for step in range(steps):
         batch = pad_trajectories([demonstrations[i] for i in next(batches)], pad_token_id)
         ids, attention, mask = (torch.from_numpy(batch[key]).to(device)
@@ -179,15 +181,12 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         if not math.isfinite(losses[-1]):  # before backward: a non-finite loss never reaches the weights
             raise FloatingPointError(f"warm-start loss became {losses[-1]} at step {step}; lower lr={lr}.")
         optimizer.zero_grad(set_to_none=True)
-        for group in optimizer.param_groups:
-            group["lr"] = warm_start_lr(lr, step, steps, lr_schedule)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        scheduler.step()
         if averaged is not None:
-            with torch.no_grad():
-                for avg, p in zip(averaged, params):
-                    avg.lerp_(p, 1.0 - average_decay)
+            average.update_parameters(model)
         if log_every and (step + 1) % log_every == 0:
             logger.info("warm start step %d/%d: loss %.4f (%.1f s)", step + 1, steps, losses[-1],
                         time.perf_counter() - t0)
