@@ -24,10 +24,13 @@ import pathlib
 import re
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from . import metrics as M
-from .rollout.engine import Trajectory
 from .sentinel import as_rule
+
+if TYPE_CHECKING:  # (the job layer runs no rollouts: it writes the algorithm's)
+    from .rollout.engine import Trajectory
 
 POLICY = "policy"  # the trained model, loadable by plain transformers
 LATEST = "latest"
@@ -206,7 +209,7 @@ def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory], tokenizer
                 "format_errors": t.format_errors, "reasoning_claims": t.reasoning_claims,
                 "reasoning_claims_true": t.reasoning_claims_true, "response_tokens": int(sum(t.response_mask)),
                 "total_tokens": len(t.token_ids), "truncated": t.truncated, "text": t.text, "iteration": iteration,
-                **({"turns": episode_turns(t, tokenizer, (advantages or {}).get(index))} if tokenizer else {})}
+                **({"turns": t.turns(tokenizer, (advantages or {}).get(index))} if tokenizer else {})}
                for index, t in enumerate(trajectories)]
     table = pa.Table.from_pylist(records)
     if append and path.is_file():
@@ -237,27 +240,6 @@ def read_results(trial: pathlib.Path) -> list[dict]:
             row = result_row(json.loads(line))
             by_iteration[int(row["training_iteration"])] = row
     return [by_iteration[i] for i in sorted(by_iteration)]
-
-
-def episode_turns(t: Trajectory, tokenizer, advantages: list[float] | None = None) -> list[dict]:
-    """One trajectory turn by turn, as the rollout viewer shows it."""
-    from .rollout.protocol import reply_sections
-
-    turns, previous_end = [], 0
-    for turn, (start, end) in enumerate(t.turn_spans):
-        ids = t.token_ids[start:end]
-        reply = tokenizer.decode(ids, skip_special_tokens=True)
-        think, answer = reply_sections(reply)
-        turns.append({
-            "observation": tokenizer.decode(t.token_ids[previous_end:start]),
-            "reply": reply, "think": think, "answer": answer,
-            "actions": t.turn_actions[turn] if turn < len(t.turn_actions) else [],
-            "reward": t.turn_rewards[turn] if turn < len(t.turn_rewards) else 0.0,
-            "tokens": [tokenizer.decode([i]) for i in ids],
-            "advantages": [float(a) for a in advantages[start:end]] if advantages is not None else None,
-        })
-        previous_end = end
-    return turns
 
 
 def baseline_file(name: str) -> str:

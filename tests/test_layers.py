@@ -18,3 +18,20 @@ def test_the_starpo_layer_does_need_ray():
     code = "import sys; sys.modules['ray'] = None\nimport rllib_ragen.starpo"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "ray" in done.stderr
+
+
+def test_the_job_layer_runs_no_rollouts_of_its_own():
+    # The driver, its flags, outputs, callbacks and report write what the algorithm played: every rollout goes
+    # through StarPO (play_validation_states, play_validation_states_with), never a second loop in the job code.
+    import ast
+    import pathlib
+
+    package = pathlib.Path(__file__).resolve().parents[1] / "rllib_ragen"
+    for name in ("experiment", "experiment_flags", "experiment_outputs", "callbacks", "report"):
+        tree = ast.parse((package / f"{name}.py").read_text())
+        imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+        imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+        type_only = [node for node in ast.walk(tree) if isinstance(node, ast.If)
+                     and getattr(node.test, "id", "") == "TYPE_CHECKING"]
+        hinted = {n.module for node in type_only for n in ast.walk(node) if isinstance(n, ast.ImportFrom)}
+        assert [m for m in imported if "rollout" in m and m not in hinted] == [], name

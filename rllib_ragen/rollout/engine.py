@@ -20,7 +20,8 @@ from .. import metrics as M
 from ..envs import TRANSITION_SEED, make_text_env
 from .backends import InferenceBackend, SamplingParams
 from .context import DEFAULT_SYSTEM_PROMPT, ChatFormat, turn_message
-from .protocol import DEFAULT_FORMAT_PENALTY, REGION_OTHER, execute_turn, parse_reply, reply_regions
+from .protocol import (DEFAULT_FORMAT_PENALTY, REGION_OTHER, execute_turn, parse_reply, reply_regions,
+                       reply_sections)
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,26 @@ class Trajectory:
     @property
     def num_turns(self) -> int:
         return len(self.turn_spans)
+
+    def turns(self, tokenizer, advantages: Sequence[float] | None = None) -> list[dict]:
+        """The episode turn by turn, as the rollout viewer shows it: the observation before each reply, the reply
+        with its reasoning and answer, the actions executed, the reward, and the reply's tokens with their
+        ``advantages`` (per token of ``token_ids``) where given."""
+        turns, previous_end = [], 0
+        for turn, (start, end) in enumerate(self.turn_spans):
+            ids = self.token_ids[start:end]
+            reply = tokenizer.decode(ids, skip_special_tokens=True)
+            think, answer = reply_sections(reply)
+            turns.append({
+                "observation": tokenizer.decode(self.token_ids[previous_end:start]),
+                "reply": reply, "think": think, "answer": answer,
+                "actions": self.turn_actions[turn] if turn < len(self.turn_actions) else [],
+                "reward": self.turn_rewards[turn] if turn < len(self.turn_rewards) else 0.0,
+                "tokens": [tokenizer.decode([i]) for i in ids],
+                "advantages": [float(a) for a in advantages[start:end]] if advantages is not None else None,
+            })
+            previous_end = end
+        return turns
 
 
 def pad_trajectories(trajectories: Sequence[Trajectory], pad_token_id: int) -> dict[str, np.ndarray]:
