@@ -49,6 +49,7 @@ from .experiment_outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING
 from .report import headline_environment, report_experiment
 from .sentinel import as_rule, echo_trap_rules
 from .sft import cached_warm_start
+from .starpo.config import PRESET_LABEL
 
 __all__ = ["JobSettings", "parse_job_args", "run_job"]
 
@@ -157,7 +158,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             failure_config=tune.FailureConfig(max_failures=job.max_failures),
             sync_config=tune.SyncConfig(sync_artifacts=True),  # outputs of trials whose storage is not local
             callbacks=[console], verbose=0),
-            tune_config=tune.TuneConfig(trial_dirname_creator=trial_dirname))
+            tune_config=tune.TuneConfig(trial_dirname_creator=functools.partial(trial_dirname, list(grid))))
     results = tuner.fit()
     failed = [r for r in results if r.error]
     try:
@@ -191,6 +192,9 @@ def _param_space(config, seeds: list[int], grid: dict[str, list]):
     if len(seeds) == 1 and not grid:
         return config.copy(copy_frozen=False).debugging(seed=seeds[0])
     space = config.to_dict()
+    grid = dict(grid)
+    if PRESET_LABEL in grid:
+        space.update(preset_grid(config, grid.pop(PRESET_LABEL)))
     for name, values in {**grid, **({"seed": seeds} if len(seeds) > 1 else {})}.items():
         space[name] = tune.grid_search(list(values))
     if len(seeds) == 1:
@@ -198,10 +202,25 @@ def _param_space(config, seeds: list[int], grid: dict[str, list]):
     return space
 
 
-def trial_dirname(trial) -> str:
-    """A trial's folder: its seed and the grid values that set it apart, e.g. ``seed1_lr=0.0003``."""
-    varied = {k.split("/")[-1]: v for k, v in trial.evaluated_params.items() if k.split("/")[-1] != "seed"}
-    name = f"seed{trial.config.get('seed')}" + "".join(f"_{k}={v}" for k, v in sorted(varied.items()))
+def preset_grid(config, names: list[str]) -> dict:
+    """One trial per preset, each with the fields its preset sets: ``preset`` is the grid, and every such field a
+    ``tune.sample_from`` that reads the trial's preset (Tune's conditional search space). Fields no preset changes
+    keep the config's value."""
+    from ray import tune
+
+    variants = {name: config.copy(copy_frozen=False).preset(name).to_dict() for name in names}
+    first = variants[names[0]]
+    varied = [key for key in first if any(repr(v[key]) != repr(first[key]) for v in variants.values())]
+    return {PRESET_LABEL: tune.grid_search(list(names)),
+            **{key: tune.sample_from(lambda spec, key=key: variants[spec.config[PRESET_LABEL]][key])
+               for key in varied}}
+
+
+def trial_dirname(grid_names, trial) -> str:
+    """A trial's folder: its seed and its values of the grid's fields, e.g. ``seed1_lr=0.0003``."""
+    params = {k.split("/")[-1]: v for k, v in trial.evaluated_params.items()}
+    name = f"seed{trial.config.get('seed')}" + "".join(f"_{k}={params[k]}" for k in sorted(grid_names)
+                                                       if k in params and k != "seed")
     return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", name)[:120]
 
 

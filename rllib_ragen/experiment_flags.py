@@ -25,6 +25,7 @@ from typing import Any
 
 from .experiment_outputs import LATEST, keep_notices_off_the_console
 from .sft import LR_SCHEDULES, WARM_START_PRECISIONS
+from .starpo.config import PRESET_LABEL, PRESETS, preset_flags
 
 
 def _help(text: str, **kwargs):
@@ -43,7 +44,9 @@ class JobSettings:
     seeds: str = _help("run one trial per seed, e.g. '0,1,2', and report their spread (empty: the config's seed); "
                        "the trials share one warm start and run side by side where the CPUs allow", default="")
     grid: dict = _help("a sweep: one trial per combination of these config values, as JSON, e.g. "
-                       "'{\"lr\": [1e-4, 3e-4]}' (null: none)", default=None)
+                       "'{\"lr\": [1e-4, 3e-4]}', or of presets, '{\"preset\": [\"starpo\", \"starpo-s\"]}'; "
+                       "the report pairs each trial against the trial of the grid's first values (null: none)",
+                       default=None)
     max_failures: int = _help("restart a failed trial from its last checkpoint up to this many times (Tune's "
                               "FailureConfig)", default=0)
     warm_start_episodes: int = _help("demonstration episodes for the supervised warm start (0: none)", default=512)
@@ -137,14 +140,16 @@ class JobSettings:
             errors.append(f"grid={self.grid!r} must map config fields to non-empty lists of values, e.g. "
                           "{\"lr\": [1e-4, 3e-4]}.")
         elif self.grid and config is not None:
-            unknown = sorted(set(self.grid) - set(config.to_dict()))
+            unknown = sorted(set(self.grid) - set(config.to_dict()) - {PRESET_LABEL})
             if unknown:
                 errors.append(f"grid names {unknown}, which are not fields of the config; use the names of "
-                              "StarPOConfig's fields (e.g. lr, rollout_filter_ratio).")
+                              "StarPOConfig's fields (e.g. lr, rollout_filter_ratio), or 'preset'.")
             for name, values in self.grid.items() if not unknown else ():
                 for value in values:  # each point as its trial will build it: a bad one fails now, not mid-sweep
                     try:
-                        config.copy(copy_frozen=False).update_from_dict({name: value}).validate()
+                        point = config.copy(copy_frozen=False)
+                        point.preset(value) if name == PRESET_LABEL else point.update_from_dict({name: value})
+                        point.validate()
                     except (ValueError, TypeError) as error:
                         errors.append(f"grid {name}={value!r}: {error}")
         if errors:
@@ -397,6 +402,11 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
     job = dataclasses.replace(job, **{k: v for k, v in given.items() if k in job_fields})
     if job.verbose is False:  # RLlib's API-stack notice comes at validate(): hold it for the run's job.log
         keep_notices_off_the_console()
+    grid_presets = (job.grid or {}).get(PRESET_LABEL, []) if isinstance(job.grid, dict) else []
+    overlap = sorted({f for name in grid_presets if name in PRESETS for f in preset_flags(name)} & set(given))
+    if grid_presets and ("preset" in given or overlap):  # the grid's preset would silently win over the flag
+        parser.error(f"--grid varies the preset, which sets {overlap or ['every preset field']}; drop "
+                     f"--{(overlap or ['preset'])[0].replace('_', '-')} or take that preset out of the grid.")
     try:
         if "preset" in given:
             config.preset(given["preset"])

@@ -5,7 +5,8 @@ main job with one trial or several seeds, a sweep), and on a single trial folder
 ``result.json`` and ``params.pkl`` and the callback's rollout files, and writes the trial's ``summary.json``
 (validation before and after RL, the paired comparisons, baselines, held-out splits, throughput) and its
 ``learning_curve.png``; it prints the final table. For an experiment it also writes the experiment's
-``summary.json``: every trial's summary and the spread over trials. Each trial also gets the rollout viewer
+``summary.json``: every trial's summary, the spread over trials and, for a sweep, each trial paired against the
+trial of the grid's first values (:func:`versus_reference`). Each trial also gets the rollout viewer
 (``rollouts.html``).
 
 The verdict judges the headline environment (:func:`headline_environment`); the report still prints every
@@ -26,7 +27,7 @@ from . import metrics as M
 from .callbacks import BEFORE_RL, NEXT_TRAINING_SEED
 from .collapse import reasoning_entropy
 from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS,
-                                 BEFORE_ROLLOUTS, LEARNER, TRAINING, VALIDATED_AT, VALIDATION, json_ready,
+                                 BEFORE_ROLLOUTS, LEARNER, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready,
                                  plot_learning_curve, read_first_reasonings, read_results, read_outcomes, read_reasoning_claims,
                                  state_of, write_text_atomically)
 from .held_out import demonstrated_seeds, initial_states, trained_seeds_by_env
@@ -53,8 +54,7 @@ def trial_config(trial: pathlib.Path):
     """The trial's ``StarPOConfig``, from the parameters Tune stored (``params.pkl``)."""
     from .starpo.config import StarPOConfig
 
-    with open(trial / "params.pkl", "rb") as f:
-        return StarPOConfig.from_dict(pickle.load(f))
+    return StarPOConfig.from_dict(_trial_params(trial))
 
 
 def validations_of(rows: list[dict]) -> list[dict]:
@@ -95,8 +95,8 @@ def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, reference_lines: d
     summary["passed"] = bool(summary["success_gain"] >= pass_bar)
     summary["pass_bar"] = pass_bar
     scored = {headline.name} if config.is_mixture else None
-    summary["paired"] = _paired(trial, SAMPLED_AND_GREEDY["sampled"], scored)
-    summary["paired_greedy"] = _paired(trial, SAMPLED_AND_GREEDY["greedy"], scored)
+    summary["paired"] = _paired(_in(trial, SAMPLED_AND_GREEDY["sampled"]), scored)
+    summary["paired_greedy"] = _paired(_in(trial, SAMPLED_AND_GREEDY["greedy"]), scored)
     summary["reasoning_entropy"] = _reasoning_entropy(trial, scored)
     summary["reasoning_grounded"] = _reasoning_grounded(trial, scored)
     baselines_dir = baselines_dir or trial.parent / BASELINES
@@ -105,7 +105,7 @@ def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, reference_lines: d
         summary["baselines"] = _against_baselines(trial, baseline_files, headline.name)
     names = [e.name for e in config.validation_environments()]
     if len(names) > 1:
-        summary["by_env"] = {name: {mode: _paired(trial, files, {name}) for mode, files in SAMPLED_AND_GREEDY.items()}
+        summary["by_env"] = {name: {mode: _paired(_in(trial, files), {name}) for mode, files in SAMPLED_AND_GREEDY.items()}
                              for name in names}
     summary["significant_drops"] = _significant_drops(summary)
     next_seed = int(rows[-1].get(NEXT_TRAINING_SEED, config.train_seed_start)) if rows else config.train_seed_start
@@ -146,9 +146,11 @@ def report_experiment(run_dir: pathlib.Path, pass_bar: float = 0.05,
         if several:
             print(f"\n== trial {trial.name}")
         summaries[trial.name] = report_trial(trial, pass_bar, reference_lines, run_dir / BASELINES)
-    report = {"trials": summaries, "spread": spread(summaries.values()) if several else None}
+    report = {"trials": summaries, "spread": spread(summaries.values()) if several else None,
+              "versus_reference": versus_reference(run_dir, trials) if several else {}}
     if several:
         print_spread(report["spread"])
+        print_versus(report["versus_reference"])
     if trials != [run_dir]:
         write_text_atomically(run_dir / "summary.json", json.dumps(json_ready(report), indent=2, allow_nan=False))
     return report
@@ -167,6 +169,46 @@ def spread(summaries) -> dict:
                         "min": min(finite, default=math.nan), "max": max(finite, default=math.nan),
                         "trials": len(finite)}
     return result
+
+
+def versus_reference(run_dir: pathlib.Path, trials: list[pathlib.Path]) -> dict:
+    """In a sweep (the run's ``--grid``), each trial paired against its reference: the trial of the same seed with
+    every grid field at its first listed value, on the same held-out states after RL, sampled and greedy ("before"
+    is the reference, "after" the trial). ``{}`` without a grid."""
+    record = run_dir / RUN_CONFIG
+    grid = json.loads(record.read_text()).get("job", {}).get("grid") if record.is_file() else None
+    if not grid:
+        return {}
+
+    def point(params: dict) -> str:  # compared as JSON: 1e-4 from the command line equals Tune's 0.0001
+        return json.dumps([params.get(name) for name in grid], default=str)
+
+    params = {trial: _trial_params(trial) for trial in trials}
+    reference_point = json.dumps([values[0] for values in grid.values()], default=str)
+    references = {p.get("seed"): trial for trial, p in params.items() if point(p) == reference_point}
+    result = {}
+    for trial, p in params.items():
+        reference = references.get(p.get("seed"))
+        if reference is None or reference == trial:
+            continue
+        config = trial_config(trial)
+        scored = {headline_environment(config).name} if config.is_mixture else None
+        result[trial.name] = {"reference": reference.name, **{
+            mode: _paired((reference / files[1], trial / files[1]), scored) for mode, files in SAMPLED_AND_GREEDY.items()}}
+    return result
+
+
+def _trial_params(trial: pathlib.Path) -> dict:
+    with open(trial / "params.pkl", "rb") as f:
+        return pickle.load(f)
+
+
+def print_versus(versus: dict) -> None:
+    for name, entry in versus.items():
+        print(f"{name} against {entry['reference']} after RL (the same states):")
+        for mode in SAMPLED_AND_GREEDY:
+            if entry[mode]:
+                print(f"  {mode:26s}{PairedComparison(**entry[mode]).describe()}")
 
 
 def print_spread(result: dict) -> None:
@@ -216,10 +258,14 @@ def _outcome_pair(paths: tuple[pathlib.Path, pathlib.Path], envs: set[str] | Non
     return before, after
 
 
-def _paired(folder: pathlib.Path, files: tuple[str, str], envs: set[str] | None = None) -> dict | None:
-    """The paired comparison (``paired_stats``) of two rollout files of ``folder``; None as ``_outcome_pair``."""
-    pair = _outcome_pair((folder / files[0], folder / files[1]), envs)
+def _paired(paths: tuple[pathlib.Path, pathlib.Path], envs: set[str] | None = None) -> dict | None:
+    """The paired comparison (``paired_stats``) of two rollout files; None as ``_outcome_pair``."""
+    pair = _outcome_pair(paths, envs)
     return None if pair is None else paired_comparison(*pair).as_dict()
+
+
+def _in(folder: pathlib.Path, files: tuple[str, str]) -> tuple[pathlib.Path, pathlib.Path]:
+    return folder / files[0], folder / files[1]
 
 
 def _significant_drops(summary: dict) -> list[str]:

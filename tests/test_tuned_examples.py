@@ -2,7 +2,6 @@
 is consistent. Whether they learn is measured by the full runs reported in the README, not here. Also: the
 command-line flags generated from each job's config."""
 
-import csv
 import importlib.util
 import json
 import math
@@ -396,58 +395,110 @@ def test_a_sweep_is_the_job_with_a_grid_and_the_report_covers_every_trial(tmp_pa
     assert twice.returncode != 0 and "holds an earlier run" in twice.stderr
 
 
-@pytest.mark.parametrize("flag, message", [("--warm-start-lr", "warm_start_lr=0.0 must be a finite number > 0"),
-                                           ("--lr", "lr=0.0 must be > 0")])
-def test_estimator_study_flags_replace_the_jobs_settings(flag, message, capsys, monkeypatch):
-    import ray
+def test_a_grid_over_presets_gives_each_trial_its_presets_fields_and_the_studies_keep_their_jobs_settings():
+    from ray.tune.search.variant_generator import generate_variants
 
-    # The study warm-starts and trains as its main job does; the flags reproduce studies made with the job's
-    # earlier settings. A bad value must stop the study before any work.
-    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail(f"the bad {flag} reached training"))
-    study = job_file("estimator_study.py")
-    config, job = study["study_config"]("frozenlake", 8)
+    from rllib_ragen.experiment import _param_space
+    from rllib_ragen.starpo.config import StarPOConfig
+
+    main_job, config, job = job_file("echo_trap.py")["study"]("starpo_bandit")
+    bandit = job_file("starpo_bandit.py")
+    assert (job.warm_start_steps, config.critic_lr) == (bandit["job"].warm_start_steps, bandit["config"].critic_lr)
+    assert (config.lr, config.collapse_diagnostics_interval, config.validation_interval) == (5e-3, 1, 1)
+    space = _param_space(config, [0, 1], job.grid)
+    trials = [spec for _, spec in generate_variants(space)]  # Tune's own resolution of the search space
+    assert sorted((t["preset"], t["seed"]) for t in trials) == [("starpo", 0), ("starpo", 1), ("starpo-s", 0),
+                                                               ("starpo-s", 1)]
+    for trial in trials:
+        built = StarPOConfig().update_from_dict(trial)  # as the trial's algorithm builds it
+        expected = config.copy(copy_frozen=False).preset(trial["preset"])
+        for field in ("kl_coeff", "clip_ratio_high", "rollout_filter", "rollout_filter_ratio"):
+            assert getattr(built, field) == getattr(expected, field), (trial["preset"], field)
+        assert built.lr == 5e-3 and callable(built.preset)  # the label set nothing, and hid no method
+    _, study, study_job = job_file("estimator_study.py")["study"]("starpo_frozenlake")
     frozenlake = job_file("starpo_frozenlake.py")
-    assert job.warm_start_lr == frozenlake["job"].warm_start_lr and config.lr == frozenlake["config"].lr
+    assert study_job.warm_start_lr == frozenlake["job"].warm_start_lr and study.lr == frozenlake["config"].lr
+    assert study.turn_level_rewards and study_job.grid["advantage_estimator"][0] == "gae"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--kl-coeff", "0.01"], "--grid varies the preset, which sets ['kl_coeff']; drop --kl-coeff"),
+    (["--preset", "starpo"], "drop --preset"),
+    (["--grid", '{"preset": ["starpo", "nope"]}'], "grid preset='nope': preset 'nope': choose one of")])
+def test_a_preset_grid_that_a_flag_would_contradict_is_refused(flags, message, capsys):
+    bandit = job_file("starpo_bandit.py")
+    grid = ["--grid", '{"preset": ["starpo", "starpo-s"]}']
     with pytest.raises(SystemExit) as stopped:
-        study["main"](["--env", "frozenlake", flag, "0"])
+        parse_job_args(bandit["config"], bandit["job"], [*grid, *flags])
     assert stopped.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_the_report_pairs_each_sweep_trial_against_the_grids_first_values_on_the_same_seed(tmp_path):
+    import pickle
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rllib_ragen.experiment_outputs import AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS
+    from rllib_ragen.report import versus_reference
+
+    config = job_file("starpo_frozenlake.py")["config"]
+    (tmp_path / "run_config.json").write_text(json.dumps({"job": {"grid": {"advantage_estimator": ["gae", "grpo"]}}}))
+    solved = {("gae", 0): [1, 0, 0, 1], ("grpo", 0): [1, 1, 1, 0], ("gae", 1): [0, 0, 0, 0], ("grpo", 1): [1, 1, 1, 1]}
+    for (estimator, seed), outcomes in solved.items():
+        trial = tmp_path / f"seed{seed}_advantage_estimator={estimator}"
+        trial.mkdir()
+        with open(trial / "params.pkl", "wb") as f:
+            pickle.dump({**config.to_dict(), "advantage_estimator": estimator, "seed": seed}, f)
+        table = pa.Table.from_pylist([{"env": config.env_name, "seed": 123 + i, "success": float(s)}
+                                      for i, s in enumerate(outcomes)])
+        for file in (AFTER_ROLLOUTS, AFTER_GREEDY_ROLLOUTS):
+            pq.write_table(table, trial / file)
+    versus = versus_reference(tmp_path, sorted(p for p in tmp_path.iterdir() if p.is_dir()))
+    assert sorted(versus) == ["seed0_advantage_estimator=grpo", "seed1_advantage_estimator=grpo"]
+    seed0 = versus["seed0_advantage_estimator=grpo"]
+    assert seed0["reference"] == "seed0_advantage_estimator=gae"  # the same seed's, not seed 1's
+    # gae 1,0,0,1 -> grpo 1,1,1,0: two states up, one down, on the same four states
+    assert (seed0["sampled"]["before"], seed0["sampled"]["after"]) == (0.5, 0.75)
+    assert (seed0["sampled"]["improved"], seed0["sampled"]["worsened"], seed0["sampled"]["n"]) == (2, 1, 4)
+    seed1 = versus["seed1_advantage_estimator=grpo"]["greedy"]
+    assert (seed1["difference"], seed1["improved"]) == (1.0, 4)
+    assert seed1["p_value"] == pytest.approx(2 * 0.5 ** 4)  # exact McNemar: all four discordant states one way
+
+
 @pytest.mark.slow
-def test_estimator_study_compares_estimators_on_the_same_states_and_resumes(tmp_path):
-    flags = ["--env", "frozenlake", "--estimators", "gae,gigpo", "--iterations", "1", "--validation-size", "4",
-             "--warm-start-steps", "2", "--warm-start-episodes", "8", "--output-dir", str(tmp_path)]
-    done = run_example("estimator_study.py", *flags, timeout=600)
+def test_estimator_study_is_one_experiment_with_a_trial_per_estimator(tmp_path):
+    done = run_example("estimator_study.py", "--grid", '{"advantage_estimator": ["gae", "gigpo"]}', "--iterations",
+                       "1", "--validation-size", "4", "--warm-start-steps", "2", "--warm-start-episodes", "8",
+                       "--output-dir", str(tmp_path), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    out = tmp_path / "frozenlake"
-    before = json.loads((out / "before.json").read_text())
-    assert len(before) == 4  # one outcome per held-out state, keyed "<env>:<seed>/<k>"
-    for name in ("gae", "gigpo"):
-        after = json.loads((out / name / "after.json").read_text())
-        assert after["outcomes"].keys() == before.keys()  # the same states, so the comparison can pair them
-        assert after["vs_before"]["n"] == 4 and after["vs_before"]["before"] == sum(before.values()) / 4
-        with open(out / name / "metrics.csv") as f:
-            assert len(list(csv.DictReader(f))) == 1
-    table = (out / "results.md").read_text()
-    assert "| gae |" in table and "| gigpo |" in table and table in done.stdout
-    # Run again on the same folder: the warm start and both estimators are reused, nothing is trained twice.
-    again = run_example("estimator_study.py", *flags, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("reusing") == 3 and "| success" not in again.stdout
+    experiment = (tmp_path / "latest").resolve()
+    trials = ["seed0_advantage_estimator=gae", "seed0_advantage_estimator=gigpo"]
+    assert sorted(t.path.split("/")[-1] for t in tune.ExperimentAnalysis(str(experiment)).trials) == trials
+    assert len(list((tmp_path / "warm_starts").iterdir())) == 1  # one warm start for both
+    summary = json.loads((experiment / "summary.json").read_text())
+    for trial in trials:
+        params = json.loads((experiment / trial / "params.json").read_text())
+        assert params["turn_level_rewards"] is True and trial.endswith(params["advantage_estimator"])
+        assert summary["trials"][trial]["paired"]["n"] == 4  # the same four states before and after
+    versus = summary["versus_reference"][trials[1]]
+    assert versus["reference"] == trials[0] and versus["sampled"]["n"] == 4
+    assert versus["sampled"]["before"] == summary["trials"][trials[0]]["after"]["success"]
+    assert f"{trials[1]} against {trials[0]} after RL" in done.stdout
 
 
 @pytest.mark.slow
-def test_echo_trap_runs_both_variants_from_one_warm_start_and_reports_the_lead(tmp_path):
+def test_echo_trap_runs_both_presets_from_one_warm_start_and_reports_the_lead(tmp_path):
     done = run_example("echo_trap.py", "--iterations", "2", "--validation-size", "8", "--warm-start-steps", "3",
                        "--output-dir", str(tmp_path), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    for variant in ("starpo", "starpo-s"):
-        with open(tmp_path / variant / "metrics.csv") as f:
-            rows = list(csv.DictReader(f))
-        assert [float(r["training_iteration"]) for r in rows] == [0, 1, 2]  # 0: the warm start's validation
-        assert rows[1]["collapse/mi_estimate"] and rows[2]["collapse/mi_estimate"]
-        assert json.loads((tmp_path / variant / "sentinel.json").read_text()) == []  # too short to fire
-    results = (tmp_path / "results.md").read_text()
-    assert "| starpo |" in results and "| starpo-s |" in results
-    assert (tmp_path / "echo_trap.png").read_bytes()[:4] == b"\x89PNG"
-
+    experiment = (tmp_path / "latest").resolve()
+    for preset in ("starpo", "starpo-s"):
+        rows = read_results(experiment / f"seed0_preset={preset}")
+        assert [r["training_iteration"] for r in rows] == [1, 2]
+        assert all(math.isfinite(r["collapse/mi_estimate"]) for r in rows)  # the probe ran every iteration
+        assert json.loads((experiment / f"seed0_preset={preset}" / "sentinel.json").read_text()) == []  # too short
+    table = (experiment / "echo_trap.md").read_text()
+    assert "| seed0_preset=starpo |" in table and "| seed0_preset=starpo-s |" in table
+    assert table.split("\n\n", 1)[1] in done.stdout
+    assert (experiment / "echo_trap.png").read_bytes()[:4] == b"\x89PNG"

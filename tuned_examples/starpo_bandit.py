@@ -37,7 +37,12 @@ job = JobSettings(output_dir="outputs/starpo_bandit", iterations=20, warm_start_
 # Success is choosing Dragon: a random choice gets it half the time, the optimal policy always.
 REFERENCE_LINES = {"random arm": 0.5, "optimal policy": 1.0}
 
+def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
+    """The job flags; returns (config, job, demonstration policy, baselines), as every main job's does."""
+    config, job = parse_job_args(config, job, argv, description=description)
+    return config, job, random_arm_policy(seed=config.seed, enable_thinking=config.enable_thinking), {}
+
+
 if __name__ == "__main__":
-    config, job = parse_job_args(config, job, description=__doc__.splitlines()[0])
-    run_job(config, job, random_arm_policy(seed=config.seed, enable_thinking=config.enable_thinking),
-            REFERENCE_LINES if config.env_name == "rllib_ragen/Bandit-v0" else None)
+    config, job, demonstrations, _ = parse_args(config, job)
+    run_job(config, job, demonstrations, REFERENCE_LINES if config.env_name == "rllib_ragen/Bandit-v0" else None)

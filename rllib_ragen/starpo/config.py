@@ -159,6 +159,15 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+PRESET_LABEL = "preset"  # a Tune trial's preset, in a grid over presets (StarPOConfig.update_from_dict)
+
+
+def preset_flags(name: str) -> set[str]:
+    """The fields (flag names) preset ``name`` sets, model settings by their own names."""
+    return {key for setter, arguments in PRESETS[name].items()
+            for key in (arguments.get("model_config", {}) if setter == "rl_module" else arguments)}
+
+
 class StarPOConfig(AlgorithmConfig):
     """Configuration of :class:`StarPO`; defaults are the reference's StarPO-S on the ``tiny`` CPU model.
 
@@ -414,6 +423,13 @@ class StarPOConfig(AlgorithmConfig):
         for setter, arguments in PRESETS[name].items():
             getattr(self, setter)(**arguments)
         return self
+
+    @override(AlgorithmConfig)
+    def update_from_dict(self, config_dict: dict) -> "StarPOConfig":
+        """RLlib's, except that a ``"preset"`` key is a label and sets nothing: a Tune grid over presets
+        (``--grid '{"preset": [...]}'``) names each trial's preset with it, and resolves the preset's own fields
+        beside it (``experiment.preset_grid``). Set as an attribute, it would hide the :meth:`preset` method."""
+        return super().update_from_dict({k: v for k, v in config_dict.items() if k != PRESET_LABEL})
 
     # ---- what RLlib builds -----------------------------------------------------------------------------------------
     @override(AlgorithmConfig)
