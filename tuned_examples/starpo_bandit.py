@@ -2,7 +2,7 @@
 
 The tiny CPU model is first warm-started on demonstrations that pick an arm at random (the format, no
 preference), so whatever preference it ends with, RL taught it. Dragon pays 1.0 with probability 0.25,
-Phoenix 0.15 always: success is choosing Dragon. Tested on a 2-core CPU (see the README for the figures).
+Phoenix 0.15 always: success is choosing Dragon. Its figures: docs/results.md.
 
     python tuned_examples/starpo_bandit.py [--iterations 20] [--model smollm2-135m] [--output-dir DIR] [--help]
 """
@@ -21,13 +21,10 @@ config = (
                                   {"env": "rllib_ragen/BanditReversed-v0"}])
     .training(num_groups=8, group_size=8, rollout_filter_ratio=1.0,  # single-turn: every group informs the update
               lr=5e-4, critic_lr=1e-3, max_turns=1, max_new_tokens_per_turn=32,
-              # Each pull of a group draws its own payoff. With the reference's shared draw a group's Dragon
-              # pulls all win or all lose, so an update rests on one coin flip per group; seeds 0-2 ended at
-              # 0.969/0.945/0.984 that way and at 1.000/0.984/1.000 with this (README).
+              # Each pull of a group draws its own payoff; with the reference's shared draw, an update rests on
+              # one coin flip per group.
               independent_transitions=True,
-              # Raw R - V, the setting these CPU jobs were tuned and measured with (README); the library
-              # default whitens as the reference does, which on the bandit job gave 0.828 instead of 0.867.
-              whiten_advantages=False,
+              whiten_advantages=False,  # raw R - V: the setting these CPU jobs were tuned with
               validation_size=128, validation_interval=2)  # 6 validation points; 128 states take ~2 s
     .debugging(seed=0)
 )
