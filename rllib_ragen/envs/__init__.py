@@ -59,6 +59,22 @@ def register_text_env(
     _TEXT_ENV_IDS.append(env_id)
 
 
+def registrations_of(env_ids) -> dict[str, Any]:
+    """The gymnasium specs of the user-registered text environments among ``env_ids``. A config carries them to
+    Ray's worker processes, which import this package (and so its built-ins) but never ran the user's
+    :func:`register_text_env` calls; :func:`register_carried` registers them there."""
+    return {env_id: gym.spec(env_id) for env_id in env_ids
+            if isinstance(env_id, str) and env_id in _TEXT_ENV_IDS and env_id not in BUILT_IN_TEXT_ENVS}
+
+
+def register_carried(specs: dict[str, Any]) -> None:
+    """Register, in this process, each carried spec (:func:`registrations_of`) it does not know yet."""
+    for env_id, spec in specs.items():
+        if env_id not in gym.registry:
+            register_text_env(env_id, spec.entry_point, max_episode_steps=spec.max_episode_steps,
+                              reward_threshold=spec.reward_threshold, **spec.kwargs)
+
+
 def registered_text_envs() -> list[str]:
     """Ids of every text environment registered so far, built-in ones first."""
     return list(_TEXT_ENV_IDS)
@@ -116,3 +132,4 @@ register_text_env(
     "rllib_ragen/FrozenLakeNotSlippery-v0", "rllib_ragen.envs.frozen_lake:FrozenLakeTextEnv", reward_threshold=1.0,
     is_slippery=False,
 )
+BUILT_IN_TEXT_ENVS = frozenset(_TEXT_ENV_IDS)

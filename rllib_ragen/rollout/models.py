@@ -206,19 +206,53 @@ def load_policy(model: str = TINY, *, dtype: torch.dtype | str = torch.float32, 
     elif model == SMOLLM2:
         policy, tokenizer = _load_smollm2(dtype)
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        try:
-            policy = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
-            tokenizer = AutoTokenizer.from_pretrained(model)
-        except (OSError, ValueError) as error:  # missing folder, bad id, no network: say what was tried
-            where = "a local directory without a loadable model" if os.path.isdir(model) else "no local directory"
-            raise OSError(f"model={model!r} is not a built-in model ({TINY!r}, {SMOLLM2!r}), is {where}, and did "
-                          f"not load as a Hugging Face id ({type(error).__name__}: {error})") from error
+        policy, tokenizer = _load_pretrained(model, dtype)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     disable_dropout(policy)
     return policy.eval(), tokenizer
+
+
+# A folder's tokenizer is in one of these (fast, SentencePiece, BPE or WordPiece vocabularies).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+
+
+def _load_pretrained(model: str, dtype: torch.dtype):
+    """A Hugging Face id or folder, each way a folder can be broken named with the file at fault: transformers
+    would otherwise load a tokenizer-less folder with a one-token tokenizer, or a config of another architecture
+    with freshly initialised weights, and fail (if at all) at the first forward pass."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = os.path.isdir(model)
+    if local and not any(os.path.isfile(os.path.join(model, name)) for name in TOKENIZER_FILES):
+        raise OSError(f"model={model!r} has no tokenizer file (one of {', '.join(TOKENIZER_FILES)}): save the "
+                      "tokenizer beside the weights, tokenizer.save_pretrained(folder).")
+    try:
+        policy, loading = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, output_loading_info=True,
+                                                               ignore_mismatched_sizes=True)  # named below
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except Exception as error:
+        if not local:  # a bad id, or no network: say what was tried
+            raise OSError(f"model={model!r} is not a built-in model ({TINY!r}, {SMOLLM2!r}), is no local directory, "
+                          f"and did not load as a Hugging Face id ({type(error).__name__}: {error})") from error
+        raise OSError(f"model={model!r}: its config.json, weights (*.safetensors) or tokenizer files did not load as "
+                      f"a causal language model ({type(error).__name__}: {str(error).strip().splitlines()[0]})") \
+            from error
+    mismatched = list(loading.get("mismatched_keys", ()))
+    if mismatched:
+        raise OSError(f"model={model!r}: {len(mismatched)} weights in its weights file differ in shape from what "
+                      f"config.json describes (e.g. {mismatched[0]}, as (name, file, config)): config.json belongs to "
+                      "another model (vocab_size, hidden_size, ...).")
+    missing = list(loading.get("missing_keys", ()))
+    if missing:
+        raise OSError(f"model={model!r}: {len(missing)} of the model's weights are not in its weights file (e.g. "
+                      f"{sorted(missing)[:2]}): config.json's model_type {policy.config.model_type!r} does not match "
+                      "the weights, or the file is incomplete.")
+    rows = policy.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise OSError(f"model={model!r}: its tokenizer has {len(tokenizer)} tokens and the model's embedding {rows} "
+                      "rows (config.json's vocab_size): the tokenizer belongs to another model.")
+    return policy, tokenizer
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

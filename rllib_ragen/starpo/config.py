@@ -19,7 +19,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 
-from ..envs import _load_entry_point, registered_text_envs
+from ..envs import _load_entry_point, register_carried, registered_text_envs, registrations_of
 from ..envs.base import checks_reasoning_claims
 from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS,
                           AdvantageSettings, num_kept_groups)
@@ -194,6 +194,8 @@ class StarPOConfig(AlgorithmConfig):
         # Environment mixtures (see environment()): None trains and validates on env alone.
         self.train_envs: list[dict] | None = None
         self.validation_envs: list[dict] | None = None
+        # The user's environment registrations, carried to Ray's workers (rllib_ragen.envs.registrations_of).
+        self.text_env_registrations: dict = {}
         self._model_config = dict(DEFAULT_MODEL_CONFIG)
 
     @override(AlgorithmConfig)
@@ -221,7 +223,11 @@ class StarPOConfig(AlgorithmConfig):
                 kwargs.setdefault("env_config", dict(first.get("env_config") or {}))
         if validation_envs is not NotProvided:
             self.validation_envs = copy.deepcopy(validation_envs)
-        return super().environment(env, **kwargs)
+        super().environment(env, **kwargs)
+        named = [self.env, *(entry.get("env") for entry in [*(self.train_envs or []), *(self.validation_envs or [])]
+                             if isinstance(entry, dict))]
+        self.text_env_registrations = registrations_of(named)
+        return self
 
     @override(AlgorithmConfig)
     def training(
@@ -553,6 +559,7 @@ class StarPOConfig(AlgorithmConfig):
     # ---- validation: the one place settings are checked ----------------------------------------------------------
     @override(AlgorithmConfig)
     def validate(self) -> None:
+        register_carried(self.text_env_registrations)  # in a Tune trial's process, which never registered them
         super().validate()
         errors = list(self._starpo_errors())
         if errors:
@@ -604,6 +611,12 @@ class StarPOConfig(AlgorithmConfig):
         yield from self._reasoning_penalty_errors()
         if self.gigpo_omega < 0:
             yield f"gigpo_omega={self.gigpo_omega} must be >= 0 (0 is GRPO)."
+        if self.minibatch_size is not None and self.minibatch_size < 1:
+            yield f"minibatch_size={self.minibatch_size} must be >= 1 trajectory, or None (the kept batch split evenly)."
+        # A penalty pays nothing for breaking the protocol or wasting a move: > 0 would reward it.
+        for field in ("format_penalty", "ineffective_action_penalty"):
+            if getattr(self, field) > 0:
+                yield f"{field}={getattr(self, field)} must be <= 0: a positive value would reward what it penalises."
         if self.vf_loss_coeff < 0 or self.weight_decay < 0:
             yield f"vf_loss_coeff={self.vf_loss_coeff} and weight_decay={self.weight_decay} must be >= 0."
         if not _is_known_env(self.env):
@@ -691,6 +704,10 @@ class StarPOConfig(AlgorithmConfig):
         for field in _POSITIVE_INTS + _INTS:
             if not _is_int(getattr(self, field)):
                 yield f"{field}={getattr(self, field)!r} must be an integer."
+        betas = self.adam_betas
+        if not (isinstance(betas, (list, tuple)) and len(betas) == 2
+                and all(_is_number(b) and 0 <= b < 1 for b in betas)):
+            yield f"adam_betas={betas!r} must be two numbers in [0, 1), e.g. (0.9, 0.999)."
         if self.micro_batch_size is not None and not _is_int(self.micro_batch_size):
             yield f"micro_batch_size={self.micro_batch_size!r} must be a positive integer or None."
 

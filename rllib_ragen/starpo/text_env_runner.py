@@ -21,6 +21,7 @@ from ray.rllib.utils.framework import get_device
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from .. import metrics as M
+from ..envs import register_carried
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import RolloutEngine, Start, Trajectory
 from .inference_engines import make_backend
@@ -29,6 +30,7 @@ from .llm_rl_module import PLACEHOLDER_SPACE
 
 class TextEnvRunner(EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs):
+        register_carried(config.text_env_registrations)  # the user's environments, in this worker process
         super().__init__(config=config, **kwargs)
         if self.worker_index:  # a Ray actor: one torch thread per CPU it was given (more threads thrash)
             torch.set_num_threads(max(1, int(self.config.num_cpus_per_env_runner)))

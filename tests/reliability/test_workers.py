@@ -37,3 +37,38 @@ def test_a_killed_remote_learner_is_named_on_this_and_every_later_call(ray_sessi
                 algo.train()
     finally:
         algo.stop()
+
+
+@pytest.mark.parametrize("resources, asked", [
+    (dict(num_learners=2), "3 CPU"),  # the driver and two learners of one CPU each, on a 2-CPU Ray
+    (dict(num_learners=1, num_gpus_per_learner=1), "1 GPU"),
+])
+def test_actors_the_cluster_cannot_place_fail_at_build_naming_asked_and_available(ray_session, small_config,
+                                                                                  resources, asked):
+    # Before, two learners on this 2-CPU Ray waited for each other for more than 10 minutes, with no error.
+    gpus = resources.pop("num_gpus_per_learner", 0)
+    config = small_config().training(rollout_filter_ratio=1.0).learners(**resources, num_gpus_per_learner=gpus)
+    with pytest.raises(ValueError) as error:
+        config.build_algo()
+    message = str(error.value)
+    assert asked in message and f"the Ray cluster has {ray.cluster_resources()['CPU']:g} CPU" in message
+    assert "num_learners" in message
+
+
+@pytest.mark.parametrize("entry_point", ["import path", "class"])
+def test_an_environment_registered_only_in_the_driver_plays_on_remote_env_runners(ray_session, small_config,
+                                                                                   entry_point):
+    from rllib_ragen.envs import BanditEnv, register_text_env
+
+    # Only this process knows the id: Ray's worker processes import rllib_ragen, not this registration. Before,
+    # the build failed with RLlib's IndexError, and the cause (NamespaceNotFound) stayed in the worker's log.
+    env_id = f"driveronly/{'Path' if entry_point == 'import path' else 'Class'}Bandit-v0"
+    register_text_env(env_id, "rllib_ragen.envs.bandit:BanditEnv" if entry_point == "import path" else BanditEnv,
+                      high_risk_name="Comet")
+    algo = small_config(env_id, max_turns=1).env_runners(num_env_runners=1).build_algo()
+    try:
+        algo.train()
+        played = [trajectory.text for trajectory in algo.last_rollout]  # sampled on the remote runner
+    finally:
+        algo.stop()
+    assert len(played) == 8 and all("Comet" in text for text in played)

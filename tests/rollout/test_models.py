@@ -58,3 +58,57 @@ def test_every_legend_symbol_of_every_built_in_environment_is_one_token(tokenize
     for env_id in registered_text_envs():
         for symbol in gym.make(env_id).unwrapped.legend:
             assert _pieces(tokenizer, f"#{symbol}{symbol}#") == ["#", symbol, symbol, "#"], (env_id, symbol)
+
+
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory):
+    from rllib_ragen.rollout.models import load_policy
+
+    folder = tmp_path_factory.mktemp("tiny")
+    model, tokenizer = load_policy("tiny")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _edit_config(folder, **fields):
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+def _drop_tokenizer(folder):
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (folder / name).unlink(missing_ok=True)
+
+
+def _truncate_weights(folder):
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+
+
+# Each of these loaded silently (a one-token tokenizer, BERT weights drawn at random) or failed with a raw
+# torch/transformers/safetensors error, some only at the first train().
+@pytest.mark.parametrize("break_it, message", [
+    (lambda f: _edit_config(f, hidden_size=-5), "config.json, weights (*.safetensors) or tokenizer files did not load"),
+    (lambda f: _edit_config(f, vocab_size=10), "differ in shape from what config.json describes"),
+    (lambda f: _edit_config(f, model_type="bert"), "model_type 'bert' does not match the weights"),
+    (_drop_tokenizer, "has no tokenizer file"),
+    (_truncate_weights, "SafetensorError"),
+])
+def test_a_broken_model_folder_fails_at_build_algo_naming_the_folder_and_the_file(saved_tiny, tmp_path, break_it,
+                                                                                   message):
+    import shutil
+
+    from rllib_ragen import StarPOConfig
+
+    folder = tmp_path / "model"
+    shutil.copytree(saved_tiny, folder)
+    break_it(folder)
+    config = (StarPOConfig().environment("rllib_ragen/Bandit-v0").training(num_groups=2, group_size=2)
+              .rl_module(model_config={"model": str(folder)}))
+    config.validate()  # a folder with a config.json: what can be told without loading it is fine
+    with pytest.raises(Exception) as error:
+        config.build_algo()
+    assert f"model={str(folder)!r}" in str(error.value) and message in str(error.value)

@@ -55,6 +55,16 @@ def test_presets():
     (dict(minibatch_size=8, updates_per_rollout_batch=3), ["minibatch_size=8", "updates_per_rollout_batch=3"]),
     (dict(group_size=0), ["group_size=0"]),
     (dict(independent_transitions="yes"), ["independent_transitions='yes'", "True or False"]),
+    # Each of these reached the first train() or trained silently before (a ZeroDivisionError, a bare TypeError,
+    # +5 per broken reply).
+    (dict(minibatch_size=0), ["minibatch_size=0 must be >= 1"]),
+    (dict(minibatch_size=-1), ["minibatch_size=-1 must be >= 1"]),
+    (dict(minibatch_size=float("nan")), ["minibatch_size=nan must be an integer"]),
+    (dict(adam_betas="x"), ["adam_betas='x' must be two numbers in [0, 1)"]),
+    (dict(adam_betas=(0.9,)), ["adam_betas=(0.9,)"]),
+    (dict(adam_betas=(0.9, True)), ["adam_betas=(0.9, True)"]),
+    (dict(format_penalty=5.0), ["format_penalty=5.0 must be <= 0"]),
+    (dict(ineffective_action_penalty=0.1), ["ineffective_action_penalty=0.1 must be <= 0"]),
 ])
 def test_invalid_settings_fail_at_validate_naming_the_fields(knobs, fields):
     config = StarPOConfig().training(**knobs)
