@@ -502,3 +502,15 @@ def test_echo_trap_runs_both_presets_from_one_warm_start_and_reports_the_lead(tm
     assert "| seed0_preset=starpo |" in table and "| seed0_preset=starpo-s |" in table
     assert table.split("\n\n", 1)[1] in done.stdout
     assert (experiment / "echo_trap.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_job_whose_actors_the_cluster_cannot_place_fails_before_tune_starts(ray_session, tmp_path):
+    from rllib_ragen.experiment import run_job
+
+    # Tune would keep such a trial pending forever, with no error.
+    bandit = job_file("starpo_bandit.py")
+    config, job = parse_job_args(bandit["config"], bandit["job"], ["--num-learners", "2", "--output-dir",
+                                                                   str(tmp_path)])
+    with pytest.raises(ValueError, match=r"No trial can start: the run asks for 3 CPU .* the Ray cluster has 2 CPU"):
+        run_job(config, job)
+    assert not list(tmp_path.glob("*/experiment_state-*.json"))  # no Tune experiment began

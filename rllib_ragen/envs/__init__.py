@@ -38,8 +38,9 @@ def register_text_env(
 
     Args:
         env_id: a versioned gymnasium id, e.g. ``"myproject/Maze-v0"``.
-        entry_point: a :class:`TextEnv` subclass, or its import path ``"package.module:ClassName"``. Prefer the
-            string for environments used by remote Ray workers: they import it instead of unpickling a class.
+        entry_point: a :class:`TextEnv` subclass, or its import path ``"package.module:ClassName"``. Either
+            reaches Ray's worker processes: a ``StarPOConfig`` naming the id carries the registration
+            (:func:`registrations_of`).
         max_episode_steps: env steps (single actions) before gymnasium's ``TimeLimit`` truncates. The agent's
             own per-episode action budget is a rollout setting; this is only a safety net.
         reward_threshold: the return at which the env counts as solved, if known.
