@@ -129,7 +129,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
                  **({} if job.verbose else {"logging_level": logging.ERROR}))
         if not job.verbose:
             keep_notices_off_the_console()  # ray.init set up its console handler again
-    shortfall = StarPO.resource_shortfall(config)  # Tune would leave such a trial pending forever
+    shortfall = StarPO.resource_shortfall(config, as_tune_trial=True)  # Tune would leave such a trial pending forever
     if shortfall:
         raise ValueError(f"No trial can start: {shortfall}")
     seeds, grid = job.seed_list(config), job.grid or {}

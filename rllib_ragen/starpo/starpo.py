@@ -75,21 +75,26 @@ class StarPO(Algorithm):
         return StarPOConfig()
 
     @classmethod
-    def resource_shortfall(cls, config: StarPOConfig) -> str | None:
+    def resource_shortfall(cls, config: StarPOConfig, *, as_tune_trial: bool) -> str | None:
         """Why the Ray cluster cannot hold every actor ``config`` asks for (None: it can). Ray and Tune would
-        wait for such actors forever, with no error; the driver calls this before it builds them. Ray starts here
-        (as RLlib would, with this machine's resources) when it has not been started."""
+        wait for such actors forever, with no error; the driver calls this before it builds them. A Tune trial
+        also reserves the main process's resources (the first bundle); a driver's own process reserves none. Ray
+        starts here (as RLlib would, with this machine's resources) when it has not been started."""
         if not ray.is_initialized():
             ray.init()
-        asked = cls.default_resource_request(config).required_resources
+        bundles = cls.default_resource_request(config).bundles[0 if as_tune_trial else 1:]
+        asked: dict[str, float] = {}
+        for bundle in bundles:
+            for name, amount in bundle.items():
+                asked[name] = asked.get(name, 0.0) + amount
         have = ray.cluster_resources()
-        short = {name: amount for name, amount in asked.items() if amount > have.get(name, 0.0) + 1e-9}
-        if not short:
+        if all(amount <= have.get(name, 0.0) + 1e-9 for name, amount in asked.items()):
             return None
-        return (f"the run asks for {', '.join(f'{v:g} {k}' for k, v in asked.items())} (the driver, "
-                f"num_learners={config.num_learners} and num_env_runners={config.num_env_runners} with their CPUs and "
-                f"GPUs each), and the Ray cluster has {', '.join(f'{have.get(k, 0.0):g} {k}' for k in asked)}: lower "
-                "num_learners, num_env_runners or their resources, or add nodes.")
+        return (f"the run asks for {', '.join(f'{v:g} {k}' for k, v in asked.items())} "
+                f"({'the trial itself, ' if as_tune_trial else ''}num_learners={config.num_learners} and "
+                f"num_env_runners={config.num_env_runners} with their CPUs and GPUs each), and the Ray cluster has "
+                f"{', '.join(f'{have.get(k, 0.0):g} {k}' for k in asked)}: lower num_learners, num_env_runners or "
+                "their resources, or add nodes.")
 
     @override(Algorithm)
     def setup(self, config) -> None:
@@ -97,7 +102,7 @@ class StarPO(Algorithm):
             # A Ray actor (a Tune trial): one torch thread per CPU it was given; more thrash beside other trials.
             torch.set_num_threads(max(1, int(config.num_cpus_for_main_process)))
         elif config.num_learners or config.num_env_runners:  # the driver builds remote actors: can they be placed?
-            shortfall = self.resource_shortfall(config)
+            shortfall = self.resource_shortfall(config, as_tune_trial=False)
             if shortfall:
                 raise ValueError(f"Cannot place StarPO's actors: {shortfall}")
         super().setup(config)
