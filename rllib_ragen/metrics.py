@@ -36,10 +36,11 @@ NUM_ENV_STEPS_SAMPLED = "num_env_steps_sampled"
 
 # Rollout bookkeeping (under env_runners/): events the rollout handled and counted, summed over env runners.
 ENV_ERRORS = "rollout/env_errors"  # an environment raised; its trajectory is dropped
+ENV_TIMEOUTS = "rollout/env_timeouts"  # a reset or step outlived its timeout; trajectory dropped, env replaced
 NONFINITE_REWARDS = "rollout/nonfinite_rewards"  # an environment paid NaN or inf; its trajectory is dropped
 UNENCODABLE_TEXTS = "rollout/unencodable_texts"  # observation text UTF-8 cannot encode; the characters replaced
 PROMPTS_TOO_LONG = "rollout/prompts_too_long"  # a first prompt over max_context_tokens; the episode is not played
-ROLLOUT_COUNTERS = (ENV_ERRORS, NONFINITE_REWARDS, UNENCODABLE_TEXTS, PROMPTS_TOO_LONG)
+ROLLOUT_COUNTERS = (ENV_ERRORS, ENV_TIMEOUTS, NONFINITE_REWARDS, UNENCODABLE_TEXTS, PROMPTS_TOO_LONG)
 ENV_RUNNER_RESTARTS = "rollout/env_runner_restarts"  # remote env runners that died mid-rollout and were restarted
 WEIGHTS_SEQ_NO = "perf/weights_seq_no"
 TIME_ROLLOUT = "time/rollout_s"

@@ -20,6 +20,7 @@ from .. import metrics as M
 from ..envs import TRANSITION_SEED, make_text_env
 from .backends import InferenceBackend, SamplingParams
 from .context import DEFAULT_SYSTEM_PROMPT, ChatFormat, turn_message
+from .deadlines import DeadlineCaller, EnvTimeoutError, TimedEnv
 from .protocol import (DEFAULT_FORMAT_PENALTY, REGION_OTHER, execute_turn, parse_reply, reply_regions,
                        reply_sections)
 
@@ -52,6 +53,9 @@ class RolloutConfig:
             chance (payoffs, slips) independently: episode j > 0 of the group resets with the reset option
             ``TRANSITION_SEED = (seed, j)``; episode 0 keeps the seed's own draws. False (the reference's): every
             episode of a group repeats the same luck.
+        env_reset_timeout_s, env_step_timeout_s: the longest one ``reset()`` or ``step()`` may take. A later one
+            drops its episode (counted as ``rollout/env_timeouts``) and its environment is replaced, so a hung
+            environment never hangs the run (``rollout/deadlines.py``).
     """
 
     env: Any = "rllib_ragen/Sokoban-v0"
@@ -67,6 +71,8 @@ class RolloutConfig:
     max_context_tokens: int = 4096
     system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
     independent_transitions: bool = False
+    env_reset_timeout_s: float = 60.0
+    env_step_timeout_s: float = 60.0
 
 
 @dataclass
@@ -230,6 +236,7 @@ class RolloutEngine:
         self._token_texts: dict[int, str] = {}
         self._named = {name: (env, dict(env_config)) for name, env, env_config in config.environments}
         self._envs: dict[str | None, list] = defaultdict(list)  # built environments, by name (None: config.env)
+        self._env_calls = DeadlineCaller()
 
     def _env_pool(self, name: str | None, size: int) -> list:
         """``size`` environments of the one named ``name`` (None: ``config.env``), built once and reused."""
@@ -237,8 +244,10 @@ class RolloutEngine:
             raise KeyError(f"no environment named {name!r} in this rollout's environments {sorted(self._named)}.")
         env, env_config = (self.config.env, self.config.env_config) if name is None else self._named[name]
         pool = self._envs[name]
+        pool[:] = [e for e in pool if not e.stuck]  # one that timed out may still be running its call
         while len(pool) < size:
-            pool.append(make_text_env(env, **env_config))
+            pool.append(TimedEnv(make_text_env(env, **env_config), self._env_calls,
+                                 self.config.env_reset_timeout_s, self.config.env_step_timeout_s))
         return pool[:size]
 
     def _pools(self, starts: Sequence[Start], group_size: int) -> list:
@@ -304,9 +313,8 @@ class RolloutEngine:
             try:
                 observation, _ = env.reset(seed=int(seed), options=self._reset_options(seed, member))
                 description = text_env.describe()
-            except Exception:  # an environment's bug must not take the whole rollout down
-                logger.exception("env reset failed for seed %s; dropping that trajectory", seed)
-                counts[M.ENV_ERRORS] += 1
+            except Exception as error:  # an environment's bug must not take the whole rollout down
+                _count_env_failure(error, counts, f"env reset failed for seed {seed}")
                 continue
             observation = _observation_text(text_env, observation, "reset", counts)
             first = _encodable(description, counts) + "\n" + self._user_message(observation, 1,
@@ -373,10 +381,9 @@ class RolloutEngine:
                                   format_penalty=c.format_penalty,
                                   ineffective_action_penalty=c.ineffective_action_penalty,
                                   ungrounded_reasoning_penalty=c.ungrounded_reasoning_penalty)
-        except Exception:
-            logger.exception("env step failed in %s (seed %s); dropping that trajectory", t.env_name, t.seed)
+        except Exception as error:
+            _count_env_failure(error, counts, f"env step failed in {t.env_name} (seed {t.seed})")
             episode.done = episode.failed = True
-            counts[M.ENV_ERRORS] += 1
             return
         if not math.isfinite(result.reward):
             # A NaN return would make RLlib zero the whole gradient and the run look healthy: drop it, say so.
@@ -417,6 +424,16 @@ class RolloutEngine:
 
 _WARNED_NONFINITE: set[str] = set()  # environments already warned about, once per process
 _WARNED_TOO_LONG: set = set()
+
+
+def _count_env_failure(error: Exception, counts: Counter, what: str) -> None:
+    """Log and count an environment call that raised (``rollout/env_errors``) or timed out (``env_timeouts``)."""
+    if isinstance(error, EnvTimeoutError):
+        logger.warning("%s: %s; dropping that trajectory and replacing the environment", what, error)
+        counts[M.ENV_TIMEOUTS] += 1
+    else:
+        logger.error("%s; dropping that trajectory", what, exc_info=error)
+        counts[M.ENV_ERRORS] += 1
 
 
 def _observation_text(text_env, observation, method: str, counts: Counter) -> str:

@@ -40,7 +40,7 @@ KNOB_SECTIONS: dict[str, dict[str, Any]] = {
         "temperature": 1.0, "validation_temperature": 0.5, "max_new_tokens_per_turn": 400,
         "format_penalty": DEFAULT_FORMAT_PENALTY, "ineffective_action_penalty": 0.0,
         "ungrounded_reasoning_penalty": 0.0, "enable_thinking": True, "max_context_tokens": 4096,
-        "independent_transitions": False},
+        "independent_transitions": False, "env_reset_timeout_s": 60.0, "env_step_timeout_s": 60.0},
     "inference": {"inference_backend": "hf", "inference_batch_size": 128, "num_inference_engines": 1,
                   "vllm_engine_config": {}},
     "advantages and rollout filter": {
@@ -83,7 +83,8 @@ _FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "i
                    "ungrounded_reasoning_penalty", "lambda_",
                    "gamma", "clip_ratio_low", "clip_ratio_high", "kl_coeff", "entropy_coeff", "vf_loss_coeff",
                    "critic_lr", "weight_decay", "rollout_filter_ratio", "gamma_turn", "gamma_token",
-                   "gigpo_step_gamma", "gigpo_omega", "importance_weight_cap")
+                   "gigpo_step_gamma", "gigpo_omega", "importance_weight_cap", "env_reset_timeout_s",
+                   "env_step_timeout_s")
 _GPU_COUNTS = ("num_gpus_per_env_runner", "num_gpus_per_learner")  # RLlib's own fields, which it does not check
 _FINITE_NUMBERS_OR_NONE = ("dual_clip", "value_clip", "grad_clip")
 _BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "whiten_advantages", "recompute_logprobs",
@@ -238,7 +239,8 @@ class StarPOConfig(AlgorithmConfig):
         max_new_tokens_per_turn=NotProvided, format_penalty=NotProvided, ineffective_action_penalty=NotProvided,
         ungrounded_reasoning_penalty=NotProvided, enable_thinking=NotProvided, max_context_tokens=NotProvided,
         inference_backend=NotProvided, inference_batch_size=NotProvided, num_inference_engines=NotProvided,
-        vllm_engine_config=NotProvided, independent_transitions=NotProvided,
+        vllm_engine_config=NotProvided, independent_transitions=NotProvided, env_reset_timeout_s=NotProvided,
+        env_step_timeout_s=NotProvided,
         # advantages and rollout filter
         advantage_estimator=NotProvided, grpo_normalize_std=NotProvided, lambda_=NotProvided,
         turn_level_rewards=NotProvided, whiten_advantages=NotProvided, gamma_turn=NotProvided,
@@ -298,6 +300,10 @@ class StarPOConfig(AlgorithmConfig):
                 its payoffs or slips from its own seeded generator (``RolloutConfig.independent_transitions``).
                 False (the reference's): they repeat each other's draws, so a group of N bandit pulls compares
                 one coin flip with the safe arm, and a group's advantage carries one draw's noise.
+            env_reset_timeout_s, env_step_timeout_s: seconds one environment ``reset()`` or ``step()`` may take.
+                A later one is an isolated environment failure: its episode is dropped, counted as
+                ``rollout/env_timeouts``, and the environment replaced, so a hung environment (a dead game server,
+                an infinite loop) never hangs ``train()``.
             inference_backend: a name in ``INFERENCE_BACKENDS`` (``starpo/inference_engines.py``): ``"hf"``
                 (batched KV-cached sampling in the env runner), ``"vllm"`` (vLLM engines as Ray actors, shared by
                 all env runners, new weights loaded after every update; needs vLLM), one you registered with
@@ -525,7 +531,9 @@ class StarPOConfig(AlgorithmConfig):
                              ineffective_action_penalty=self.ineffective_action_penalty,
                              ungrounded_reasoning_penalty=self.ungrounded_reasoning_penalty,
                              enable_thinking=self.enable_thinking, max_context_tokens=self.max_context_tokens,
-                             independent_transitions=self.independent_transitions)
+                             independent_transitions=self.independent_transitions,
+                             env_reset_timeout_s=self.env_reset_timeout_s,
+                             env_step_timeout_s=self.env_step_timeout_s)
 
     def sampling_params(self, validation: bool = False) -> SamplingParams:
         return SamplingParams(temperature=self.validation_temperature if validation else self.temperature,
@@ -617,6 +625,9 @@ class StarPOConfig(AlgorithmConfig):
         for field in ("format_penalty", "ineffective_action_penalty"):
             if getattr(self, field) > 0:
                 yield f"{field}={getattr(self, field)} must be <= 0: a positive value would reward what it penalises."
+        for field in ("env_reset_timeout_s", "env_step_timeout_s"):
+            if getattr(self, field) <= 0:
+                yield f"{field}={getattr(self, field)} must be > 0 seconds (the longest one environment call may take)."
         if self.vf_loss_coeff < 0 or self.weight_decay < 0:
             yield f"vf_loss_coeff={self.vf_loss_coeff} and weight_decay={self.weight_decay} must be >= 0."
         if not _is_known_env(self.env):

@@ -8,6 +8,7 @@ itself, once for all runners, and skips the runners' weight broadcast.
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import ray
@@ -26,6 +27,8 @@ from ..rollout.backends import SamplingParams
 from ..rollout.engine import RolloutEngine, Start, Trajectory
 from .inference_engines import make_backend
 from .llm_rl_module import PLACEHOLDER_SPACE
+
+logger = logging.getLogger(__name__)
 
 
 class TextEnvRunner(EnvRunner, Checkpointable):
@@ -61,13 +64,23 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         reply.
 
         Probes each training and validation environment's first validation states; if some fit, the rollout drops
-        (and counts) any that do not.
+        (and counts) any that do not. A probe whose reset fails is skipped, as a rollout isolates it (logged here,
+        counted when a rollout plays that seed); only an environment none of whose probes reset fails the build.
         """
         config = self.config
         seeds = range(config.validation_seed_start, config.validation_seed_start + num_probes)
         names = dict.fromkeys(e.name for e in config.training_environments() + config.validation_environments())
         for name in names:
-            lengths = [self.engine.first_prompt_length((name, seed) if config.is_mixture else seed) for seed in seeds]
+            lengths, errors = [], []
+            for seed in seeds:
+                try:
+                    lengths.append(self.engine.first_prompt_length((name, seed) if config.is_mixture else seed))
+                except Exception as error:  # the environment's fault, isolated like a rollout's
+                    logger.warning("start-up check: %s failed to reset on validation seed %s: %r", name, seed, error)
+                    errors.append(error)
+            if not lengths:
+                raise RuntimeError(f"{name} failed to reset on every probed validation seed ({seeds.start}-"
+                                   f"{seeds.stop - 1}); the last error: {errors[-1]!r}") from errors[-1]
             if min(lengths) + self.engine.reply_reserve >= config.max_context_tokens:
                 raise ValueError(
                     f"max_context_tokens={config.max_context_tokens} leaves no room for a reply: the first prompts "

@@ -2,6 +2,7 @@
 observation is the environment's bug and is named."""
 
 import logging
+import threading
 
 import pytest
 
@@ -58,3 +59,108 @@ def test_unencodable_observation_text_is_replaced_and_counted(engine):
 def test_a_non_string_observation_is_named_with_class_and_method(engine):
     with pytest.raises(TypeError, match=r"_OddEnv.reset\(\) returned a int observation"):
         engine.rollout([4], 1, SamplingParams())
+
+
+class _HangingEnv(TextEnv):
+    """'Go' ends the episode. Seed 1's step, and seed 2's reset, wait on ``release`` (forever, in effect); seed 3's
+    step raises the environment's own TimeoutError, which is an error, not a deadline passed."""
+
+    action_names = ("Go",)
+    instructions = "Say Go."
+    release = threading.Event()
+
+    def reset(self, *, seed=None, options=None):
+        self._seed = seed
+        if seed == 2:
+            self.release.wait()
+        return super().reset(seed=seed, options=options)
+
+    def _reset_state(self):
+        pass
+
+    def _apply(self, action_index):
+        if self._seed == 1:
+            self.release.wait()
+        if self._seed == 3:
+            raise TimeoutError("the game server said: too slow")
+        self._success = True
+        return 1.0, True, True
+
+    def _render_text(self):
+        return "fine"
+
+
+@pytest.fixture
+def hanging_engine():
+    tokenizer = build_tiny_tokenizer(seed=0)
+    backend = ScriptedBackend(lambda prompt: "<think></think><answer>Go</answer>", tokenizer)
+    config = RolloutConfig(env=_HangingEnv, max_turns=1, env_reset_timeout_s=0.3, env_step_timeout_s=0.3)
+    yield RolloutEngine(config, backend, tokenizer)
+    _HangingEnv.release.set()  # let the abandoned calls finish, so no thread outlives the test
+    _HangingEnv.release = threading.Event()
+
+
+def test_a_step_or_reset_past_its_timeout_drops_its_episode_counted_and_the_run_goes_on(hanging_engine, caplog):
+    with caplog.at_level(logging.WARNING, logger="rllib_ragen.rollout.engine"):
+        trajectories, metrics = hanging_engine.rollout([0, 1, 2, 0], 1, SamplingParams())
+    assert [t.seed for t in trajectories] == [0, 0]  # seed 1's step and seed 2's reset timed out
+    assert metrics["rollout/env_timeouts"] == 2.0 and metrics["rollout/env_errors"] == 0.0
+    assert sum("did not return within 0.3 s" in r.getMessage() for r in caplog.records) == 2
+    assert any("_HangingEnv.step()" in r.getMessage() for r in caplog.records)
+    # The stuck environments are replaced: the next rollout plays on fresh ones, and all its episodes succeed.
+    stuck = [env for env in hanging_engine._envs[None] if env.stuck]
+    trajectories, metrics = hanging_engine.rollout([0, 0, 0, 0], 1, SamplingParams())
+    assert len(trajectories) == 4 and all(t.success for t in trajectories)
+    assert not set(map(id, stuck)) & set(map(id, hanging_engine._envs[None]))
+
+
+def test_an_environment_raising_its_own_timeout_error_is_an_env_error_not_a_timeout(hanging_engine):
+    trajectories, metrics = hanging_engine.rollout([3, 0], 1, SamplingParams())
+    assert [t.seed for t in trajectories] == [0]
+    assert metrics["rollout/env_errors"] == 1.0 and metrics["rollout/env_timeouts"] == 0.0
+
+
+class _BadValidationSeedEnv(TextEnv):
+    """Sokoban-free and quick: 'Go' wins. Its reset raises on the first validation seed (123), or on every seed when
+    ``env_config={"always": True}``."""
+
+    action_names = ("Go",)
+    instructions = "Say Go."
+
+    def __init__(self, always: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.always = always
+
+    def reset(self, *, seed=None, options=None):
+        if self.always or seed == 123:
+            raise ValueError(f"no level for seed {seed}")
+        return super().reset(seed=seed, options=options)
+
+    def _reset_state(self):
+        pass
+
+    def _apply(self, action_index):
+        self._success = True
+        return 1.0, True, True
+
+    def _render_text(self):
+        return "fine"
+
+
+def test_a_validation_seed_whose_reset_fails_is_isolated_at_build_and_counted_by_the_validation(
+        ray_session, small_config):
+    algo = small_config(_BadValidationSeedEnv, max_turns=1, validation_interval=1).build_algo()
+    try:
+        result = algo.train()
+    finally:
+        algo.stop()
+    # Validation plays seeds 123-126: the first fails and is counted, the other three are played.
+    validation = result["evaluation"]["env_runners"]
+    assert validation["rollout/num_trajectories"] == 3.0 and validation["rollout/env_errors"] == 1.0
+
+
+def test_an_environment_that_fails_every_probed_reset_fails_the_build_naming_it(ray_session, small_config):
+    config = small_config(_BadValidationSeedEnv, max_turns=1).environment(env_config={"always": True})
+    with pytest.raises(RuntimeError, match=r"_BadValidationSeedEnv failed to reset on every probed validation seed "
+                                           r"\(123-126\); the last error: ValueError\('no level for seed 126'\)"):
+        config.build_algo()

@@ -65,6 +65,8 @@ def test_presets():
     (dict(adam_betas=(0.9, True)), ["adam_betas=(0.9, True)"]),
     (dict(format_penalty=5.0), ["format_penalty=5.0 must be <= 0"]),
     (dict(ineffective_action_penalty=0.1), ["ineffective_action_penalty=0.1 must be <= 0"]),
+    (dict(env_step_timeout_s=0), ["env_step_timeout_s=0 must be > 0 seconds"]),
+    (dict(env_reset_timeout_s=-1.0), ["env_reset_timeout_s=-1.0 must be > 0 seconds"]),
 ])
 def test_invalid_settings_fail_at_validate_naming_the_fields(knobs, fields):
     config = StarPOConfig().training(**knobs)
