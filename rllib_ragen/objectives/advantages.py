@@ -242,13 +242,20 @@ def compute_gigpo_step_advantages(turn_rewards: list[list[float]], turn_states: 
     return [advantages[offsets[i]:offsets[i + 1]].tolist() for i in range(len(step_returns))]
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
+                  sum_over_shards: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) over the masked positions (Bessel-corrected variance), zero off the mask:
-    how the reference (verl's GAE) normalises advantages over a batch's generated tokens."""
+    how the reference (verl's GAE) normalises advantages over a batch's generated tokens.
+
+    ``sum_over_shards``: when the batch is split over data-parallel learners, sums a tensor over them (an
+    all-reduce), so that every shard is whitened with the whole batch's mean and variance.
+    """
+    total = sum_over_shards or (lambda t: t)
     m = mask.float()
-    count = m.sum()
-    mean = (x * m).sum() / count.clamp(min=1)
-    var = (((x - mean) * m) ** 2).sum() / (count - 1).clamp(min=1)
+    sums = total(torch.stack([(x * m).sum(), m.sum()]))
+    count = sums[1]
+    mean = sums[0] / count.clamp(min=1)
+    var = total((((x - mean) * m) ** 2).sum()) / (count - 1).clamp(min=1)
     return (x - mean) * torch.rsqrt(var + eps) * m
 
 
@@ -432,12 +439,14 @@ def register_advantage_estimator(name: str, fn: EstimatorFn, *, needs_critic: bo
 
 
 def compute_advantages(name: str, inputs: AdvantageInputs, settings: AdvantageSettings,
-                       whiten_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       whiten_mask: torch.Tensor | None = None,
+                       sum_over_shards: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the estimator registered as ``name``; (advantages (B, T), returns (B, T) or None).
 
     The advantages of an estimator with a critic are whitened over ``whiten_mask`` (default: the estimator's own
     ``inputs.response_mask``; the learner passes the generated tokens) when ``settings.whiten`` (the reference's
-    default); the returns, the critic's targets, never are.
+    default); the returns, the critic's targets, never are. ``sum_over_shards``: see :func:`masked_whiten`.
     """
     if name not in ADVANTAGE_ESTIMATORS:
         raise KeyError(f"advantage estimator {name!r}: choose one of {sorted(ADVANTAGE_ESTIMATORS)}.")
@@ -446,5 +455,6 @@ def compute_advantages(name: str, inputs: AdvantageInputs, settings: AdvantageSe
         raise ValueError(f"advantage estimator {name!r} needs the critic's values; it runs on the learner.")
     advantages, returns = estimator.fn(inputs, settings)
     if estimator.needs_critic and settings.whiten:
-        advantages = masked_whiten(advantages, inputs.response_mask if whiten_mask is None else whiten_mask)
+        advantages = masked_whiten(advantages, inputs.response_mask if whiten_mask is None else whiten_mask,
+                                   sum_over_shards=sum_over_shards)
     return advantages, returns

@@ -327,7 +327,7 @@ class StarPOConfig(AlgorithmConfig):
                 value).
             whiten_advantages: whiten the advantages of estimators with a critic (gae, bi_level_gae, turn_gae)
                 over the batch's generated tokens (masked mean, Bessel std), as the reference does. With several
-                learners each whitens its own shard.
+                learners too: their statistics are summed over the shards (an all-reduce).
             gamma_turn, gamma_token: ``bi_level_gae``'s discounts across turns and inside a turn (the
                 reference's: 0.95 and 1.0); ``turn_gae`` discounts with ``gamma_turn``. ``gae`` uses ``gamma``.
             gigpo_step_gamma: discount of GiGPO's step returns.

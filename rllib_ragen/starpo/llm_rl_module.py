@@ -135,6 +135,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     @override(TorchRLModule)
     def set_state(self, state) -> None:
         state = {k: torch.as_tensor(v) for k, v in state.items()}
+        self._check_shapes(state)
         missing, unexpected = self.load_state_dict(state, strict=False)
         if missing and self.inference_only:
             raise ValueError(f"weights for this policy are missing keys {missing[:5]}...: is it the same model?")
@@ -142,6 +143,21 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             # A LoRA learner loads adapters only; plain weights would otherwise be dropped without a word.
             raise ValueError(f"this LoRA module takes adapter weights, got {(unexpected or list(state))[:3]}...: "
                              "is the state from a module without model_config['lora']?")
+
+    def _check_shapes(self, state: dict[str, torch.Tensor]) -> None:
+        """Refuse weights of another size, naming the model they were loaded into: a checkpoint restored after its
+        model folder was replaced would otherwise fail deep in torch ("size mismatch for critic.head.weight")."""
+        own = self.state_dict()
+        mismatched = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state.items()
+                      if k in own and v.shape != own[k].shape]
+        if mismatched:
+            model = {**DEFAULT_MODEL_CONFIG, **(self.model_config or {})}["model"]
+            key, theirs, ours = mismatched[0]
+            raise ValueError(
+                f"{len(mismatched)} weight tensors do not fit the model built from model={model!r}: {key} is "
+                f"{theirs} in the weights loaded and {ours} in the model. A model folder whose config.json "
+                "describes another size than the one these weights (a checkpoint) were trained with was replaced "
+                "or edited since: restore with the model they were trained from, or start a new run.")
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """The LoRA adapter weights alone (what vLLM engines receive); empty without LoRA."""

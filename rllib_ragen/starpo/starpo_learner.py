@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
@@ -44,6 +45,7 @@ class StarPOTorchLearner(TorchLearner):
         self._skipped_in_a_row = 0  # consecutive optimizer steps skipped for a non-finite loss or gradient
         self._lr_factor = 1.0  # a sentinel rollback's multiplier of the configured learning rates
         self._reference = None
+        self._shards = 1  # data-parallel learners taking part in the update running now (1: outside an update)
         # The frozen reference policy exists only when the KL term is on. With LoRA it is the policy with its
         # adapters switched off (see _reference_logits): no second copy of the weights.
         if self.config.kl_coeff > 0 and not self.module[DEFAULT_MODULE_ID].unwrapped().lora:
@@ -114,25 +116,55 @@ class StarPOTorchLearner(TorchLearner):
         return {name: {"module_id": self._optimizer_name_to_module[name], "state": _cpu_clone(optim.state_dict())}
                 for name, optim in self._named_optimizers.items()}
 
+    # ---- data-parallel learners: every shard trains as a part of the whole batch -----------------------------------
+    def _sum_over_learners(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` summed over the learners of this update (an all-reduce in RLlib's torch process group)."""
+        if self._shards == 1:
+            return x
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    def _smallest_and_largest_shard(self, size: int) -> tuple[int, int]:
+        """The fewest and most rows any learner holds in this update: the choices that decide which collective
+        operations a learner runs (its number of optimizer steps, scoring in its step or apart) must be the same on
+        every learner, or their all-reduces would pair up wrongly and hang."""
+        if self._shards == 1:
+            return size, size
+        both = torch.tensor([-size, size], device=self._device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        return int(-both[0]), int(both[1])
+
     # ---- the update ------------------------------------------------------------------------------------------------
     @override(TorchLearner)
     def _update(self, batch: dict[str, Any], **kwargs):
+        # Several learners (RLlib's DDP): each holds a shard of whole groups. The normalisers of the losses and the
+        # whitening statistics are summed over all shards, so the averaged gradient is the whole batch's.
+        self._shards = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        try:
+            return self._update_shard(batch)
+        finally:
+            self._shards = 1
+
+    def _update_shard(self, batch: dict[str, Any]):
         module_id = DEFAULT_MODULE_ID
         config = self.config.get_config_for_module(module_id)
         data = {k: v.to(self._device) for k, v in batch[module_id].items()}
         module = self.module[module_id]
         size = data["input_ids"].shape[0]
+        smallest, largest = self._smallest_and_largest_shard(size)
         t0 = time.perf_counter()
 
         # Row order of every epoch, fixed up front from the learner's update counter so a resumed run repeats it.
         generator = torch.Generator().manual_seed(int((config.seed or 0) * 1_000_003 + self._weights_seq_no))
         orders = [torch.arange(size) if epoch == 0 and not config.shuffle_batch_per_epoch
                   else torch.randperm(size, generator=generator) for epoch in range(config.num_epochs)]
-        steps = min(size, config.effective_updates_per_rollout_batch)
+        # With several learners, minibatch i of the update is every learner's own i-th slice of its shard.
+        steps = min(smallest, config.effective_updates_per_rollout_batch)
         minibatches = [order[i * size // steps:(i + 1) * size // steps] for order in orders for i in range(steps)]
         micro_size = config.micro_batch_size or size
 
-        if self._step_scores_itself(len(minibatches), micro_size, size, config):
+        if self._step_scores_itself(len(minibatches), config.micro_batch_size or largest, largest, config):
             self._start_scores(data, config)
             total, applied = self._optimizer_step(data, minibatches[0], module, module_id, config, micro_size,
                                                   first=True, scores_itself=True)
@@ -207,7 +239,7 @@ class StarPOTorchLearner(TorchLearner):
             inputs = AdvantageInputs(token_rewards=data["token_rewards"], response_mask=value_mask,
                                      returns=data["token_rewards"].sum(-1), group_ids=data["group"], values=old_values)
             advantages, returns = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings(),
-                                                     whiten_mask=mask)
+                                                     whiten_mask=mask, sum_over_shards=self._sum_over_learners)
             advantages = advantages * mask  # only sampled tokens are trained: observation steps keep none
         else:  # computed on the driver from the whole kept batch
             advantages, returns = data["advantages"], torch.zeros_like(mask)
@@ -326,8 +358,11 @@ class StarPOTorchLearner(TorchLearner):
         def normaliser(mask: torch.Tensor) -> torch.Tensor:  # what the aggregation divides by
             return mask.sum() if per_token else (mask.sum(-1) > 0).sum()
 
-        # The policy terms are normalised over the trained tokens, the value loss over the advantage mask's.
-        denominators = {key: normaliser(data[key][rows]).clamp(min=1) for key in ("loss_mask", "value_mask")}
+        # The policy terms are normalised over the trained tokens, the value loss over the advantage mask's: over
+        # every learner's, times the learners, as DDP averages the learners' gradients.
+        keys = ("loss_mask", "value_mask")
+        totals = self._sum_over_learners(torch.stack([normaliser(data[key][rows]).float() for key in keys]))
+        denominators = {key: total.clamp(min=1) / self._shards for key, total in zip(keys, totals)}
         for optimizer in self._optimizer_parameters:
             optimizer.zero_grad(set_to_none=True)
         micro_batches = [rows[i:i + micro_size] for i in range(0, len(rows), micro_size)]

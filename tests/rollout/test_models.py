@@ -112,3 +112,30 @@ def test_a_broken_model_folder_fails_at_build_algo_naming_the_folder_and_the_fil
     with pytest.raises(Exception) as error:
         config.build_algo()
     assert f"model={str(folder)!r}" in str(error.value) and message in str(error.value)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_restored_after_its_model_folder_was_replaced_names_the_folder(saved_tiny, tmp_path,
+                                                                                     ray_session):
+    # It failed with torch's "size mismatch for critic.head.weight" after a restore that had built everything.
+    import shutil
+
+    from rllib_ragen import StarPO, StarPOConfig
+    from rllib_ragen.rollout.models import build_tiny_model, build_tiny_tokenizer
+
+    folder = tmp_path / "model"
+    shutil.copytree(saved_tiny, folder)
+    config = (StarPOConfig().environment("rllib_ragen/Bandit-v0").training(num_groups=2, group_size=2)
+              .rl_module(model_config={"model": str(folder)}))
+    algo = config.build_algo()
+    try:
+        checkpoint = algo.save_to_path(tmp_path / "checkpoint")
+    finally:
+        algo.stop()
+    shutil.rmtree(folder)  # another model of the same architecture, twice as wide, in its place
+    tokenizer = build_tiny_tokenizer(seed=0)
+    build_tiny_model(tokenizer, hidden_size=256).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(ValueError, match=rf"do not fit the model built from model={str(folder)!r}: .* is \(\d+, "
+                                         r"128\) in the weights loaded and \(\d+, 256\) in the model.*config.json"):
+        StarPO.from_checkpoint(checkpoint)

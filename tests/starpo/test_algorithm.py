@@ -342,3 +342,21 @@ def test_a_tune_stopper_on_rllibs_episode_return_stops_the_run(tmp_path, small_c
                                   storage_path=str(tmp_path), verbose=0),
     ).fit()
     assert not results.errors and results[0].metrics["training_iteration"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("knobs", [
+    # GAE with its critic, advantages whitened over the batch: the whitening statistics span both shards.
+    dict(),
+    # A critic-free estimator scored in micro-batches of one trajectory: each one's share of the tokens.
+    dict(advantage_estimator="grpo", micro_batch_size=1),
+], ids=["gae_whitened", "grpo_micro_batches"])
+def test_two_data_parallel_learners_make_the_update_of_one(small_config, knobs):
+    """RLlib's LearnerGroup with torch DDP (gloo on CPU): each learner trains a shard of whole groups, and the
+    averaged gradient is the whole batch's because the loss normalisers and whitening statistics span the shards."""
+    # Both groups kept, one per learner: the shards' token counts differ.
+    config = small_config(rollout_filter_ratio=1.0, validation_interval=0,
+                          validate_before_training=False, grad_clip=None, **knobs)
+    one = weights_after_one_iteration(config)
+    two = weights_after_one_iteration(config.copy(copy_frozen=False).learners(num_learners=2))
+    assert_same_update(one, two)
