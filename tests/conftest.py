@@ -8,16 +8,14 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_session():
+    """A one-node Ray of 2 CPUs, shared by the tests (started by the first that needs it, and again after a test
+    that ran a multi-node cluster of its own). Ray stops when pytest exits."""
     import ray
 
-    started = not ray.is_initialized()
-    if started:
+    if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture

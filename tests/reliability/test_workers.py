@@ -3,6 +3,7 @@ killed remote learner stops the run with an error that names it, on every later 
 
 import pytest
 import ray
+import torch
 
 from rllib_ragen.starpo import LearnerDiedError
 
@@ -71,3 +72,42 @@ def test_an_environment_registered_only_in_the_driver_plays_on_remote_env_runner
     finally:
         algo.stop()
     assert len(played) == 8 and all("Comet" in text for text in played)
+
+
+def kill_the_learner_once_at_iteration_2(marker):
+    """An ``on_train_result`` callback that kills the remote learner's process after iteration 2 once (the marker
+    remembers), as a lost node would: iteration 2's checkpoint, which reads the learner's state, fails."""
+
+    def on_train_result(*, algorithm, result, **kwargs):
+        if algorithm.iteration == 2 and not marker.exists():
+            marker.write_text("killed")
+            manager = algorithm.learner_group._worker_manager
+            ray.kill(manager._actors[manager.actor_ids()[0]], no_restart=True)
+
+    return on_train_result
+
+
+def test_a_lost_learner_is_survived_by_tune_restarting_the_trial_from_its_checkpoint(ray_session, small_config,
+                                                                                    tmp_path):
+    import pathlib
+
+    from safetensors.torch import load_file
+
+    from rllib_ragen.experiment import JobSettings, run_job
+    from rllib_ragen.experiment_outputs import POLICY, read_results
+
+    config = small_config(validation_interval=0).learners(num_learners=1)
+    job = JobSettings(iterations=3, checkpoint_interval=1, warm_start_steps=0, threads=1, max_failures=1)
+    twin = run_job(config, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "twin")}))
+    killed = run_job(config.copy(copy_frozen=False).callbacks(
+        on_train_result=kill_the_learner_once_at_iteration_2(tmp_path / "killed.marker")),
+        JobSettings(**{**vars(job), "output_dir": str(tmp_path / "killed")}))
+    assert (tmp_path / "killed.marker").exists()
+    trial, twin_trial = (pathlib.Path(run["run_dir"]) for run in (killed, twin))
+    # The trial failed (Tune kept the error), and its FailureConfig restarted it from the last checkpoint
+    # (iteration 1's), which played iterations 2 and 3 again.
+    assert "killed by `ray.kill`" in (trial / "error.txt").read_text()
+    assert [r["training_iteration"] for r in read_results(trial)] == [1, 2, 3]
+    assert killed["after"] == twin["after"]
+    policy, twin_policy = (load_file(t / POLICY / "model.safetensors") for t in (trial, twin_trial))
+    assert all(torch.equal(policy[k], twin_policy[k]) for k in twin_policy)
