@@ -1,6 +1,6 @@
 """A Ray cluster of several nodes on this machine: the README's ``ray job submit`` command against a real
 ``ray start --head`` (with its job server on 127.0.0.1) and a worker node, a sweep whose trials run on both nodes
-and write into one storage folder."""
+and write into one storage folder; env runners on other nodes (placement, rollouts, weight copies, a lost node)."""
 
 import json
 import os
@@ -147,10 +147,14 @@ def test_env_runners_on_other_nodes_play_the_one_node_rollouts_and_survive_a_los
     from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
     from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
+    from rllib_ragen.envs import register_text_env
+
     cluster, workers = three_node_cluster
     head = cluster.head_node.node_id
-    config = small_config(num_groups=3, validation_interval=0, validate_before_training=False).env_runners(
-        num_env_runners=3)
+    # An environment registered by id in this process only: the config carries it to the other nodes' runners.
+    register_text_env("driveronly/Sokoban-v0", "rllib_ragen.envs.sokoban:SokobanEnv")
+    config = small_config("driveronly/Sokoban-v0", num_groups=3, validation_interval=0,
+                          validate_before_training=False).env_runners(num_env_runners=3)
 
     # Where the runners are: all on the worker nodes, over both of them.
     algo = config.build_algo()
