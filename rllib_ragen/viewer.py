@@ -301,6 +301,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllib_ragen.viewer", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a run folder (or a job folder: its 'latest' run)")
     parser.add_argument("--output", default=None, help="the page's path (default: RUN_DIR/rollouts.html)")
+    parser.add_argument("--screenshot", default=None, metavar="PNG",
+                        help="also save a picture of the page, taken by headless Chromium (as the docs' images are)")
+    parser.add_argument("--view", default="episode=0",
+                        help="what the screenshot shows: the page's URL fragment (default: the first episode)")
     args = parser.parse_args(argv)
     run_dir = pathlib.Path(args.run_dir)
     if not any((run_dir / name).is_file() for name, _ in SOURCES) and (run_dir / "latest").exists():
@@ -310,6 +314,29 @@ def main(argv: list[str] | None = None) -> None:
     except FileNotFoundError as error:
         parser.error(str(error))
     print(f"wrote {path}")
+    if args.screenshot:
+        screenshot(path, args.screenshot, args.view)
+        print(f"wrote {args.screenshot}")
+
+
+def screenshot(page: pathlib.Path, png, view: str = "episode=0", size: tuple[int, int] = (1400, 900)) -> None:
+    """Save a PNG of the viewer page opened at ``#view``, rendered by headless Chromium after its script ran."""
+    import shutil
+    import subprocess
+
+    browser = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
+                   None)
+    if browser is None:
+        raise FileNotFoundError("no Chromium on this machine: install it (Debian: apt-get install chromium) to take "
+                                "screenshots.")
+    png = pathlib.Path(png).resolve()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--virtual-time-budget=5000", f"--window-size={size[0]},{size[1]}",
+                           f"--screenshot={png}", f"{pathlib.Path(page).resolve().as_uri()}#{view}"],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or not png.is_file():
+        raise RuntimeError(f"Chromium could not take the screenshot: {done.stderr[-1000:]}")
 
 
 if __name__ == "__main__":

@@ -102,3 +102,16 @@ def test_an_episode_shows_each_turn_with_its_board_and_tokens_shaded_by_advantag
     untrained = dom(out / "rollouts.html", "episode=2")  # no advantages for this one: not shaded
     detail = untrained.split('id="detail"')[1].split("<script")[0]
     assert "no advantage" in detail and "rgba(" not in detail
+
+
+def test_the_screenshot_the_docs_use_is_taken_from_the_page(run_dir, tmp_path):
+    import struct
+
+    out, _, _ = run_dir
+    if CHROMIUM is None:
+        pytest.skip("no Chromium on this machine (.ci/run installs Debian's chromium where apt is available)")
+    png = tmp_path / "viewer.png"
+    viewer_main([str(out), "--screenshot", str(png)])
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", data[16:24]) == (1400, 900)  # the IHDR's width and height
