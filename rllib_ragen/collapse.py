@@ -71,8 +71,8 @@ def reasoning_entropy(reasonings: Sequence) -> float:
     count together). 0: every trace is the same; log n: all n differ. NaN for no traces.
 
     It sees what distinct bigrams miss: a reply template with one free word ("Optimal plan has N moves.") keeps
-    the same bigrams whether N follows the state or is always 1, but its entropy fell from 1.0 nat to 0.16 on
-    512 held-out levels (greedy; README, Sokoban's sixth attempt).
+    the same bigrams whether N follows the state or is always 1, but its entropy falls when N stops following the
+    state (RAGEN-2's template collapse; a measured case is on the Sokoban results page).
     """
     counts = Counter(reasonings)
     total = sum(counts.values())

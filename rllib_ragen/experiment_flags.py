@@ -60,10 +60,10 @@ class JobSettings:
                                         "--warm-start-lr down towards 0)", default="constant")
     warm_start_max_turns: int = _help("turns a demonstration episode may run, at most the config's max_turns "
                                       "(0: max_turns); fewer keeps the demonstrations short when RL gets more turns "
-                                      "than the warm start should show (README, Sokoban)", default=0)
+                                      "than the warm start should show", default=0)
     warm_start_group_by_length: bool = _help("batch warm-start demonstrations of similar length together: less "
-                                             "padding, up to half the time per step; judge it by held-out success "
-                                             "(README)", default=False)
+                                             "padding, up to half the time per step; judge it by held-out success",
+                                             default=False)
     warm_start_precision: str = _help("the warm start's forward pass: 'float32', or 'bfloat16' autocast (weights, "
                                       "optimizer and loss stay float32; ~1.4x faster per step on a CPU with "
                                       "AVX-512 BF16, and on GPUs)", default="float32")

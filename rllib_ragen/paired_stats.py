@@ -9,7 +9,7 @@ Example::
 
     before = {t.seed: float(t.success) for t in algo_before.last_validation}
     after = {t.seed: float(t.success) for t in algo_after.last_validation}
-    print(paired_comparison(before, after).describe())   # "0.520 -> 0.580, +0.060 [+0.021, +0.099], p = 0.004 ..."
+    print(paired_comparison(before, after).describe())   # "<before> -> <after>, <gain> [<low>, <high>], p = <p> ..."
 """
 
 from __future__ import annotations

@@ -132,14 +132,16 @@ def as_rule(item) -> Rule:
 
 def echo_trap_rules(action: str = "warn") -> list[Rule]:
     """The main jobs' built-in rules: the echo trap's warning signs (RAGEN sec. 4), each with ``action``; a rollback
-    halves the learning rates. Checked silent on healthy runs of the main jobs (README, "Seeing collapse coming").
-    The reasoning rule fires when the first turn's reasoning entropy stays 40% under its peak: on a Sokoban run
-    whose greedy reasoning collapsed to one sentence it fired at iteration 39, and on one whose replies later broke
-    into a loop, 25 iterations before they did; healthy runs dipped at most 20% (Sokoban) and 28% (bandit).
+    halves the learning rates.
 
-    The MI estimate is not among them: with the probe's default 8 prompts it moves by ~0.1 nats from one probe
-    to the next, as much as it changes over a run, and a drop-from-peak rule on it fired on a healthy Sokoban run.
-    Add ``Rule(M.MI_ESTIMATE, "drop_from_peak", ...)`` yourself with a larger ``collapse_subsample``.
+    In-group reward std under 0.01, policy entropy 70% under its peak (each for 3 iterations), an actor gradient
+    norm 10x its running median, and the first turn's reasoning entropy 40% under its peak for 3 iterations
+    (RAGEN-2's template collapse, which policy entropy does not show). Their thresholds were chosen to stay silent on healthy runs of the main jobs and
+    to fire on collapsed ones; the runs are on the Echo trap results page.
+
+    The mutual-information estimate is not among them: with the probe's default 8 prompts it moves from one probe
+    to the next as much as it changes over a run. Add ``Rule(M.MI_ESTIMATE, "drop_from_peak", ...)`` yourself with
+    a larger ``collapse_subsample``.
     """
     knobs = {"lr_factor": 0.5} if action == "rollback" else {}
     return [

@@ -11,9 +11,12 @@ exact McNemar p) and each estimator against ``gae``, the grid's first value, on 
 - ``--job starpo_sokoban``: 6x6 one-box Sokoban, the reference's shaped reward (-0.1 per move, +1 box on target,
   +10 solved) on the turn that earned it.
 
-Every flag of the chosen job works (``--iterations``, ``--seeds``, ``--resume``, ``--help``)::
+Every flag of the chosen job works (``--iterations``, ``--seeds``, ``--resume``, ``--help``).
 
-    python tuned_examples/estimator_study.py [--job starpo_sokoban] [--grid '{"advantage_estimator": ["gae", "grpo"]}']
+Command:  python tuned_examples/estimator_study.py [--job starpo_sokoban] [--grid '{"advantage_estimator": ["gae", "grpo"]}']
+Time:     about 40 minutes on 2 CPU cores
+Expect:   on FrozenLake the estimators end within a few points of each other, grpo below gae;
+          docs/results/estimators.md
 """
 
 import argparse

@@ -7,7 +7,10 @@ at the validation temperature and greedily, before and after RL, and each gets i
 with a 95% interval and a p-value (``summary.json``'s ``by_env``, printed under the final table). The reference
 (RAGEN, Table 2) trains on Sokoban and reports the same kind of transfer.
 
-    python tuned_examples/generalization.py [--iterations 80] [--validation-size 256] [--output-dir DIR] [--help]
+Command:  python tuned_examples/generalization.py [--iterations 80] [--validation-size 256] [--help]
+Time:     about 30 minutes on 2 CPU cores
+Expect:   gains on held-out 6x6 levels, on the same game with other symbols and on slippery FrozenLake; hardly any
+          on 8x8 two-box levels; docs/results/generalisation.md
 """
 
 import dataclasses

@@ -2,9 +2,12 @@
 
 The tiny CPU model is first warm-started on demonstrations that pick an arm at random (the format, no
 preference), so whatever preference it ends with, RL taught it. Dragon pays 1.0 with probability 0.25,
-Phoenix 0.15 always: success is choosing Dragon. Its figures: docs/results.md.
+Phoenix 0.15 always: success is choosing Dragon.
 
-    python tuned_examples/starpo_bandit.py [--iterations 20] [--model smollm2-135m] [--output-dir DIR] [--help]
+Command:  python tuned_examples/starpo_bandit.py [--seed 0] [--iterations 20] [--model smollm2-135m] [--help]
+Time:     about 2.5 minutes on 2 CPU cores (warm start included)
+Expect:   the better-arm share on 128 held-out states rises from about 0.6 to about 0.99, paired p < 1e-11 on
+          each seed; docs/results/bandit.md
 """
 
 from rllib_ragen import StarPOConfig

@@ -4,9 +4,12 @@ The job plays the solid-ice lake, where a random policy scores 22% and the optim
 the policy's own; ``--env rllib_ragen/FrozenLake-v0`` plays the reference's slippery lake (and ``--preset
 reference-gpu`` does, with thinking). The agent answers one move per turn without a ``<think>`` block
 (``--enable-thinking`` restores it). The warm start's rate, length and weight averaging are those that read the
-map on every seed tried. Why each setting, and the runs behind it: docs/results.md (FrozenLake).
+map on every seed tried.
 
-    python tuned_examples/starpo_frozenlake.py [--iterations 25] [--env rllib_ragen/FrozenLake-v0] [--help]
+Command:  python tuned_examples/starpo_frozenlake.py [--seed 0] [--iterations 25] [--env rllib_ragen/FrozenLake-v0]
+Time:     about 10 minutes on 2 CPU cores
+Expect:   about 0.79 greedy success on 256 held-out maps from the warm start; RL keeps it (no significant change);
+          docs/results/frozenlake.md
 """
 
 import gymnasium as gym

@@ -3,12 +3,14 @@
 The tiny CPU model first learns the answer format and a first sense of the game by supervised fine-tuning on
 the fewest-moves solver's replies (demonstration levels come from seeds 1,000,000+, far from training and
 validation). StarPO-S then trains on fresh levels every iteration. Success is measured before and after RL on
-256 fixed held-out levels (seeds 123...). Its figures, and the flags that learn greedily: docs/results.md.
+256 fixed held-out levels (seeds 123...). The reward is solved/not solved (``reward="success"``): with 16
+trajectories per update the reference's shaped terms mostly add noise; ``--env-config '{"reward": "shaped"}'``
+restores them.
 
-The reward is solved/not solved (``reward="success"``): with 16 trajectories per update the reference's shaped
-terms mostly add noise (docs/results.md). ``--env-config '{"reward": "shaped"}'`` restores them.
-
-    python tuned_examples/starpo_sokoban.py [--iterations 80] [--model smollm2-135m] [--output-dir DIR] [--help]
+Command:  python tuned_examples/starpo_sokoban.py [--seed 0] [--iterations 80] [--model smollm2-135m] [--help]
+Time:     about 15 minutes on 2 CPU cores
+Expect:   sampled success (T = 0.5) about 0.24 -> 0.37, paired p ~ 1e-6; greedy play does not improve and stays
+          near ten random moves (0.31). The flags whose greedy play learns: docs/results/sokoban.md
 """
 
 from rllib_ragen import StarPOConfig

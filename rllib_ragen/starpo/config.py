@@ -397,7 +397,7 @@ class StarPOConfig(AlgorithmConfig):
             sentinel_snapshot_interval: with a rollback rule, keep the weights and optimizer state of every k-th
                 healthy iteration (on local disk) as rollback points.
             sentinel_rollback_depth: a rollback restores the oldest of the last this many snapshots. The
-                signals can trail a sudden collapse by a few iterations (README, "Seeing collapse coming"), so the
+                signals can trail a sudden collapse by a few iterations (docs: Echo trap), so the
                 newest "healthy" snapshot may already hold collapsed weights.
         """
         given = {k: v for k, v in locals().items() if k in STARPO_S_DEFAULTS and v is not NotProvided}
