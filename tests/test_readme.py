@@ -1,4 +1,7 @@
-"""The README's examples must run as written: a newcomer copies them first."""
+"""The README's and the documentation's examples run as written: a newcomer copies them first.
+
+Every fenced block in ``README.md`` and ``docs/`` is preceded by a marker: ``<!-- test: NAME -->`` (a test below
+runs it, finding it by NAME) or ``<!-- not run: REASON -->``."""
 
 import contextlib
 import io
@@ -10,17 +13,31 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-RESULTS = README.parent / "docs" / "results.md"  # every measured run, with its command
+DOCS = README.parent / "docs"
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
+BLOCK = re.compile(r"^(<!--[^\n]*-->)?\n?```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
-def _python_block_after(marker: str) -> str:
-    text = README.read_text()
-    start = text.index(marker)
-    return re.search(r"```python\n(.*?)```", text[start:], re.DOTALL).group(1)
+def code_blocks() -> list[tuple[pathlib.Path, str, str, str]]:
+    """Every fenced block of the README and the docs: (page, the marker line before it, language, code)."""
+    return [(page, marker or "", language, code)
+            for page in PAGES for marker, language, code in BLOCK.findall(page.read_text())]
+
+
+def blocks(name: str) -> list[str]:
+    """The code of every block marked ``<!-- test: name -->`` (an example may stand on two pages)."""
+    found = [code for _, marker, _, code in code_blocks() if marker == f"<!-- test: {name} -->"]
+    assert found, f"no block is marked <!-- test: {name} -->"
+    return found
+
+
+def _python_block_after(name: str) -> str:
+    (code,) = set(blocks(name))
+    return code
 
 
 def test_custom_environment_example_runs_and_is_short():
-    code = _python_block_after("<!-- custom-env")
+    code = _python_block_after("custom-env")  # the README's and the Environments page's, the same
     assert len(code.strip().splitlines()) < 40
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -30,10 +47,7 @@ def test_custom_environment_example_runs_and_is_short():
 
 
 def test_environment_and_protocol_examples_run():
-    text = README.read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
-    env_block = next(b for b in blocks if "solve_level(env.unwrapped.level)" in b)
-    protocol_block = next(b for b in blocks if "execute_turn(env, reply" in b)
+    env_block, protocol_block = _python_block_after("sokoban-env"), _python_block_after("protocol")
     namespace = {}
     with contextlib.redirect_stdout(io.StringIO()):
         exec(compile(env_block, "README environments", "exec"), namespace)
@@ -43,8 +57,7 @@ def test_environment_and_protocol_examples_run():
 
 
 def test_rollout_example_runs():
-    text = README.read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "RolloutEngine(config" in b)
+    block = _python_block_after("rollout")
     namespace = {}
     with contextlib.redirect_stdout(io.StringIO()):
         exec(compile(block, "README rollout", "exec"), namespace)
@@ -63,7 +76,7 @@ def _run_block(marker: str, namespace: dict) -> str:
 def test_starpo_defaults_example_runs_as_written(ray_session, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = {}
-    _run_block("<!-- starpo-defaults", namespace)
+    _run_block("starpo-defaults", namespace)
     result = namespace["result"]
     # The reference's sizes, on CPU in one process: 256 validation episodes, 8 x 16 trained on, top 25% kept.
     assert result["evaluation"]["env_runners"]["rllib_ragen/Bandit-v0/num_trajectories"] == 256
@@ -76,7 +89,7 @@ def test_starpo_checkpoint_and_export_example_runs(ray_session, tmp_path, monkey
     from transformers import AutoModelForCausalLM
 
     monkeypatch.chdir(tmp_path)
-    printed = _run_block("<!-- starpo-run", {})
+    printed = _run_block("starpo-run", {})
     assert printed.strip().splitlines()[-1] == "3"  # resumed at iteration 2, trained the third
     # Relative paths work both ways (RLlib alone rejects them).
     from rllib_ragen import StarPO
@@ -94,8 +107,7 @@ def test_warm_start_example_runs(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     monkeypatch.chdir(tmp_path)
-    block = next(b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
-                 if "supervised_warm_start(model" in b)
+    block = _python_block_after("warm-start")
     namespace = {}
     with contextlib.redirect_stdout(io.StringIO()):
         exec(compile(block, "README warm start", "exec"), namespace)
@@ -107,7 +119,7 @@ def test_warm_start_example_runs(tmp_path, monkeypatch):
 def test_the_job_file_shown_in_the_readme_is_the_bandit_job():
     import runpy
 
-    block = next(b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL) if "JobSettings(" in b)
+    block = _python_block_after("job-file")
     shown = {"__name__": "readme"}
     exec(compile(block, "README job file", "exec"), shown)  # defines config and job; does not run
     real = runpy.run_path(str(README.parent / "tuned_examples" / "starpo_bandit.py"), run_name="imported")
@@ -122,10 +134,10 @@ MAIN_JOBS = ("starpo_bandit.py", "starpo_frozenlake.py", "starpo_sokoban.py")
 
 
 def readme_job_commands() -> list[tuple[str, list[str]]]:
-    """Every main-job command the README and docs/results.md show, inline or in a bash block, as (job file, flags)."""
+    """Every main-job command the README and the docs show, inline or in a bash block, as (job file, flags)."""
     import shlex
 
-    text = README.read_text() + RESULTS.read_text()
+    text = "".join(page.read_text() for page in PAGES)
     spans = re.findall(r"`(python tuned_examples/\w+\.py[^`]*)`", text)  # inline; may wrap over lines
     for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
         spans += [line.split(" #")[0] for line in block.replace("\\\n", " ").splitlines()]
@@ -165,7 +177,7 @@ def test_every_main_job_command_in_the_readme_parses(monkeypatch):
 
 def test_sentinel_example_builds_a_valid_config_and_bad_rules_fail_validate():
     namespace = {}
-    exec(compile(_python_block_after("<!-- sentinel-example -->"), "README sentinel", "exec"), namespace)
+    exec(compile(_python_block_after("sentinel-example"), "README sentinel", "exec"), namespace)
     rules = namespace["config"].sentinel_rules
     assert [r.action for r in rules] == ["stop", "warn", "rollback"]
     broken = namespace["config"].copy(copy_frozen=False).training(
@@ -179,34 +191,66 @@ def test_lora_example_trains_adapters_and_exports_a_plain_model(ray_session, tmp
     from transformers import AutoModelForCausalLM
 
     monkeypatch.chdir(tmp_path)
-    assert _run_block("<!-- lora-example", {}).strip() == "0.0"
+    assert _run_block("lora-example", {}).strip() == "0.0"
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "outputs/readme_lora/policy")
     assert not any("lora" in name for name, _ in exported.named_parameters())
 
 
 @pytest.mark.slow
 def test_mixture_example_trains_on_two_environments_and_validates_on_three(ray_session):
-    printed = _run_block("<!-- mixture-example", {})
+    printed = _run_block("mixture-example", {})
     assert printed.split() == ["4.0", "2.0", "4.0"]
 
 
 def _anchor(heading: str) -> str:
-    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    """The anchor GitHub and MkDocs give a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_links_between_the_readme_and_the_results_log_resolve():
-    """The README's results table sends readers to docs/results.md sections; a renamed heading must not strand them."""
-    files = {"README.md": README, "docs/results.md": RESULTS}
-    anchors = {name: {_anchor(h) for h in re.findall(r"^#+ (.+)$", path.read_text(), re.MULTILINE)}
-               for name, path in files.items()}
-    assert _anchor("Sokoban: seeds, and the attempts at the greedy bar") == \
-        "sokoban-seeds-and-the-attempts-at-the-greedy-bar"
-    links = 0
-    for name, path in files.items():
-        for target, anchor in re.findall(r"\]\(((?:\.\./)?(?:README\.md|docs/results\.md)|)#([\w\-]+)\)", path.read_text()):
-            resolved = {"": name, "../README.md": "README.md", "docs/results.md": "docs/results.md",
-                        "README.md": "README.md"}[target]
-            assert anchor in anchors[resolved], f"{name} links to {resolved}#{anchor}, which has no such heading"
-            links += 1
-    assert links >= 10
+def test_the_readmes_links_into_the_docs_resolve():
+    """``mkdocs build --strict`` checks the links between the docs' pages; the README is not one of them."""
+    links = re.findall(r"\]\((docs/[^)#]+)(?:#([\w\-]+))?\)", README.read_text())
+    assert len(links) >= 15
+    for target, anchor in links:
+        page = README.parent / target
+        assert page.is_file(), f"README links to {target}, which does not exist"
+        if anchor:
+            headings = {_anchor(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE)}
+            assert anchor in headings, f"README links to {target}#{anchor}, which has no such heading"
+
+
+def test_every_code_block_is_run_by_a_test_or_says_why_not():
+    source = pathlib.Path(__file__).read_text()
+    for page, marker, language, code in code_blocks():
+        where = f"{page.relative_to(README.parent)}: block starting {code.splitlines()[0][:60]!r}"
+        named = re.fullmatch(r"<!-- test: ([\w-]+) -->", marker)
+        if named:
+            assert f'"{named.group(1)}"' in source, f"{where} is marked for a test that does not exist"
+        else:
+            assert re.fullmatch(r"<!-- not run: .{10,} -->", marker), f"{where} has no <!-- test: --> or <!-- not run: --> marker"
+
+
+def test_the_readme_is_a_five_minute_manual():
+    assert len(README.read_text().splitlines()) <= 250
+
+
+@pytest.mark.slow
+def test_the_getting_started_example_trains_and_shows_an_episode(ray_session, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    printed = _run_block("first-run", {})
+    assert "Turn 1. State:" in printed and "<|im_start|>assistant" in printed  # the episode as the learner saw it
+    assert printed.strip().splitlines()[-1].startswith("return ")
+
+
+def test_no_docstring_quotes_a_measured_result():
+    """Docstrings say what a thing does and why; figures from runs belong on the results pages."""
+    import ast
+
+    quoting = re.compile(r"p = [0-9.]+(e-?\d+)?|\b(seed|seeds) \d+ (?:and|to|-) ?\d*.*\d\.\d{3}|\d\.\d{3} -> \d\.\d{3}")
+    found = []
+    for path in sorted((README.parent / "rllib_ragen").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node) or ""
+                found += [f"{path.name}: {m.group(0)}" for m in quoting.finditer(doc)]
+    assert found == []
