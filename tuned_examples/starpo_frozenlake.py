@@ -7,7 +7,7 @@ reference-gpu`` does, with thinking). The agent answers one move per turn withou
 map on every seed tried.
 
 Command:  python tuned_examples/starpo_frozenlake.py [--seed 0] [--iterations 25] [--env rllib_ragen/FrozenLake-v0]
-Time:     about 10 minutes on 2 CPU cores
+Time:     10-15 minutes on 2 CPU cores
 Expect:   about 0.79 greedy success on 256 held-out maps from the warm start; RL keeps it (no significant change);
           docs/results/frozenlake.md
 """

@@ -8,7 +8,7 @@ trajectories per update the reference's shaped terms mostly add noise; ``--env-c
 restores them.
 
 Command:  python tuned_examples/starpo_sokoban.py [--seed 0] [--iterations 80] [--model smollm2-135m] [--help]
-Time:     about 15 minutes on 2 CPU cores
+Time:     15-17 minutes on 2 CPU cores
 Expect:   sampled success (T = 0.5) about 0.24 -> 0.37, paired p ~ 1e-6; greedy play does not improve and stays
           near ten random moves (0.31). The flags whose greedy play learns: docs/results/sokoban.md
 """
