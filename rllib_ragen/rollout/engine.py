@@ -237,6 +237,9 @@ class RolloutEngine:
         self._named = {name: (env, dict(env_config)) for name, env, env_config in config.environments}
         self._envs: dict[str | None, list] = defaultdict(list)  # built environments, by name (None: config.env)
         self._env_calls = DeadlineCaller()
+        # The texts the tokenizer reads as control tokens, longest first (one may contain another).
+        specials = {token.content for token in tokenizer.added_tokens_decoder.values() if token.special}
+        self._control_texts = sorted((specials | set(tokenizer.all_special_tokens)) - {""}, key=len, reverse=True)
 
     def _env_pool(self, name: str | None, size: int) -> list:
         """``size`` environments of the one named ``name`` (None: ``config.env``), built once and reused."""
@@ -262,6 +265,20 @@ class RolloutEngine:
             return {TRANSITION_SEED: (int(seed), member)}
         return None
 
+    def _plain(self, text: str, counts: Counter) -> str:
+        """Environment text as the policy may read it: UTF-8 encodable (``_encodable``), and with no control token.
+
+        The tokenizer turns a special token's text, such as ``<|im_start|>``, into the control token itself, so an
+        observation could open a new chat turn or end one. Each such text gets a space after its first character,
+        which the tokenizer reads as ordinary characters, and is counted (``rollout/control_texts_neutralised``).
+        """
+        text = _encodable(text, counts)
+        for control in self._control_texts:
+            if control in text:
+                counts[M.CONTROL_TEXTS] += text.count(control)
+                text = text.replace(control, control[:1] + " " + control[1:])
+        return text
+
     def _user_message(self, observation: str, turn: int, actions_left: int, reward: float | None) -> str:
         c = self.config
         return turn_message(observation, turn=turn, actions_left=actions_left, reward=reward,
@@ -283,8 +300,8 @@ class RolloutEngine:
         env = self._env_pool(start_env(start), 1)[0]
         observation, _ = env.reset(seed=start_seed(start))
         counts: Counter = Counter()
-        first = (_encodable(env.unwrapped.describe(), counts) + "\n"
-                 + self._user_message(_observation_text(env.unwrapped, observation, "reset", counts), 1,
+        first = (self._plain(env.unwrapped.describe(), counts) + "\n"
+                 + self._user_message(self._plain(_observation_text(env.unwrapped, observation, "reset"), counts), 1,
                                       self.config.max_actions_per_episode, None))
         return len(self.chat.prompt_ids(first))
 
@@ -316,8 +333,8 @@ class RolloutEngine:
             except Exception as error:  # an environment's bug must not take the whole rollout down
                 _count_env_failure(error, counts, f"env reset failed for seed {seed}")
                 continue
-            observation = _observation_text(text_env, observation, "reset", counts)
-            first = _encodable(description, counts) + "\n" + self._user_message(observation, 1,
+            observation = self._plain(_observation_text(text_env, observation, "reset"), counts)
+            first = self._plain(description, counts) + "\n" + self._user_message(observation, 1,
                                                                                 c.max_actions_per_episode, None)
             env_name = start_env(start) or getattr(env.spec, "id", None) or type(text_env).__name__
             trajectory = Trajectory(env_name, group, seed, [], [], [])
@@ -394,7 +411,7 @@ class RolloutEngine:
             episode.done = episode.failed = True
             counts[M.NONFINITE_REWARDS] += 1
             return
-        observation = _observation_text(episode.env.unwrapped, result.observation, "step", counts)
+        observation = self._plain(_observation_text(episode.env.unwrapped, result.observation, "step"), counts)
         episode.state_key = _state_key(episode.env.unwrapped, observation)
         episode.actions_left -= len(result.executed)
         t.turn_rewards.append(result.reward)
@@ -436,12 +453,12 @@ def _count_env_failure(error: Exception, counts: Counter, what: str) -> None:
         counts[M.ENV_ERRORS] += 1
 
 
-def _observation_text(text_env, observation, method: str, counts: Counter) -> str:
-    """An observation as text the tokenizer accepts; a non-string is the environment's bug and is named."""
+def _observation_text(text_env, observation, method: str) -> str:
+    """The observation, which must be text; a non-string is the environment's bug and is named."""
     if not isinstance(observation, str):
         raise TypeError(f"{type(text_env).__name__}.{method}() returned a {type(observation).__name__} observation; "
                         "text environments must return str (see rllib_ragen.envs.TextEnv).")
-    return _encodable(observation, counts)
+    return observation
 
 
 def _state_key(text_env, observation: str) -> str:
