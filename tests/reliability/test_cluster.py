@@ -26,12 +26,12 @@ def _free_port() -> int:
 
 
 def _node_ports() -> list[str]:
-    """Every port a node listens on, free ones: two nodes on one machine must not both take Ray's fixed defaults."""
+    """Every fixed port a node listens on, free ones: two nodes on one machine must not both take Ray's defaults.
+    Worker ports stay in Ray's default range (10002-19999), below the ephemeral ports these are drawn from, so
+    they cannot collide with them."""
     return [f"--node-manager-port={_free_port()}", f"--object-manager-port={_free_port()}",
             f"--metrics-export-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
-            f"--dashboard-agent-grpc-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
-            f"--min-worker-port={(low := _free_port() // 100 * 100 % 50000 + 10000)}",
-            f"--max-worker-port={low + 99}"]
+            f"--dashboard-agent-grpc-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"]
 
 
 @pytest.fixture(scope="module")
