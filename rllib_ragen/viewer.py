@@ -319,13 +319,18 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {args.screenshot}")
 
 
+def find_chromium() -> str | None:
+    """The path of a Chromium (or Chrome) on this machine's PATH, or None."""
+    import shutil
+
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+
 def screenshot(page: pathlib.Path, png, view: str = "episode=0", size: tuple[int, int] = (1400, 900)) -> None:
     """Save a PNG of the viewer page opened at ``#view``, rendered by headless Chromium after its script ran."""
-    import shutil
     import subprocess
 
-    browser = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
-                   None)
+    browser = find_chromium()
     if browser is None:
         raise FileNotFoundError("no Chromium on this machine: install it (Debian: apt-get install chromium) to take "
                                 "screenshots.")

@@ -3,7 +3,6 @@ filter, shows an episode turn by turn with its tokens shaded by advantage, and l
 
 import json
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -14,10 +13,10 @@ from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
+from rllib_ragen.viewer import find_chromium
 from rllib_ragen.viewer import main as viewer_main
 
-CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
-                 if shutil.which(name)), None)
+CHROMIUM = find_chromium()
 
 
 @pytest.fixture(scope="module")

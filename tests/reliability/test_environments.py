@@ -74,33 +74,44 @@ def test_a_non_string_observation_is_named_with_class_and_method(engine):
         engine.rollout([4], 1, SamplingParams())
 
 
-class _HangingEnv(TextEnv):
-    """'Go' ends the episode. Seed 1's step, and seed 2's reset, wait on ``release`` (forever, in effect); seed 3's
-    step raises the environment's own TimeoutError, which is an error, not a deadline passed."""
+class _SayGo(TextEnv):
+    """One action, 'Go', which wins and ends the episode; the environments below add one fault each."""
 
     action_names = ("Go",)
     instructions = "Say Go."
-    release = threading.Event()
 
     def reset(self, *, seed=None, options=None):
         self._seed = seed
-        if seed == 2:
-            self.release.wait()
         return super().reset(seed=seed, options=options)
 
     def _reset_state(self):
         pass
 
     def _apply(self, action_index):
-        if self._seed == 1:
-            self.release.wait()
-        if self._seed == 3:
-            raise TimeoutError("the game server said: too slow")
         self._success = True
         return 1.0, True, True
 
     def _render_text(self):
         return "fine"
+
+
+class _HangingEnv(_SayGo):
+    """Seed 1's step, and seed 2's reset, wait on ``release`` (forever, in effect); seed 3's step raises the
+    environment's own TimeoutError, which is an error, not a deadline passed."""
+
+    release = threading.Event()
+
+    def reset(self, *, seed=None, options=None):
+        if seed == 2:
+            self.release.wait()
+        return super().reset(seed=seed, options=options)
+
+    def _apply(self, action_index):
+        if self._seed == 1:
+            self.release.wait()
+        if self._seed == 3:
+            raise TimeoutError("the game server said: too slow")
+        return super()._apply(action_index)
 
 
 @pytest.fixture
@@ -133,12 +144,8 @@ def test_an_environment_raising_its_own_timeout_error_is_an_env_error_not_a_time
     assert metrics["rollout/env_errors"] == 1.0 and metrics["rollout/env_timeouts"] == 0.0
 
 
-class _BadValidationSeedEnv(TextEnv):
-    """Sokoban-free and quick: 'Go' wins. Its reset raises on the first validation seed (123), or on every seed when
-    ``env_config={"always": True}``."""
-
-    action_names = ("Go",)
-    instructions = "Say Go."
+class _BadValidationSeedEnv(_SayGo):
+    """Its reset raises on the first validation seed (123), or on every seed when ``env_config={"always": True}``."""
 
     def __init__(self, always: bool = False, **kwargs):
         super().__init__(**kwargs)
@@ -148,16 +155,6 @@ class _BadValidationSeedEnv(TextEnv):
         if self.always or seed == 123:
             raise ValueError(f"no level for seed {seed}")
         return super().reset(seed=seed, options=options)
-
-    def _reset_state(self):
-        pass
-
-    def _apply(self, action_index):
-        self._success = True
-        return 1.0, True, True
-
-    def _render_text(self):
-        return "fine"
 
 
 def test_a_validation_seed_whose_reset_fails_is_isolated_at_build_and_counted_by_the_validation(

@@ -20,6 +20,8 @@ from rllib_ragen.rollout.models import load_policy
     (dict(micro_batch_size=1.5), "micro_batch_size=1.5"), (dict(num_groups=True), "num_groups=True"),
     (dict(rollout_filter_ratio=math.nan), "rollout_filter_ratio=nan"), (dict(dual_clip=math.nan), "dual_clip=nan"),
     (dict(train_seed_start=-5), "train_seed_start=-5"), (dict(validation_interval=2.5), "validation_interval=2.5"),
+    (dict(env_step_timeout_s=math.inf), "env_step_timeout_s=inf"),
+    (dict(env_reset_timeout_s="60"), "env_reset_timeout_s='60'"),
 ])
 def test_bad_values_fail_at_validate_naming_the_field(knobs, field):
     with pytest.raises(ValueError) as error:
@@ -118,6 +120,7 @@ def test_minus_one_survives_the_build_and_a_checkpoint(ray_session, small_config
                   loss_mask="no_think", advantage_mask="sampled_and_observations",
                   # and the echo-trap knobs, off their defaults
                   collapse_diagnostics_interval=3, collapse_subsample=4, sentinel_max_rollbacks=1,
+                  env_reset_timeout_s=12.5, env_step_timeout_s=7.5,
                   sentinel_snapshot_interval=2, sentinel_rollback_depth=2, importance_weight_cap=3.0,
                   sentinel_rules=[Rule("rollout_filter/reward_std", "below", -1.0, action="rollback",
                                        knobs={"lr_factor": 0.25})])
@@ -127,6 +130,8 @@ def test_minus_one_survives_the_build_and_a_checkpoint(ray_session, small_config
         assert algo.config.format_penalty == -1.0 and algo.env_runner.engine.config.format_penalty == -1.0
         assert algo.env_runner.engine.config.ineffective_action_penalty == -1.0
         assert algo.env_runner.engine.config.ungrounded_reasoning_penalty == -1.0
+        assert (algo.env_runner.engine.config.env_reset_timeout_s, algo.env_runner.engine.config.env_step_timeout_s) \
+            == (12.5, 7.5)
         assert {k: getattr(algo.config, k) for k in credit} == credit
         checkpoint = algo.save_to_path(tmp_path / "checkpoint")
     finally:
