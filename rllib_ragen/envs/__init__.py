@@ -19,8 +19,8 @@ from .sokoban import SokobanEnv
 from .sokoban_levels import SokobanLevel, generate_level, solve_level
 
 __all__ = [
-    "BanditEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "TRANSITION_SEED", "TextEnv", "generate_level",
-    "make_text_env", "register_text_env", "registered_text_envs", "solve_level",
+    "BanditEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "TRANSITION_SEED", "TextEnv", "ensure_registered",
+    "generate_level", "make_text_env", "register_text_env", "registered_text_envs", "solve_level",
 ]
 
 _TEXT_ENV_IDS: list[str] = []
@@ -60,10 +60,33 @@ def register_text_env(
     _TEXT_ENV_IDS.append(env_id)
 
 
+# Other packages' games, registered on first use under these namespaces: "gem/<GEM id>", "textarena/<id>". A colon
+# in a GEM id is written as a dot ("gem/game.Sudoku-v0-easy" plays "game:Sudoku-v0-easy"): gymnasium.make reads a
+# colon as "import this module first".
+ADAPTED_NAMESPACES = {"gem/": "rllib_ragen.envs.gem_env:GemTextEnv",
+                      "textarena/": "rllib_ragen.envs.textarena_env:TextArenaTextEnv"}
+
+
+def ensure_registered(env_id: Any) -> None:
+    """Register an adapted game's id (``"gem/game.Sudoku-v0-easy"``, ``"textarena/Mastermind-v0-train"``) the first
+    time it is named; any other id, or one already registered, is left as it is. The game's own turn limit applies,
+    so no gymnasium ``TimeLimit`` is added."""
+    if not isinstance(env_id, str) or env_id in gym.registry:
+        return
+    for namespace, entry_point in ADAPTED_NAMESPACES.items():
+        if env_id.startswith(namespace) and len(env_id) > len(namespace):
+            game_id = env_id[len(namespace):]
+            if namespace == "gem/":
+                game_id = game_id.replace(".", ":", 1)
+            register_text_env(env_id, entry_point, max_episode_steps=None, game_id=game_id)
+
+
 def registrations_of(env_ids) -> dict[str, Any]:
     """The gymnasium specs of the user-registered text environments among ``env_ids``. A config carries them to
     Ray's worker processes, which import this package (and so its built-ins) but never ran the user's
     :func:`register_text_env` calls; :func:`register_carried` registers them there."""
+    for env_id in env_ids:
+        ensure_registered(env_id)
     return {env_id: gym.spec(env_id) for env_id in env_ids
             if isinstance(env_id, str) and env_id in _TEXT_ENV_IDS and env_id not in BUILT_IN_TEXT_ENVS}
 
@@ -87,6 +110,7 @@ def make_text_env(env: str | type[TextEnv] | Callable[..., gym.Env], **config: A
     Raises:
         TypeError: if what gets built is not a :class:`TextEnv` (possibly wrapped).
     """
+    ensure_registered(env)
     built = gym.make(env, **config) if isinstance(env, str) else env(**config)
     if not isinstance(built.unwrapped, TextEnv):
         raise TypeError(

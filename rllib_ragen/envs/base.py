@@ -98,6 +98,17 @@ class TextEnv(gym.Env[str, str]):
             return None
         return self._action_lookup.get(text.strip().lower())
 
+    def canonical_action(self, text: str) -> str | None:
+        """The action one piece of the agent's answer names, spelled as ``step`` takes it; None if it names none.
+
+        The action protocol executes what this returns and charges the format penalty for a None. Default: the
+        canonical spelling of a name in ``action_names``. Environments with an open action set (a Sudoku move
+        ``"1 3 4"``, a guessed number) override it with their own syntax check (see
+        :class:`~rllib_ragen.envs.external.ExternalTextEnv`).
+        """
+        index = self.lookup_action(text)
+        return None if index is None else self.action_names[index]
+
     def optimal_solution_length(self) -> int | None:
         """Fewest actions that solve the current state, where the environment can compute it (None otherwise).
         Held-out success is reported per optimal length with it (``rllib_ragen.held_out``)."""

@@ -194,10 +194,9 @@ def execute_turn(
     text_env = env.unwrapped
     # Checked against the state the reply was written for, before its actions change it.
     claims_checked, claims_true = reasoning_claims(text_env, reply.thinking)
-    resolved = [text_env.lookup_action(piece) for piece in reply.actions]
-    valid = [text_env.action_names[i] for i in resolved if i is not None]
+    valid = [action for action in map(text_env.canonical_action, reply.actions) if action is not None]
     result = TurnResult(reward=0.0, env_reward=0.0, observation=text_env.observation,
-                        num_valid=len(valid), num_invalid=len(resolved) - len(valid), success=text_env.success,
+                        num_valid=len(valid), num_invalid=len(reply.actions) - len(valid), success=text_env.success,
                         claims_checked=claims_checked, claims_true=claims_true)
     result.format_error = not reply.format_ok or result.num_invalid > 0 or not valid
     for name in valid[:max(actions_left, 0)]:

@@ -1,0 +1,156 @@
+"""The shared base of the adapters that play another package's text games as :class:`TextEnv` environments.
+
+An adapted game keeps its package's rules and rewards; the adapter supplies what rllib_ragen's environments promise:
+
+- **Our action protocol.** One answer piece is one move, written as the game's move syntax without its wrapper
+  (``1 3 4`` for a Sudoku move that GEM reads as ``\\boxed{1 3 4}``). A piece that does not match the syntax
+  (``action_pattern``) is not sent: it changes nothing, pays 0 and is reported ``action_is_valid=False``, so the
+  protocol charges the format penalty and counts it, as for our own environments.
+- **The process's random generators untouched.** GEM and TextArena seed and draw from Python's (and numpy's)
+  global generators. Every call into the package runs between a save and a restore of them, with the episode's
+  own generator states swapped in, so an episode replays exactly from its seed and nothing else in the process
+  (sampling seeds, other environments, resume) sees its draws.
+- **A text card.** ``describe()`` is the game's own instructions plus the move syntax; the observation is what
+  changed, with the current board where the game has one.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import numpy as np
+from gymnasium import spaces
+
+from .base import TRANSITION_SEED, TextEnv
+
+# One episode's generators are swapped into the process at a time: environment calls may run on worker threads.
+_GLOBAL_GENERATORS = threading.Lock()
+
+
+class AnyText(spaces.Text):
+    """A text space that holds any string up to ``max_length`` characters: adapted games print what they like
+    (box-drawing characters, emoji), so no fixed character set describes them."""
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+
+def _generator_states() -> tuple:
+    return random.getstate(), np.random.get_state()
+
+
+def _set_generator_states(states: tuple) -> None:
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+
+
+class ExternalTextEnv(TextEnv):
+    """A game from another package, seen as a :class:`TextEnv` (the adapters' shared machinery).
+
+    Subclasses implement ``_make(game_id, **kwargs)``, ``_reset_game(seed) -> (instructions, observation)`` and
+    ``_step_game(move) -> (observation, reward, terminated, truncated, success)``, and may set ``action_pattern``
+    (a regex a move must match in full) and ``action_syntax`` (how to write one, for ``describe()``).
+
+    Args:
+        game_id: the game's id in its package.
+        max_observation_chars: the observation space's length limit.
+        **game_kwargs: passed to the package's ``make``.
+    """
+
+    package: ClassVar[str] = ""  # the pip extra that installs the package: rllib_ragen[<package>]
+    action_pattern: str | None = None
+    action_syntax: str = "the move as the game's instructions write it"
+
+    def __init__(self, game_id: str, max_observation_chars: int = 16384, render_mode: str | None = "ansi",
+                 **game_kwargs: Any):
+        super().__init__(render_mode=render_mode, max_observation_chars=max_observation_chars)
+        self.observation_space = AnyText(max_length=max_observation_chars)
+        self.action_space = AnyText(max_length=256)
+        self.game_id = game_id
+        self._episode_generators: tuple | None = None
+        self._instructions, self._observation = "", ""
+        with self._package_generators():  # the package may draw at construction (GEM resets in __init__)
+            self.game = self._make(game_id, **game_kwargs)  # may set action_pattern / action_syntax for the game
+        self._action_regex = re.compile(self.action_pattern, re.IGNORECASE) if self.action_pattern else None
+
+    # ---- the package's generators, swapped in around every call --------------------------------------------
+    @contextmanager
+    def _package_generators(self):
+        """Run the block with this episode's global-generator states, then put the process's own back."""
+        with _GLOBAL_GENERATORS:
+            process = _generator_states()
+            try:
+                if self._episode_generators is not None:
+                    _set_generator_states(self._episode_generators)
+                yield
+            finally:
+                self._episode_generators = _generator_states()
+                _set_generator_states(process)
+
+    # ---- TextEnv ----------------------------------------------------------------------------------------
+    def canonical_action(self, text: str) -> str | None:
+        """The move, stripped, if it matches ``action_pattern`` (any non-empty text when there is none)."""
+        if not isinstance(text, str) or not text.strip():
+            return None
+        move = " ".join(text.split())
+        if self._action_regex is not None and not self._action_regex.fullmatch(move):
+            return None
+        return move
+
+    def describe(self) -> str:
+        return (f"{self._instructions.strip()}\n"
+                f"Write each move inside <answer></answer> as {self.action_syntax}; this environment passes it to "
+                "the game in the game's own format.").strip()
+
+    def state_key(self) -> str:
+        return self._observation
+
+    def _render_text(self) -> str:
+        return self._observation
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        super(TextEnv, self).reset(seed=seed)  # gymnasium's: seeds self.np_random
+        self._success = False
+        self.reset_options = options or {}
+        if seed is None:  # the package needs a seed to be reproducible: draw one from our own seeded generator
+            seed = int(self.np_random.integers(2**31 - 1))
+        with self._package_generators():
+            self._instructions, self._observation = self._reset_game(int(seed))
+            transition_seed = self.reset_options.get(TRANSITION_SEED)
+            if transition_seed is not None:  # same start, own luck: reseed what the package draws from next
+                state = int(np.random.SeedSequence(transition_seed).generate_state(1)[0])
+                random.seed(state)
+                np.random.seed(state)
+        return self._observation, {"success": False}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        move = self.canonical_action(action)
+        if move is None:  # never sent: the protocol charges its format penalty
+            return self._observation, 0.0, False, False, {
+                "success": self._success, "action_is_valid": False, "action_is_effective": False}
+        with self._package_generators():
+            observation, reward, terminated, truncated, self._success = self._step_game(move)
+        effective = observation != self._observation or terminated
+        self._observation = observation
+        info = {"success": self._success, "action_is_valid": True, "action_is_effective": effective}
+        return observation, float(reward), bool(terminated), bool(truncated), info
+
+    # ---- hooks ------------------------------------------------------------------------------------------
+    def _make(self, game_id: str, **game_kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def _reset_game(self, seed: int) -> tuple[str, str]:
+        raise NotImplementedError
+
+    def _step_game(self, move: str) -> tuple[str, float, bool, bool, bool]:
+        raise NotImplementedError
+
+
+def missing_package(package: str, extra: str, error: ImportError) -> ImportError:
+    """The error an adapter raises when its package is not installed, naming the install command."""
+    return ImportError(f"this environment needs the {package!r} package: pip install 'rllib_ragen[{extra}]' "
+                       f"({error})")

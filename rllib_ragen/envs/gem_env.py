@@ -1,0 +1,86 @@
+"""GEM's games (``pip install 'rllib_ragen[gem]'``, the ``gem-llm`` package) as rllib_ragen text environments.
+
+Any id of GEM's registry plays as ``gem/<GEM id>`` with its colon written as a dot: ``make_text_env(
+"gem/game.Sudoku-v0-easy")`` plays GEM's ``game:Sudoku-v0-easy``, and so does that id in a ``StarPOConfig``. It is
+registered with gymnasium on first use (:func:`rllib_ragen.envs.ensure_registered`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .external import ExternalTextEnv, missing_package
+
+NAMESPACE = "gem/"
+# GEM's word games download NLTK word lists at run time (``nltk.download``), which fails without a network.
+NEEDS_DOWNLOADS = ("Wordle", "Hangman", "Crosswords", "WordSearch")
+# The move syntax inside ``\boxed{...}`` that each game's step() parses (GEM's own regexes), and how to write it.
+MOVE_SYNTAX = {
+    "GuessTheNumber": (r"\d+", "one whole number, e.g. 5"),
+    "Mastermind": (r"\d+(?: \d+)*", "the code's digits separated by spaces, e.g. 1 2 3 4"),
+    "Sudoku": (r"\d+ \d+ \d+", "row, column and digit separated by spaces, e.g. 1 3 4"),
+    "Minesweeper": (r"[a-z]+ \d+ \d+", "reveal or flag, then the row and column, e.g. reveal 3 2"),
+    "TowerofHanoi": (r"[abc] ?,? ?[abc]", "the source and target towers, e.g. A C"),
+    "Game2048": (r"up|down|left|right", "one direction: up, down, left or right"),
+    "FifteenPuzzle": (r"up|down|left|right", "one direction: up, down, left or right"),
+    "Sokoban": (r"up|down|left|right", "one direction: up, down, left or right"),
+}
+# A GEM game's success message: every game's winning step returns an observation that starts with it.
+SUCCESS_PREFIX = "Congratulations"
+
+
+def game_name(gem_id: str) -> str:
+    """``"Sudoku"`` for ``"game:Sudoku-v0-easy"``."""
+    return gem_id.split(":", 1)[-1].split("-", 1)[0]
+
+
+class GemTextEnv(ExternalTextEnv):
+    """A game of GEM (General Experience Maker, axon-rl/gem), played through rllib_ragen's protocol.
+
+    ## Description
+    GEM's game runs unchanged; this class turns its interface into a :class:`TextEnv`.
+
+    ## Action Space
+    One move per answer piece, in the game's syntax without GEM's ``\\boxed{}`` (``MOVE_SYNTAX``); the adapter
+    boxes it. Ids without an entry in ``MOVE_SYNTAX`` take any non-empty piece.
+
+    ## Observation Space
+    At reset, GEM's task suffix (the board, or "Enter your next guess."); after a step, GEM's observation followed
+    by its task suffix, so board games show the board every turn. GEM's instructions go to ``describe()``.
+
+    ## Rewards
+    GEM's own: its success, step and partial rewards as its games define them.
+
+    ## Episode End
+    GEM's. ``success`` is GEM's winning step: its observation starts with "Congratulations".
+    Where it differs from GEM: a piece that does not match the move syntax is never sent. GEM would end the episode
+    with -0.1; here it changes nothing, and the protocol charges the format penalty and counts it.
+
+    ## Arguments
+    ``game_id``: GEM's id, e.g. ``"game:Sudoku-v0-easy"``; further keyword arguments go to ``gem.make``.
+    """
+
+    package = "gem"
+
+    def _make(self, game_id: str, **game_kwargs: Any) -> Any:
+        name = game_name(game_id)
+        if name in NEEDS_DOWNLOADS:
+            raise ValueError(f"{game_id}: GEM's {name} downloads NLTK word lists at run time (nltk.download), "
+                             "which needs a network; it is not offered here. Offline GEM games: "
+                             f"{', '.join(sorted(MOVE_SYNTAX))}.")
+        self.action_pattern, self.action_syntax = MOVE_SYNTAX.get(name, (None, self.action_syntax))
+        try:
+            import gem
+        except ImportError as error:
+            raise missing_package("gem-llm", "gem", error) from error
+        return gem.make(game_id, **game_kwargs)
+
+    def _reset_game(self, seed: int) -> tuple[str, str]:
+        instructions, info = self.game.reset(seed=seed)
+        return instructions, info.get("suffix") or instructions
+
+    def _step_game(self, move: str) -> tuple[str, float, bool, bool, bool]:
+        text, reward, terminated, truncated, info = self.game.step(f"\\boxed{{{move}}}")
+        suffix = info.get("suffix")
+        observation = f"{text}\n{suffix}" if suffix and not terminated else text
+        return observation, reward, terminated, truncated, bool(terminated and text.startswith(SUCCESS_PREFIX))

@@ -1,0 +1,224 @@
+"""GEM and TextArena games through rllib_ragen's adapters, checked against the packages' own loops.
+
+For every adapted id, the same seeds and the same moves (a seeded random policy over each game's move space, with
+malformed pieces mixed in, and a scripted policy) give the same observations, rewards, ends and successes through
+the adapter as through the package driven directly, while the process's random generators stay untouched.
+"""
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from rllib_ragen.envs import make_text_env
+from rllib_ragen.envs.gem_env import SUCCESS_PREFIX
+
+gem = pytest.importorskip("gem")
+ta = pytest.importorskip("textarena")
+
+GEM_IDS = ["game:GuessTheNumber-v0-easy", "game:Mastermind-v0-easy", "game:Sudoku-v0-easy", "game:Minesweeper-v0-easy",
+           "game:TowerofHanoi-v0-easy", "game:Game2048-v0-easy", "game:FifteenPuzzle-v0-easy", "game:Sokoban-v0-easy"]
+TEXTARENA_IDS = ["GuessTheNumber-v0-train", "Mastermind-v0-train", "Sudoku-v0-very-easy-train",
+                 "Minesweeper-v0-small-train", "TowerOfHanoi-v0-train", "2048-v0-ultra-easy-train", "FrozenLake-v0-train",
+                 "Sokoban-v0-train"]
+DIRECTIONS = ["up", "down", "left", "right"]
+
+
+def random_move(game: str, rng: np.random.Generator) -> str:
+    """A move in the game's syntax (sometimes one the game itself refuses), or, one time in eight, a malformed piece
+    the adapter must not send."""
+    if rng.random() < 0.125:
+        return str(rng.choice(["nonsense", "", "1 2 3 4 5 x", "[up]", "boxed"]))
+    digits = lambda k, high: " ".join(str(d) for d in rng.choice(np.arange(1, high + 1), size=k, replace=False))
+    return {
+        "GuessTheNumber": lambda: str(rng.integers(1, 21)),
+        "Mastermind": lambda: digits(int(rng.choice([2, 4])), 6),
+        "Sudoku": lambda: " ".join(str(v) for v in rng.integers(1, 10 if rng.random() < 0.2 else 5, size=3)),
+        "Minesweeper": lambda: f"{rng.choice(['reveal', 'reveal', 'flag'])} {rng.integers(0, 6)} {rng.integers(0, 6)}",
+        "MinesweeperTA": lambda: f"{rng.integers(0, 6)} {rng.integers(0, 6)}",
+        "TowerofHanoi": lambda: " ".join(rng.choice(list("ABC"), size=2, replace=False)),
+        "Directions": lambda: str(rng.choice(DIRECTIONS)),
+    }[game]()
+
+
+def scripted_moves(game: str):
+    """A fixed policy: bisection for the guessing games, the optimal 3-disk Tower of Hanoi, else a fixed cycle."""
+    if game == "TowerofHanoi":
+        return iter(["A C", "A B", "C B", "A C", "B A", "B C", "A C"])
+    if game == "Mastermind":
+        return itertools.cycle(["1 2", "3 4", "5 6", "2 1", "4 3", "6 5", "1 3", "2 4", "1 2 3 4"])
+    if game == "Sudoku":
+        return (f"{r} {c} {d}" for r, c, d in itertools.product(range(1, 5), range(1, 5), range(1, 5)))
+    if game in ("Minesweeper", "MinesweeperTA"):
+        cells = itertools.product(range(5), range(5))
+        return (f"reveal {r} {c}" if game == "Minesweeper" else f"{r} {c}" for r, c in cells)
+    return itertools.cycle(DIRECTIONS)
+
+
+class Bisection:
+    """Guess the number by halving the range on each 'higher' / 'lower' hint."""
+
+    def __init__(self, high: int):
+        self.low, self.high, self.last = 1, high, None
+
+    def move(self, observation: str) -> str:
+        hints = [line for line in observation.lower().splitlines() if "higher" in line or "lower" in line]
+        if self.last is not None and hints:  # the newest hint is about the last guess
+            if "higher" in hints[-1]:
+                self.low = self.last + 1
+            else:
+                self.high = self.last - 1
+        self.last = (self.low + self.high) // 2
+        return str(self.last)
+
+
+def _policy(game: str, kind: str, seed: int, highest_number: int = 20):
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        return lambda observation: random_move(game, rng)
+    if game == "GuessTheNumber":
+        return Bisection(highest_number).move
+    moves = scripted_moves(game)
+    return lambda observation: next(moves, "up")
+
+
+def _gem_game(gem_id: str) -> str:
+    name = gem_id.split(":")[1].split("-")[0]
+    return "Directions" if name in ("Game2048", "FifteenPuzzle", "Sokoban") else name
+
+
+def _textarena_game(textarena_id: str) -> str:
+    name = textarena_id.split("-")[0]
+    return {"2048": "Directions", "FrozenLake": "Directions", "Sokoban": "Directions", "Minesweeper": "MinesweeperTA",
+            "TowerOfHanoi": "TowerofHanoi"}.get(name, name)
+
+
+def _play_gem_side_by_side(gem_id: str, kind: str, seed: int, max_moves: int = 25) -> tuple[int, bool]:
+    """One episode through the adapter and through GEM directly; returns (moves sent, success)."""
+    adapter, direct = make_text_env("gem/" + gem_id.replace(":", ".", 1)), gem.make(gem_id)
+    policy = _policy(_gem_game(gem_id), kind, seed, highest_number=10)  # the easy variant's range
+    observation, _ = adapter.reset(seed=seed)
+    instructions, info = direct.reset(seed=seed)
+    assert observation == (info.get("suffix") or instructions)
+    assert adapter.unwrapped.describe().startswith(instructions.strip())
+    sent, success = 0, False
+    for _ in range(max_moves):
+        move = policy(observation)
+        observation, reward, terminated, truncated, step_info = adapter.step(move)
+        valid = adapter.unwrapped.canonical_action(move) is not None
+        assert step_info["action_is_valid"] is valid
+        if not valid:  # never reaches GEM: nothing changes, nothing paid
+            assert (reward, terminated, truncated) == (0.0, False, False)
+            continue
+        sent += 1
+        text, direct_reward, direct_terminated, direct_truncated, direct_info = direct.step(
+            "\\boxed{" + " ".join(move.split()) + "}")
+        expected = text if direct_terminated else f"{text}\n{direct_info['suffix']}"
+        assert (observation, reward, terminated, truncated) == (expected, direct_reward, direct_terminated,
+                                                                direct_truncated)
+        success = step_info["success"]
+        assert success == (direct_terminated and text.startswith(SUCCESS_PREFIX))
+        if terminated or truncated:
+            break
+    return sent, success
+
+
+def _play_textarena_side_by_side(textarena_id: str, kind: str, seed: int, max_moves: int = 25) -> tuple[int, bool]:
+    adapter, direct = make_text_env("textarena/" + textarena_id), ta.make(textarena_id)
+    policy = _policy(_textarena_game(textarena_id), kind, seed)
+    observation, _ = adapter.reset(seed=seed)
+    direct.reset(num_players=1, seed=seed)
+    _, text = direct.get_observation()
+    prompt = adapter.unwrapped.describe().rsplit("\nWrite each move", 1)[0]
+    assert prompt and prompt in text
+    assert observation == (text.replace(prompt, "", 1).strip() or "(no move yet)")
+    sent, success = 0, False
+    for _ in range(max_moves):
+        move = policy(observation)
+        observation, reward, terminated, truncated, step_info = adapter.step(move)
+        if not step_info["action_is_valid"]:
+            assert (reward, terminated, truncated) == (0.0, False, False)
+            continue
+        sent += 1
+        done, _ = direct.step(" ".join(move.split()))
+        _, text = direct.get_observation()
+        expected = text.replace(prompt, "", 1).strip() or "(no move yet)"
+        direct_reward = 0.0
+        if done:
+            rewards, game_info = direct.close()
+            direct_reward = float(rewards[0])
+            expected = f"{expected}\n{game_info[0].get('reason', '')}".strip()
+            assert step_info["success"] == (direct_reward >= 1.0 and not game_info[0]["invalid_move"])
+        assert (observation, reward, terminated) == (expected, direct_reward, done)
+        success = step_info["success"]
+        if terminated:
+            break
+    return sent, success
+
+
+@pytest.mark.parametrize("gem_id", GEM_IDS)
+def test_gem_games_match_gem_itself(gem_id):
+    sent, wins = 0, 0
+    for seed in range(24):
+        for kind in ("random", "scripted"):
+            moves, success = _play_gem_side_by_side(gem_id, kind, seed)
+            sent, wins = sent + moves, wins + success
+    assert sent > 100  # the comparison saw real play, not only refused pieces
+    if gem_id.startswith(("game:GuessTheNumber", "game:TowerofHanoi")):
+        assert wins >= 24  # the scripted solver wins: the success path is compared too
+
+
+@pytest.mark.parametrize("textarena_id", TEXTARENA_IDS)
+def test_textarena_games_match_textarena_itself(textarena_id):
+    sent, wins = 0, 0
+    for seed in range(24):
+        for kind in ("random", "scripted"):
+            moves, success = _play_textarena_side_by_side(textarena_id, kind, seed)
+            sent, wins = sent + moves, wins + success
+    assert sent > 60
+    if textarena_id.startswith(("GuessTheNumber", "TowerOfHanoi")):
+        assert wins >= 24
+
+
+@pytest.mark.parametrize("env_id", ["gem/game.Mastermind-v0-easy", "gem/game.Game2048-v0-easy",
+                                    "textarena/Minesweeper-v0-small-train", "textarena/2048-v0-ultra-easy-train"])
+def test_adapters_leave_the_process_generators_alone_and_interleave_exactly(env_id):
+    """An adapted episode replays from its seed whatever else draws from the global generators in between, and its
+    own draws never reach them."""
+    game = _gem_game(env_id[4:].replace(".", ":")) if env_id.startswith("gem/") else _textarena_game(env_id[10:])
+
+    def episode(env, seed, disturb):
+        rng, trace = np.random.default_rng(seed), [env.reset(seed=seed)[0]]
+        for _ in range(12):
+            before = random.getstate(), np.random.get_state()[1].copy()
+            trace.append(env.step(random_move(game, rng))[:4])
+            after = random.getstate(), np.random.get_state()[1]
+            assert before[0] == after[0] and np.array_equal(before[1], after[1])
+            if disturb:  # another user of the global generators (a sampler, another environment) draws
+                random.random(), np.random.random(), make_text_env(env_id).reset(seed=seed + 1)
+        return trace
+
+    for seed in range(3):
+        assert episode(make_text_env(env_id), seed, False) == episode(make_text_env(env_id), seed, True)
+
+
+def test_each_adapter_refuses_what_needs_downloads_or_other_players():
+    with pytest.raises(ValueError, match="NLTK word lists"):
+        make_text_env("gem/game.Wordle-v0-easy")
+    with pytest.raises(ValueError, match="NLTK word lists"):
+        make_text_env("textarena/Hangman-v0-train")
+    with pytest.raises(ValueError, match="not a single-player game"):
+        make_text_env("textarena/TicTacToe-v0").reset(seed=0)
+
+
+def test_gem_sees_one_move_per_piece_and_the_protocol_penalises_malformed_ones():
+    from rllib_ragen.rollout.protocol import execute_turn, parse_reply
+
+    env = make_text_env("gem/game.GuessTheNumber-v0-easy")
+    env.reset(seed=4)
+    result = execute_turn(env, parse_reply("<think>bisect</think><answer>5 || five || 8</answer>"),
+                          actions_left=10, format_penalty=-0.1)
+    # "five" is no number: not sent to GEM (which would end the game with -0.1), penalised by the protocol once.
+    assert result.executed == ["5", "8"] and result.num_invalid == 1 and result.format_error
+    assert result.reward == pytest.approx(result.env_reward - 0.1)
