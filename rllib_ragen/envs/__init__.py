@@ -65,14 +65,19 @@ def register_text_env(
 # colon as "import this module first".
 ADAPTED_NAMESPACES = {"gem/": "rllib_ragen.envs.gem_env:GemTextEnv",
                       "textarena/": "rllib_ragen.envs.textarena_env:TextArenaTextEnv"}
+# An environment served over HTTP (rllib_ragen.envs.serve), played with env_config={"url": ...}; registered on first
+# use too, so that code iterating over the built-ins never builds it without a url.
+REMOTE_ENV_ID = "rllib_ragen/Remote-v0"
 
 
 def ensure_registered(env_id: Any) -> None:
-    """Register an adapted game's id (``"gem/game.Sudoku-v0-easy"``, ``"textarena/Mastermind-v0-train"``) the first
-    time it is named; any other id, or one already registered, is left as it is. The game's own turn limit applies,
-    so no gymnasium ``TimeLimit`` is added."""
+    """Register an adapted game's id (``"gem/game.Sudoku-v0-easy"``, ``"textarena/Mastermind-v0-train"``), or
+    ``REMOTE_ENV_ID``, the first time it is named; any other id, or one already registered, is left as it is.
+    The game's (or the server's) own turn limit applies, so no gymnasium ``TimeLimit`` is added."""
     if not isinstance(env_id, str) or env_id in gym.registry:
         return
+    if env_id == REMOTE_ENV_ID:
+        register_text_env(env_id, "rllib_ragen.envs.remote:RemoteTextEnv", max_episode_steps=None)
     for namespace, entry_point in ADAPTED_NAMESPACES.items():
         if env_id.startswith(namespace) and len(env_id) > len(namespace):
             game_id = env_id[len(namespace):]

@@ -39,6 +39,15 @@ class AnyText(spaces.Text):
         return isinstance(x, str) and len(x) <= self.max_length
 
 
+def move_matching(text: Any, syntax: re.Pattern | None) -> str | None:
+    """``text`` with its whitespace runs made single spaces, if that matches ``syntax`` in full (any non-empty
+    text when ``syntax`` is None); else None. The move check of adapted games, here and behind a server."""
+    if not isinstance(text, str) or not text.strip():
+        return None
+    move = " ".join(text.split())
+    return move if syntax is None or syntax.fullmatch(move) else None
+
+
 def _generator_states() -> tuple:
     return random.getstate(), np.random.get_state()
 
@@ -93,13 +102,7 @@ class ExternalTextEnv(TextEnv):
 
     # ---- TextEnv ----------------------------------------------------------------------------------------
     def canonical_action(self, text: str) -> str | None:
-        """The move, stripped, if it matches ``action_pattern`` (any non-empty text when there is none)."""
-        if not isinstance(text, str) or not text.strip():
-            return None
-        move = " ".join(text.split())
-        if self._action_regex is not None and not self._action_regex.fullmatch(move):
-            return None
-        return move
+        return move_matching(text, self._action_regex)
 
     def describe(self) -> str:
         return (f"{self._instructions.strip()}\n"

@@ -38,7 +38,6 @@ QWEN2_PRETOKENIZE_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 # are taken from every registered built-in environment (see _grid_symbols); tests check each is one token.
 TOKENIZER_CORPUS_ENVS = ("rllib_ragen/Sokoban-v0", "rllib_ragen/FrozenLake-v0", "rllib_ragen/Bandit-v0",
                          "rllib_ragen/BanditHeldOut-v0", "rllib_ragen/SokobanAltSymbols-v0")
-BUILT_IN_NAMESPACE = "rllib_ragen/"  # only built-in ids: every process (driver, remote workers) must agree
 
 
 def _tokenizer_corpus(seed: int) -> list[str]:
@@ -87,10 +86,9 @@ def _grid_symbols() -> tuple[set[str], set[str]]:
     """The board symbols of every built-in registered environment (their legends), as letters and others."""
     import gymnasium as gym
 
-    from rllib_ragen.envs import registered_text_envs
+    from rllib_ragen.envs import BUILT_IN_TEXT_ENVS
 
-    symbols = {symbol for env_id in registered_text_envs() if env_id.startswith(BUILT_IN_NAMESPACE)
-               for symbol in gym.make(env_id).unwrapped.legend}
+    symbols = {symbol for env_id in BUILT_IN_TEXT_ENVS for symbol in gym.make(env_id).unwrapped.legend}
     return {c for c in symbols if c.isalpha()}, {c for c in symbols if not c.isalpha()}
 
 

@@ -19,7 +19,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 
-from ..envs import _load_entry_point, register_carried, registered_text_envs, registrations_of
+from ..envs import _load_entry_point, ensure_registered, register_carried, registered_text_envs, registrations_of
 from ..envs.base import checks_reasoning_claims
 from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS,
                           AdvantageSettings, num_kept_groups)
@@ -882,6 +882,7 @@ class StarPOConfig(AlgorithmConfig):
 
 
 def _is_known_env(env) -> bool:
+    ensure_registered(env)  # another package's game ("gem/...", "textarena/...") is registered when first named
     return isinstance(env, type) or env in registered_text_envs()
 
 

@@ -20,8 +20,8 @@ ta = pytest.importorskip("textarena")
 GEM_IDS = ["game:GuessTheNumber-v0-easy", "game:Mastermind-v0-easy", "game:Sudoku-v0-easy", "game:Minesweeper-v0-easy",
            "game:TowerofHanoi-v0-easy", "game:Game2048-v0-easy", "game:FifteenPuzzle-v0-easy", "game:Sokoban-v0-easy"]
 TEXTARENA_IDS = ["GuessTheNumber-v0-train", "Mastermind-v0-train", "Sudoku-v0-very-easy-train",
-                 "Minesweeper-v0-small-train", "TowerOfHanoi-v0-train", "2048-v0-ultra-easy-train", "FrozenLake-v0-train",
-                 "Sokoban-v0-train"]
+                 "Minesweeper-v0-small-train", "TowerOfHanoi-v0-train", "2048-v0-ultra-easy-train",
+                 "FrozenLake-v0-train", "Sokoban-v0-train"]
 DIRECTIONS = ["up", "down", "left", "right"]
 
 

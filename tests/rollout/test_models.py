@@ -3,7 +3,7 @@
 import gymnasium as gym
 import pytest
 
-from rllib_ragen.envs import registered_text_envs
+from rllib_ragen.envs import BUILT_IN_TEXT_ENVS, registered_text_envs
 from rllib_ragen.rollout.models import TOKENIZER_CORPUS_ENVS, build_tiny_tokenizer
 
 # Every built-in environment with a board (the bandit has none), plus 8x8 two-box Sokoban at its own size.
@@ -55,7 +55,7 @@ def test_the_corpus_environments_are_registered_built_ins():
 
 def test_every_legend_symbol_of_every_built_in_environment_is_one_token(tokenizers):
     tokenizer, _ = tokenizers
-    for env_id in registered_text_envs():
+    for env_id in BUILT_IN_TEXT_ENVS:
         for symbol in gym.make(env_id).unwrapped.legend:
             assert _pieces(tokenizer, f"#{symbol}{symbol}#") == ["#", symbol, symbol, "#"], (env_id, symbol)
 
