@@ -14,13 +14,16 @@ import gymnasium as gym
 
 from .bandit import BanditEnv
 from .base import TRANSITION_SEED, TextEnv
+from .countdown import CountdownEnv
 from .frozen_lake import FrozenLakeTextEnv
 from .sokoban import SokobanEnv
 from .sokoban_levels import SokobanLevel, generate_level, solve_level
+from .sudoku import SudokuEnv
 
 __all__ = [
-    "BanditEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "TRANSITION_SEED", "TextEnv", "ensure_registered",
-    "generate_level", "make_text_env", "register_text_env", "registered_text_envs", "solve_level",
+    "BanditEnv", "CountdownEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "SudokuEnv", "TRANSITION_SEED",
+    "TextEnv", "ensure_registered", "generate_level", "make_text_env", "register_text_env", "registered_text_envs",
+    "solve_level",
 ]
 
 _TEXT_ENV_IDS: list[str] = []
@@ -155,6 +158,10 @@ register_text_env(
     "rllib_ragen/SokobanAltSymbols-v0", "rllib_ragen.envs.sokoban:SokobanEnv", reward_threshold=10.0,
     symbols="alternate",
 )
+register_text_env(  # RAGEN's CoordSokoban: the same levels as cell coordinates instead of a drawn grid
+    "rllib_ragen/SokobanCoordinates-v0", "rllib_ragen.envs.sokoban:SokobanEnv", reward_threshold=10.0,
+    render="coordinates",
+)
 # FrozenLake: the return is the success probability; gymnasium's fixed 4x4 map uses 0.70.
 register_text_env("rllib_ragen/FrozenLake-v0", "rllib_ragen.envs.frozen_lake:FrozenLakeTextEnv",
                   reward_threshold=0.7)
@@ -162,4 +169,7 @@ register_text_env(
     "rllib_ragen/FrozenLakeNotSlippery-v0", "rllib_ragen.envs.frozen_lake:FrozenLakeTextEnv", reward_threshold=1.0,
     is_slippery=False,
 )
+# Countdown (multi-turn) and 4x4 Sudoku, two of RAGEN's 2026 environments; the return of a solved game is 1.
+register_text_env("rllib_ragen/Countdown-v0", "rllib_ragen.envs.countdown:CountdownEnv", reward_threshold=1.0)
+register_text_env("rllib_ragen/Sudoku4x4-v0", "rllib_ragen.envs.sudoku:SudokuEnv", reward_threshold=1.0)
 BUILT_IN_TEXT_ENVS = frozenset(_TEXT_ENV_IDS)

@@ -15,6 +15,7 @@ STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
 SOLVED_BONUS = 10.0
 REWARDS = ("shaped", "success")
+RENDERINGS = ("grid", "coordinates")
 
 
 class SokobanEnv(TextEnv):
@@ -47,10 +48,13 @@ class SokobanEnv(TextEnv):
     ## Arguments
     ``dim`` (6): room side, walls included. ``num_boxes`` (1). ``search_depth`` (50): reverse-play steps, more
     gives longer solutions. ``symbols`` ("default" or "alternate", or a dict with the keys of
-    ``SYMBOL_SETS["default"]``). ``reward`` ("shaped" or "success", see Rewards).
+    ``SYMBOL_SETS["default"]``). ``reward`` ("shaped" or "success", see Rewards). ``render`` ("grid", or
+    "coordinates": the cells as zero-indexed (row, column) lists, RAGEN's CoordSokoban,
+    :meth:`~rllib_ragen.envs.sokoban_levels.SokobanLevel.to_coordinates`).
 
     ## Version History
-    v0: initial release. Variants: ``Sokoban8x8TwoBoxes-v0`` and ``SokobanAltSymbols-v0``.
+    v0: initial release. Variants: ``Sokoban8x8TwoBoxes-v0``, ``SokobanAltSymbols-v0`` and
+    ``SokobanCoordinates-v0``.
     """
 
     action_names = ACTION_NAMES
@@ -67,11 +71,14 @@ class SokobanEnv(TextEnv):
         search_depth: int = 50,
         symbols: str | Mapping[str, str] = "default",
         reward: str = "shaped",
+        render: str = "grid",
         render_mode: str | None = "ansi",
     ):
         if reward not in REWARDS:
             raise ValueError(f"reward={reward!r}: choose one of {REWARDS}.")
-        self.reward = reward
+        if render not in RENDERINGS:
+            raise ValueError(f"render={render!r}: choose one of {RENDERINGS}.")
+        self.reward, self.render_as = reward, render
         if isinstance(symbols, str):
             if symbols not in SYMBOL_SETS:
                 raise ValueError(f"symbols={symbols!r}: choose one of {sorted(SYMBOL_SETS)} or pass a dict.")
@@ -79,8 +86,12 @@ class SokobanEnv(TextEnv):
         if set(symbols) != set(_MEANINGS) or len(set(symbols.values())) != len(_MEANINGS):
             raise ValueError(f"symbols must map each of {sorted(_MEANINGS)} to a distinct character.")
         self.symbols = dict(symbols)
-        self.legend = {self.symbols[key]: meaning for key, meaning in _MEANINGS.items()}
-        super().__init__(render_mode=render_mode, max_observation_chars=dim * (dim + 1))
+        # Coordinates name no symbols: a legend would only describe a drawing the agent never sees.
+        drawn = {self.symbols[key]: meaning for key, meaning in _MEANINGS.items()}
+        self.legend = {} if render == "coordinates" else drawn
+        # A coordinate list names each cell in at most 8 characters, plus the five lines' labels.
+        max_chars = dim * (dim + 1) if render == "grid" else 8 * dim * dim + 120
+        super().__init__(render_mode=render_mode, max_observation_chars=max_chars)
         self.dim, self.num_boxes, self.search_depth = dim, num_boxes, search_depth
         self._offsets = move_offsets(dim)
         self.level: SokobanLevel | None = None
@@ -135,6 +146,8 @@ class SokobanEnv(TextEnv):
         return reward, True
 
     def _render_text(self) -> str:
+        if self.render_as == "coordinates":
+            return self._current_level().to_coordinates()
         s, floor, targets = self.symbols, self.level.floor.ravel(), self.level.targets
         cells = []
         for p in range(self.dim * self.dim):

@@ -8,6 +8,8 @@ is solvable; :func:`solve_level` proves it in the tests for thousands of levels.
 
 from __future__ import annotations
 
+import re
+
 from collections import deque
 from dataclasses import dataclass
 
@@ -56,7 +58,10 @@ class SokobanLevel:
     @classmethod
     def from_text(cls, text: str, symbols: dict[str, str] | None = None) -> "SokobanLevel":
         """Parse a level drawn with ``symbols`` (default: ``SYMBOL_SETS["default"]``: ``#`` wall, ``_`` floor,
-        ``O`` target, ``X`` box, ``√`` box on target, ``P`` player, ``S`` player on target), one row per line."""
+        ``O`` target, ``X`` box, ``√`` box on target, ``P`` player, ``S`` player on target), one row per line, or
+        written as coordinates (:meth:`to_coordinates`)."""
+        if text.lstrip().startswith(_BOARD_SIZE):
+            return cls._from_coordinates(text)
         meaning = {ch: key for key, ch in (symbols or SYMBOL_SETS["default"]).items()}
         rows = [row.strip() for row in text.strip().splitlines()]
         dim = len(rows)
@@ -83,7 +88,43 @@ class SokobanLevel:
             raise ValueError("A Sokoban level must be enclosed by a border of walls.")
         return cls(dim, floor, frozenset(targets), frozenset(boxes), players[0])
 
+    def to_coordinates(self) -> str:
+        """The level as lists of zero-indexed (row, column) cells, RAGEN's ``CoordSokoban`` rendering, plus the
+        walls inside the border (which RAGEN's leaves out, though no plan can be made without them)::
 
+            Board size: 6 rows x 6 cols (zero-indexed).
+            Walls: the border, and (2, 3)
+            Targets: (1, 4)
+            Boxes: (2, 2)
+            Player: (3, 1)
+
+        Boxes on a target are listed as "Boxes on target", a player on one as "Player on target"."""
+        cell = lambda p: f"({p // self.dim}, {p % self.dim})"  # noqa: E731
+        inner = [p for p in range(self.dim * self.dim) if not self.floor.flat[p]
+                 and 0 < p // self.dim < self.dim - 1 and 0 < p % self.dim < self.dim - 1]
+        groups = [("Targets", sorted(self.targets - self.boxes)), ("Boxes", sorted(self.boxes - self.targets)),
+                  ("Boxes on target", sorted(self.boxes & self.targets)),
+                  ("Player on target" if self.player in self.targets else "Player", [self.player])]
+        lines = [f"{_BOARD_SIZE} {self.dim} rows x {self.dim} cols (zero-indexed).",
+                 "Walls: the border" + (", and " + ", ".join(map(cell, inner)) if inner else "")]
+        lines += [f"{label}: {', '.join(map(cell, cells))}" for label, cells in groups if cells]
+        return "\n".join(lines)
+
+    @classmethod
+    def _from_coordinates(cls, text: str) -> "SokobanLevel":
+        dim = int(re.search(rf"{_BOARD_SIZE} (\d+) rows", text).group(1))
+        cells = {label: {int(r) * dim + int(c) for r, c in re.findall(r"\((\d+), (\d+)\)", rest)}
+                 for label, rest in re.findall(r"^([A-Za-z ]+): (.*)$", text, re.MULTILINE)}
+        floor = np.ones((dim, dim), dtype=bool)
+        floor[0, :] = floor[-1, :] = floor[:, 0] = floor[:, -1] = False
+        floor.flat[sorted(cells.get("Walls", ()))] = False
+        on_target = cells.get("Boxes on target", set())
+        player = cells.get("Player", set()) | cells.get("Player on target", set())
+        targets = cells.get("Targets", set()) | on_target | cells.get("Player on target", set())
+        return cls(dim, floor, frozenset(targets), frozenset(cells.get("Boxes", set()) | on_target), player.pop())
+
+
+_BOARD_SIZE = "Board size:"
 EFFECT_WORDS = ("walk", "push", "push to target", "wall")  # what move_effects can say of a move
 
 

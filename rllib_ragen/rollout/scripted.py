@@ -1,7 +1,8 @@
 """Scripted policies that speak the action protocol, for :class:`~rllib_ragen.rollout.backends.ScriptedBackend`.
 
 They read the state from the prompt text, as a model would, and answer with an optimal plan: the Sokoban
-solver's moves, or FrozenLake's finite-horizon optimal move. They serve tests (the loop must reach their
+solver's moves, FrozenLake's finite-horizon optimal move, Countdown's and 4x4 Sudoku's solutions, or bisection in
+GEM's Guess The Number. They serve tests (the loop must reach their
 known success rates), demonstrations for warm-start fine-tuning, and baselines a job pairs its agent against
 (``frozen_lake_hole_blind_policy``, ``random_moves_policy``).
 """
@@ -137,5 +138,76 @@ def random_arm_policy(seed: int = 0, enable_thinking: bool = True):
         state = last_turn_message(prompt).observation
         names = [name.strip() for name in arms.search(state).group(1).split(",")]
         return _reply([rng.choice(names)], "I pick one of the arms.", enable_thinking)
+
+    return policy
+
+
+# GEM's Guess The Number writes its range in the instructions and a hint after each guess.
+_GUESS_RANGE = re.compile(r"guess the number between (\d+) and (\d+)")
+_GUESS_HINT = re.compile(r"you guessed (\d+), and the target number is (higher|lower) than")
+
+
+def _guess_interval(prompt: str) -> tuple[int, int, set[int]]:
+    """The numbers still possible after the hints in ``prompt``, as (low, high), and the guesses made so far."""
+    low, high = (int(n) for n in _GUESS_RANGE.search(prompt).groups())
+    guessed = set()
+    for number, direction in _GUESS_HINT.findall(prompt):
+        number = int(number)
+        guessed.add(number)
+        low, high = (max(low, number + 1), high) if direction == "higher" else (low, min(high, number - 1))
+    return low, max(low, high), guessed
+
+
+def guess_the_number_bisection_policy(enable_thinking: bool = False):
+    """GEM's Guess The Number (``gem/game.GuessTheNumber-v0-*``) played by bisection: the middle of the numbers the
+    hints still allow. It finds any number of a range of n in at most ceil(log2(n + 1)) guesses."""
+
+    def policy(prompt: str) -> str:
+        low, high, _ = _guess_interval(prompt)
+        return _reply([str((low + high) // 2)], f"It lies in {low} to {high}.", enable_thinking)
+
+    return policy
+
+
+def guess_the_number_random_policy(enable_thinking: bool = False, seed: int = 0):
+    """GEM's Guess The Number played by guessing a number of the range it has not guessed yet, ignoring the hints:
+    the baseline that shows whether an agent reads them. Seeded by ``seed`` and the conversation so far."""
+
+    def policy(prompt: str) -> str:
+        rng = random.Random(f"{seed}:{hashlib.sha256(prompt.encode()).hexdigest()}")
+        low, high = (int(n) for n in _GUESS_RANGE.search(prompt).groups())
+        left = sorted(set(range(low, high + 1)) - _guess_interval(prompt)[2]) or [low]
+        return _reply([str(rng.choice(left))], "I guess at random.", enable_thinking)
+
+    return policy
+
+
+def countdown_solver_policy(enable_thinking: bool = False):
+    """Countdown (``rllib_ragen/Countdown-v0``) solved in one reply: an expression from the exhaustive solver for the
+    numbers and target it is shown."""
+    from ..envs.countdown import solve
+
+    shown = re.compile(r"Numbers: ([\d, ]+)\. Target: (\d+)\.")
+
+    def policy(prompt: str) -> str:
+        numbers, target = shown.search(last_turn_message(prompt).observation).groups()
+        expression = solve([int(n) for n in numbers.split(",")], int(target)) or numbers.replace(",", " +")
+        return _reply([expression], f"Reach {target}.", enable_thinking)
+
+    return policy
+
+
+def sudoku_solver_policy(max_actions_per_turn: int = 5, enable_thinking: bool = False):
+    """4x4 Sudoku (``rllib_ragen/Sudoku4x4-v0``): the solution's moves for the grid it is shown, in reading order."""
+    import numpy as np
+
+    from ..envs.sudoku import solutions
+
+    def policy(prompt: str) -> str:
+        rows = last_turn_message(prompt).observation.strip().splitlines()
+        grid = np.array([[0 if cell == "." else int(cell) for cell in row.split()] for row in rows])
+        solved = (solutions(grid, limit=1) or [grid])[0]
+        moves = [f"{r + 1} {c + 1} {solved[r, c]}" for r, c in np.argwhere(grid == 0)]
+        return _reply(moves[:max_actions_per_turn] or ["1 1 1"], f"{len(moves)} cells to fill.", enable_thinking)
 
     return policy

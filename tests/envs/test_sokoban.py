@@ -79,6 +79,30 @@ def test_alternate_symbols_draw_the_same_level():
     assert "".join(table.get(ch, ch) for ch in default) == alternate
 
 
+def test_coordinates_name_the_same_level_cell_by_cell():
+    # LINE with a wall inside: (row, column) from 0; the border walls are not listed one by one.
+    level = SokobanLevel.from_text(LINE.replace("#____#\n#____#\n######", "#_#__#\n#____#\n######"))
+    assert level.to_coordinates() == ("Board size: 6 rows x 6 cols (zero-indexed).\n"
+                                      "Walls: the border, and (3, 2)\n"
+                                      "Targets: (1, 4)\nBoxes: (1, 2)\nPlayer: (1, 1)")
+    parsed = SokobanLevel.from_text(level.to_coordinates())
+    assert (parsed.targets, parsed.boxes, parsed.player) == (level.targets, level.boxes, level.player)
+    assert np.array_equal(parsed.floor, level.floor)
+    # The coordinate variant plays the grid variant's levels with the same rewards, move for move.
+    grid, coordinates = gym.make("rllib_ragen/Sokoban-v0"), gym.make("rllib_ragen/SokobanCoordinates-v0")
+    for seed in range(20):
+        grid.reset(seed=seed)
+        obs, _ = coordinates.reset(seed=seed)
+        for move in ["Up", "Left", "Down", "Right"] * 2:
+            step_grid, (obs, *step_coordinates) = grid.step(move), coordinates.step(move)
+            assert step_grid[1:] == tuple(step_coordinates)
+            shown, drawn = SokobanLevel.from_text(obs), SokobanLevel.from_text(step_grid[0])
+            assert (shown.boxes, shown.player, shown.targets) == (drawn.boxes, drawn.player, drawn.targets)
+            assert np.array_equal(shown.floor, drawn.floor)
+    env, obs = _env_with(LINE, render="coordinates")
+    assert env.step("Right")[0].endswith("Boxes: (1, 3)\nPlayer: (1, 2)")
+
+
 def test_solver_is_optimal_on_known_levels():
     assert solve_level(SokobanLevel.from_text(LINE)) == ["Right", "Right"]
     # The box must be pushed from below: Down, Left (2 moves) puts the player under it, then Up, Up = 4.
