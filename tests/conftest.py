@@ -1,11 +1,17 @@
 """Shared fixtures: one Ray session for every test that needs Ray (starting it takes ~5 s and ~700 MiB), and a
-StarPO config sized for a 2-core CPU."""
+StarPO config sized for a 2-core CPU, and environment servers on 127.0.0.1."""
 
+import contextlib
 import os
+import pathlib
+import signal
+import subprocess
+import sys
 
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+TESTS = pathlib.Path(__file__).parent
 
 
 @pytest.fixture
@@ -65,3 +71,38 @@ def learner_module_state(algo) -> dict:
 @pytest.fixture
 def learner_state():
     return learner_module_state
+
+
+@pytest.fixture
+def env_server():
+    """Start an environment server process on 127.0.0.1 (``python -m rllib_ragen.envs.serve``): ``with
+    env_server(env_id, *flags, port=0) as server:`` gives it with ``server.url``, and stops it (SIGTERM, then kill)
+    at the end of the block; ``server.stop()`` stops it earlier. It can serve the test environments of
+    ``tests/envs/served_envs.py``."""
+    return _serving
+
+
+@contextlib.contextmanager
+def _serving(env_id, *flags, port=0):
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS / "envs"), os.environ.get("PYTHONPATH", "")]))
+    process = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.serve", "--env", env_id, "--port", str(port),
+                                "--register", "served_envs", *flags],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environ)
+    process.stop = lambda: _stop(process)
+    try:
+        line = process.stdout.readline()  # "serving ID on http://127.0.0.1:PORT", once it listens
+        assert line.startswith("serving"), f"the server did not start: {line!r}"
+        process.url = line.split(" on ")[1].strip()
+        yield process
+    finally:
+        _stop(process)
+
+
+def _stop(process):
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

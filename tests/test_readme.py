@@ -12,6 +12,8 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
+from rllib_ragen import make_text_env
+
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 DOCS = README.parent / "docs"
 PAGES = [README, *sorted(DOCS.rglob("*.md"))]
@@ -54,6 +56,28 @@ def test_environment_and_protocol_examples_run():
         exec(compile(protocol_block, "README protocol", "exec"), namespace)
     # "Left || Up" is well-formed and both are Sokoban actions: no penalty, Left runs first.
     assert namespace["turn"].format_error is False and namespace["turn"].executed[0] == "Left"
+
+
+def test_gem_example_runs():
+    pytest.importorskip("gem")
+    pytest.importorskip("textarena")
+    namespace = {}
+    printed = _run_block("gem-env", namespace)
+    assert "row, column and digit" in printed and "\\boxed" not in printed.split("Write each move")[1]
+    assert namespace["config"].env == "textarena/Mastermind-v0-train"
+    namespace["config"].validate()  # the adapted id is registered and its environment builds
+
+
+def test_remote_example_runs_against_a_real_server(env_server):
+    with env_server("rllib_ragen/Sokoban-v0") as server:
+        code = _python_block_after("remote-env").replace("http://127.0.0.1:8000", server.url)
+        namespace = {}
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            exec(compile(code, "docs remote-env", "exec"), namespace)
+    local = make_text_env("rllib_ragen/Sokoban-v0")
+    local.reset(seed=0)
+    assert out.getvalue().strip() == str(local.step("Up")[:4])  # the same step as in-process
+    assert namespace["config"].env_config["url"] == server.url
 
 
 def test_rollout_example_runs():

@@ -1,14 +1,8 @@
 """Environments served over HTTP: real server processes on 127.0.0.1 (``python -m rllib_ragen.envs.serve``), played
 through RemoteTextEnv and the rollout engine, including a server killed mid-episode and a slow one."""
 
-import contextlib
 import http.client
 import json
-import os
-import pathlib
-import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -20,33 +14,6 @@ from rllib_ragen.rollout import RolloutConfig, RolloutEngine, SamplingParams, Sc
 from rllib_ragen.rollout.models import build_tiny_tokenizer
 
 REMOTE = "rllib_ragen/Remote-v0"
-HERE = pathlib.Path(__file__).parent
-
-
-@contextlib.contextmanager
-def serving(env_id, *args, port=0):
-    """A server process for ``env_id``; yields its URL, and stops it (SIGTERM, then kill) at the end."""
-    environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
-    process = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.serve", "--env", env_id, "--port", str(port),
-                                "--register", "served_envs", *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environ)
-    try:
-        line = process.stdout.readline()  # "serving ID on http://127.0.0.1:PORT", once it listens
-        assert line.startswith("serving"), f"the server did not start: {line!r}"
-        process.url = line.split(" on ")[1].strip()
-        yield process
-    finally:
-        stop(process)
-
-
-def stop(process):
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def _random_play(env, seed, actions, steps=12):
@@ -65,17 +32,17 @@ def _random_play(env, seed, actions, steps=12):
     ("rllib_ragen/FrozenLake-v0", ["Left", "Down", "Right", "Up"]),  # slippery: the server's own luck, seeded
     ("gem/game.Mastermind-v0-easy", ["1 2", "3 4", "5 6", "2 1", "6 5"]),
 ])
-def test_remote_play_equals_in_process_play(env_id, actions):
+def test_remote_play_equals_in_process_play(env_id, actions, env_server):
     if env_id.startswith("gem/"):
         pytest.importorskip("gem")
-    with serving(env_id) as server:
+    with env_server(env_id) as server:
         remote = make_text_env(REMOTE, url=server.url)
         for seed in range(20):
             assert _random_play(remote, seed, actions) == _random_play(make_text_env(env_id), seed, actions)
         remote.close()
 
 
-def test_a_rollout_through_a_server_is_token_for_token_the_in_process_one():
+def test_a_rollout_through_a_server_is_token_for_token_the_in_process_one(env_server):
     tokenizer = build_tiny_tokenizer(seed=0)
     backend = ScriptedBackend(lambda prompt: "<think>push</think><answer>Up || Left || Sideways</answer>", tokenizer)
 
@@ -83,7 +50,7 @@ def test_a_rollout_through_a_server_is_token_for_token_the_in_process_one():
         engine = RolloutEngine(RolloutConfig(env=env, env_config=env_config), backend, tokenizer)
         return engine.rollout([3, 4], 2, SamplingParams(), sample_seed=0)
 
-    with serving("rllib_ragen/Sokoban-v0") as server:
+    with env_server("rllib_ragen/Sokoban-v0") as server:
         (remote, remote_metrics), (local, local_metrics) = play(REMOTE, {"url": server.url}), play(
             "rllib_ragen/Sokoban-v0", {})
     assert [t.token_ids for t in remote] == [t.token_ids for t in local]
@@ -92,16 +59,16 @@ def test_a_rollout_through_a_server_is_token_for_token_the_in_process_one():
     assert remote_metrics["rollout/format_error_rate"] == local_metrics["rollout/format_error_rate"] > 0
 
 
-def test_a_server_killed_mid_episode_drops_its_episodes_counted_and_a_restarted_one_serves_again():
+def test_a_server_killed_mid_episode_drops_its_episodes_counted_and_a_restarted_one_serves_again(env_server):
     tokenizer = build_tiny_tokenizer(seed=0)
-    with serving("rllib_ragen/Sokoban-v0") as server:
+    with env_server("rllib_ragen/Sokoban-v0") as server:
         port = server.url.rsplit(":", 1)[1]
         calls = []
 
         def policy(prompt):  # the server dies while the policy writes its first reply
             calls.append(prompt)
             if len(calls) == 1:
-                stop(server)
+                server.stop()
             return "<think></think><answer>Up</answer>"
 
         config = RolloutConfig(env=REMOTE, env_config={"url": server.url, "connect_retries": 2,
@@ -111,15 +78,15 @@ def test_a_server_killed_mid_episode_drops_its_episodes_counted_and_a_restarted_
         trajectories, metrics = engine.rollout([0, 1], 2, SamplingParams())
         assert trajectories == [] and metrics["rollout/env_errors"] == 4.0  # each episode dropped and counted
         assert time.monotonic() - started < 10  # retries are bounded: no hang
-        with serving("rllib_ragen/Sokoban-v0", port=port):  # the same address, a fresh server
+        with env_server("rllib_ragen/Sokoban-v0", port=port):  # the same address, a fresh server
             trajectories, metrics = engine.rollout([0, 1], 2, SamplingParams())
         assert len(trajectories) == 4 and metrics["rollout/env_errors"] == 0.0
 
 
-def test_a_slow_server_is_an_environment_timeout_not_a_hang():
+def test_a_slow_server_is_an_environment_timeout_not_a_hang(env_server):
     tokenizer = build_tiny_tokenizer(seed=0)
     backend = ScriptedBackend(lambda prompt: "<think></think><answer>Go</answer>", tokenizer)
-    with serving("tests/ServedFaults-v0", "--env-config", json.dumps({"step_sleep_s": 3.0})) as server:
+    with env_server("tests/ServedFaults-v0", "--env-config", json.dumps({"step_sleep_s": 3.0})) as server:
         config = RolloutConfig(env=REMOTE, env_config={"url": server.url}, max_turns=1, env_step_timeout_s=0.5)
         started = time.monotonic()
         trajectories, metrics = RolloutEngine(config, backend, tokenizer).rollout([0], 2, SamplingParams())
@@ -127,10 +94,10 @@ def test_a_slow_server_is_an_environment_timeout_not_a_hang():
     assert time.monotonic() - started < 8
 
 
-def test_control_tokens_in_a_served_observation_are_neutralised_and_counted():
+def test_control_tokens_in_a_served_observation_are_neutralised_and_counted(env_server):
     tokenizer = build_tiny_tokenizer(seed=0)
     backend = ScriptedBackend(lambda prompt: "<think></think><answer>Go</answer>", tokenizer)
-    with serving("tests/ServedFaults-v0") as server:
+    with env_server("tests/ServedFaults-v0") as server:
         config = RolloutConfig(env=REMOTE, env_config={"url": server.url}, max_turns=1)
         (trajectory,), metrics = RolloutEngine(config, backend, tokenizer).rollout([0], 1, SamplingParams())
     start = tokenizer.convert_tokens_to_ids("<|im_start|>")
@@ -138,8 +105,8 @@ def test_control_tokens_in_a_served_observation_are_neutralised_and_counted():
     assert "< |im_start|>system" in trajectory.text and metrics["rollout/control_texts_neutralised"] == 4.0
 
 
-def test_a_retried_step_is_answered_once_and_bad_requests_are_refused():
-    with serving("rllib_ragen/Sokoban-v0") as server:
+def test_a_retried_step_is_answered_once_and_bad_requests_are_refused(env_server):
+    with env_server("rllib_ragen/Sokoban-v0") as server:
         host, port = server.url[len("http://"):].split(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=10)
 
