@@ -16,6 +16,7 @@ An adapted game keeps its package's rules and rewards; the adapter supplies what
 
 from __future__ import annotations
 
+import importlib
 import random
 import re
 import threading
@@ -26,6 +27,13 @@ import numpy as np
 from gymnasium import spaces
 
 from .base import TRANSITION_SEED, TextEnv
+
+# Move syntaxes the games of several packages share: (a regex a move must match in full, how to write one).
+NUMBER = (r"\d+", "one whole number, e.g. 5")
+CODE = (r"\d+(?: \d+)*", "the code's digits separated by spaces, e.g. 1 2 3 4")
+SUDOKU_MOVE = (r"\d+ \d+ \d+", "row, column and digit separated by spaces, e.g. 1 3 4")
+TOWERS = (r"[abc] ?,? ?[abc]", "the source and target towers, e.g. A C")
+DIRECTION = (r"up|down|left|right", "one direction: up, down, left or right")
 
 # One episode's generators are swapped into the process at a time: environment calls may run on worker threads.
 _GLOBAL_GENERATORS = threading.Lock()
@@ -60,9 +68,11 @@ def _set_generator_states(states: tuple) -> None:
 class ExternalTextEnv(TextEnv):
     """A game from another package, seen as a :class:`TextEnv` (the adapters' shared machinery).
 
-    Subclasses implement ``_make(game_id, **kwargs)``, ``_reset_game(seed) -> (instructions, observation)`` and
-    ``_step_game(move) -> (observation, reward, terminated, truncated, success)``, and may set ``action_pattern``
-    (a regex a move must match in full) and ``action_syntax`` (how to write one, for ``describe()``).
+    Subclasses name their package (``module``, ``distribution``, ``extra``), its games' move syntaxes
+    (``move_syntax``: game name -> (a regex a move must match in full, how to write one)) and the games it cannot
+    play offline (``needs_downloads``), and implement ``game_name(game_id)``, ``_make(package, game_id, **kwargs)``,
+    ``_reset_game(seed) -> (instructions, observation)`` and ``_step_game(move) -> (observation, reward,
+    terminated, truncated, success)``.
 
     Args:
         game_id: the game's id in its package.
@@ -70,8 +80,12 @@ class ExternalTextEnv(TextEnv):
         **game_kwargs: passed to the package's ``make``.
     """
 
-    package: ClassVar[str] = ""  # the pip extra that installs the package: rllib_ragen[<package>]
-    action_pattern: str | None = None
+    module: ClassVar[str] = ""  # the package's import name
+    distribution: ClassVar[str] = ""  # its name on PyPI
+    extra: ClassVar[str] = ""  # the extra that installs it: rllib_ragen[<extra>]
+    move_syntax: ClassVar[dict[str, tuple[str, str]]] = {}
+    needs_downloads: ClassVar[tuple[str, ...]] = ()
+    action_pattern: str | None = None  # a game without a known syntax takes any non-empty move
     action_syntax: str = "the move as the game's instructions write it"
 
     def __init__(self, game_id: str, max_observation_chars: int = 16384, render_mode: str | None = "ansi",
@@ -82,9 +96,19 @@ class ExternalTextEnv(TextEnv):
         self.game_id = game_id
         self._episode_generators: tuple | None = None
         self._instructions, self._observation = "", ""
-        with self._package_generators():  # the package may draw at construction (GEM resets in __init__)
-            self.game = self._make(game_id, **game_kwargs)  # may set action_pattern / action_syntax for the game
+        name = self.game_name(game_id)
+        if name in self.needs_downloads:
+            raise ValueError(f"{game_id}: {self.module}'s {name} downloads NLTK word lists at run time "
+                             "(nltk.download), which needs a network; it is not offered here.")
+        self.action_pattern, self.action_syntax = self.move_syntax.get(name, (None, self.action_syntax))
         self._action_regex = re.compile(self.action_pattern, re.IGNORECASE) if self.action_pattern else None
+        try:
+            package = importlib.import_module(self.module)
+        except ImportError as error:
+            raise ImportError(f"{game_id} needs the {self.distribution!r} package: pip install "
+                              f"'rllib_ragen[{self.extra}]' ({error})") from error
+        with self._package_generators():  # the package may draw at construction (GEM resets in __init__)
+            self.game = self._make(package, game_id, **game_kwargs)
 
     # ---- the package's generators, swapped in around every call --------------------------------------------
     @contextmanager
@@ -143,7 +167,12 @@ class ExternalTextEnv(TextEnv):
         return observation, float(reward), bool(terminated), bool(truncated), info
 
     # ---- hooks ------------------------------------------------------------------------------------------
-    def _make(self, game_id: str, **game_kwargs: Any) -> Any:
+    @staticmethod
+    def game_name(game_id: str) -> str:
+        """The game an id plays, the key of ``move_syntax`` and ``needs_downloads``."""
+        raise NotImplementedError
+
+    def _make(self, package: Any, game_id: str, **game_kwargs: Any) -> Any:
         raise NotImplementedError
 
     def _reset_game(self, seed: int) -> tuple[str, str]:
@@ -151,9 +180,3 @@ class ExternalTextEnv(TextEnv):
 
     def _step_game(self, move: str) -> tuple[str, float, bool, bool, bool]:
         raise NotImplementedError
-
-
-def missing_package(package: str, extra: str, error: ImportError) -> ImportError:
-    """The error an adapter raises when its package is not installed, naming the install command."""
-    return ImportError(f"this environment needs the {package!r} package: pip install 'rllib_ragen[{extra}]' "
-                       f"({error})")

@@ -9,29 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .external import ExternalTextEnv, missing_package
+from .external import CODE, DIRECTION, NUMBER, SUDOKU_MOVE, TOWERS, ExternalTextEnv
 
-NAMESPACE = "gem/"
 # GEM's word games download NLTK word lists at run time (``nltk.download``), which fails without a network.
 NEEDS_DOWNLOADS = ("Wordle", "Hangman", "Crosswords", "WordSearch")
 # The move syntax inside ``\boxed{...}`` that each game's step() parses (GEM's own regexes), and how to write it.
 MOVE_SYNTAX = {
-    "GuessTheNumber": (r"\d+", "one whole number, e.g. 5"),
-    "Mastermind": (r"\d+(?: \d+)*", "the code's digits separated by spaces, e.g. 1 2 3 4"),
-    "Sudoku": (r"\d+ \d+ \d+", "row, column and digit separated by spaces, e.g. 1 3 4"),
+    "GuessTheNumber": NUMBER, "Mastermind": CODE, "Sudoku": SUDOKU_MOVE, "TowerofHanoi": TOWERS,
     "Minesweeper": (r"[a-z]+ \d+ \d+", "reveal or flag, then the row and column, e.g. reveal 3 2"),
-    "TowerofHanoi": (r"[abc] ?,? ?[abc]", "the source and target towers, e.g. A C"),
-    "Game2048": (r"up|down|left|right", "one direction: up, down, left or right"),
-    "FifteenPuzzle": (r"up|down|left|right", "one direction: up, down, left or right"),
-    "Sokoban": (r"up|down|left|right", "one direction: up, down, left or right"),
+    "Game2048": DIRECTION, "FifteenPuzzle": DIRECTION, "Sokoban": DIRECTION,
 }
 # A GEM game's success message: every game's winning step returns an observation that starts with it.
 SUCCESS_PREFIX = "Congratulations"
-
-
-def game_name(gem_id: str) -> str:
-    """``"Sudoku"`` for ``"game:Sudoku-v0-easy"``."""
-    return gem_id.split(":", 1)[-1].split("-", 1)[0]
 
 
 class GemTextEnv(ExternalTextEnv):
@@ -60,20 +49,16 @@ class GemTextEnv(ExternalTextEnv):
     ``game_id``: GEM's id, e.g. ``"game:Sudoku-v0-easy"``; further keyword arguments go to ``gem.make``.
     """
 
-    package = "gem"
+    module, distribution, extra = "gem", "gem-llm", "gem"
+    move_syntax, needs_downloads = MOVE_SYNTAX, NEEDS_DOWNLOADS
 
-    def _make(self, game_id: str, **game_kwargs: Any) -> Any:
-        name = game_name(game_id)
-        if name in NEEDS_DOWNLOADS:
-            raise ValueError(f"{game_id}: GEM's {name} downloads NLTK word lists at run time (nltk.download), "
-                             "which needs a network; it is not offered here. Offline GEM games: "
-                             f"{', '.join(sorted(MOVE_SYNTAX))}.")
-        self.action_pattern, self.action_syntax = MOVE_SYNTAX.get(name, (None, self.action_syntax))
-        try:
-            import gem
-        except ImportError as error:
-            raise missing_package("gem-llm", "gem", error) from error
-        return gem.make(game_id, **game_kwargs)
+    @staticmethod
+    def game_name(game_id: str) -> str:
+        """``"Sudoku"`` for ``"game:Sudoku-v0-easy"``."""
+        return game_id.split(":", 1)[-1].split("-", 1)[0]
+
+    def _make(self, package: Any, game_id: str, **game_kwargs: Any) -> Any:
+        return package.make(game_id, **game_kwargs)
 
     def _reset_game(self, seed: int) -> tuple[str, str]:
         instructions, info = self.game.reset(seed=seed)

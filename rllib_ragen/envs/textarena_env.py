@@ -10,28 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .external import ExternalTextEnv, missing_package
+from .external import CODE, DIRECTION, NUMBER, SUDOKU_MOVE, TOWERS, ExternalTextEnv
 
-NAMESPACE = "textarena/"
 # TextArena's word games download NLTK word lists when their module is imported, which fails without a network.
 NEEDS_DOWNLOADS = ("Codenames", "Crosswords", "DontSayIt", "Hangman", "LetterAuction", "SpellingBee", "WordChains",
                    "WordLadder", "WordSearch", "Wordle")
 # The move syntax inside TextArena's square brackets that each game's step() parses, and how to write it.
 MOVE_SYNTAX = {
-    "GuessTheNumber": (r"\d+", "one whole number, e.g. 5"),
-    "Mastermind": (r"\d+(?: \d+)*", "the code's digits separated by spaces, e.g. 1 2 3 4"),
-    "Sudoku": (r"\d+ \d+ \d+", "row, column and digit separated by spaces, e.g. 1 3 4"),
+    "GuessTheNumber": NUMBER, "Mastermind": CODE, "Sudoku": SUDOKU_MOVE, "TowerOfHanoi": TOWERS, "2048": DIRECTION,
     "Minesweeper": (r"\d+ \d+", "the row and column to reveal, e.g. 3 2"),
-    "TowerOfHanoi": (r"[abc] ?,? ?[abc]", "the source and target towers, e.g. A C"),
-    "2048": (r"up|down|left|right", "one direction: up, down, left or right"),
-    "FrozenLake": (r"up|down|left|right|w|a|s|d", "one direction: up, down, left or right"),
-    "Sokoban": (r"up|down|left|right|w|a|s|d", "one direction: up, down, left or right"),
+    # TextArena's grid games also take w, a, s, d for the directions.
+    "FrozenLake": (DIRECTION[0] + "|w|a|s|d", DIRECTION[1]), "Sokoban": (DIRECTION[0] + "|w|a|s|d", DIRECTION[1]),
 }
-
-
-def game_name(textarena_id: str) -> str:
-    """``"Sudoku"`` for ``"Sudoku-v0-very-easy-train"``."""
-    return textarena_id.split("-", 1)[0]
 
 
 class TextArenaTextEnv(ExternalTextEnv):
@@ -63,20 +53,17 @@ class TextArenaTextEnv(ExternalTextEnv):
     ``game_id``: TextArena's id, e.g. ``"Sudoku-v0-very-easy-train"``; further keyword arguments go to ``ta.make``.
     """
 
-    package = "textarena"
+    module, distribution, extra = "textarena", "textarena", "textarena"
+    move_syntax, needs_downloads = MOVE_SYNTAX, NEEDS_DOWNLOADS
 
-    def _make(self, game_id: str, **game_kwargs: Any) -> Any:
-        name = game_name(game_id)
-        if name in NEEDS_DOWNLOADS:
-            raise ValueError(f"textarena/{game_id}: TextArena's {name} downloads NLTK word lists when imported "
-                             "(nltk.download), which needs a network; it is not offered here.")
-        self.action_pattern, self.action_syntax = MOVE_SYNTAX.get(name, (None, self.action_syntax))
-        try:
-            import textarena
-        except ImportError as error:
-            raise missing_package("textarena", "textarena", error) from error
-        self._prompt_type = textarena.ObservationType.PROMPT
-        return textarena.make(game_id, **game_kwargs)
+    @staticmethod
+    def game_name(game_id: str) -> str:
+        """``"Sudoku"`` for ``"Sudoku-v0-very-easy-train"``."""
+        return game_id.split("-", 1)[0]
+
+    def _make(self, package: Any, game_id: str, **game_kwargs: Any) -> Any:
+        self._prompt_type = package.ObservationType.PROMPT
+        return package.make(game_id, **game_kwargs)
 
     def _reset_game(self, seed: int) -> tuple[str, str]:
         try:
