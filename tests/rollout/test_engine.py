@@ -10,7 +10,9 @@ from rllib_ragen.envs.sokoban_levels import move_effects
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine, SeedSchedule
 from rllib_ragen.rollout.models import load_policy
-from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
+from rllib_ragen.rollout.scripted import (countdown_solver_policy, frozen_lake_optimal_policy,
+                                          guess_the_number_bisection_policy, guess_the_number_random_policy,
+                                          sokoban_solver_policy, sudoku_solver_policy)
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,38 @@ def test_solver_policy_solves_every_validation_level(tiny):
         lengths.append(len(solve_level(env.unwrapped.level)))
     assert [t.num_actions for t in trajectories] == lengths  # optimal plans, executed exactly
     print(f"\n{np.mean(np.array(lengths) <= 10):.1%} of the 64 validation levels fit the default 10-action budget")
+
+
+@pytest.mark.parametrize("env_id, policy", [
+    ("rllib_ragen/Countdown-v0", countdown_solver_policy()),
+    ("rllib_ragen/Sudoku4x4-v0", sudoku_solver_policy(max_actions_per_turn=2)),
+    ("rllib_ragen/SokobanCoordinates-v0", sokoban_solver_policy()),  # reads the level back from coordinates
+])
+def test_solver_policies_of_the_new_environments_solve_every_validation_state(tiny, env_id, policy):
+    _, tokenizer = tiny
+    config = RolloutConfig(env=env_id, enable_thinking=False, max_actions_per_episode=25)
+    trajectories, metrics = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
+        list(range(123, 123 + 32)), group_size=1, sampling=SamplingParams())
+    assert metrics[f"{env_id}/success"] == 1.0 and metrics["rollout/format_error_rate"] == 0.0
+    if env_id == "rllib_ragen/Sudoku4x4-v0":  # 6 empty cells, two a reply: three turns, every move effective
+        assert {t.num_turns for t in trajectories} == {3} and metrics["rollout/effective_action_rate"] == 1.0
+
+
+def test_bisection_finds_every_number_within_its_bound_and_random_guessing_does_not(tiny):
+    pytest.importorskip("gem")
+    _, tokenizer = tiny
+    config = RolloutConfig(env="gem/game.GuessTheNumber-v0-hard", enable_thinking=False, max_turns=10,
+                           max_actions_per_turn=1, max_actions_per_episode=10, max_context_tokens=8192)
+    played = {}
+    for name, policy in (("bisection", guess_the_number_bisection_policy()),
+                         ("random", guess_the_number_random_policy(seed=0))):
+        engine = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer)
+        played[name] = engine.rollout(list(range(64)), group_size=1, sampling=SamplingParams())
+    # 1 to 50 in at most ceil(log2(51)) = 6 guesses, within GEM's 7 turns: every game won.
+    trajectories, metrics = played["bisection"]
+    assert metrics["rollout/success"] == 1.0 and max(t.num_turns for t in trajectories) <= 6
+    assert trajectories[0].turn_actions[0] == ["25"]  # (1 + 50) // 2
+    assert played["random"][1]["rollout/success"] < 0.5
 
 
 @pytest.mark.slow
