@@ -35,6 +35,8 @@ SUDOKU_MOVE = (r"\d+ \d+ \d+", "row, column and digit separated by spaces, e.g. 
 TOWERS = (r"[abc] ?,? ?[abc]", "the source and target towers, e.g. A C")
 DIRECTION = (r"up|down|left|right", "one direction: up, down, left or right")
 
+REWARDS = ("game", "success")
+
 # One episode's generators are swapped into the process at a time: environment calls may run on worker threads.
 _GLOBAL_GENERATORS = threading.Lock()
 
@@ -76,6 +78,10 @@ class ExternalTextEnv(TextEnv):
 
     Args:
         game_id: the game's id in its package.
+        reward: ``"game"``, the package's own rewards; or ``"success"``, 1 for the winning move and 0 otherwise.
+            Packages pay partial credit (GEM's Guess The Number pays 1 - distance / range for a last guess that
+            misses), which RL can learn to collect instead of winning; ``"success"`` pays for the goal alone, as
+            ``SokobanEnv(reward="success")`` does.
         max_observation_chars: the observation space's length limit.
         **game_kwargs: passed to the package's ``make``.
     """
@@ -88,9 +94,12 @@ class ExternalTextEnv(TextEnv):
     action_pattern: str | None = None  # a game without a known syntax takes any non-empty move
     action_syntax: str = "the move as the game's instructions write it"
 
-    def __init__(self, game_id: str, max_observation_chars: int = 16384, render_mode: str | None = "ansi",
-                 **game_kwargs: Any):
+    def __init__(self, game_id: str, reward: str = "game", max_observation_chars: int = 16384,
+                 render_mode: str | None = "ansi", **game_kwargs: Any):
+        if reward not in REWARDS:
+            raise ValueError(f"reward={reward!r}: choose one of {REWARDS}.")
         super().__init__(render_mode=render_mode, max_observation_chars=max_observation_chars)
+        self.reward = reward
         self.observation_space = AnyText(max_length=max_observation_chars)
         self.action_space = AnyText(max_length=256)
         self.game_id = game_id
@@ -161,6 +170,8 @@ class ExternalTextEnv(TextEnv):
                 "success": self._success, "action_is_valid": False, "action_is_effective": False}
         with self._package_generators():
             observation, reward, terminated, truncated, self._success = self._step_game(move)
+        if self.reward == "success":
+            reward = float(self._success)
         effective = observation != self._observation or terminated
         self._observation = observation
         info = {"success": self._success, "action_is_valid": True, "action_is_effective": effective}

@@ -211,3 +211,17 @@ def test_gem_sees_one_move_per_piece_and_the_protocol_penalises_malformed_ones()
     # "five" is no number: not sent to GEM (which would end the game with -0.1), penalised by the protocol once.
     assert result.executed == ["5", "8"] and result.num_invalid == 1 and result.format_error
     assert result.reward == pytest.approx(result.env_reward - 0.1)
+
+
+def test_success_reward_pays_the_win_alone():
+    # GEM pays 1 - distance / range for a last guess that misses; reward="success" pays 1 for the win, else 0.
+    game, success_only = make_text_env("gem/game.GuessTheNumber-v0-easy"), make_text_env(
+        "gem/game.GuessTheNumber-v0-easy", reward="success")
+    for env in (game, success_only):
+        env.reset(seed=0)  # the number is 7; four guesses, all too low
+    steps = [(game.step(move)[1:3], success_only.step(move)[1:3]) for move in ("1", "2", "3", "4")]
+    assert game.unwrapped.game.game_number == 7
+    assert steps[-1][0] == (pytest.approx(1 - (7 - 4) / (10 - 1)), True)  # GEM's partial credit: 2/3
+    assert [only for _, only in steps] == [(0.0, False)] * 3 + [(0.0, True)]
+    with pytest.raises(ValueError, match="reward='partial'"):
+        make_text_env("gem/game.GuessTheNumber-v0-easy", reward="partial")
