@@ -225,3 +225,16 @@ def test_success_reward_pays_the_win_alone():
     assert [only for _, only in steps] == [(0.0, False)] * 3 + [(0.0, True)]
     with pytest.raises(ValueError, match="reward='partial'"):
         make_text_env("gem/game.GuessTheNumber-v0-easy", reward="partial")
+
+
+def test_a_transition_seed_keeps_the_start_and_draws_its_own_luck():
+    # 2048 places a random tile after every move: the luck that independent_transitions gives each episode.
+    from rllib_ragen.envs import TRANSITION_SEED
+
+    env, plays = make_text_env("gem/game.Game2048-v0-easy"), []
+    for options in (None, {TRANSITION_SEED: (5, 1)}, {TRANSITION_SEED: (5, 1)}, {TRANSITION_SEED: (5, 2)}):
+        start = env.reset(seed=5, options=options)[0]
+        plays.append((start, [env.step(move)[0] for move in ["up", "left", "down", "right"] * 2]))
+    assert len({start for start, _ in plays}) == 1  # one initial board
+    assert plays[1] == plays[2]  # the same transition seed replays
+    assert plays[1][1] != plays[0][1] and plays[3][1] != plays[1][1]  # another draws other tiles
