@@ -37,8 +37,11 @@ DIRECTION = (r"up|down|left|right", "one direction: up, down, left or right")
 
 REWARDS = ("game", "success")
 
-# One episode's generators are swapped into the process at a time: environment calls may run on worker threads.
+# One episode's generators are swapped into the process at a time: environment calls may run on several threads
+# (an environment server's sessions). A call stuck inside a package holds the lock; the others give up after this
+# long with an error, which the rollout engine counts, rather than wait forever behind it.
 _GLOBAL_GENERATORS = threading.Lock()
+GENERATOR_LOCK_TIMEOUT_S = 60.0
 
 
 class AnyText(spaces.Text):
@@ -123,7 +126,10 @@ class ExternalTextEnv(TextEnv):
     @contextmanager
     def _package_generators(self):
         """Run the block with this episode's global-generator states, then put the process's own back."""
-        with _GLOBAL_GENERATORS:
+        if not _GLOBAL_GENERATORS.acquire(timeout=GENERATOR_LOCK_TIMEOUT_S):
+            raise TimeoutError(f"{self.game_id}: another adapted game's call has held the process's random "
+                               f"generators for {GENERATOR_LOCK_TIMEOUT_S:g} s (stuck inside its package?)")
+        try:
             process = _generator_states()
             try:
                 if self._episode_generators is not None:
@@ -132,6 +138,8 @@ class ExternalTextEnv(TextEnv):
             finally:
                 self._episode_generators = _generator_states()
                 _set_generator_states(process)
+        finally:
+            _GLOBAL_GENERATORS.release()
 
     # ---- TextEnv ----------------------------------------------------------------------------------------
     def canonical_action(self, text: str) -> str | None:

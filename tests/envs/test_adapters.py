@@ -238,3 +238,28 @@ def test_a_transition_seed_keeps_the_start_and_draws_its_own_luck():
     assert len({start for start, _ in plays}) == 1  # one initial board
     assert plays[1] == plays[2]  # the same transition seed replays
     assert plays[1][1] != plays[0][1] and plays[3][1] != plays[1][1]  # another draws other tiles
+
+
+def test_a_game_stuck_in_its_package_cannot_stall_the_others(monkeypatch):
+    import threading
+    import time
+
+    from rllib_ragen.envs import external
+
+    stuck, release = make_text_env("gem/game.Mastermind-v0-easy"), threading.Event()
+    stuck.reset(seed=0)
+    # GEM's step hangs (until released) while it holds the swapped-in generators.
+    monkeypatch.setattr(stuck.unwrapped.game, "step",
+                        lambda action: (release.wait(30), ("hung", 0.0, False, False, {}))[1])
+    threading.Thread(target=stuck.step, args=("1 2",), daemon=True).start()
+    while not external._GLOBAL_GENERATORS.locked():
+        time.sleep(0.01)
+    monkeypatch.setattr(external, "GENERATOR_LOCK_TIMEOUT_S", 0.2)
+    try:
+        with pytest.raises(TimeoutError, match="held the process's random generators for 0.2 s"):
+            make_text_env("gem/game.Mastermind-v0-easy")  # building one needs the generators too: an error, no wait
+    finally:
+        release.set()
+    while external._GLOBAL_GENERATORS.locked():
+        time.sleep(0.01)
+    make_text_env("gem/game.Mastermind-v0-easy").reset(seed=1)  # released: the others play again
