@@ -17,19 +17,20 @@ from rllib_ragen.rollout.scripted import guess_the_number_bisection_policy, gues
 
 config = (
     StarPOConfig()
-    # reward="success": GEM pays a last guess that misses 1 - distance / range, which RL learned to collect
-    # instead of winning (docs/results/third-party.md, run 1).
+    # reward="success": GEM pays a last guess that misses 1 - distance / range, which RL can learn to collect
+    # instead of winning (docs/results/third-party.md has the runs behind each setting here).
     .environment("gem/game.GuessTheNumber-v0-hard", env_config={"reward": "success"})
     .training(num_groups=8, group_size=8, rollout_filter_ratio=0.5, lr=1e-4, enable_thinking=False,
-              # Critic-free: the critic explained none of the return and its noise undid the warm start (run 3).
+              # Critic-free: a critic that cannot yet predict the return adds its noise to every token's advantage.
               advantage_estimator="grpo", grpo_normalize_std=False,
-              temperature=0.7,  # at 1.0 a fifth of the tiny model's training turns broke the format (run 4)
+              temperature=0.7,  # at 1.0 the tiny model's training replies break the format often
               max_turns=10, max_actions_per_turn=1, max_actions_per_episode=10, max_new_tokens_per_turn=16,
               validation_size=128, validation_interval=40)
     .debugging(seed=0)
 )
 job = JobSettings(output_dir="outputs/starpo_gem", iterations=80,
-                  warm_start_episodes=1000, warm_start_steps=150,  # 600 steps play perfectly: no room for RL
+                  # Short on purpose: a warm start that already plays bisection leaves RL nothing to add.
+                  warm_start_episodes=1000, warm_start_steps=150,
                   warm_start_lr=5e-4, warm_start_precision="bfloat16",
                   pass_bar=0.05,  # validation success must rise at least this much
                   expected_minutes=20)

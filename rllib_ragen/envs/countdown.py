@@ -100,8 +100,12 @@ class CountdownEnv(TextEnv):
 
     def __init__(self, num_numbers: int = 3, max_number: int = 20, max_target: int = 100,
                  render_mode: str | None = "ansi"):
-        if num_numbers not in (2, 3, 4):
+        if isinstance(num_numbers, bool) or num_numbers not in (2, 3, 4):
             raise ValueError(f"num_numbers={num_numbers!r} must be 2, 3 or 4 (the solver searches them all).")
+        for name, value in (("max_number", max_number), ("max_target", max_target)):
+            # A target range of no whole number would make the puzzle draw loop forever.
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a whole number >= 1.")
         super().__init__(render_mode=render_mode, max_observation_chars=256)
         self.num_numbers, self.max_number, self.max_target = num_numbers, max_number, max_target
         self.numbers: list[int] = []

@@ -36,6 +36,7 @@ TOWERS = (r"[abc] ?,? ?[abc]", "the source and target towers, e.g. A C")
 DIRECTION = (r"up|down|left|right", "one direction: up, down, left or right")
 
 REWARDS = ("game", "success")
+NO_MOVE_YET = "(no move yet)"  # the observation of a game that shows nothing before the first move
 
 # One episode's generators are swapped into the process at a time: environment calls may run on several threads
 # (an environment server's sessions). A call stuck inside a package holds the lock; the others give up after this

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .external import CODE, DIRECTION, NUMBER, SUDOKU_MOVE, TOWERS, ExternalTextEnv
+from .external import CODE, DIRECTION, NO_MOVE_YET, NUMBER, SUDOKU_MOVE, TOWERS, ExternalTextEnv
 
 # GEM's word games download NLTK word lists at run time (``nltk.download``), which fails without a network.
 NEEDS_DOWNLOADS = ("Wordle", "Hangman", "Crosswords", "WordSearch")
@@ -34,8 +34,9 @@ class GemTextEnv(ExternalTextEnv):
     boxes it. Ids without an entry in ``MOVE_SYNTAX`` take any non-empty piece.
 
     ## Observation Space
-    At reset, GEM's task suffix (the board, or "Enter your next guess."); after a step, GEM's observation followed
-    by its task suffix, so board games show the board every turn. GEM's instructions go to ``describe()``.
+    At reset, GEM's task suffix (the board, or "Enter your next guess."; "(no move yet)" where there is none);
+    after a step, GEM's observation followed by its task suffix, so board games show the board every turn. GEM's
+    instructions go to ``describe()``.
 
     ## Rewards
     GEM's own: its success, step and partial rewards as its games define them.
@@ -62,7 +63,9 @@ class GemTextEnv(ExternalTextEnv):
 
     def _reset_game(self, seed: int) -> tuple[str, str]:
         instructions, info = self.game.reset(seed=seed)
-        return instructions, info.get("suffix") or instructions
+        # Games without a task suffix (Mastermind) show nothing before the first move: the instructions open the
+        # conversation already, through describe().
+        return instructions, info.get("suffix") or NO_MOVE_YET
 
     def _step_game(self, move: str) -> tuple[str, float, bool, bool, bool]:
         text, reward, terminated, truncated, info = self.game.step(f"\\boxed{{{move}}}")

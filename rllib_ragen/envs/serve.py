@@ -18,7 +18,7 @@ sessions) or 500 (the environment raised). The client is :class:`rllib_ragen.env
 The standard library's threaded HTTP server is used on purpose: the server then needs nothing beyond what
 ``rllib_ragen.envs`` imports (no torch, no Ray, no web framework), so it runs wherever an environment's own
 dependencies do, and one thread per connection is what a handful of env runners with persistent connections need
-(``benchmarks/envs.py`` measures it against in-process stepping).
+(``benchmarks/third_party_envs.py`` measures it against in-process stepping).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .external import CODE, DIRECTION, NUMBER, SUDOKU_MOVE, TOWERS, ExternalTextEnv
+from .external import CODE, DIRECTION, NO_MOVE_YET, NUMBER, SUDOKU_MOVE, TOWERS, ExternalTextEnv
 
 # TextArena's word games download NLTK word lists when their module is imported, which fails without a network.
 NEEDS_DOWNLOADS = ("Codenames", "Crosswords", "DontSayIt", "Hangman", "LetterAuction", "SpellingBee", "WordChains",
@@ -101,4 +101,4 @@ class TextArenaTextEnv(ExternalTextEnv):
             text = "\n".join(message for _, message, _ in text)
         if self._prompt and self._prompt in text:
             text = text.replace(self._prompt, "", 1)
-        return text.strip() or "(no move yet)"
+        return text.strip() or NO_MOVE_YET

@@ -41,6 +41,12 @@ def test_countdown_plays_over_turns_with_feedback():
     assert (reward, terminated, info["success"]) == (1.0, True, True)
 
 
+@pytest.mark.parametrize("bad", [{"num_numbers": 5}, {"num_numbers": True}, {"max_target": 0}, {"max_number": 2.5}])
+def test_countdown_refuses_sizes_it_cannot_draw_puzzles_for(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        gym.make("rllib_ragen/Countdown-v0", **bad)
+
+
 def test_countdown_puzzles_are_solvable_with_targets_in_range():
     for num_numbers in (3, 4):
         env = gym.make("rllib_ragen/Countdown-v0", num_numbers=num_numbers)
