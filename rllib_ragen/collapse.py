@@ -167,12 +167,16 @@ def cross_scoring(scores: np.ndarray) -> dict[str, float]:
 
 
 # ---- reward-variance buckets ---------------------------------------------------------------------------------------
-def variance_buckets(returns: np.ndarray, group_ids: np.ndarray) -> dict[str, np.ndarray]:
+def variance_buckets(returns: np.ndarray, group_ids: np.ndarray,
+                     episode_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Rows of each reward-variance bucket of groups: ``zero`` (every episode of the group earned the same),
     ``low`` (std at most the median std of the other groups) and ``high`` (above it). Empty buckets are left out.
+    ``episode_ids``: each row's episode, when an episode has several rows (its turns): each counts once.
     """
     returns, group_ids = np.asarray(returns, dtype=np.float64), np.asarray(group_ids)
-    stds = {g: float(returns[group_ids == g].std()) for g in np.unique(group_ids)}
+    first = np.unique(np.asarray(episode_ids), return_index=True)[1] if episode_ids is not None \
+        else np.arange(len(returns))
+    stds = {g: float(returns[first][group_ids[first] == g].std()) for g in np.unique(group_ids)}
     varied = [s for s in stds.values() if s > 1e-8]
     median = float(np.median(varied)) if varied else 0.0
     label = {g: "zero" if s <= 1e-8 else ("low" if s <= median else "high") for g, s in stds.items()}

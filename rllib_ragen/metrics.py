@@ -58,6 +58,10 @@ FILTER_KEPT_REWARD_STD = "rollout_filter/kept_reward_std"
 FILTER_KEPT_REWARD_MEAN = "rollout_filter/kept_reward_mean"
 FILTER_KEPT_REWARD_MAX = "rollout_filter/kept_reward_max"
 FILTER_KEPT_GROUPS = "rollout_filter/kept_groups"
+FILTER_KEPT_SHARE = "rollout_filter/kept_share"  # kept groups / groups
+FILTER_ZERO_VARIANCE_GROUPS = "rollout_filter/zero_variance_groups"  # groups whose episodes all returned the same
+FILTER_EMPTY_STEPS = "rollout_filter/empty_steps"  # consecutive iterations whose filter kept nothing (no update)
+TRAINING_ROWS = "update/rows"  # learner rows: kept trajectories, or their turns' samples with a context window
 KEPT_TRAJECTORIES = "update/kept_trajectories"
 RESPONSE_LENGTH = "update/response_length"  # generated tokens per kept trajectory
 

@@ -220,7 +220,9 @@ function renderDetail(ep) {
   ep.turns.forEach((turn, i) => {
     const box = el('div', 'turn');
     box.appendChild(el('h4', '', `turn ${i + 1}: reward ${Number(turn.reward).toFixed(3)}, actions ` +
-      (turn.actions.length ? turn.actions.join(', ') : 'none')));
+      (turn.actions.length ? turn.actions.join(', ') : 'none') +
+      (turn.context_tokens == null ? '' : `; read ${turn.context_tokens} tokens` +
+       (turn.windowed ? ' (its context window)' : ''))));
     box.appendChild(el('pre', 'board', turn.observation));
     box.appendChild(el('div', 'think', 'thinking: ' + (turn.think || '(none)')));
     box.appendChild(el('div', 'answer', 'answer: ' + (turn.answer || '(none)')));

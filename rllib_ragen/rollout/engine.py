@@ -3,6 +3,11 @@
 Every turn, the contexts of all unfinished environments go to the backend in one batch; each reply is parsed,
 executed, and its sampled ids appended to that environment's context, followed by the next observation's ids.
 The result is one :class:`Trajectory` per environment, exact to the token, plus metrics per environment name.
+
+With a limited context window (``RolloutConfig.context_window``) each turn's prompt is rebuilt instead: the
+instructions and the last k turns, from the same token ids (the earlier replies as sampled). Each turn then also
+becomes a :class:`TurnSample`, the prompt the policy read and its sampled reply, which the learner trains as a row;
+the trajectory's own ``token_ids`` remain the whole conversation, the episode's record.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from .protocol import (DEFAULT_FORMAT_PENALTY, REGION_OTHER, execute_turn, parse
                        reply_sections)
 
 logger = logging.getLogger(__name__)
+
+# What the policy reads before each reply (RAGEN's context_window_mode: full / limited_multi_turn / single_turn).
+CONTEXT_WINDOWS = ("full", "last_k_turns", "single_turn")
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,11 @@ class RolloutConfig:
         env_reset_timeout_s, env_step_timeout_s: the longest one ``reset()`` or ``step()`` may take. A later one
             drops its episode (counted as ``rollout/env_timeouts``) and its environment is replaced, so a hung
             environment never hangs the run (``rollout/deadlines.py``).
+        context_window: ``"full"``: each reply reads the whole conversation so far. ``"last_k_turns"``: the system
+            prompt and instructions, then the last ``context_window_turns`` turns (the current one included);
+            ``"single_turn"``: the instructions and the current state. With a window, ``max_context_tokens``
+            bounds each turn's prompt and reply, not the conversation.
+        context_window_turns: k of ``"last_k_turns"``.
     """
 
     env: Any = "rllib_ragen/Sokoban-v0"
@@ -73,6 +86,31 @@ class RolloutConfig:
     independent_transitions: bool = False
     env_reset_timeout_s: float = 60.0
     env_step_timeout_s: float = 60.0
+    context_window: str = "full"
+    context_window_turns: int | None = None
+
+    @property
+    def window_turns(self) -> int | None:
+        """Turns in view before each reply, the current one included (None: all of them)."""
+        return {"full": None, "single_turn": 1}.get(self.context_window, self.context_window_turns)
+
+
+@dataclass
+class TurnSample:
+    """One turn as the policy played it under a limited context window: one learner row.
+
+    Attributes:
+        token_ids: the turn's prompt (instructions and the turns in view, ending with the generation prompt), the
+            sampled reply, and the text that closes the reply.
+        response_mask, behaviour_logprobs, token_regions: as :class:`Trajectory`'s, over ``token_ids``.
+        reply_span: [start, end) of the reply in ``token_ids``; the same ids as the trajectory's turn span.
+    """
+
+    token_ids: list[int]
+    response_mask: list[int]
+    behaviour_logprobs: list[float]
+    token_regions: list[int]
+    reply_span: tuple[int, int]
 
 
 @dataclass
@@ -91,6 +129,8 @@ class Trajectory:
         turn_actions: per turn, the canonical names of the actions the environment executed.
         env_name: the environment's name: its registered id, or its name in ``RolloutConfig.environments``.
         group: index of the group (initial state) within the rollout; seed: that state's reset seed.
+        turn_samples: with a limited context window, each turn as the policy read and played it (the learner's
+            rows); empty with the full context, where the trajectory itself is the one row.
     """
 
     env_name: str
@@ -114,6 +154,7 @@ class Trajectory:
     reasoning_claims_true: int = 0
     truncated: bool = False
     text: str = ""
+    turn_samples: list[TurnSample] = field(default_factory=list)
 
     @property
     def total_return(self) -> float:
@@ -125,8 +166,9 @@ class Trajectory:
 
     def turns(self, tokenizer, advantages: Sequence[float] | None = None) -> list[dict]:
         """The episode turn by turn, as the rollout viewer shows it: the observation before each reply, the reply
-        with its reasoning and answer, the actions executed, the reward, and the reply's tokens with their
-        ``advantages`` (per token of ``token_ids``) where given."""
+        with its reasoning and answer, the actions executed, the reward, the number of tokens the policy read
+        before the reply (``context_tokens``; ``windowed``: its context window's), and the reply's tokens with
+        their ``advantages`` (per token of ``token_ids``) where given."""
         turns, previous_end = [], 0
         for turn, (start, end) in enumerate(self.turn_spans):
             ids = self.token_ids[start:end]
@@ -138,6 +180,8 @@ class Trajectory:
                 "actions": self.turn_actions[turn] if turn < len(self.turn_actions) else [],
                 "reward": self.turn_rewards[turn] if turn < len(self.turn_rewards) else 0.0,
                 "tokens": [tokenizer.decode([i]) for i in ids],
+                "context_tokens": self.turn_samples[turn].reply_span[0] if self.turn_samples else start,
+                "windowed": bool(self.turn_samples),
                 "advantages": [float(a) for a in advantages[start:end]] if advantages is not None else None,
             })
             previous_end = end
@@ -210,6 +254,12 @@ class _Episode:
         self.max_turns = 0
         self.done = False
         self.failed = False  # the environment raised; the trajectory is dropped
+        # A limited context window rebuilds each prompt from these: the instructions, each turn's user message,
+        # and the ids between one reply's start and the next reply (the reply as sampled, then the next message).
+        self.instructions = ""
+        self.messages: list[str] = []
+        self.exchanges: list[list[int]] = []
+        self.prompt_ids: list[int] = []  # what the next reply reads
 
     def append(self, ids: list[int], logprobs: list[float] | None = None, regions: list[int] | None = None) -> None:
         t = self.trajectory
@@ -291,9 +341,24 @@ class RolloutEngine:
             text = self._token_texts[token] = self.tokenizer.decode([token])
         return text
 
-    def _reply_room(self, trajectory: Trajectory) -> int:
-        """Tokens the next reply may take so that the trajectory, reply closed, fits ``max_context_tokens``."""
-        return self.config.max_context_tokens - len(trajectory.token_ids) - self.reply_reserve
+    def _reply_room(self, prompt_ids: list[int]) -> int:
+        """Tokens the next reply may take so that its prompt and the reply, closed, fit ``max_context_tokens``."""
+        return self.config.max_context_tokens - len(prompt_ids) - self.reply_reserve
+
+    def _prompt(self, episode: _Episode) -> list[int]:
+        """What the episode's next reply reads: the conversation so far, or its window of it."""
+        return episode.trajectory.token_ids if self.config.window_turns is None else episode.prompt_ids
+
+    def _window_prompt(self, episode: _Episode) -> list[int]:
+        """The instructions and the last ``window_turns`` turns, ending with the generation prompt of the turn
+        after the last exchange: the first of them opens the conversation as the first prompt does, and each
+        later one is the earlier reply as sampled, then the next user message (the ids the full context holds)."""
+        turn = len(episode.messages)  # the turn about to be played, 1-based
+        first = max(1, turn - self.config.window_turns + 1)
+        ids = self.chat.prompt_ids(episode.instructions + "\n" + episode.messages[first - 1])
+        for exchange in episode.exchanges[first - 1:turn - 1]:
+            ids = ids + exchange
+        return ids
 
     def first_prompt_length(self, start: Start) -> int:
         """Tokens of the first prompt for the initial state ``start`` (what the policy reads before turn 1)."""
@@ -334,12 +399,14 @@ class RolloutEngine:
                 _count_env_failure(error, counts, f"env reset failed for seed {seed}")
                 continue
             observation = self._plain(_observation_text(text_env, observation, "reset"), counts)
-            first = self._plain(description, counts) + "\n" + self._user_message(observation, 1,
-                                                                                c.max_actions_per_episode, None)
+            instructions = self._plain(description, counts)
+            message = self._user_message(observation, 1, c.max_actions_per_episode, None)
             env_name = start_env(start) or getattr(env.spec, "id", None) or type(text_env).__name__
             trajectory = Trajectory(env_name, group, seed, [], [], [])
-            episode = _Episode(env, trajectory, self.chat.prompt_ids(first))
-            if self._reply_room(trajectory) < 1:
+            episode = _Episode(env, trajectory, self.chat.prompt_ids(instructions + "\n" + message))
+            episode.instructions, episode.messages = instructions, [message]
+            episode.prompt_ids = list(trajectory.token_ids)
+            if self._reply_room(trajectory.token_ids) < 1:
                 # Nothing could be sampled: playing it would only feed the learner a prompt with no reply.
                 too_long.append(len(trajectory.token_ids))
                 continue
@@ -356,9 +423,10 @@ class RolloutEngine:
             if not active:
                 break
             t0 = time.perf_counter()
-            generations = self.backend.generate([e.trajectory.token_ids for e in active], sampling,
+            prompts = [self._prompt(e) for e in active]
+            generations = self.backend.generate(prompts, sampling,
                                                 None if sample_seed is None else sample_seed * 1000 + turn,
-                                                max_new_tokens=[self._reply_room(e.trajectory) for e in active])
+                                                max_new_tokens=[self._reply_room(prompt) for prompt in prompts])
             t_generate += time.perf_counter() - t0
             for episode, generation in zip(active, generations):
                 self._play_turn(episode, generation, turn, counts)
@@ -387,9 +455,11 @@ class RolloutEngine:
         """Execute one reply. An environment that raises or pays a non-finite reward drops its episode (counted)."""
         c, t = self.config, episode.trajectory
         start = len(t.token_ids)
-        episode.append(generation.token_ids, generation.logprobs,
-                       reply_regions([self._token_text(token) for token in generation.token_ids]))
+        regions = reply_regions([self._token_text(token) for token in generation.token_ids])
+        episode.append(generation.token_ids, generation.logprobs, regions)
         t.turn_spans.append((start, len(t.token_ids)))
+        if c.window_turns is not None:
+            t.turn_samples.append(self._turn_sample(episode.prompt_ids, generation, regions))
         t.turn_states.append(episode.state_key)
         reply = parse_reply(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True),
                             enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn)
@@ -431,12 +501,29 @@ class RolloutEngine:
             return
         message = self._user_message(observation, turn + 1, episode.actions_left, result.reward)
         continuation = self.chat.encode(self.chat.next_turn_text(generation.token_ids, message))
-        if len(t.token_ids) + len(continuation) + self.reply_reserve + 1 > c.max_context_tokens:
+        if c.window_turns is None:
+            next_length = len(t.token_ids) + len(continuation)
+        else:
+            episode.messages.append(message)
+            episode.exchanges.append(list(generation.token_ids) + continuation)
+            episode.prompt_ids = self._window_prompt(episode)
+            next_length = len(episode.prompt_ids)
+        if next_length + self.reply_reserve + 1 > c.max_context_tokens:
             # No room for the next turn: end here rather than cut the context (which would break append-only).
             t.truncated, episode.done = True, True
             episode.append(self.chat.encode(self.chat.reply_end_text(generation.token_ids)))
             return
         episode.append(continuation)
+
+    def _turn_sample(self, prompt_ids: list[int], generation, regions: list[int]) -> TurnSample:
+        """The learner's row of one turn under a window: its prompt, the sampled reply, the text closing it."""
+        reply, close = list(generation.token_ids), self.chat.encode(self.chat.reply_end_text(generation.token_ids))
+        start, end = len(prompt_ids), len(prompt_ids) + len(reply)
+        return TurnSample(token_ids=list(prompt_ids) + reply + close,
+                          response_mask=[0] * start + [1] * len(reply) + [0] * len(close),
+                          behaviour_logprobs=[0.0] * start + list(generation.logprobs) + [0.0] * len(close),
+                          token_regions=[REGION_OTHER] * start + list(regions) + [REGION_OTHER] * len(close),
+                          reply_span=(start, end))
 
 
 _WARNED_NONFINITE: set[str] = set()  # environments already warned about, once per process

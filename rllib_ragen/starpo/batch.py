@@ -14,61 +14,106 @@ import torch
 
 from .. import metrics as M
 from ..objectives import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages, place_rewards, select_groups
+from ..objectives.episode_layout import EpisodeLayout
 from ..rollout.engine import Trajectory, pad_trajectories
 from ..rollout.protocol import LOSS_MASK_REGIONS, REGION_OTHER
 
 
 def prepare_update_batch(trajectories: Sequence[Trajectory], config, pad_token_id: int,
-                         keep_ratio: float | None = None) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+                         keep_ratio: float | None = None) -> tuple[dict[str, np.ndarray] | None, dict[str, float]]:
     """The learner's batch from one rollout.
 
     Args:
         trajectories: the rollout, group ids 0..P-1.
-        config: the :class:`~rllib_ragen.starpo.StarPOConfig` (filter, estimator and reward settings).
+        config: the :class:`~rllib_ragen.starpo.StarPOConfig` (filter, estimator, reward and context settings).
         pad_token_id: the tokenizer's padding id.
         keep_ratio: the rollout filter's share of groups kept, when a sentinel rollback changed it (None: the
             config's ``rollout_filter_ratio``).
 
     Returns:
-        Right-padded (B, T) columns of the kept trajectories, in group order: ``input_ids``, ``attention_mask``,
-        ``response_mask`` (1 on sampled tokens), ``behaviour_logprobs``, ``token_rewards`` (the return on the
-        last sampled token, or each turn's reward on its own last token with ``turn_level_rewards``),
-        ``advantages`` (B, T) for estimators without a critic, ``loss_mask`` (B, T: the sampled tokens the policy
-        loss trains, by ``config.loss_mask``) and ``group`` (B,). Plus the filter's metrics.
+        None when the filter kept no group, else right-padded (R, T) columns of the kept trajectories' rows, in
+        group order: one row per trajectory, or with a limited ``context_window`` one per turn (in turn order).
+        ``input_ids``, ``attention_mask``, ``response_mask`` (1 on sampled tokens), ``behaviour_logprobs``,
+        ``token_rewards`` (the return on the trajectory's last sampled token, or each turn's reward on its own last
+        token with ``turn_level_rewards``), ``advantages`` (R, T) for estimators without a critic, ``loss_mask``
+        (R, T: the sampled tokens the policy loss trains, by ``config.loss_mask``), and per row ``group``,
+        ``trajectory`` (its index in ``trajectories``), ``episode_return``, plus ``turn`` with a window. Plus the
+        filter's metrics.
     """
     returns = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)
     groups = torch.tensor([t.group for t in trajectories])
-    ratio = config.rollout_filter_ratio if keep_ratio is None else keep_ratio
     env_index = {name: i for i, name in enumerate(dict.fromkeys(t.env_name for t in trajectories))}
     envs = torch.tensor([env_index[t.env_name] for t in trajectories])
     strata = envs if config.rollout_filter_per_env else None
-    keep, metrics = select_groups(returns, groups, ratio, config.rollout_filter, strata=strata)
+    keep, metrics = select_groups(returns, groups, strata=strata, settings=config.filter_settings(keep_ratio))
     if config.is_mixture:  # what each training environment kept: with one filter over all, it can be none
         for name, i in env_index.items():
             metrics[f"{M.FILTER_KEPT_GROUPS}/{name}"] = float(groups[keep & (envs == i)].unique().numel())
-    order = torch.tensor(sorted(np.flatnonzero(keep.numpy()).tolist(), key=lambda i: trajectories[i].group),
-                         dtype=torch.long)  # group order; a stable sort keeps the rollout's order within a group
-    kept = [trajectories[i] for i in order.tolist()]
+    metrics[M.KEPT_TRAJECTORIES] = float(keep.sum())
+    if not keep.any():
+        return None, metrics
+    # Group order; a stable sort keeps the rollout's order within a group.
+    order = sorted(np.flatnonzero(keep.numpy()).tolist(), key=lambda i: trajectories[i].group)
+    kept = [trajectories[i] for i in order]
+    windowed = config.context_window != "full"
+    rows = [(i, k, sample) for i, t in zip(order, kept) for k, sample in enumerate(t.turn_samples)] if windowed \
+        else [(i, None, t) for i, t in zip(order, kept)]
 
-    columns = pad_trajectories(kept, pad_token_id)
+    columns = pad_trajectories([row for _, _, row in rows], pad_token_id)
     shape = columns["input_ids"].shape
-    rewards = place_rewards([[end - 1 for _, end in t.turn_spans] for t in kept], [t.turn_rewards for t in kept],
-                            shape, per_turn=config.turn_level_rewards)
+    if windowed:  # each row's reply is one turn: its reward (or, on the last turn, the return) on its last token
+        ends = [[row.reply_span[1] - 1] for _, _, row in rows]
+        values = [[trajectories[i].turn_rewards[k] if config.turn_level_rewards else
+                   (trajectories[i].total_return if k == trajectories[i].num_turns - 1 else 0.0)] for i, k, _ in rows]
+        rewards = place_rewards(ends, values, shape, per_turn=True)
+    else:
+        rewards = place_rewards([[end - 1 for _, end in t.turn_spans] for t in kept], [t.turn_rewards for t in kept],
+                                shape, per_turn=config.turn_level_rewards)
     columns["token_rewards"] = rewards.numpy()
-    columns["loss_mask"] = _loss_mask(kept, columns["response_mask"], config.loss_mask)
-    columns["group"] = np.array([t.group for t in kept], dtype=np.int64)
+    columns["loss_mask"] = _loss_mask([row for _, _, row in rows], columns["response_mask"], config.loss_mask)
+    columns["group"] = np.array([trajectories[i].group for i, _, _ in rows], dtype=np.int64)
+    columns["trajectory"] = np.array([i for i, _, _ in rows], dtype=np.int64)
+    columns["episode_return"] = np.array([trajectories[i].total_return for i, _, _ in rows], dtype=np.float32)
+    if windowed:
+        columns["turn"] = np.array([k for _, k, _ in rows], dtype=np.int64)
     if not ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
-        inputs = AdvantageInputs(token_rewards=rewards, response_mask=torch.from_numpy(columns["response_mask"]),
-                                 returns=returns[order], group_ids=groups[order],
-                                 turn_rewards=[t.turn_rewards for t in kept], turn_states=[t.turn_states for t in kept])
+        response_mask = torch.from_numpy(columns["response_mask"])
+        layout = episode_layout(columns) if windowed else None
+        inputs = AdvantageInputs(
+            token_rewards=layout.gather(rewards) if windowed else rewards,
+            response_mask=layout.mask if windowed else response_mask,
+            returns=returns[order], group_ids=groups[order],
+            turn_rewards=[t.turn_rewards for t in kept], turn_states=[t.turn_states for t in kept])
         advantages, _ = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings())
-        columns["advantages"] = advantages.numpy().astype(np.float32)
-    metrics[M.KEPT_TRAJECTORIES] = float(len(kept))
-    metrics[M.RESPONSE_LENGTH] = float(columns["response_mask"].sum(-1).mean())
+        columns["advantages"] = (layout.scatter(advantages) if windowed else advantages).numpy().astype(np.float32)
+    metrics[M.TRAINING_ROWS] = float(len(rows))
+    metrics[M.RESPONSE_LENGTH] = float(columns["response_mask"].sum() / len(kept))
     return columns, metrics
 
 
-def _loss_mask(kept: Sequence[Trajectory], response_mask: np.ndarray, mode: str) -> np.ndarray:
+def episode_layout(columns: dict) -> EpisodeLayout:
+    """The rows of a windowed batch (``turn`` column) laid out as their episodes, in row order of first turns."""
+    as_tensor = {key: torch.as_tensor(columns[key]) for key in ("trajectory", "turn", "response_mask")}
+    return EpisodeLayout(as_tensor["trajectory"], as_tensor["turn"], as_tensor["response_mask"])
+
+
+def token_advantages_by_trajectory(columns: dict, advantages: np.ndarray,
+                                   trajectories: Sequence[Trajectory]) -> dict[int, list[float]]:
+    """(R, T) row advantages -> per kept trajectory (by index), one per token of its whole conversation (the
+    viewer's layout): a windowed row's reply goes to its turn's span."""
+    result = {int(i): [0.0] * len(trajectories[i].token_ids) for i in np.unique(columns["trajectory"])}
+    for row, i in enumerate(columns["trajectory"].tolist()):
+        t = trajectories[i]
+        if "turn" in columns:
+            start, end = t.turn_spans[int(columns["turn"][row])]
+            reply_start = t.turn_samples[int(columns["turn"][row])].reply_span[0]
+            result[i][start:end] = advantages[row, reply_start:reply_start + end - start].tolist()
+        else:
+            result[i] = advantages[row, :len(t.token_ids)].tolist()
+    return result
+
+
+def _loss_mask(kept: Sequence, response_mask: np.ndarray, mode: str) -> np.ndarray:
     """(B, T) float32: the sampled tokens ``loss_mask`` trains, by the reply region each one belongs to."""
     regions = np.full(response_mask.shape, REGION_OTHER, dtype=np.int64)
     for row, t in enumerate(kept):

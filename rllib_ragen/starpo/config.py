@@ -21,10 +21,11 @@ from ray.rllib.utils.annotations import override
 
 from ..envs import _load_entry_point, ensure_registered, register_carried, registered_text_envs, registrations_of
 from ..envs.base import checks_reasoning_claims
-from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, FILTER_MODES, KL_ESTIMATORS,
-                          AdvantageSettings, num_kept_groups)
+from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, FILTER_MODES, FILTER_TYPES,
+                          KL_ESTIMATORS, REFERENCE_STRATEGIES, TOP_P_MODES, AdvantageSettings, FilterSettings,
+                          fixed_kept_groups)
 from ..rollout.backends import SamplingParams
-from ..rollout.engine import RolloutConfig, Start
+from ..rollout.engine import CONTEXT_WINDOWS, RolloutConfig, Start
 from ..rollout.models import SMOLLM2, TINY
 from ..rollout.protocol import DEFAULT_FORMAT_PENALTY, LOSS_MASK_REGIONS
 from ..rollout.lora import PEFT_MISSING, lora_settings, peft_available
@@ -40,13 +41,18 @@ KNOB_SECTIONS: dict[str, dict[str, Any]] = {
         "temperature": 1.0, "validation_temperature": 0.5, "max_new_tokens_per_turn": 400,
         "format_penalty": DEFAULT_FORMAT_PENALTY, "ineffective_action_penalty": 0.0,
         "ungrounded_reasoning_penalty": 0.0, "enable_thinking": True, "max_context_tokens": 4096,
-        "independent_transitions": False, "env_reset_timeout_s": 60.0, "env_step_timeout_s": 60.0},
+        "independent_transitions": False, "env_reset_timeout_s": 60.0, "env_step_timeout_s": 60.0,
+        "context_window": "full", "context_window_turns": None},
     "inference": {"inference_backend": "hf", "inference_batch_size": 128, "num_inference_engines": 1,
                   "vllm_engine_config": {}},
     "advantages and rollout filter": {
         "advantage_estimator": "gae", "grpo_normalize_std": True, "lambda_": 1.0, "turn_level_rewards": False,
         "whiten_advantages": True, "gamma_turn": 0.95, "gamma_token": 1.0, "gigpo_step_gamma": 0.95,
-        "gigpo_omega": 1.0, "rollout_filter": "std", "rollout_filter_ratio": 0.25, "rollout_filter_per_env": False},
+        "gigpo_omega": 1.0, "rollout_filter": "std", "rollout_filter_ratio": 0.25, "rollout_filter_per_env": False,
+        # RAGEN's own filter strategies (rollout_filter="top_p", ...) and their settings
+        "rollout_filter_value": None, "rollout_filter_type": "largest", "rollout_filter_include_zero": None,
+        "rollout_filter_top_p_mode": "linear", "rollout_filter_selection_eps": 0.01,
+        "rollout_filter_empty_stop_steps": 5},
     "losses": {
         "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dual_clip": 3.0, "kl_coeff": 0.0, "kl_estimator": "k3",
         "entropy_coeff": 0.001, "loss_aggregation": "token-mean", "loss_mask": "all", "value_clip": 0.5,
@@ -76,7 +82,7 @@ _POSITIVE_INTS = ("num_groups", "group_size", "max_turns", "max_actions_per_turn
                   "max_new_tokens_per_turn", "updates_per_rollout_batch", "num_epochs", "validation_size",
                   "validation_group_size", "inference_batch_size", "max_consecutive_skipped_steps",
                   "max_context_tokens", "num_inference_engines", "sentinel_snapshot_interval",
-                  "sentinel_rollback_depth")
+                  "sentinel_rollback_depth", "rollout_filter_empty_stop_steps")
 _INTS = ("validation_interval", "train_seed_start", "validation_seed_start", "collapse_diagnostics_interval",
          "collapse_subsample", "sentinel_max_rollbacks", "max_policy_lag")
 _FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "ineffective_action_penalty",
@@ -84,9 +90,9 @@ _FINITE_NUMBERS = ("temperature", "validation_temperature", "format_penalty", "i
                    "gamma", "clip_ratio_low", "clip_ratio_high", "kl_coeff", "entropy_coeff", "vf_loss_coeff",
                    "critic_lr", "weight_decay", "rollout_filter_ratio", "gamma_turn", "gamma_token",
                    "gigpo_step_gamma", "gigpo_omega", "importance_weight_cap", "env_reset_timeout_s",
-                   "env_step_timeout_s")
+                   "env_step_timeout_s", "rollout_filter_selection_eps")
 _GPU_COUNTS = ("num_gpus_per_env_runner", "num_gpus_per_learner")  # RLlib's own fields, which it does not check
-_FINITE_NUMBERS_OR_NONE = ("dual_clip", "value_clip", "grad_clip")
+_FINITE_NUMBERS_OR_NONE = ("dual_clip", "value_clip", "grad_clip", "rollout_filter_value")
 _BOOLEANS = ("enable_thinking", "grpo_normalize_std", "turn_level_rewards", "whiten_advantages", "recompute_logprobs",
              "validate_before_training", "rollout_filter_per_env", "independent_transitions")
 
@@ -240,12 +246,15 @@ class StarPOConfig(AlgorithmConfig):
         ungrounded_reasoning_penalty=NotProvided, enable_thinking=NotProvided, max_context_tokens=NotProvided,
         inference_backend=NotProvided, inference_batch_size=NotProvided, num_inference_engines=NotProvided,
         vllm_engine_config=NotProvided, independent_transitions=NotProvided, env_reset_timeout_s=NotProvided,
-        env_step_timeout_s=NotProvided,
+        env_step_timeout_s=NotProvided, context_window=NotProvided, context_window_turns=NotProvided,
         # advantages and rollout filter
         advantage_estimator=NotProvided, grpo_normalize_std=NotProvided, lambda_=NotProvided,
         turn_level_rewards=NotProvided, whiten_advantages=NotProvided, gamma_turn=NotProvided,
         gamma_token=NotProvided, gigpo_step_gamma=NotProvided, gigpo_omega=NotProvided, rollout_filter=NotProvided,
-        rollout_filter_ratio=NotProvided, rollout_filter_per_env=NotProvided,
+        rollout_filter_ratio=NotProvided, rollout_filter_per_env=NotProvided, rollout_filter_value=NotProvided,
+        rollout_filter_type=NotProvided, rollout_filter_include_zero=NotProvided,
+        rollout_filter_top_p_mode=NotProvided, rollout_filter_selection_eps=NotProvided,
+        rollout_filter_empty_stop_steps=NotProvided,
         # losses
         clip_ratio_low=NotProvided, clip_ratio_high=NotProvided, dual_clip=NotProvided, kl_coeff=NotProvided,
         kl_estimator=NotProvided, entropy_coeff=NotProvided, loss_aggregation=NotProvided, loss_mask=NotProvided,
@@ -304,6 +313,15 @@ class StarPOConfig(AlgorithmConfig):
                 A later one is an isolated environment failure: its episode is dropped, counted as
                 ``rollout/env_timeouts``, and the environment replaced, so a hung environment (a dead game server,
                 an infinite loop) never hangs ``train()``.
+            context_window: what the policy reads before each reply. ``"full"`` (the reference's default): the whole
+                conversation, one append-only token sequence per episode, trained as one row. ``"last_k_turns"``:
+                the system prompt and the instructions, then the last ``context_window_turns`` turns (the current
+                one included), re-rendered each turn; ``"single_turn"``: the instructions and the current state
+                only (RAGEN's ``context_window_mode`` limited_multi_turn / single_turn). With a window each turn is
+                its own training row (its prompt and its sampled reply, exact to the token), and the context no
+                longer grows with the episode; advantages stay the episode's, each turn's placed on its own row.
+            context_window_turns: k of ``"last_k_turns"``, at least 2 (k = 1 is ``"single_turn"``); RAGEN's
+                ``max_context_window``. None with the other windows.
             inference_backend: a name in ``INFERENCE_BACKENDS`` (``starpo/inference_engines.py``): ``"hf"``
                 (batched KV-cached sampling in the env runner), ``"vllm"`` (vLLM engines as Ray actors, shared by
                 all env runners, new weights loaded after every update; needs vLLM), one you registered with
@@ -335,8 +353,28 @@ class StarPOConfig(AlgorithmConfig):
             turn_level_rewards: put each turn's reward on that turn's last token instead of the whole return on
                 the trajectory's last token (turn-level credit; matters with gamma < 1 or a critic).
             rollout_filter: ``"std"`` keeps the groups whose returns vary most (StarPO-S), ``"reversed_std"``
-                the least, ``"none"`` all.
-            rollout_filter_ratio: share of groups kept (0.25: top quarter); 1.0 keeps everything.
+                the least, ``"none"`` all. RAGEN's strategies over the group's reward std (sample std):
+                ``"top_p"`` (the best groups whose scores add up to ``rollout_filter_value`` of the total, or a
+                softmax nucleus), ``"top_k"`` (``int(value x num_groups)`` groups), ``"top_k_abs"`` (``int(value)``
+                groups), ``"min_p"`` (scores at least ``value`` x the best); and ``"snr_adaptive"``, RAGEN-2's
+                SNR-Adaptive Filtering: linear top-p over the non-zero-variance groups, a top-p of 0.9 unless
+                ``rollout_filter_value`` says otherwise. Definitions: ``rllib_ragen/objectives/rollout_filter.py``.
+                ``top_p``, ``min_p`` and ``snr_adaptive`` keep a number of groups that varies, possibly none: that
+                iteration then skips its update (``rollout_filter/empty_steps``).
+            rollout_filter_ratio: share of groups ``std`` and ``reversed_std`` keep (0.25: top quarter); 1.0 keeps
+                everything.
+            rollout_filter_value: the threshold of RAGEN's strategies (their ``rollout_filter_value``): p of
+                ``top_p`` and ``snr_adaptive`` (None: 0.9), the share of ``top_k``, the count of ``top_k_abs``,
+                the fraction of the best score of ``min_p``. None with ``std``, ``reversed_std`` and ``none``.
+            rollout_filter_type: ``"largest"`` keeps the high-variance groups, ``"smallest"`` the low ones
+                (RAGEN's strategies only; ``reversed_std`` is ``std``'s).
+            rollout_filter_include_zero: whether groups whose episodes all returned the same stay candidates.
+                None: the strategy's own (True; ``snr_adaptive`` drops them, which is its definition).
+            rollout_filter_top_p_mode: ``"linear"`` (the running sum of scores, RAGEN's recommended) or
+                ``"softmax"`` (probability mass of softmax(scores)) for ``top_p``.
+            rollout_filter_selection_eps: linear top-p's threshold is ``value x sum(scores) - eps`` (0.01).
+            rollout_filter_empty_stop_steps: this many iterations in a row whose filter kept no group end the run
+                (``result["done"]``, as RAGEN stops early): the policy has no reward variance left to learn from.
             rollout_filter_per_env: with ``train_envs``, rank and keep groups within each training environment
                 (``ceil(ratio x its groups)`` each) instead of across the whole batch (False, the reference's), where
                 one environment's groups can all be dropped from an update. The same with one environment.
@@ -532,6 +570,7 @@ class StarPOConfig(AlgorithmConfig):
                              ungrounded_reasoning_penalty=self.ungrounded_reasoning_penalty,
                              enable_thinking=self.enable_thinking, max_context_tokens=self.max_context_tokens,
                              independent_transitions=self.independent_transitions,
+                             context_window=self.context_window, context_window_turns=self.context_window_turns,
                              env_reset_timeout_s=self.env_reset_timeout_s,
                              env_step_timeout_s=self.env_step_timeout_s)
 
@@ -545,24 +584,40 @@ class StarPOConfig(AlgorithmConfig):
                                  step_gamma=self.gigpo_step_gamma, omega=self.gigpo_omega,
                                  whiten=self.whiten_advantages)
 
-    @property
-    def num_kept_groups(self) -> int:
-        """Groups left for the update after the rollout filter (per environment: the sum of each one's share)."""
-        if self.rollout_filter_per_env and self.is_mixture:
-            return sum(num_kept_groups(e.count, self.rollout_filter_ratio, self.rollout_filter)
-                       for e in self.training_environments())
-        return num_kept_groups(self.num_groups, self.rollout_filter_ratio, self.rollout_filter)
+    def filter_settings(self, keep_ratio: float | None = None) -> FilterSettings:
+        """The rollout filter, ``keep_ratio`` replacing ``rollout_filter_ratio`` (a sentinel rollback's)."""
+        return FilterSettings(mode=self.rollout_filter,
+                              ratio=self.rollout_filter_ratio if keep_ratio is None else keep_ratio,
+                              value=self.rollout_filter_value, filter_type=self.rollout_filter_type,
+                              include_zero=self.rollout_filter_include_zero, top_p_mode=self.rollout_filter_top_p_mode,
+                              selection_eps=self.rollout_filter_selection_eps)
 
     @property
-    def kept_batch_size(self) -> int:
-        """Trajectories left for the update after the rollout filter."""
-        return self.num_kept_groups * self.group_size
+    def num_kept_groups(self) -> int | None:
+        """Groups left for the update after the rollout filter (per environment: the sum of each one's share);
+        None when the filter keeps a number that depends on the rollout (``fixed_kept_groups``)."""
+        settings = self.filter_settings()
+        counts = ([e.count for e in self.training_environments()] if self.rollout_filter_per_env and self.is_mixture
+                  else [self.num_groups])
+        kept = [fixed_kept_groups(count, settings) for count in counts]
+        return None if None in kept else sum(kept)
+
+    @property
+    def kept_batch_size(self) -> int | None:
+        """Trajectories left for the update after the rollout filter (None: it depends on the rollout)."""
+        return None if self.num_kept_groups is None else self.num_kept_groups * self.group_size
+
+    def optimizer_steps(self, rows: int) -> int:
+        """Optimizer steps per epoch on a batch of ``rows`` learner rows (trajectories, or turn samples with a
+        context window): ``rows // minibatch_size`` (at least 1), else ``updates_per_rollout_batch``."""
+        if self.minibatch_size is not None:
+            return max(1, rows // self.minibatch_size)
+        return self.updates_per_rollout_batch
 
     @property
     def effective_updates_per_rollout_batch(self) -> int:
-        if self.minibatch_size is not None:
-            return max(1, self.kept_batch_size // self.minibatch_size)
-        return self.updates_per_rollout_batch
+        """Optimizer steps per epoch on the kept batch (on the largest it can be, when its size varies)."""
+        return self.optimizer_steps(self.kept_batch_size or self.num_groups * self.group_size)
 
     # ---- validation: the one place settings are checked ----------------------------------------------------------
     @override(AlgorithmConfig)
@@ -588,6 +643,8 @@ class StarPOConfig(AlgorithmConfig):
             choice("advantage_estimator", ADVANTAGE_ESTIMATORS), choice("rollout_filter", FILTER_MODES),
             choice("loss_aggregation", AGGREGATIONS), choice("kl_estimator", KL_ESTIMATORS),
             choice("loss_mask", LOSS_MASK_REGIONS), choice("advantage_mask", ADVANTAGE_MASKS),
+            choice("rollout_filter_type", FILTER_TYPES), choice("rollout_filter_top_p_mode", TOP_P_MODES),
+            choice("context_window", CONTEXT_WINDOWS),
         ]
         yield from (c for c in checks if c)
         for field in _POSITIVE_INTS:
@@ -636,6 +693,8 @@ class StarPOConfig(AlgorithmConfig):
         # The filter keeps ceil(ratio * groups) groups: 0 would keep nothing, > 1 more groups than exist.
         if not 0.0 < self.rollout_filter_ratio <= 1.0:
             yield f"rollout_filter_ratio={self.rollout_filter_ratio} must lie in (0, 1]."
+        yield from self._filter_strategy_errors()
+        yield from self._context_window_errors()
         # The learner scores softmax(logits / T): T = 0 (greedy) has no log-probs to train on.
         if self.temperature <= 0:
             yield f"temperature={self.temperature} must be > 0 for training rollouts (their log-probs are trained on)."
@@ -659,6 +718,61 @@ class StarPOConfig(AlgorithmConfig):
         yield from self._sentinel_errors()
         yield from self._inference_errors()
         yield from self._model_and_env_errors()
+
+    def _filter_strategy_errors(self):
+        """RAGEN's strategies' settings: each given where it means something, and in its range."""
+        mode, value = self.rollout_filter, self.rollout_filter_value
+        if mode not in REFERENCE_STRATEGIES:
+            given = [f"{field}={getattr(self, field)!r}" for field, default in (
+                ("rollout_filter_value", None), ("rollout_filter_type", "largest"),
+                ("rollout_filter_include_zero", None), ("rollout_filter_top_p_mode", "linear"))
+                if getattr(self, field) != default]
+            if given:
+                yield (f"{', '.join(given)} set RAGEN's filter strategies, and rollout_filter={mode!r} is not one: "
+                       f"choose rollout_filter in {list(REFERENCE_STRATEGIES)}, or leave them at their defaults "
+                       "(std's share is rollout_filter_ratio).")
+            return
+        if self.rollout_filter_include_zero is not None and not isinstance(self.rollout_filter_include_zero,
+                                                                           (bool, np.bool_)):
+            yield f"rollout_filter_include_zero={self.rollout_filter_include_zero!r} must be True, False or None."
+        if value is None and mode != "snr_adaptive":
+            yield f"rollout_filter={mode!r} needs rollout_filter_value (its threshold; RAGEN's top_p: 0.9)."
+        elif value is not None and mode in ("top_p", "snr_adaptive", "top_k", "min_p") and not 0.0 < value <= 1.0:
+            yield f"rollout_filter_value={value} must lie in (0, 1] for rollout_filter={mode!r}."
+        elif mode == "top_k_abs" and value is not None and (value < 1 or value != int(value)):
+            yield f"rollout_filter_value={value} must be a whole number of groups >= 1 for rollout_filter='top_k_abs'."
+        if mode == "snr_adaptive":
+            if self.rollout_filter_include_zero:
+                yield ("rollout_filter='snr_adaptive' drops zero-variance groups by definition: leave "
+                       "rollout_filter_include_zero at None, or use rollout_filter='top_p' to keep them.")
+            if self.rollout_filter_type != "largest" or self.rollout_filter_top_p_mode != "linear":
+                yield ("rollout_filter='snr_adaptive' is linear top-p over the largest variances (RAGEN-2): use "
+                       "rollout_filter='top_p' for rollout_filter_type='smallest' or the softmax mode.")
+        if mode != "top_p" and self.rollout_filter_top_p_mode != "linear":
+            yield f"rollout_filter_top_p_mode={self.rollout_filter_top_p_mode!r} applies to rollout_filter='top_p' only."
+        if self.rollout_filter_selection_eps < 0:
+            yield f"rollout_filter_selection_eps={self.rollout_filter_selection_eps} must be >= 0."
+        # The reference's score is the sample std: a group of one has none.
+        if self.group_size < 2:
+            yield f"rollout_filter={mode!r} scores each group by its reward std: set group_size >= 2."
+        if self.num_kept_groups is None and self.num_learners > 1:
+            yield (f"rollout_filter={mode!r} keeps a number of groups that varies from rollout to rollout, and "
+                   f"num_learners={self.num_learners} learners each need a share of whole groups: use one learner, "
+                   "or a filter that keeps a fixed number (std, top_k or top_k_abs with zero-variance groups "
+                   "included).")
+
+    def _context_window_errors(self):
+        window, turns = self.context_window, self.context_window_turns
+        if window == "last_k_turns":
+            if not _is_int(turns) or turns < 2:
+                yield (f"context_window='last_k_turns' needs context_window_turns >= 2 (the turns in view, the "
+                       f"current one included), got {turns!r}; for one turn use context_window='single_turn'.")
+        elif turns is not None:
+            yield (f"context_window_turns={turns!r} applies to context_window='last_k_turns' only "
+                   f"(context_window={window!r}).")
+        if window != "full" and self.advantage_mask != "sampled":
+            yield (f"advantage_mask={self.advantage_mask!r} steps through the observation tokens between replies, "
+                   f"which a context_window={window!r} episode has in no single row: use advantage_mask='sampled'.")
 
     def _reasoning_penalty_errors(self):
         penalty = self.ungrounded_reasoning_penalty
@@ -706,7 +820,7 @@ class StarPOConfig(AlgorithmConfig):
         for field in ("num_env_runners", "num_learners"):
             if not _is_int(getattr(self, field)):
                 yield f"{field}={getattr(self, field)!r} must be an integer >= 0."
-        for field in ("minibatch_size", "seed"):
+        for field in ("minibatch_size", "seed", "context_window_turns"):
             if getattr(self, field) is not None and not _is_int(getattr(self, field)):
                 yield f"{field}={getattr(self, field)!r} must be an integer or None."
         for field in _BOOLEANS:
@@ -788,6 +902,9 @@ class StarPOConfig(AlgorithmConfig):
 
     def _kept_groups_rule(self) -> str:
         """How ``num_kept_groups`` was counted, for error messages."""
+        if self.rollout_filter in REFERENCE_STRATEGIES:
+            return (f"rollout_filter={self.rollout_filter!r}, rollout_filter_value={self.rollout_filter_value} of "
+                    f"num_groups={self.num_groups}")
         if self.rollout_filter_per_env and self.is_mixture:
             return (f"each train_envs entry's groups x rollout_filter_ratio={self.rollout_filter_ratio}, rounded up, "
                     "summed: rollout_filter_per_env=True")
@@ -797,7 +914,22 @@ class StarPOConfig(AlgorithmConfig):
         """The kept batch must split into minibatches and, group by group, over the learners."""
         if self.rollout_filter_per_env and next(self._mixture_errors(), None):
             return  # the kept batch is counted from train_envs, whose own errors are reported
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            yield f"micro_batch_size={self.micro_batch_size} must be a positive integer or None."
+        runners = max(1, self.num_env_runners)
+        if self.num_groups < runners:
+            yield f"num_groups={self.num_groups} is less than num_env_runners={self.num_env_runners}: some would idle."
         kept = self.kept_batch_size
+        if kept is None:
+            return  # the count varies: the learner splits each batch into optimizer_steps(rows) minibatches
+        # Each remote learner takes whole groups (a group never straddles two learners) and the same number of them.
+        learners = max(1, self.num_learners)
+        if self.num_kept_groups % learners:
+            yield (f"the rollout filter keeps {self.num_kept_groups} groups ({self._kept_groups_rule()}), which do "
+                   f"not split evenly over num_learners={self.num_learners}: make the kept groups a multiple of "
+                   "num_learners.")
+        if self.context_window != "full":
+            return  # rows are turns, as many as the episodes play: never fewer than the kept trajectories
         if self.minibatch_size is not None:
             if self.minibatch_size > kept:
                 yield (f"minibatch_size={self.minibatch_size} is more than the {kept} trajectories the rollout "
@@ -810,17 +942,6 @@ class StarPOConfig(AlgorithmConfig):
         if self.updates_per_rollout_batch > kept:
             yield (f"updates_per_rollout_batch={self.updates_per_rollout_batch} is more than the {kept} kept "
                    "trajectories: each optimizer step needs at least one.")
-        if self.micro_batch_size is not None and self.micro_batch_size < 1:
-            yield f"micro_batch_size={self.micro_batch_size} must be a positive integer or None."
-        # Each remote learner takes whole groups (a group never straddles two learners) and the same number of them.
-        learners = max(1, self.num_learners)
-        if self.num_kept_groups % learners:
-            yield (f"the rollout filter keeps {self.num_kept_groups} groups ({self._kept_groups_rule()}), which do "
-                   f"not split evenly over num_learners={self.num_learners}: make the kept groups a multiple of "
-                   "num_learners.")
-        runners = max(1, self.num_env_runners)
-        if self.num_groups < runners:
-            yield f"num_groups={self.num_groups} is less than num_env_runners={self.num_env_runners}: some would idle."
 
     def _sentinel_errors(self):
         from ..sentinel import as_rule
@@ -845,9 +966,9 @@ class StarPOConfig(AlgorithmConfig):
             yield from (f"sentinel_rules: {error}" for error in rule.errors())
             ratio = rule.knobs.get("rollout_filter_ratio")
             if isinstance(ratio, (int, float)) and 0 < ratio <= 1:
-                if self.rollout_filter == "none":
+                if self.rollout_filter not in ("std", "reversed_std"):
                     yield (f"sentinel_rules: {rule.label}: knobs['rollout_filter_ratio'] has no effect with "
-                           "rollout_filter='none'; set rollout_filter='std' or drop the knob.")
+                           f"rollout_filter={self.rollout_filter!r}; set rollout_filter='std' or drop the knob.")
                 probe = copy.copy(self)
                 probe.rollout_filter_ratio = ratio
                 yield from (f"sentinel_rules: {rule.label}: after its rollback, {error}"

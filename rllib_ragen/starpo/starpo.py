@@ -51,7 +51,7 @@ from ..rollout.backends import SamplingParams
 from ..rollout.engine import SeedSchedule, Start, Trajectory, rollout_metrics
 from ..rollout.lora import adapter_files, lora_settings
 from ..sentinel import Firing, Sentinel
-from .batch import prepare_update_batch, shard_by_groups
+from .batch import prepare_update_batch, shard_by_groups, token_advantages_by_trajectory
 from .checkpoints import recover_interrupted_save, write_atomically
 from .config import BUILT_IN_MODELS, StarPOConfig
 from .inference_engines import launch_engines
@@ -117,6 +117,7 @@ class StarPO(Algorithm):
         self._rollout_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ROLLOUT_THREAD) \
             if config.max_policy_lag else None
         self._pending: dict | None = None
+        self._empty_filter_steps = 0  # iterations in a row whose rollout filter kept nothing
         self.sentinel = Sentinel(config.sentinel_rules, config.sentinel_max_rollbacks)
         rollback = any(rule.action == "rollback" for rule in self.sentinel.rules)
         self._snapshot_dir = tempfile.mkdtemp(prefix="rllib_ragen_sentinel_") if rollback else None
@@ -140,7 +141,12 @@ class StarPO(Algorithm):
 
         columns, update_metrics = prepare_update_batch(trajectories, config, self._pad_token_id(),
                                                        keep_ratio=self.sentinel.rollout_filter_ratio)
+        self._empty_filter_steps = 0 if columns is not None else self._empty_filter_steps + 1
+        update_metrics[M.FILTER_EMPTY_STEPS] = float(self._empty_filter_steps)
         self._log(update_metrics)
+        if columns is None:
+            self._skip_update(iteration, played_by)
+            return
         if config.collapse_diagnostics_interval and iteration % config.collapse_diagnostics_interval == 0:
             with self._timer(M.TIME_COLLAPSE_PROBE):
                 self._log(self._collapse_probe(columns, trajectories))
@@ -160,6 +166,19 @@ class StarPO(Algorithm):
         if not config.max_policy_lag:  # off-policy: the next iteration syncs, once its rollout is in
             with self._timer(M.TIME_SYNC):
                 self._sync_rollout_weights()
+        if config.validation_interval and (iteration + 1) % config.validation_interval == 0:
+            self._validate(iteration + 1)
+
+    def _skip_update(self, iteration: int, played_by: int) -> None:
+        """The rollout filter kept no group: no update this iteration (the weights stay, so nothing to sync). The
+        policy lag stays as it was, the next rollout is played as usual, and validation runs on schedule."""
+        config = self.config
+        logger.warning("iteration %d: the rollout filter (%s) kept no group, so there is no update (%d such "
+                       "iterations in a row; %d end the run).", iteration, config.rollout_filter,
+                       self._empty_filter_steps, config.rollout_filter_empty_stop_steps)
+        self._log({M.POLICY_LAG: float(iteration - played_by)})
+        if config.max_policy_lag:
+            self._start_next_rollout(iteration + 1)
         if config.validation_interval and (iteration + 1) % config.validation_interval == 0:
             self._validate(iteration + 1)
 
@@ -218,12 +237,7 @@ class StarPO(Algorithm):
         the first one probes the whole batch (outside DDP's gradient sync)."""
         pairs = cross_scoring_pairs(trajectories, self.config.collapse_subsample)
         metrics, advantages = self._on_first_learner(lambda learner: learner.collapse_probe(columns, pairs))
-        # Batch rows are the kept groups in group order, each group's episodes in rollout order.
-        rows = iter(range(len(columns["group"])))
-        kept = set(columns["group"].tolist())
-        self.last_token_advantages = {index: advantages[next(rows), :len(t.token_ids)].tolist()
-                                      for index, t in sorted(enumerate(trajectories), key=lambda p: p[1].group)
-                                      if t.group in kept}
+        self.last_token_advantages = token_advantages_by_trajectory(columns, advantages, trajectories)
         return metrics
 
     def _update(self, columns: dict[str, np.ndarray], env_steps: int) -> list[dict]:
@@ -332,6 +346,7 @@ class StarPO(Algorithm):
     @override(Algorithm)
     def step(self) -> dict:
         result = super().step()
+        self._stop_when_nothing_is_kept(result)
         if not self.sentinel.rules:
             return result
         iteration = self.iteration + 1  # RLlib counts the iteration after step() returns
@@ -355,6 +370,14 @@ class StarPO(Algorithm):
         if self.sentinel.stopped:
             result["done"] = True  # ends a Tune trial and a main job's loop
         return result
+
+    def _stop_when_nothing_is_kept(self, result: dict) -> None:
+        """RAGEN's early stop: ``rollout_filter_empty_stop_steps`` iterations in a row with no group kept."""
+        if self._empty_filter_steps >= self.config.rollout_filter_empty_stop_steps:
+            logger.warning("the rollout filter kept no group in %d iterations in a row: stopping the run (the policy "
+                           "has no reward variance left to learn from; rollout_filter_empty_stop_steps).",
+                           self._empty_filter_steps)
+            result["done"] = True
 
     def _act_on(self, firing: Firing) -> None:
         if firing.action == "stop":

@@ -31,6 +31,7 @@ from ..collapse import VARIANCE_BUCKETS, CrossScoringPairs, cross_scoring, varia
 from ..objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, advantage_recursion_mask, aggregate,
                           compute_advantages, kl_penalty, policy_loss, token_logprobs,
                           truncated_importance_weights, value_loss)
+from ..objectives.episode_layout import EpisodeLayout
 from ..rollout.models import load_policy
 
 INPUT_COLUMNS = ("input_ids", "attention_mask")
@@ -125,6 +126,10 @@ class StarPOTorchLearner(TorchLearner):
         dist.all_reduce(x)
         return x
 
+    def _sum_over_learners_on(self, device):
+        """:meth:`_sum_over_learners` for CPU tensors: the collective runs on the learner's device."""
+        return lambda x: self._sum_over_learners(x.to(device)).to(x.device)
+
     def _smallest_and_largest_shard(self, size: int) -> tuple[int, int]:
         """The fewest and most rows any learner holds in this update: the choices that decide which collective
         operations a learner runs (its number of optimizer steps, scoring in its step or apart) must be the same on
@@ -160,7 +165,8 @@ class StarPOTorchLearner(TorchLearner):
         orders = [torch.arange(size) if epoch == 0 and not config.shuffle_batch_per_epoch
                   else torch.randperm(size, generator=generator) for epoch in range(config.num_epochs)]
         # With several learners, minibatch i of the update is every learner's own i-th slice of its shard.
-        steps = min(smallest, config.effective_updates_per_rollout_batch)
+        rows_in_update = int(self._sum_over_learners(torch.tensor(float(size), device=self._device)).item())
+        steps = min(smallest, config.optimizer_steps(rows_in_update))
         minibatches = [order[i * size // steps:(i + 1) * size // steps] for order in orders for i in range(steps)]
         micro_size = config.micro_batch_size or size
 
@@ -235,7 +241,18 @@ class StarPOTorchLearner(TorchLearner):
         mask, behaviour, learner_logp = data["response_mask"], data["behaviour_logprobs"], data["learner_logp"]
         data["old_logp"] = learner_logp * mask if config.recompute_logprobs else behaviour * mask
         old_values, value_mask = data["old_values"], data["value_mask"]
-        if ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
+        if ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic and "turn" in data:
+            # Turn rows (a limited context window): the recursion runs over each episode's replies, end to end.
+            layout = EpisodeLayout(data["trajectory"].cpu(), data["turn"].cpu(), value_mask.cpu())
+            device = value_mask.device
+            inputs = AdvantageInputs(token_rewards=layout.gather(data["token_rewards"].cpu()), response_mask=layout.mask,
+                                     returns=layout.per_episode(data["episode_return"].cpu()),
+                                     group_ids=layout.per_episode(data["group"].cpu()),
+                                     values=layout.gather(old_values.cpu()))
+            advantages, returns = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings(),
+                                                     sum_over_shards=self._sum_over_learners_on(device))
+            advantages, returns = layout.scatter(advantages).to(device) * mask, layout.scatter(returns).to(device)
+        elif ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
             inputs = AdvantageInputs(token_rewards=data["token_rewards"], response_mask=value_mask,
                                      returns=data["token_rewards"].sum(-1), group_ids=data["group"], values=old_values)
             advantages, returns = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings(),
@@ -288,7 +305,8 @@ class StarPOTorchLearner(TorchLearner):
         micro_size = config.micro_batch_size or data["input_ids"].shape[0]
         rows = torch.arange(data["input_ids"].shape[0])
         self._prepare(data, module, config, [rows[i:i + micro_size] for i in range(0, len(rows), micro_size)])
-        buckets = variance_buckets(data["token_rewards"].sum(-1).cpu().numpy(), data["group"].cpu().numpy())
+        buckets = variance_buckets(data["episode_return"].cpu().numpy(), data["group"].cpu().numpy(),
+                                   data["trajectory"].cpu().numpy())
         num_groups = len(torch.unique(data["group"]))
         for name in VARIANCE_BUCKETS:
             in_bucket = torch.as_tensor(buckets.get(name, np.zeros(0, dtype=np.int64)))

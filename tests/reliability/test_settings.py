@@ -33,6 +33,7 @@ def _numeric_flags():
     from rllib_ragen.experiment_flags import config_flag_names, config_value
 
     base, structured = StarPOConfig(), {"train_envs", "validation_envs", "lora"}  # JSON, None when unset
+    structured |= {"rollout_filter_include_zero"}  # a boolean, or None for the strategy's own
     return [n for n in config_flag_names() if n not in structured
             and not isinstance(config_value(base, n), (bool, str, dict, list, tuple))]
 

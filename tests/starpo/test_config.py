@@ -67,6 +67,28 @@ def test_presets():
     (dict(ineffective_action_penalty=0.1), ["ineffective_action_penalty=0.1 must be <= 0"]),
     (dict(env_step_timeout_s=0), ["env_step_timeout_s=0 must be > 0 seconds"]),
     (dict(env_reset_timeout_s=-1.0), ["env_reset_timeout_s=-1.0 must be > 0 seconds"]),
+    # RAGEN's filter strategies
+    (dict(rollout_filter="top_p"), ["rollout_filter='top_p' needs rollout_filter_value"]),
+    (dict(rollout_filter="top_p", rollout_filter_value=1.5), ["rollout_filter_value=1.5 must lie in (0, 1]"]),
+    (dict(rollout_filter="top_k_abs", rollout_filter_value=2.5), ["rollout_filter_value=2.5 must be a whole number"]),
+    (dict(rollout_filter="top_p", rollout_filter_value=True), ["rollout_filter_value=True must be a finite number"]),
+    (dict(rollout_filter_value=0.9), ["rollout_filter_value=0.9 set RAGEN's filter strategies", "rollout_filter='std'"]),
+    (dict(rollout_filter="snr_adaptive", rollout_filter_include_zero=True), ["drops zero-variance groups"]),
+    (dict(rollout_filter="top_p", rollout_filter_value=0.9, rollout_filter_include_zero=1),
+     ["rollout_filter_include_zero=1 must be True, False or None"]),
+    (dict(rollout_filter="min_p", rollout_filter_value=0.5, group_size=1), ["group_size >= 2"]),
+    (dict(rollout_filter="top_p", rollout_filter_value=0.9, rollout_filter_type="biggest"),
+     ["rollout_filter_type='biggest'", "largest"]),
+    (dict(rollout_filter="top_k", rollout_filter_value=0.5, rollout_filter_top_p_mode="softmax"),
+     ["rollout_filter_top_p_mode='softmax' applies to rollout_filter='top_p' only"]),
+    (dict(rollout_filter_empty_stop_steps=0), ["rollout_filter_empty_stop_steps=0 must be a positive integer"]),
+    # context windows
+    (dict(context_window="last_k_turns"), ["context_window='last_k_turns' needs context_window_turns >= 2"]),
+    (dict(context_window="last_k_turns", context_window_turns=1), ["context_window='single_turn'"]),
+    (dict(context_window_turns=3), ["context_window_turns=3 applies to context_window='last_k_turns' only"]),
+    (dict(context_window="window"), ["context_window='window'", "single_turn"]),
+    (dict(context_window="single_turn", advantage_mask="sampled_and_observations"),
+     ["advantage_mask='sampled_and_observations'", "context_window='single_turn'"]),
 ])
 def test_invalid_settings_fail_at_validate_naming_the_fields(knobs, fields):
     config = StarPOConfig().training(**knobs)
@@ -128,3 +150,13 @@ def test_every_boolean_knob_survives_copy_dict_and_checkpoint_state():
     for restored in (config.copy(), StarPOConfig.from_dict(config.to_dict()),
                      StarPOConfig.from_state(config.get_state())):
         assert {knob: getattr(restored, knob) for knob in _BOOLEANS} == flipped
+
+
+def test_a_filter_keeping_a_varying_number_of_groups_needs_one_learner():
+    config = StarPOConfig().training(rollout_filter="snr_adaptive").learners(num_learners=2)
+    with pytest.raises(ValueError, match="varies from rollout to rollout.*use one learner"):
+        config.validate()
+    # A fixed count splits over learners as std's does: top_k_abs 4 of 8 groups over 2 learners.
+    fixed = StarPOConfig().training(rollout_filter="top_k_abs", rollout_filter_value=4)
+    assert fixed.num_kept_groups == 4 and fixed.kept_batch_size == 64
+    assert StarPOConfig().training(rollout_filter="top_p", rollout_filter_value=0.9).kept_batch_size is None
