@@ -191,11 +191,17 @@ def versus_reference(run_dir: pathlib.Path, trials: list[pathlib.Path]) -> dict:
         reference = references.get(p.get("seed"))
         if reference is None or reference == trial:
             continue
-        config = trial_config(trial)
-        scored = {headline_environment(config).name} if config.is_mixture else None
-        result[trial.name] = {"reference": reference.name, **{
-            mode: _paired((reference / files[1], trial / files[1]), scored) for mode, files in SAMPLED_AND_GREEDY.items()}}
+        result[trial.name] = {"reference": reference.name, **paired_after_rl(reference, trial)}
     return result
+
+
+def paired_after_rl(reference: pathlib.Path, trial: pathlib.Path) -> dict:
+    """Two trials' policies after RL on the same held-out states, sampled and greedy: ``{mode: comparison}``
+    ("before" is ``reference``, "after" ``trial``; None where the states differ), on the headline environment."""
+    config = trial_config(trial)
+    scored = {headline_environment(config).name} if config.is_mixture else None
+    return {mode: _paired((reference / files[1], trial / files[1]), scored)
+            for mode, files in SAMPLED_AND_GREEDY.items()}
 
 
 def _trial_params(trial: pathlib.Path) -> dict:
@@ -376,9 +382,27 @@ def print_table(summary: dict, config) -> None:
     else:
         print(f"success gain not measured: no validation before RL (validate_before_training=False), so the bar "
               f"({bar}) is not judged")
+    for line in _greedy_against_baselines(summary):
+        print(line)
     for drop in summary["significant_drops"]:
         print(f"WARNING: validation success fell significantly on {drop} (p < {SIGNIFICANT}): see the paired lines "
               "above and the viewer (rollouts.html)")
+
+
+def _greedy_against_baselines(summary: dict) -> list[str]:
+    """One plain sentence per baseline: is the trained agent's greedy play better than it, worse, or not told
+    apart (paired on the same states, p < ``SIGNIFICANT``)? A sampled gain can hide a greedy policy no better
+    than random moves; this says so at the end of the table."""
+    lines = []
+    for name, baseline in (summary.get("baselines") or {}).items():
+        if not baseline.get("after_rl"):
+            continue
+        c = PairedComparison(**baseline["after_rl"])
+        verdict = ("better than" if c.difference > 0 else "worse than") if c.p_value < SIGNIFICANT \
+            else "not distinguishable from"
+        lines.append(f"greedy play after RL is {verdict} the baseline '{name}': {c.after:.3f} against {c.before:.3f} "
+                     f"on the same {c.n} states (p = {c.p_value:.2g})")
+    return lines
 
 
 def _print_paired(summary: dict, config) -> None:

@@ -111,7 +111,8 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
                           lr_schedule: str = "constant", group_by_length: bool = False,
                           precision: str = "float32", evaluate: Callable[[int, str], None] | None = None,
                           evaluate_every: int = 0) -> list[float]:
-    """Fine-tune ``model`` in place on the reply tokens of ``demonstrations`` (cross-entropy, AdamW).
+    """Fine-tune ``model`` in place on the reply tokens of ``demonstrations`` (cross-entropy, AdamW). Demonstrations
+    played under a context window train each turn as its own row (``Trajectory.rows``), the prompt RL will show.
 
     Args:
         average_decay: leave ``model`` holding an exponential moving average of its weights over the steps
@@ -156,6 +157,8 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     model.train()
     losses, t0 = [], time.perf_counter()
+    # With a context window each demonstrated turn is its own row, as in RL: the prompt it read and its reply.
+    demonstrations = [row for t in demonstrations for row in t.rows]
     batches = demonstration_batches([len(t.token_ids) for t in demonstrations], batch_size, generator,
                                     group_by_length)
     # The learning rate of step k is lr * factor(k); LambdaLR sets it before each step.

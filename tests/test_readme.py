@@ -226,6 +226,16 @@ def test_mixture_example_trains_on_two_environments_and_validates_on_three(ray_s
     assert printed.split() == ["4.0", "2.0", "4.0"]
 
 
+@pytest.mark.slow
+def test_context_window_example_trains_each_turn_as_a_row(ray_session):
+    kept, rows = (float(x) for x in _run_block("context-window-example", {}).split())
+    assert kept == 2.0 and kept <= rows <= 6 * kept  # one row per turn of each kept episode, at most six turns
+
+
+def test_filter_example_keeps_the_groups_with_variance():
+    assert _run_block("filter-example", {}).strip() == "[1, 3] 2.0"
+
+
 def _anchor(heading: str) -> str:
     """The anchor GitHub and MkDocs give a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")

@@ -136,6 +136,12 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
             solved = {r["seed"]: r["success"] for r in greedy[agent]}  # the maps the agent solves and it fails
             assert baseline[when]["improved"] == sum(solved[r["seed"]] and not r["success"] for r in played)
         assert f"against the baseline '{name}'" in done.stdout
+        # The table ends by saying in words how greedy play compares with the baseline, from that comparison.
+        after = baseline["after_rl"]
+        verdict = ("better than" if after["difference"] > 0 else "worse than") if after["p_value"] < 0.05 \
+            else "not distinguishable from"
+        assert (f"greedy play after RL is {verdict} the baseline '{name}': {after['after']:.3f} against "
+                f"{after['before']:.3f} on the same 8 states") in done.stdout
     else:
         assert "baselines" not in summary
     if example == "generalization.py":  # Sokoban: success by optimal solution length covers every state once
@@ -485,6 +491,27 @@ def test_estimator_study_is_one_experiment_with_a_trial_per_estimator(tmp_path):
     assert versus["reference"] == trials[0] and versus["sampled"]["n"] == 4
     assert versus["sampled"]["before"] == summary["trials"][trials[0]]["after"]["success"]
     assert f"{trials[1]} against {trials[0]} after RL" in done.stdout
+
+
+@pytest.mark.slow
+def test_filter_study_runs_each_filter_from_one_warm_start_and_pairs_it_against_std(tmp_path):
+    done = run_example("filter_study.py", "--filters", "std,snr_adaptive", "--iterations", "1", "--validation-size",
+                       "4", "--warm-start-steps", "2", "--warm-start-episodes", "8", "--num-groups", "2",
+                       "--group-size", "4", "--max-turns", "3", "--output-dir", str(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(list((tmp_path / "warm_starts").iterdir())) == 1  # one warm start for both
+    table = json.loads((tmp_path / "filter_study.json").read_text())
+    assert list(table) == ["std", "snr_adaptive"]
+    assert table["snr_adaptive"]["settings"] == {"rollout_filter": "snr_adaptive"}
+    std_trial = next(p for p in (tmp_path / "std_seed0").iterdir() if (p / "params.pkl").is_file())
+    std_after = json.loads((std_trial / "summary.json").read_text())["after"]["success"]
+    versus = table["snr_adaptive"]["against_reference"]["sampled"]
+    assert versus["n"] == 4 and versus["before"] == std_after  # the same four states, std's outcome first
+    assert table["std"]["against_reference"]["sampled"]["difference"] == 0.0  # std against itself
+    assert 0.0 <= table["snr_adaptive"]["kept_share"] <= 1.0 and "vs std, sampled" in done.stdout
+    # Run again: the runs exist, so only the table is made.
+    again = run_example("filter_study.py", "--filters", "std,snr_adaptive", "--output-dir", str(tmp_path))
+    assert again.returncode == 0 and again.stdout.count("exists, not run again") == 2
 
 
 @pytest.mark.slow

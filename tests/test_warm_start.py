@@ -322,3 +322,26 @@ def test_the_warm_start_curve_of_a_mixture_has_each_validation_environments_succ
         (row,) = list(csv.DictReader(f))
     per_env = [float(row[f"{name}/success"]) for name in ("rllib_ragen/Bandit-v0", "rllib_ragen/BanditHeldOut-v0")]
     assert float(row["success"]) == pytest.approx(sum(per_env) / 2)  # six states each: the pooled mean
+
+
+def test_demonstrations_under_a_context_window_train_each_turn_on_the_prompt_rl_will_show():
+    from rllib_ragen.rollout.scripted import sokoban_solver_policy
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_policy("tiny", seed=0)
+    config = RolloutConfig(env="rllib_ragen/Sokoban-v0", context_window="single_turn", max_actions_per_turn=1)
+    demos = collect_demonstrations(config, sokoban_solver_policy(1), tokenizer, 4)
+    rows = [row for d in demos for row in d.rows]
+    assert len(rows) == sum(d.num_turns for d in demos) > len(demos)
+    # One batch holding every row: the first loss is the mean of -log p over the rows' reply tokens, each row
+    # scored alone on exactly its own prompt.
+    with torch.no_grad():
+        nll, count = 0.0, 0
+        for row in rows:
+            ids = torch.tensor([row.token_ids])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+            mask = torch.tensor(row.response_mask[1:], dtype=torch.float32)
+            nll, count = nll - float((logp * mask).sum()), count + int(mask.sum())
+    first = supervised_warm_start(model, demos, steps=1, batch_size=len(rows), pad_token_id=tokenizer.pad_token_id,
+                                  log_every=0)[0]
+    assert first == pytest.approx(nll / count, rel=1e-5)

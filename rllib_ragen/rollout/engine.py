@@ -164,6 +164,12 @@ class Trajectory:
     def num_turns(self) -> int:
         return len(self.turn_spans)
 
+    @property
+    def rows(self) -> list:
+        """What a learner trains on: the turn samples under a context window, else the trajectory itself. Each has
+        ``token_ids``, ``response_mask``, ``behaviour_logprobs`` and ``token_regions``."""
+        return list(self.turn_samples) if self.turn_samples else [self]
+
     def turns(self, tokenizer, advantages: Sequence[float] | None = None) -> list[dict]:
         """The episode turn by turn, as the rollout viewer shows it: the observation before each reply, the reply
         with its reasoning and answer, the actions executed, the reward, the number of tokens the policy read

@@ -56,8 +56,8 @@ def prepare_update_batch(trajectories: Sequence[Trajectory], config, pad_token_i
     order = sorted(np.flatnonzero(keep.numpy()).tolist(), key=lambda i: trajectories[i].group)
     kept = [trajectories[i] for i in order]
     windowed = config.context_window != "full"
-    rows = [(i, k, sample) for i, t in zip(order, kept) for k, sample in enumerate(t.turn_samples)] if windowed \
-        else [(i, None, t) for i, t in zip(order, kept)]
+    rows = [(i, k if windowed else None, row) for i, t in zip(order, kept)
+            for k, row in enumerate(t.rows if windowed else [t])]
 
     columns = pad_trajectories([row for _, _, row in rows], pad_token_id)
     shape = columns["input_ids"].shape
