@@ -278,7 +278,9 @@ class JobConsole(Callback):
               f"(in-group std {row.get(M.FILTER_REWARD_STD, math.nan):.3f}) "
               f"| entropy {row.get(LEARNER + M.ENTROPY, math.nan):.3f} "
               f"| format errors {row.get(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), math.nan):.2f} "
-              f"| {clock.last_s:.1f} s/it | left ~{clock.seconds_left(done) / 60:.1f} min", flush=True)
+              f"| {clock.last_s:.1f} s/it | left ~{clock.seconds_left(done) / 60:.1f} min"
+              + (" | no update: the rollout filter kept no group" if row.get(M.FILTER_EMPTY_STEPS, 0) > 0 else ""),
+              flush=True)
         if validated or (done >= self.iterations and key in row):
             before = self.before.get(trial.trial_id)
             print(f"{label}  validation at iteration {done}: success {row.get(key, math.nan):.3f}"

@@ -194,7 +194,7 @@ class StarPOConfig(AlgorithmConfig):
         self.gamma = 1.0
         self.grad_clip = 1.0
         self.grad_clip_by = "global_norm"
-        self.minibatch_size = None  # trajectories per optimizer step; None: kept batch / updates_per_rollout_batch
+        self.minibatch_size = None  # learner rows per optimizer step; None: kept batch / updates_per_rollout_batch
         self.num_epochs = 1
         self.shuffle_batch_per_epoch = True
         self.env = "rllib_ragen/Sokoban-v0"
@@ -276,8 +276,9 @@ class StarPOConfig(AlgorithmConfig):
         """Set StarPO's knobs and RLlib's training fields. Defaults: the reference's StarPO-S (arXiv 2504.20073).
 
         RLlib's own fields pass through: ``lr`` (the actor's, 1e-6), ``gamma`` (1.0), ``grad_clip`` (1.0, applied
-        to actor and critic separately), ``num_epochs`` (1), ``minibatch_size`` (trajectories per optimizer step;
-        None: the kept batch split into ``updates_per_rollout_batch`` steps).
+        to actor and critic separately), ``num_epochs`` (1), ``minibatch_size`` (learner rows per optimizer step:
+        trajectories, or turns with a ``context_window``; None: the kept batch split into
+        ``updates_per_rollout_batch`` steps).
 
         Args:
             num_groups: P, initial states per training step; every group's episodes share one reset seed.
@@ -404,7 +405,7 @@ class StarPOConfig(AlgorithmConfig):
                 1 whatever the backend); False uses the rollout's. Their gap is logged either way.
             critic_lr: the critic's learning rate (the actor's is ``lr``).
             weight_decay, adam_betas: AdamW settings of both optimizers.
-            micro_batch_size: trajectories per forward/backward pass; gradients accumulate to the minibatch's,
+            micro_batch_size: learner rows per forward/backward pass; gradients accumulate to the minibatch's,
                 so memory drops without changing the update. None: the whole minibatch at once.
             updates_per_rollout_batch: optimizer steps per rollout batch and epoch (the reference's implicit
                 "Online-k"); 1 (fresh rollouts every update) is what the paper recommends.
