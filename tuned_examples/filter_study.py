@@ -17,8 +17,8 @@ Every flag of the chosen job works and applies to every filter (``--iterations``
 ``--filters std,snr_adaptive`` runs a subset (``std`` first for the pairing). A filter whose run folder exists is
 not run again: a stopped study continues where it stopped.
 
-Command:  python tuned_examples/filter_study.py [--filters std,top_p] [--iterations 25]
-Time:     about 50 minutes on 2 CPU cores (7 filters of ~7 minutes)
+Command:  python tuned_examples/filter_study.py [--filters std,top_p] [--iterations 8] [--validation-size 128]
+Time:     about 15-20 minutes on 2 CPU cores at 8 iterations and 128 states (a few minutes a filter)
 Expect:   docs/results/filters.md
 """
 

@@ -121,3 +121,15 @@ def test_which_filters_keep_a_fixed_number_of_groups():
     assert fixed_kept_groups(8, FilterSettings(mode="top_k_abs", value=3, include_zero=False)) is None
     for mode in ("top_p", "min_p", "snr_adaptive"):
         assert fixed_kept_groups(8, FilterSettings(mode=mode, value=0.9)) is None
+
+
+def test_linear_top_p_below_one_keeps_the_same_groups_with_or_without_zero_variance_candidates():
+    # A zero score is never added (the loop stops at it) and adds nothing to the total: so snr_adaptive is top_p
+    # 0.9 whatever include_zero says, as the filter study found run for run.
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        scores = torch.rand(8, generator=generator) * (torch.rand(8, generator=generator) > 0.4)
+        for value in (0.3, 0.6, 0.9):
+            assert kept(scores, mode="top_p", value=value) == kept(scores, mode="top_p", value=value,
+                                                                   include_zero=False)
+        assert kept(scores, mode="snr_adaptive") == kept(scores, mode="top_p", value=0.9)
