@@ -73,6 +73,8 @@ TIME_SAMPLE = "time/sample_s"
 TIME_UPDATE = "time/update_s"
 TIME_SYNC = "time/sync_s"
 TIME_WEIGHT_LOAD = "time/weight_load_s"
+# Bytes the last weight sync moved: 0 when the env runner plays the learner's own tensors (one process, same device).
+SYNC_BYTES = "perf/sync_bytes"
 
 # ---- the learner (under learners/default_policy/) -------------------------------------------------------------
 PG_LOSS = "actor/pg_loss"

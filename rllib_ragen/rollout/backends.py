@@ -52,6 +52,11 @@ class InferenceBackend(Protocol):
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
 
+# How HFBackend decodes: "growing" (a KV cache grown in place, the CPU's fastest), "static" (a static KV cache, each
+# decode step a CUDA graph on a GPU: static_decode.py), "auto" (static on a CUDA device, else growing).
+DECODE_PATHS = ("auto", "static", "growing")
+
+
 class _PrefixCache:
     """KV cache of the last batch: each row's cached token ids, the cache tensors and the attention mask.
 
@@ -182,17 +187,47 @@ class HFBackend:
         prefix_cache: reuse the KV cache across calls.
     """
 
-    def __init__(self, model, tokenizer, max_batch_size: int = 128, prefix_cache: bool = True):
+    def __init__(self, model, tokenizer, max_batch_size: int = 128, prefix_cache: bool = True, decode: str = "auto"):
+        from .models import full_attention_cache
+
+        if decode not in DECODE_PATHS:
+            raise ValueError(f"decode={decode!r}: choose one of {DECODE_PATHS}.")
         self.model, self.tokenizer, self.max_batch_size = model, tokenizer, max_batch_size
         self.prefix_cache = prefix_cache
         self.device = next(model.parameters()).device
+        static_fits = full_attention_cache(model) is not None
+        if decode == "static" and not static_fits:
+            raise ValueError(f"decode='static' needs a model whose layers are all plain full attention; "
+                             f"{type(model).__name__} has others (sliding windows or recurrent state): use 'growing'.")
+        if decode == "auto":  # by device: the static cache and CUDA graphs pay on a GPU, the growing cache on a CPU
+            decode = "static" if self.device.type == "cuda" and static_fits else "growing"
+        self.decode = decode
+        self.cuda_graphs = decode == "static" and self.device.type == "cuda"
         self._caches: dict[int, _PrefixCache] = {}
+        self._slabs: dict = {}
+        self._parameter_addresses = self._addresses()
         self._token_texts: dict[int, str] = {}
         self.stats = {"prompt_tokens": 0, "prefilled_tokens": 0}
 
+    def _addresses(self) -> tuple[int, ...]:
+        return tuple(p.data_ptr() for p in self.model.parameters())
+
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state_dict)
-        self._caches.clear()  # cached keys/values belong to the old weights
+        self.weights_changed()
+
+    def weights_changed(self) -> None:
+        """The model's weights changed in place (a learner sharing its tensors stepped): drop the KV cache, whose
+        keys and values belong to the old weights. A captured CUDA graph reads the weights at the addresses it was
+        recorded with: where the parameters now live elsewhere (re-shared), the slabs and their graphs go too."""
+        for cached in self._caches.values():
+            if self.decode == "static":
+                self._free_slab(cached.cache)
+        self._caches.clear()
+        addresses = self._addresses()
+        if addresses != self._parameter_addresses:
+            self._slabs.clear()
+            self._parameter_addresses = addresses
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
@@ -243,6 +278,8 @@ class HFBackend:
 
     def _generate_batch(self, chunk: int, prompts: list[list[int]], params: SamplingParams, caps: list[int],
                         generator: torch.Generator) -> list[Generation]:
+        if self.decode == "static":
+            return self._generate_on_slab(chunk, prompts, params, caps, generator)
         previous = self._caches.pop(chunk, None) if self.prefix_cache else None
         rows = previous.match(prompts) if previous is not None else None
         if rows is None:
@@ -255,12 +292,67 @@ class HFBackend:
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["prefilled_tokens"] += sum(len(n) for n in new)
         logits, cache, mask = self._forward(new, cache, mask)
+        state = {"cache": cache, "mask": mask}
 
-        eos, batch = self.tokenizer.eos_token_id, len(prompts)
+        def step(feed: list[list[int]]) -> torch.Tensor:
+            logits, state["cache"], state["mask"] = self._forward(feed, state["cache"], state["mask"])
+            return logits
+
+        replies, logprobs = self._sample_replies(logits, step, params, caps, generator)
+        if self.prefix_cache:
+            self._caches[chunk] = _PrefixCache(_cached_rows(prompts, replies), state["cache"], state["mask"])
+        return [Generation(r, lp) for r, lp in zip(replies, logprobs)]
+
+    def _generate_on_slab(self, chunk: int, prompts: list[list[int]], params: SamplingParams, caps: list[int],
+                          generator: torch.Generator) -> list[Generation]:
+        """:meth:`_generate_batch` on a static KV cache (``static_decode.py``), each decode step a CUDA graph
+        replay on a GPU. The prefix cache works as on the growing cache: the slab's rows are reordered in place."""
+        from .static_decode import StaticSlab, slab_shape
+
+        pad = self.tokenizer.pad_token_id
+        previous = self._caches.pop(chunk, None)
+        rows = previous.match(prompts) if previous is not None else None
+        new = [p[len(previous.rows[r]):] for p, r in zip(prompts, rows)] if rows is not None else prompts
+        if rows is not None and previous.cache.fits(len(prompts), max(len(n) for n in new) + max(caps)):
+            slab = previous.cache
+            slab.reorder(rows)
+        else:  # a new batch, or one that no longer fits: the whole prompts on an empty slab
+            if previous is not None:
+                self._free_slab(previous.cache)
+            new = prompts
+            # Twice the room this call needs: the next turns append to the same rows (holes included).
+            shape = slab_shape(len(prompts), 2 * (max(len(p) for p in prompts) + max(caps)))
+            slab = self._slabs.pop(shape, None) or StaticSlab(self.model, *shape, cuda_graphs=self.cuda_graphs)
+            slab.reset()
+        self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
+        self.stats["prefilled_tokens"] += sum(len(n) for n in new)
+        failures = slab.graph_failures
+        logits = slab.feed(new, pad)
+        replies, logprobs = self._sample_replies(logits, lambda feed: slab.feed(feed, pad), params, caps, generator)
+        self.stats["graph_failures"] = self.stats.get("graph_failures", 0) + slab.graph_failures - failures
+        if self.prefix_cache:  # the slab stays this chunk's until its next call
+            self._caches[chunk] = _PrefixCache(_cached_rows(prompts, replies), slab, None)
+        else:
+            self._free_slab(slab)
+        return [Generation(r, lp) for r, lp in zip(replies, logprobs)]
+
+    def _free_slab(self, slab) -> None:
+        """Keep a slab no chunk uses for the next call of its shape (buffers and graph reused); one per shape, at
+        most two shapes (each holds a whole KV cache)."""
+        self._slabs[(slab.rows, slab.columns)] = slab
+        while len(self._slabs) > 2:
+            self._slabs.pop(next(iter(self._slabs)))
+
+    def _sample_replies(self, logits: torch.Tensor, step, params: SamplingParams, caps: list[int],
+                        generator: torch.Generator) -> tuple[list[list[int]], list[list[float]]]:
+        """Sample every row's reply from the logits after its prompt: ``step(feed)`` feeds each row its new token
+        (or nothing, a row that stopped) and returns the next logits. A row stops at eos, at its cap, or once its
+        text holds a stop string; its last token is never fed."""
+        eos, batch = self.tokenizer.eos_token_id, len(caps)
         replies: list[list[int]] = [[] for _ in range(batch)]
         logprobs: list[list[float]] = [[] for _ in range(batch)]
         texts, running = [""] * batch, [True] * batch
-        for step in range(max(caps)):
+        for _ in range(max(caps)):
             tokens, token_logprobs = _sample(logits, params, generator)
             tokens, token_logprobs = tokens.tolist(), token_logprobs.tolist()  # one device sync per step, not per row
             feed = []
@@ -278,13 +370,14 @@ class HFBackend:
                 feed.append([token] if running[row] else [])
             if not any(running):
                 break
-            # A row that stopped is fed nothing: _forward gives it a hole (mask 0), keeping the batch rectangular.
-            logits, cache, mask = self._forward(feed, cache, mask)
-        if self.prefix_cache:
-            # The cache now holds each prompt plus its reply minus the last sampled token (never fed back).
-            cached_rows = [p + r[:-1] if r else p for p, r in zip(prompts, replies)]
-            self._caches[chunk] = _PrefixCache(cached_rows, cache, mask)
-        return [Generation(r, lp) for r, lp in zip(replies, logprobs)]
+            # A row that stopped is fed nothing: it gets a hole (mask 0), keeping the batch rectangular.
+            logits = step(feed)
+        return replies, logprobs
+
+
+def _cached_rows(prompts: list[list[int]], replies: list[list[int]]) -> list[list[int]]:
+    """What a KV cache holds after a call: each prompt plus its reply minus the last sampled token (never fed)."""
+    return [p + r[:-1] if r else p for p, r in zip(prompts, replies)]
 
 
 def reply_caps(params: SamplingParams, num_prompts: int, max_new_tokens: Sequence[int] | None) -> list[int]:

@@ -163,6 +163,12 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         """The LoRA adapter weights alone (what vLLM engines receive); empty without LoRA."""
         return {k: v.detach().cpu().clone() for k, v in self.state_dict().items() if is_adapter_key(k)}
 
+    def policy_tensors(self) -> dict[str, torch.Tensor]:
+        """The policy's tensors where they live, under the Hugging Face model's own names, no copy: the weights
+        themselves (their storage), or with LoRA the merged weights, computed on the module's device. What an env
+        runner in the same process plays (``weight_sync.py``)."""
+        return merged_policy_state(self.policy) if self.lora else self.policy.state_dict()
+
     @staticmethod
     def policy_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The policy's own ``state_dict`` (Hugging Face names) out of a module state."""

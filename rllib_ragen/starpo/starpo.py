@@ -56,6 +56,7 @@ from .checkpoints import recover_interrupted_save, write_atomically
 from .config import BUILT_IN_MODELS, StarPOConfig
 from .inference_engines import launch_engines
 from .llm_rl_module import DEFAULT_MODEL_CONFIG, PLACEHOLDER_SPACE, CausalLMRLModule
+from .weight_sync import state_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -441,9 +442,22 @@ class StarPO(Algorithm):
             self._log({M.TIME_WEIGHT_LOAD: self._sync_inference_engines()})
         else:
             self._check_learners_alive()
-            self._push_weights_to_env_runners()
+            self._send_policy_to_env_runners()
 
-    def _push_weights_to_env_runners(self) -> None:
+    def _send_policy_to_env_runners(self) -> None:
+        """The learner's policy to the env runners: shared or copied in place when the learner and the only env runner
+        live in this process (``weight_sync.py``), else through the object store. Logs the bytes moved."""
+        if self.learner_group.is_local and self.env_runner is not None \
+                and not self.env_runner_group.num_remote_env_runners():
+            learner = self.learner_group._learner
+            module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+            moved = self.env_runner.play_in_process(module.policy_tensors(), learner._weights_seq_no,
+                                                    share=not self.config.max_policy_lag)
+        else:
+            moved = self._push_weights_to_env_runners()
+        self._log({M.SYNC_BYTES: float(moved)})
+
+    def _push_weights_to_env_runners(self) -> int:
         """Load the learner's policy into every healthy env runner, waiting until each has it.
 
         Not RLlib's ``sync_weights``: it sends through an async request queue that drops a call, without a word,
@@ -466,6 +480,7 @@ class StarPO(Algorithm):
         if behind:
             raise RuntimeError(f"env runners {behind} (index: weights version) did not take the learner's weights "
                                f"(version {wanted}); a rollout on them would play another policy.")
+        return state_bytes(state[COMPONENT_RL_MODULE])
 
     # ---- vLLM engines ----------------------------------------------------------------------------------------------
     def _start_inference_engines(self):
@@ -695,7 +710,7 @@ class StarPO(Algorithm):
         if getattr(self, "engine_actors", None) is not None:
             self._sync_inference_engines()  # restored weights must reach the engines before the next rollout
         elif COMPONENT_LEARNER_GROUP in state:
-            self._push_weights_to_env_runners()  # RLlib's sync in set_state can be dropped (see the method)
+            self._send_policy_to_env_runners()  # RLlib's sync in set_state can be dropped (see the method)
 
     def _learner_module_state(self) -> dict[str, torch.Tensor]:
         """The learner's current module state, critic left out."""

@@ -23,10 +23,11 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from .. import metrics as M
 from ..envs import register_carried
-from ..rollout.backends import SamplingParams
+from ..rollout.backends import HFBackend, SamplingParams
 from ..rollout.engine import RolloutEngine, Start, Trajectory
 from .inference_engines import make_backend
 from .llm_rl_module import PLACEHOLDER_SPACE
+from .weight_sync import share_or_copy
 
 logger = logging.getLogger(__name__)
 
@@ -149,9 +150,26 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         if DEFAULT_MODULE_ID in module_state:
             module_state = module_state[DEFAULT_MODULE_ID]
         self.module.set_state(module_state)
-        # The HF backend samples from this module's policy (the load repeats the copy and drops its KV cache).
-        self.backend.load_weights(self.module.policy_state(module_state))
+        self._backend_takes_module_weights()
         self._weights_seq_no = seq_no
+
+    def _backend_takes_module_weights(self) -> None:
+        """After this runner's module changed: the HF backend samples from the module's own policy and only drops
+        its KV cache; any other backend loads the policy's weights."""
+        if isinstance(self.backend, HFBackend) and self.backend.model is self.module.policy:
+            self.backend.weights_changed()
+        else:
+            self.backend.load_weights(self.module.policy.state_dict())
+
+    def play_in_process(self, policy_state: dict[str, torch.Tensor], seq_no: int, *, share: bool) -> int:
+        """Play the policy of a learner in this same process: ``policy_state`` is its tensors under the policy's own
+        names (``CausalLMRLModule.policy_tensors``). With ``share`` this runner's policy becomes those very tensors
+        where device and dtype allow (every later optimizer step is played at once; the next sync only drops the
+        KV cache), else each tensor is copied device to device. Returns the bytes copied (0 when shared)."""
+        copied = share_or_copy(policy_state, self.module.policy, share=share)
+        self._backend_takes_module_weights()
+        self._weights_seq_no = seq_no
+        return copied
 
     @override(Checkpointable)
     def get_ctor_args_and_kwargs(self):
