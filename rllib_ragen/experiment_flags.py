@@ -456,6 +456,8 @@ def _parser_like(kind: type):
         try:
             value = json.loads(text)
         except json.JSONDecodeError as e:
+            if kind is type(None):  # a knob that is None by default may take a word: --autocast-dtype bfloat16
+                return text
             raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {text!r}") from None
         if kind is dict and not isinstance(value, dict):
             raise argparse.ArgumentTypeError(f"expected a JSON object like '{{\"key\": 1}}', got {text!r}")

@@ -59,7 +59,7 @@ KNOB_SECTIONS: dict[str, dict[str, Any]] = {
         "vf_loss_coeff": 1.0, "advantage_mask": "sampled", "recompute_logprobs": True},
     "optimisation": {
         "critic_lr": 1e-5, "weight_decay": 0.01, "adam_betas": (0.9, 0.999), "micro_batch_size": None,
-        "updates_per_rollout_batch": 1, "max_consecutive_skipped_steps": 5,
+        "autocast_dtype": None, "updates_per_rollout_batch": 1, "max_consecutive_skipped_steps": 5,
         # one-step off-policy rollouts: overlap iteration k+1's generation with iteration k's update
         "max_policy_lag": 0, "importance_weight_cap": 2.0},
     "validation and seeds": {
@@ -76,6 +76,7 @@ _RLLIB_PLACEHOLDERS = frozenset(k for k, v in AlgorithmConfig().__dict__.items()
                                 if isinstance(v, int) and not isinstance(v, bool) and v == DEPRECATED_VALUE)
 BUILT_IN_MODELS = (TINY, SMOLLM2)
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
+AUTOCAST_DTYPES = (None, "bfloat16")  # the learner's forward passes (StarPOConfig.training(autocast_dtype=...))
 
 # The kinds validate() checks before any range (see StarPOConfig._kind_errors).
 _POSITIVE_INTS = ("num_groups", "group_size", "max_turns", "max_actions_per_turn", "max_actions_per_episode",
@@ -262,7 +263,7 @@ class StarPOConfig(AlgorithmConfig):
         vf_loss_coeff=NotProvided, recompute_logprobs=NotProvided,
         # optimisation
         critic_lr=NotProvided, weight_decay=NotProvided, adam_betas=NotProvided, micro_batch_size=NotProvided,
-        updates_per_rollout_batch=NotProvided, max_consecutive_skipped_steps=NotProvided,
+        autocast_dtype=NotProvided, updates_per_rollout_batch=NotProvided, max_consecutive_skipped_steps=NotProvided,
         max_policy_lag=NotProvided, importance_weight_cap=NotProvided,
         # validation and seeds
         validation_interval=NotProvided, validation_size=NotProvided, validation_group_size=NotProvided,
@@ -407,6 +408,11 @@ class StarPOConfig(AlgorithmConfig):
             weight_decay, adam_betas: AdamW settings of both optimizers.
             micro_batch_size: learner rows per forward/backward pass; gradients accumulate to the minibatch's,
                 so memory drops without changing the update. None: the whole minibatch at once.
+            autocast_dtype: ``"bfloat16"`` runs the learner's forward passes (its scores, the losses, the echo-trap
+                probe) under ``torch.autocast`` in bfloat16, while weights, gradients and AdamW's moments stay in
+                the model's dtype (float32): the GPU's fast update. The first step's ratio stays 1 (score and loss
+                share the precision); the gap to the rollout's float32 log-probs grows (``rollout/logprob_gap_*``).
+                None (default): every pass in the model's dtype.
             updates_per_rollout_batch: optimizer steps per rollout batch and epoch (the reference's implicit
                 "Online-k"); 1 (fresh rollouts every update) is what the paper recommends.
             max_consecutive_skipped_steps: an optimizer step whose loss or gradient is not finite is skipped,
@@ -657,6 +663,14 @@ class StarPOConfig(AlgorithmConfig):
         for field in _GPU_COUNTS:
             if getattr(self, field) < 0:
                 yield f"{field}={getattr(self, field)!r} must be >= 0 (0: the CPU; a fraction shares a GPU)."
+        if self.autocast_dtype not in AUTOCAST_DTYPES:
+            yield (f"autocast_dtype={self.autocast_dtype!r}: choose one of {list(AUTOCAST_DTYPES)} (float16 would "
+                   "need a loss scaler; bfloat16 does not).")
+        elif self.autocast_dtype is not None and \
+                str(self.model_config.get("dtype", "float32")).removeprefix("torch.") != "float32":
+            yield (f"autocast_dtype={self.autocast_dtype!r} with model_config['dtype']="
+                   f"{self.model_config.get('dtype')!r}: autocast keeps float32 weights and computes in bfloat16; "
+                   "with weights in a low precision already, set autocast_dtype=None (or dtype='float32').")
         # A learning rate <= 0 would train by gradient ascent, or not at all.
         if _is_number(self.lr) and self.lr <= 0:
             yield f"lr={self.lr} must be > 0."

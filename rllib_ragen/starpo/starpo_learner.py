@@ -32,7 +32,7 @@ from ..objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, advantage_recur
                           compute_advantages, kl_penalty, policy_loss, token_logprobs,
                           truncated_importance_weights, value_loss)
 from ..objectives.episode_layout import EpisodeLayout
-from ..rollout.models import load_policy
+from ..rollout.models import forward_sharing_prefix, load_policy
 
 INPUT_COLUMNS = ("input_ids", "attention_mask")
 LOSS_COLUMNS = ("response_mask", "loss_mask", "value_mask", "old_logp", "token_advantages", "ref_logp", "old_values",
@@ -61,15 +61,26 @@ class StarPOTorchLearner(TorchLearner):
         module = self._module[module_id]
         actor = [p for p in module.policy.parameters() if p.requires_grad]  # with LoRA: the adapters alone
         self.register_optimizer(module_id=module_id, optimizer_name="actor", params=actor,
-                                optimizer=torch.optim.AdamW(actor, betas=config.adam_betas,
-                                                            weight_decay=config.weight_decay),
-                                lr_or_lr_schedule=config.lr)
+                                optimizer=self._adamw(actor, config), lr_or_lr_schedule=config.lr)
         critic = [p for name, p in module.named_parameters() if name.startswith(("critic.", "value_head."))]
         if critic:
             self.register_optimizer(module_id=module_id, optimizer_name="critic", params=critic,
-                                    optimizer=torch.optim.AdamW(critic, betas=config.adam_betas,
-                                                                weight_decay=config.weight_decay),
-                                    lr_or_lr_schedule=config.critic_lr)
+                                    optimizer=self._adamw(critic, config), lr_or_lr_schedule=config.critic_lr)
+
+    @staticmethod
+    def _adamw(params: list, config) -> torch.optim.AdamW:
+        """AdamW; on a GPU its fused kernel (one launch for every tensor, the same update up to rounding), on the CPU
+        torch's default implementation, as before."""
+        fused = bool(params) and all(p.is_cuda for p in params)
+        return torch.optim.AdamW(params, betas=config.adam_betas, weight_decay=config.weight_decay,
+                                 **({"fused": True} if fused else {}))
+
+    def _precision(self, config):
+        """The context of every forward pass the learner makes: bfloat16 autocast when ``autocast_dtype`` asks for
+        it (weights, gradients and optimizer moments stay in the model's dtype), else nothing."""
+        if config.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self._device.type, dtype=getattr(torch, config.autocast_dtype))
 
     def set_lr_factor(self, factor: float) -> None:
         """Multiply every optimizer's configured learning rate by ``factor`` from now on (a sentinel rollback)."""
@@ -169,6 +180,9 @@ class StarPOTorchLearner(TorchLearner):
         steps = min(smallest, config.optimizer_steps(rows_in_update))
         minibatches = [order[i * size // steps:(i + 1) * size // steps] for order in orders for i in range(steps)]
         micro_size = config.micro_batch_size or size
+        if micro_size < size:  # micro-batches of similar lengths pad less; a step's gradient is their sum either way
+            lengths = data["attention_mask"].sum(-1).cpu()
+            minibatches = [rows[torch.argsort(lengths[rows], descending=True, stable=True)] for rows in minibatches]
 
         if self._step_scores_itself(len(minibatches), config.micro_batch_size or largest, largest, config):
             self._start_scores(data, config)
@@ -208,7 +222,9 @@ class StarPOTorchLearner(TorchLearner):
         self._start_scores(data, config)
         for rows in micro_batches:
             inputs = _trimmed(data, rows)
-            self._score(data, module, config, rows, inputs, module.forward_train(inputs))
+            with self._precision(config):
+                out = module.forward_train(inputs)
+            self._score(data, module, config, rows, inputs, out)
         self._finish_scores(data, config)
         self._log_scores(data, config)
 
@@ -283,10 +299,11 @@ class StarPOTorchLearner(TorchLearner):
                                    (truncated.sum() / tokens).item(), window=1)
 
     def _reference_logits(self, module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        if self._reference is not None:
-            return self._reference(**inputs, use_cache=False).logits
-        with module.unwrapped().policy.disable_adapter():  # LoRA: the base weights are the reference policy
-            return module.unwrapped().policy(**inputs, use_cache=False).logits
+        with self._precision(self.config.get_config_for_module(DEFAULT_MODULE_ID)):
+            if self._reference is not None:
+                return self._reference(**inputs, use_cache=False).logits
+            with module.unwrapped().policy.disable_adapter():  # LoRA: the base weights are the reference policy
+                return module.unwrapped().policy(**inputs, use_cache=False).logits
 
     # ---- the echo-trap probe (collapse.py), every collapse_diagnostics_interval iterations, before the update ----
     def collapse_probe(self, batch: dict[str, np.ndarray],
@@ -332,16 +349,19 @@ class StarPOTorchLearner(TorchLearner):
                 attention[row, :len(ids[r])] = 1
                 scored[row, :len(masks[r])] = torch.tensor(masks[r], dtype=torch.float32)
             input_ids, attention = input_ids.to(self._device), attention.to(self._device)
-            logits = module.policy(input_ids=input_ids, attention_mask=attention, use_cache=False).logits
+            with self._precision(config):
+                logits = forward_sharing_prefix(module.policy, input_ids, attention)["logits"]  # a prompt's tokens once
             totals = (token_logprobs(logits, input_ids, config.temperature).cpu() * scored).sum(-1)
             for row, r in enumerate(chunk):
                 scores[index[r]] = float(totals[row])
         return cross_scoring(scores)
 
     def _policy_gradient_norm(self, data: dict, rows: torch.Tensor, module, config, micro_size: int) -> float:
-        """Norm of the clipped-surrogate gradient on ``rows`` alone (normalised over their own tokens)."""
+        """Norm of the clipped-surrogate gradient on ``rows`` alone (normalised over their own tokens). The policy
+        alone is run (``forward_train`` would run the critic's trunk too, whose values this needs not)."""
         total_tokens = data["loss_mask"][rows].sum().clamp(min=1)
-        actor = list(module.unwrapped().policy.parameters())
+        policy = module.unwrapped().policy
+        actor = list(policy.parameters())
         no_sync = module.no_sync if hasattr(module, "no_sync") else contextlib.nullcontext
         with no_sync():
             for i in range(0, len(rows), micro_size):
@@ -349,7 +369,9 @@ class StarPOTorchLearner(TorchLearner):
                 inputs = _trimmed(data, micro)
                 width = inputs["input_ids"].shape[1]
                 trained = data["loss_mask"][micro, :width]
-                logp = module.forward_train(inputs)["logp"]
+                with self._precision(config):
+                    logits = forward_sharing_prefix(policy, inputs["input_ids"], inputs["attention_mask"])["logits"]
+                    logp = token_logprobs(logits, inputs["input_ids"], config.temperature)
                 loss, _ = policy_loss(logp, data["old_logp"][micro, :width], data["token_advantages"][micro, :width],
                                       trained, clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
                                       dual_clip=config.dual_clip, aggregation="token-mean")
@@ -431,7 +453,8 @@ class StarPOTorchLearner(TorchLearner):
         also the rows' score, stored before the loss reads it."""
         inputs = _trimmed(data, rows)
         width = inputs["input_ids"].shape[1]
-        fwd_out = module.forward_train(inputs)
+        with self._precision(config):
+            fwd_out = module.forward_train(inputs)
         if score:
             self._score(data, module, config, rows, inputs, fwd_out)
             self._finish_scores(data, config)
