@@ -412,6 +412,7 @@ class StarPOConfig(AlgorithmConfig):
                 probe) under ``torch.autocast`` in bfloat16, while weights, gradients and AdamW's moments stay in
                 the model's dtype (float32): the GPU's fast update. The first step's ratio stays 1 (score and loss
                 share the precision); the gap to the rollout's float32 log-probs grows (``rollout/logprob_gap_*``).
+                For GPUs: a CPU without bfloat16 matrix units computes it several times slower than float32.
                 None (default): every pass in the model's dtype.
             updates_per_rollout_batch: optimizer steps per rollout batch and epoch (the reference's implicit
                 "Online-k"); 1 (fresh rollouts every update) is what the paper recommends.

@@ -64,6 +64,10 @@ def shares_storage(source: dict[str, torch.Tensor], target: torch.nn.Module) -> 
                for name, tensor in target.state_dict(keep_vars=True).items())
 
 
-def state_bytes(state: dict[str, torch.Tensor]) -> int:
-    """Bytes of a state dict's tensors (what a sync through the object store moves)."""
-    return sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
+def state_bytes(state) -> int:
+    """Bytes of the tensors in a (nested) state dict: what a sync through the object store moves."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(value) for value in state.values())
+    return 0

@@ -34,6 +34,7 @@ def _numeric_flags():
 
     base, structured = StarPOConfig(), {"train_envs", "validation_envs", "lora"}  # JSON, None when unset
     structured |= {"rollout_filter_include_zero"}  # a boolean, or None for the strategy's own
+    structured |= {"autocast_dtype"}  # a dtype's name, or None (test_update_precision refuses True)
     return [n for n in config_flag_names() if n not in structured
             and not isinstance(config_value(base, n), (bool, str, dict, list, tuple))]
 

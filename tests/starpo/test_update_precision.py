@@ -41,6 +41,7 @@ def test_without_autocast_the_learner_computes_in_float32(ray_session, small_con
 @pytest.mark.parametrize("value, dtype, message", [
     ("float16", "float32", "choose one of"),
     ("bf16", "float32", "choose one of"),
+    (True, "float32", "choose one of"),
     ("bfloat16", "bfloat16", "weights in a low precision"),
 ])
 def test_validate_refuses_autocast_settings_that_cannot_work(small_config, value, dtype, message):

@@ -75,6 +75,7 @@ def test_share_or_copy_shares_or_copies_as_asked_and_counts_bytes():
         next(source.parameters()).add_(1.0)
     assert not torch.equal(next(target.parameters()), next(source.parameters()))
     assert state_bytes(state) >= copied  # tied weights are listed twice in a state dict, copied once
+    assert state_bytes({"module": {"default_policy": state}}) == state_bytes(state) > 0  # an RLlib state, nested
 
 
 def test_share_or_copy_refuses_another_model():
@@ -87,3 +88,18 @@ def test_share_or_copy_refuses_another_model():
     state[name] = torch.zeros(3)
     with pytest.raises(ValueError, match="same model"):
         share_or_copy(state, target, share=True)
+
+
+def test_remote_env_runners_get_the_weights_through_the_object_store_and_the_bytes_are_counted(ray_session,
+                                                                                                 small_config):
+    algo = small_config(validation_interval=0).env_runners(num_env_runners=1).build_algo()
+    try:
+        result = algo.train()
+        learner_state = algo.learner_group._learner.module[DEFAULT_MODULE_ID].unwrapped().policy.state_dict()
+        distinct = {t.data_ptr(): t for t in learner_state.values()}
+        assert result[M.SYNC_BYTES] >= sum(t.numel() * t.element_size() for t in distinct.values())
+        played = algo.env_runner_group.foreach_env_runner(lambda runner: runner.module.policy.state_dict(),
+                                                          local_env_runner=False)[0]
+        assert all(torch.equal(played[k], learner_state[k].cpu()) for k in played)
+    finally:
+        algo.stop()
