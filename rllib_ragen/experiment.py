@@ -114,6 +114,20 @@ def claim_run_folder(job: JobSettings, seed: int) -> pathlib.Path:
             n += 1
 
 
+def start_ray(verbose: bool) -> None:
+    """Start a local Ray for a job, unless one runs. Ray's token authentication stays as Ray sets it (on by default
+    since Ray 2.60: a token in ``~/.ray/auth_token``), because Ray's processes listen on the machine's network
+    interfaces while the job runs and would run code for anyone who reaches their ports. ``RAY_AUTH_MODE=disabled``
+    set by the user still opts out."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=verbose,
+                 **({} if verbose else {"logging_level": logging.ERROR}))
+        if not verbose:
+            keep_notices_off_the_console()  # ray.init set up its console handler again
+
+
 def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, reference_lines: dict,
          baselines: dict) -> dict:
     import ray
@@ -123,12 +137,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
 
     if not job.verbose:
         send_notices_to(out / "job.log")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=job.verbose,
-                 **({} if job.verbose else {"logging_level": logging.ERROR}))
-        if not job.verbose:
-            keep_notices_off_the_console()  # ray.init set up its console handler again
+    start_ray(job.verbose)
     shortfall = StarPO.resource_shortfall(config, as_tune_trial=True)  # Tune would leave such a trial pending forever
     if shortfall:
         raise ValueError(f"No trial can start: {shortfall}")

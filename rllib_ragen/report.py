@@ -2,7 +2,7 @@
 
 Works on any finished Tune experiment of StarPO trials that carried :class:`~rllib_ragen.callbacks.JobOutputs` (a
 main job with one trial or several seeds, a sweep), and on a single trial folder. For each trial it reads Tune's
-``result.json`` and ``params.pkl`` and the callback's rollout files, and writes the trial's ``summary.json``
+``result.json`` and ``params.json`` and the callback's rollout files, and writes the trial's ``summary.json``
 (validation before and after RL, the paired comparisons, baselines, held-out splits, throughput) and its
 ``learning_curve.png``; it prints the final table. For an experiment it also writes the experiment's
 ``summary.json``: every trial's summary, the spread over trials and, for a sweep, each trial paired against the
@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import pathlib
-import pickle
 import statistics
 import sys
 
@@ -51,7 +50,7 @@ def trial_folders(run_dir: pathlib.Path) -> list[pathlib.Path]:
 
 
 def trial_config(trial: pathlib.Path):
-    """The trial's ``StarPOConfig``, from the parameters Tune stored (``params.pkl``)."""
+    """The trial's ``StarPOConfig``, from the parameters Tune stored (``params.json``)."""
     from .starpo.config import StarPOConfig
 
     return StarPOConfig.from_dict(_trial_params(trial))
@@ -204,9 +203,48 @@ def paired_after_rl(reference: pathlib.Path, trial: pathlib.Path) -> dict:
             for mode, files in SAMPLED_AND_GREEDY.items()}
 
 
+# Settings Tune writes to params.json only as their repr (classes, functions, gymnasium specs): the report keeps the
+# library's defaults for them, and needs none of them.
+_NOT_DATA = frozenset({"text_env_registrations"})
+
+
 def _trial_params(trial: pathlib.Path) -> dict:
-    with open(trial / "params.pkl", "rb") as f:
-        return pickle.load(f)
+    """The trial's settings from Tune's ``params.json``: plain JSON, never its pickle (``params.pkl``), so that a
+    report on a folder from elsewhere runs none of that folder's code. A setting whose default is no plain value (a
+    class, a function) comes back as its repr: it keeps the library's default, except ``env``, whose text names the
+    environment (a ``TextEnv`` class given as ``env`` is shown by its repr)."""
+    from .starpo.config import StarPOConfig
+
+    path = trial / "params.json"
+    try:
+        params = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is missing: the report reads a trial's settings from Tune's params.json "
+                                "(never from params.pkl, a pickle that would run code). Is this a trial folder of a "
+                                "finished or resumed job?") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): the trial's settings cannot be read.") from None
+    if not isinstance(params, dict):
+        raise ValueError(f"{path} holds a {type(params).__name__}, not the trial's settings (a JSON object).")
+    defaults = StarPOConfig().to_dict()
+    kept = {}
+    for key, value in params.items():
+        default = defaults.get(key)
+        if key in _NOT_DATA or not (key == "env" or _plain(default)):
+            continue
+        kept[key] = tuple(value) if isinstance(default, tuple) and isinstance(value, list) else value
+    return kept
+
+
+def _plain(value) -> bool:
+    """Whether a value is JSON's kind of data (what params.json holds as itself, not as a repr)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
 
 
 def print_versus(versus: dict) -> None:

@@ -187,9 +187,13 @@ function writeHash(state) {
   history.replaceState(null, '', '#' + params.toString());
 }
 function fillSelect(id, values, current) {
+  // Options as elements with text, never as HTML: an environment's name is data from the run, not markup.
   const select = document.getElementById(id);
-  select.innerHTML = '<option value="">all</option>' +
-    values.map(v => `<option value="${v}">${v}</option>`).join('');
+  select.replaceChildren(...['', ...values].map(v => {
+    const option = el('option', '', v === '' ? 'all' : v);
+    option.value = v;
+    return option;
+  }));
   select.value = current || '';
 }
 function matches(ep, state) {

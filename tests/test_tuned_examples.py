@@ -440,12 +440,12 @@ def test_a_preset_grid_that_a_flag_would_contradict_is_refused(flags, message, c
 
 
 def test_the_report_pairs_each_sweep_trial_against_the_grids_first_values_on_the_same_seed(tmp_path):
-    import pickle
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from rllib_ragen.experiment_outputs import AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS
+    from ray.tune.utils.util import SafeFallbackEncoder
+
     from rllib_ragen.report import versus_reference
 
     config = job_file("starpo_frozenlake.py")["config"]
@@ -454,8 +454,9 @@ def test_the_report_pairs_each_sweep_trial_against_the_grids_first_values_on_the
     for (estimator, seed), outcomes in solved.items():
         trial = tmp_path / f"seed{seed}_advantage_estimator={estimator}"
         trial.mkdir()
-        with open(trial / "params.pkl", "wb") as f:
-            pickle.dump({**config.to_dict(), "advantage_estimator": estimator, "seed": seed}, f)
+        # As Tune writes it: JSON, with a value it cannot encode written as its repr.
+        (trial / "params.json").write_text(json.dumps({**config.to_dict(), "advantage_estimator": estimator,
+                                                       "seed": seed}, cls=SafeFallbackEncoder))
         table = pa.Table.from_pylist([{"env": config.env_name, "seed": 123 + i, "success": float(s)}
                                       for i, s in enumerate(outcomes)])
         for file in (AFTER_ROLLOUTS, AFTER_GREEDY_ROLLOUTS):
@@ -503,7 +504,7 @@ def test_filter_study_runs_each_filter_from_one_warm_start_and_pairs_it_against_
     table = json.loads((tmp_path / "filter_study.json").read_text())
     assert list(table) == ["std", "snr_adaptive"]
     assert table["snr_adaptive"]["settings"] == {"rollout_filter": "snr_adaptive"}
-    std_trial = next(p for p in (tmp_path / "std_seed0").iterdir() if (p / "params.pkl").is_file())
+    std_trial = next(p for p in (tmp_path / "std_seed0").iterdir() if (p / "params.json").is_file())
     std_after = json.loads((std_trial / "summary.json").read_text())["after"]["success"]
     versus = table["snr_adaptive"]["against_reference"]["sampled"]
     assert versus["n"] == 4 and versus["before"] == std_after  # the same four states, std's outcome first

@@ -114,3 +114,20 @@ def test_the_screenshot_the_docs_use_is_taken_from_the_page(run_dir, tmp_path):
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (1400, 900)  # the IHDR's width and height
+
+
+def test_a_hostile_environment_name_is_shown_as_text_never_run_as_markup(tmp_path):
+    """An environment's name comes from the run (a user's registration, a mixture's label, a served game): the page
+    puts it into its filters and rows as text, so an opened page runs no handler hidden in it."""
+    _, tokenizer = load_policy("tiny", seed=0)
+    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/FrozenLake-v0"),
+                           ScriptedBackend(frozen_lake_optimal_policy(), tokenizer), tokenizer)
+    episodes, _ = engine.rollout([123], 1, SamplingParams())
+    hostile = "<img src=x onerror=\"document.body.setAttribute('data-pwned', '1')\">"
+    episodes[0].env_name = hostile
+    write_rollouts(tmp_path / AFTER_ROLLOUTS, episodes, tokenizer, iteration=1)
+    viewer_main([str(tmp_path)])
+    html = dom(tmp_path / "rollouts.html", "")
+    assert not re.search(r"<body[^>]*data-pwned", html)  # the handler never ran (it would mark the body)
+    assert "<img" not in html.split("<script")[0]  # no element was made from the name
+    assert re.search(r"<option[^>]*>&lt;img src=x", html)  # it is there, as the filter's text

@@ -52,7 +52,7 @@ OUTPUT_DIR = "outputs/filter_study"  # --output-dir changes it
 
 def trial_of(run: pathlib.Path) -> pathlib.Path:
     """The one trial folder of a filter's run (a Tune experiment of one trial)."""
-    (trial,) = [p for p in run.iterdir() if p.is_dir() and (p / "params.pkl").is_file()]
+    (trial,) = [p for p in run.iterdir() if p.is_dir() and (p / "params.json").is_file()]
     return trial
 
 

@@ -1,0 +1,80 @@
+"""Hostile or careless surroundings must not run code as the user: a job's Ray keeps its token authentication, and a
+report on a run folder someone sent reads data, never a pickle. (The viewer's escaping: tests/test_viewer.py.)"""
+
+import json
+import os
+import subprocess
+import sys
+
+from rllib_ragen import report
+
+
+def test_a_jobs_local_ray_keeps_token_authentication(tmp_path):
+    """Ray's processes listen on the machine's interfaces during a job; without its token anyone reaching their ports
+    could run code as the user. The job starts Ray as a fresh process would (RAY_AUTH_MODE unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    env["HOME"] = str(tmp_path)  # the token Ray writes goes here, not into the user's ~/.ray
+    script = ("import ray\n"
+              "from rllib_ragen.experiment import start_ray\n"
+              "start_ray(verbose=False)\n"
+              "from ray._private.authentication.authentication_utils import is_token_auth_enabled\n"
+              "print('token auth', is_token_auth_enabled())\n"
+              "ray.shutdown()\n")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "token auth True" in done.stdout
+    assert (tmp_path / ".ray" / "auth_token").is_file()
+
+
+class _Payload:
+    """What a hostile params.pkl holds: unpickling it runs a command (here: it writes a marker file)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def _trial_folder(tmp_path, params_json):
+    import pickle
+
+    from rllib_ragen import StarPOConfig
+
+    trial = tmp_path / "seed0"
+    trial.mkdir()
+    marker = tmp_path / "pwned"
+    with open(trial / "params.pkl", "wb") as f:
+        pickle.dump({"env": _Payload(marker)}, f)
+    if params_json is not None:
+        from ray.tune.utils.util import SafeFallbackEncoder
+
+        config = StarPOConfig().environment("rllib_ragen/FrozenLake-v0").training(validation_size=7)
+        text = json.dumps({**config.to_dict(), "seed": 3} if params_json == "tune" else params_json,
+                          cls=SafeFallbackEncoder)
+        (trial / "params.json").write_text(text)
+    return trial, marker
+
+
+def test_the_report_reads_a_trials_settings_from_params_json_and_never_unpickles(tmp_path):
+    trial, marker = _trial_folder(tmp_path, "tune")
+    config = report.trial_config(trial)
+    assert not marker.exists()  # params.pkl was not unpickled
+    assert (config.env, config.validation_size, config.seed) == ("rllib_ragen/FrozenLake-v0", 7, 3)
+    assert config.adam_betas == (0.9, 0.999)  # a tuple again
+    assert isinstance(config.callbacks_class, type)  # a class Tune wrote as its repr keeps the default
+
+
+def test_a_missing_or_broken_params_json_is_named_not_replaced_by_the_pickle(tmp_path):
+    import pytest
+
+    trial, marker = _trial_folder(tmp_path, None)
+    with pytest.raises(FileNotFoundError, match="params.json is missing.*never from params.pkl"):
+        report.trial_config(trial)
+    (trial / "params.json").write_text('{"env": "rllib_ragen/FrozenLake-v0", ')
+    with pytest.raises(ValueError, match="params.json is not valid JSON"):
+        report.trial_config(trial)
+    (trial / "params.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="holds a list"):
+        report.trial_config(trial)
+    assert not marker.exists()
