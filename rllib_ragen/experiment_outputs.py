@@ -235,10 +235,16 @@ def read_results(trial: pathlib.Path) -> list[dict]:
     iteration a restored trial played again keeps its last result. Empty without the file."""
     by_iteration: dict[int, dict] = {}
     path = pathlib.Path(trial) / "result.json"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        if line.strip():
+    for number, line in enumerate(path.read_text().splitlines() if path.is_file() else [], start=1):
+        if not line.strip():
+            continue
+        try:
             row = result_row(json.loads(line))
             by_iteration[int(row["training_iteration"])] = row
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"{path}, line {number}, is not one of Tune's results ({type(error).__name__}: "
+                             f"{error}); the file is damaged (a full disk or a kill while it was written?). "
+                             "Remove or repair that line and report again.") from None
     return [by_iteration[i] for i in sorted(by_iteration)]
 
 

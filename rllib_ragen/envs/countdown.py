@@ -62,6 +62,10 @@ def solve(numbers: list[int], target: int) -> str | None:
     return found[1:-1] if found and found.startswith("(") else found
 
 
+MAX_VALUE = 10**6  # the largest max_number / max_target
+MAX_DRAWS = 10_000  # random expressions tried per reset before the settings are called impossible
+
+
 class CountdownEnv(TextEnv):
     """Reach the target number with the given numbers and + - * /, using each number exactly once.
 
@@ -103,9 +107,9 @@ class CountdownEnv(TextEnv):
         if isinstance(num_numbers, bool) or num_numbers not in (2, 3, 4):
             raise ValueError(f"num_numbers={num_numbers!r} must be 2, 3 or 4 (the solver searches them all).")
         for name, value in (("max_number", max_number), ("max_target", max_target)):
-            # A target range of no whole number would make the puzzle draw loop forever.
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a whole number >= 1.")
+            # A target range of no whole number would make the puzzle draw loop forever; numpy draws below 2**63.
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_VALUE:
+                raise ValueError(f"{name}={value!r} must be a whole number from 1 to {MAX_VALUE:,}.")
         super().__init__(render_mode=render_mode, max_observation_chars=256)
         self.num_numbers, self.max_number, self.max_target = num_numbers, max_number, max_target
         self.numbers: list[int] = []
@@ -133,7 +137,7 @@ class CountdownEnv(TextEnv):
             options = self.reset_options
             self.numbers, self.target, self.feedback = [int(n) for n in options["numbers"]], int(options["target"]), ""
             return
-        while True:  # a random expression over the numbers; kept when its value is a target in range
+        for _ in range(MAX_DRAWS):  # a random expression over the numbers; kept when its value is a target in range
             numbers = [int(n) for n in self.np_random.integers(1, self.max_number + 1, size=self.num_numbers)]
             value, text = Fraction(numbers[0]), str(numbers[0])
             for n in numbers[1:]:
@@ -141,6 +145,10 @@ class CountdownEnv(TextEnv):
                 value, text = _OPERATORS[op](value, n), f"({text} {_SYMBOLS[op]} {n})"
             if value.denominator == 1 and 1 <= value <= self.max_target:
                 break
+        else:  # settings under which a target in range is (nearly) never drawn: say so rather than spin
+            raise ValueError(f"no Countdown puzzle with a target from 1 to max_target={self.max_target} in "
+                             f"{MAX_DRAWS:,} draws of {self.num_numbers} numbers up to max_number={self.max_number}: "
+                             "raise max_target or lower max_number.")
         self.numbers, self.target, self.feedback = [int(n) for n in self.np_random.permutation(numbers)], int(value), ""
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:

@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
+import math
 import time
 from typing import Any
 from urllib.parse import urlparse
 
+import regex
+
 from .base import TextEnv
-from .external import AnyText, move_matching
+from .external import AnyText
+
+# A server is trusted with its game, not with this process: what it sends is checked before it is used.
+MAX_ACTION_PATTERN_CHARS = 256  # a served move syntax (a regular expression) longer than this is refused
+ACTION_PATTERN_TIMEOUT_S = 0.05  # the longest one match of an answer against the served syntax may take
+MAX_REPLY_OVERHEAD_BYTES = 65_536  # a reply's bytes beyond its texts (JSON escapes count 6 bytes a character)
 
 # Errors of a connection that may succeed when made again (the server restarting, a dropped keep-alive socket).
 _CONNECTION_ERRORS = (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine, BrokenPipeError)
@@ -61,21 +68,24 @@ class RemoteTextEnv(TextEnv):
         if parsed.scheme != "http" or not parsed.hostname:
             raise ValueError(f"url={url!r}: give the server as http://HOST:PORT (python -m rllib_ragen.envs.serve).")
         for name, value in (("request_timeout_s", request_timeout_s), ("retry_backoff_s", retry_backoff_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name}={value!r} must be a positive number of seconds.")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{name}={value!r} must be a positive, finite number of seconds.")
         if isinstance(connect_retries, bool) or not isinstance(connect_retries, int) or connect_retries < 0:
             raise ValueError(f"connect_retries={connect_retries!r} must be a whole number >= 0.")
         super().__init__(render_mode=render_mode, max_observation_chars=max_observation_chars)
         self.observation_space = AnyText(max_length=max_observation_chars)
         self.action_space = AnyText(max_length=256)
         self.url, self.request_timeout_s = url, float(request_timeout_s)
+        self.max_observation_chars = max_observation_chars
         self.connect_retries, self.retry_backoff_s = connect_retries, float(retry_backoff_s)
         self._host, self._port = parsed.hostname, parsed.port or 80
         self._connection: http.client.HTTPConnection | None = None
         self._session: str | None = None
         self._steps = 0
         self._description, self._observation, self._state_key = "", "", ""
-        self._action_regex: re.Pattern | None = None
+        self._action_regex: regex.Pattern | None = None
+        # The longest reply taken: an observation and a description, JSON-escaped, and the other fields.
+        self._max_reply_bytes = 12 * max_observation_chars + MAX_REPLY_OVERHEAD_BYTES
 
     # ---- transport --------------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
@@ -88,7 +98,7 @@ class RemoteTextEnv(TextEnv):
                                                                   timeout=self.request_timeout_s)
                 self._connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
                 response = self._connection.getresponse()
-                payload = json.loads(response.read() or b"{}")
+                raw = response.read(self._max_reply_bytes + 1)
                 break
             except TimeoutError:
                 self._drop_connection()
@@ -101,9 +111,56 @@ class RemoteTextEnv(TextEnv):
                                          f"{attempt + 1} attempts ({type(error).__name__}: {error}); is "
                                          "`python -m rllib_ragen.envs.serve` running there?") from error
                 time.sleep(self.retry_backoff_s * 2 ** attempt)
+        if len(raw) > self._max_reply_bytes:
+            self._drop_connection()  # the rest of that reply is never read
+            raise RemoteEnvError(f"{self.url}{path} sent a reply of more than {self._max_reply_bytes:,} bytes, more "
+                                 f"than texts of max_observation_chars={self.max_observation_chars} can take.")
+        try:
+            payload = json.loads(raw or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise RemoteEnvError(f"{self.url}{path} answered {response.status} with something that is not JSON "
+                                 f"({error}): {raw[:80]!r}") from None
+        if not isinstance(payload, dict):
+            raise RemoteEnvError(f"{self.url}{path} answered a JSON {type(payload).__name__}, not an object.")
         if response.status != 200:
             raise RemoteEnvError(f"{self.url}{path} answered {response.status}: {payload.get('error', payload)}")
         return payload
+
+    def _field(self, reply: dict, path: str, name: str, kind, *, optional: bool = False):
+        """``reply[name]``, checked to be of ``kind`` (``str``, ``int``, ``float``, ``bool``, ``dict``, or
+        ``list`` of strings): a server's field of another kind is its fault, named here rather than failing later."""
+        value = reply.get(name)
+        if value is None and optional:
+            return None
+        if kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        elif kind is list:
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            wanted = {float: "a number", int: "a whole number >= 1", list: "a list of strings", bool: "true or false",
+                      str: "a string", dict: "an object"}[kind]
+            raise RemoteEnvError(f"{self.url}{path} sent {name}={value!r:.80}: expected {wanted}"
+                                 f"{' or null' if optional else ''}.")
+        if kind is str and name in ("observation", "description") and len(value) > self.max_observation_chars:
+            raise RemoteEnvError(f"{self.url}{path} sent {name} text of {len(value):,} characters; this client "
+                                 f"takes at most max_observation_chars={self.max_observation_chars}.")
+        return value
+
+    def _compile_action_pattern(self, pattern: str | None):
+        if pattern is None:
+            return None
+        if len(pattern) > MAX_ACTION_PATTERN_CHARS:
+            raise RemoteEnvError(f"{self.url}/reset sent an action_pattern of {len(pattern)} characters; at most "
+                                 f"{MAX_ACTION_PATTERN_CHARS} are taken.")
+        try:
+            return regex.compile(pattern, regex.IGNORECASE)
+        except regex.error as error:
+            raise RemoteEnvError(f"{self.url}/reset sent action_pattern={pattern!r}, which does not compile "
+                                 f"({error}).") from None
 
     def _drop_connection(self) -> None:
         if self._connection is not None:
@@ -116,28 +173,43 @@ class RemoteTextEnv(TextEnv):
         self.reset_options = options or {}
         reply = self._request("POST", "/reset", {"seed": seed, "options": self.reset_options,
                                                  "close": self._session})
-        self._session, self._steps, self._success = reply["session_id"], 0, False
-        self._description, self._observation = reply["description"], reply["observation"]
-        self._state_key = reply["state_key"]
-        self.action_names = tuple(reply["action_names"])
+        field = lambda name, kind, **kw: self._field(reply, "/reset", name, kind, **kw)  # noqa: E731
+        self._session, self._steps, self._success = field("session_id", str), 0, False
+        self._description, self._observation = field("description", str), field("observation", str)
+        self._state_key = field("state_key", str)
+        self.action_names = tuple(field("action_names", list))
         self._action_lookup = {name.lower(): i for i, name in enumerate(self.action_names)}
-        pattern = reply.get("action_pattern")
-        self._action_regex = re.compile(pattern, re.IGNORECASE) if pattern else None
-        self.max_turns = reply.get("max_turns")
-        return self._observation, reply["info"]
+        self._action_regex = self._compile_action_pattern(field("action_pattern", str, optional=True) or None)
+        self.max_turns = field("max_turns", int, optional=True)
+        return self._observation, field("info", dict)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if self._session is None:
             raise RemoteEnvError("step() before reset(): there is no session on the server yet.")
         reply = self._request("POST", "/step", {"session_id": self._session, "action": action, "index": self._steps})
         self._steps += 1
-        self._observation, self._state_key = reply["observation"], reply["state_key"]
-        self._success = bool(reply["info"].get("success", False))
-        return (self._observation, float(reply["reward"]), reply["terminated"], reply["truncated"], reply["info"])
+        field = lambda name, kind: self._field(reply, "/step", name, kind)  # noqa: E731
+        self._observation, self._state_key = field("observation", str), field("state_key", str)
+        info = field("info", dict)
+        self._success = bool(info.get("success", False))
+        reward, terminated = float(field("reward", float)), field("terminated", bool)
+        return self._observation, reward, terminated, field("truncated", bool), info
 
     def canonical_action(self, text: str) -> str | None:
         """Checked here, as the served environment checks it: an action name, or a move matching its syntax."""
-        return super().canonical_action(text) if self.action_names else move_matching(text, self._action_regex)
+        if self.action_names:
+            return super().canonical_action(text)
+        if not isinstance(text, str) or not text.strip():
+            return None
+        move = " ".join(text.split())
+        if self._action_regex is None:
+            return move
+        try:  # a served pattern may backtrack for ages on some answers: each match is bounded in time
+            return move if self._action_regex.fullmatch(move, timeout=ACTION_PATTERN_TIMEOUT_S) else None
+        except TimeoutError:
+            raise RemoteEnvError(f"{self.url}'s action_pattern took over {ACTION_PATTERN_TIMEOUT_S} s to match an "
+                                 f"answer of {len(move)} characters (a pattern that backtracks exponentially?); "
+                                 "fix the served game's move syntax.") from None
 
     def describe(self) -> str:
         return self._description

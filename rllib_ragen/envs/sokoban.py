@@ -18,6 +18,9 @@ REWARDS = ("shaped", "success")
 RENDERINGS = ("grid", "coordinates")
 
 
+MAX_DIM = 20  # the largest room: a level is drawn by search, and its text grows with dim squared
+
+
 class SokobanEnv(TextEnv):
     """Push every box onto a target in a small walled room.
 
@@ -74,6 +77,10 @@ class SokobanEnv(TextEnv):
         render: str = "grid",
         render_mode: str | None = "ansi",
     ):
+        for name, value, low, high in (("dim", dim, 4, MAX_DIM), ("num_boxes", num_boxes, 1, MAX_DIM),
+                                       ("search_depth", search_depth, 1, 10_000)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"{name}={value!r} must be a whole number from {low} to {high}.")
         if reward not in REWARDS:
             raise ValueError(f"reward={reward!r}: choose one of {REWARDS}.")
         if render not in RENDERINGS:

@@ -19,7 +19,8 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
 
-from ..envs import _load_entry_point, ensure_registered, register_carried, registered_text_envs, registrations_of
+from ..envs import (BUILT_IN_TEXT_ENVS, REMOTE_ENV_ID, _load_entry_point, ensure_registered, make_text_env,
+                    register_carried, registered_text_envs, registrations_of)
 from ..envs.base import checks_reasoning_claims
 from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, FILTER_MODES, FILTER_TYPES,
                           KL_ESTIMATORS, REFERENCE_STRATEGIES, TOP_P_MODES, AdvantageSettings, FilterSettings,
@@ -757,6 +758,10 @@ class StarPOConfig(AlgorithmConfig):
             yield f"rollout_filter_value={value} must lie in (0, 1] for rollout_filter={mode!r}."
         elif mode == "top_k_abs" and value is not None and (value < 1 or value != int(value)):
             yield f"rollout_filter_value={value} must be a whole number of groups >= 1 for rollout_filter='top_k_abs'."
+        elif mode == "top_k_abs" and value is not None and value > self.num_groups:
+            yield (f"rollout_filter_value={value:g} keeps more groups than a rollout has (num_groups="
+                   f"{self.num_groups}), so rollout_filter='top_k_abs' would keep them all: lower it to at most "
+                   "num_groups, or set rollout_filter='none' to keep every group.")
         if mode == "snr_adaptive":
             if self.rollout_filter_include_zero:
                 yield ("rollout_filter='snr_adaptive' drops zero-variance groups by definition: leave "
@@ -830,12 +835,16 @@ class StarPOConfig(AlgorithmConfig):
             if not _is_number(value) or not math.isfinite(value):
                 yield f"{field}={value!r} must be a finite number{' or None' * (field in _FINITE_NUMBERS_OR_NONE)}."
         # (RLlib also accepts a schedule for lr: a list of [timestep, value] pairs)
-        if not isinstance(self.lr, (list, tuple)) and not (_is_number(self.lr) and math.isfinite(self.lr)):
+        if isinstance(self.lr, (list, tuple)):
+            yield from _lr_schedule_errors(self.lr)
+        elif not (_is_number(self.lr) and math.isfinite(self.lr)):
             yield f"lr={self.lr!r} must be a finite number."
         # RLlib's own counts, which it takes as given: True would count as 1 and False as 0.
         for field in ("num_env_runners", "num_learners"):
             if not _is_int(getattr(self, field)):
                 yield f"{field}={getattr(self, field)!r} must be an integer >= 0."
+        if _is_int(self.seed) and not 0 <= self.seed < 2**32:
+            yield f"seed={self.seed} must lie in [0, 2**32) (numpy's seeds), or be None."
         for field in ("minibatch_size", "seed", "context_window_turns"):
             if getattr(self, field) is not None and not _is_int(getattr(self, field)):
                 yield f"{field}={getattr(self, field)!r} must be an integer or None."
@@ -1023,6 +1032,16 @@ def _is_known_env(env) -> bool:
     return isinstance(env, type) or env in registered_text_envs()
 
 
+def _lr_schedule_errors(schedule):
+    """The rates of RLlib's learning-rate schedule ([[timestep, lr], ...]; RLlib checks its shape, not its rates):
+    each finite and > 0, or the policy trains on NaN or by gradient ascent from that timestep on."""
+    for pair in schedule:
+        if isinstance(pair, (list, tuple)) and len(pair) == 2:
+            step, rate = pair
+            if not _is_number(rate) or not math.isfinite(rate) or rate <= 0:
+                yield f"lr={schedule!r}: the rate {rate!r} at timestep {step!r} must be a finite number > 0."
+
+
 def _env_config_errors(field: str, env, env_config):
     if not isinstance(env_config, dict):
         yield f"{field}={env_config!r} must be a dict of the environment's constructor arguments."
@@ -1031,6 +1050,13 @@ def _env_config_errors(field: str, env, env_config):
     if accepted is not None and set(env_config) - accepted:
         yield (f"{field} has unknown keys {sorted(set(env_config) - accepted)} for {env!r}; "
                f"accepted: {sorted(accepted)}.")
+    elif isinstance(env, str) and (env in BUILT_IN_TEXT_ENVS or env == REMOTE_ENV_ID):
+        # The built-in environments check their arguments' types and ranges when built (cheaply: no level is drawn
+        # before a reset): build one here, so a bad value is named now rather than in a worker at build time.
+        try:
+            make_text_env(env, **env_config).close()
+        except (ValueError, TypeError) as error:
+            yield f"{field} for {env!r}: {error}"
 
 
 def _entry_errors(where: str, item, count_key: str, required: bool):
