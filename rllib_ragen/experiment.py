@@ -173,6 +173,18 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             tune_config=tune.TuneConfig(trial_dirname_creator=functools.partial(trial_dirname, list(grid))))
     results = tuner.fit()
     failed = [r for r in results if r.error]
+    # Tune ends fit() early on Ctrl-C (SIGINT) or SIGUSR1 and returns as if done: a trial short of its iterations
+    # that neither failed nor was stopped by the run itself (result "done": the sentinel, the empty filter) was cut.
+    cut = [r for r in results if not r.error and not (r.metrics or {}).get("done")
+           and int((r.metrics or {}).get("training_iteration", 0)) < job.iterations]
+    if cut:
+        print(f"outputs: {out}")
+        raise RunInterrupted(
+            f"the run was interrupted before its {job.iterations} iterations: "
+            + "; ".join(f"{pathlib.Path(r.path).name} after {int((r.metrics or {}).get('training_iteration', 0))}"
+                        for r in cut)
+            + f". No final table was made (it would compare the warm start with itself). Continue with: "
+              f"{' '.join(_resume_command(out))}")
     try:
         report = report_experiment(out, job.pass_bar, reference_lines)
     except FileNotFoundError:
@@ -187,6 +199,19 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
                                        for r in failed)
                            + ". Continue with --resume (from each trial's last checkpoint).")
     return next(iter(report["trials"].values())) if len(report["trials"]) == 1 else report
+
+
+class RunInterrupted(RuntimeError):
+    """A main job's trials stopped short of their iterations (Ctrl-C): continue it with ``--resume``."""
+
+
+def _resume_command(out: pathlib.Path) -> list[str]:
+    """The command line that continues this run: the job's own, with ``--resume`` and its folder's name."""
+    import sys
+
+    argv = [a for a in sys.argv if a != "--resume"]
+    return ["python", *argv[:1], "--resume", "--output-dir", str(out.parent), "--run-name", out.name] \
+        if argv and argv[0].endswith(".py") else ["--resume", "--run-name", out.name]
 
 
 def _as_list(callbacks) -> list:

@@ -139,6 +139,10 @@ class JobSettings:
                 isinstance(k, str) and isinstance(v, list) and v for k, v in self.grid.items())):
             errors.append(f"grid={self.grid!r} must map config fields to non-empty lists of values, e.g. "
                           "{\"lr\": [1e-4, 3e-4]}.")
+        elif self.grid and "seed" in self.grid:  # the seeds make trials of their own, and name each trial's folder
+            errors.append(f"grid varies 'seed' ({self.grid['seed']!r}): give the seeds as seeds (--seeds "
+                          f"{','.join(str(s) for s in self.grid['seed'])}), which runs one trial per seed for every "
+                          "point of the grid.")
         elif self.grid and config is not None:
             unknown = sorted(set(self.grid) - set(config.to_dict()) - {PRESET_LABEL})
             if unknown:

@@ -70,3 +70,14 @@ def test_a_damaged_result_file_is_named_with_its_line(tmp_path, bad_line):
     (tmp_path / "result.json").write_text(good + "\n" + bad_line + "\n")
     with pytest.raises(ValueError, match=r"result.json, line 2, is not one of Tune's results"):
         read_results(tmp_path)
+
+
+def test_a_grid_over_the_seed_is_refused_with_the_seeds_flag_to_use(capsys):
+    """--grid '{"seed": [1, 2]}' planned two trials and ran one (the job's own seed overwrote the grid)."""
+    from rllib_ragen.experiment_flags import parse_job_args
+    from tests.test_tuned_examples import job_file
+
+    bandit = job_file("starpo_bandit.py")
+    with pytest.raises(SystemExit) as stopped:
+        parse_job_args(bandit["config"], bandit["job"], ["--grid", '{"seed": [1, 2]}'])
+    assert stopped.value.code == 2 and "give the seeds as seeds (--seeds 1,2)" in capsys.readouterr().err

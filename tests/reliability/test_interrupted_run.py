@@ -1,0 +1,39 @@
+"""Ctrl-C in the middle of a main job: Tune ends fit() early and returned as if the run had finished, so the job
+printed a finished run's table (its "after" the warm start's validation) and exited 0. Now it says the run was
+interrupted, exits non-zero, and prints the command that continues it; that command finishes the run."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.test_tuned_examples import CPU_ONLY, ROOT
+
+FLAGS = ["--iterations", "6", "--warm-start-steps", "3", "--warm-start-episodes", "8", "--validation-size", "8",
+         "--validation-interval", "0", "--checkpoint-interval", "1", "--run-name", "cut"]
+
+
+@pytest.mark.slow
+def test_an_interrupted_job_says_so_exits_non_zero_and_resumes(tmp_path):
+    command = [sys.executable, str(ROOT / "tuned_examples" / "starpo_bandit.py"), *FLAGS,
+               "--output-dir", str(tmp_path)]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                           env=CPU_ONLY)
+    lines, deadline = [], time.monotonic() + 400
+    for line in job.stdout:  # the first iteration's progress line, then Ctrl-C
+        lines.append(line)
+        if "iter   2/6" in line or time.monotonic() > deadline:
+            job.send_signal(signal.SIGINT)
+            break
+    out, err = job.communicate(timeout=300)
+    stdout = "".join(lines) + out
+    assert job.returncode != 0, stdout[-2000:]
+    assert "the run was interrupted before its 6 iterations" in err, err[-3000:]
+    assert "--resume" in err and "--run-name cut" in err
+    assert "below the bar" not in stdout and "above the bar" not in stdout  # no final table of an unfinished run
+    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, cwd=ROOT, env=CPU_ONLY,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "iter   6/6" in resumed.stdout
