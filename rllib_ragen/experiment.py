@@ -160,7 +160,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's banner and trial table: JobConsole prints instead
     console = JobConsole(job.iterations, config.validation_interval, config.env_name, headline.name, trials)
     if job.resume:
-        tuner = tune.Tuner.restore(str(out), trainable=StarPO, resume_errored=True)
+        tuner = restore_tuner(out)
         print(f"resuming {out}: every unfinished trial continues from its last checkpoint", flush=True)
     else:
         tuner = tune.Tuner(StarPO, param_space=_param_space(config, seeds, grid), run_config=tune.RunConfig(
@@ -199,6 +199,21 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
                                        for r in failed)
                            + ". Continue with --resume (from each trial's last checkpoint).")
     return next(iter(report["trials"].values())) if len(report["trials"]) == 1 else report
+
+
+def restore_tuner(out: pathlib.Path):
+    """Tune's ``Tuner.restore`` of a run folder, its errored trials included; a ``tuner.pkl`` that cannot be
+    unpickled (cut by a full disk or a kill) is named instead of failing deep inside Tune."""
+    from ray import tune
+
+    from .starpo import StarPO
+
+    try:
+        return tune.Tuner.restore(str(out), trainable=StarPO, resume_errored=True)
+    except Exception as error:  # noqa: BLE001 (whatever the unpickler or Tune raise, the file is named with it)
+        raise ValueError(f"--resume: Tune could not read the run's state in {out} ({type(error).__name__}: "
+                         f"{error}); {out / 'tuner.pkl'} or an experiment_state-*.json there is damaged (a full "
+                         "disk or a kill while it was written?). Nothing was resumed; start a new run.") from error
 
 
 class RunInterrupted(RuntimeError):

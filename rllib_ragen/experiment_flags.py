@@ -32,6 +32,30 @@ def _help(text: str, **kwargs):
     return field(metadata={"help": text}, **kwargs)
 
 
+def _experiment_state_errors(run: pathlib.Path) -> list[str]:
+    """What makes a run folder's Tune state unusable for a resume. Tune, given a cut state file (a full disk, a
+    kill while it wrote), logs "Failed to restore the run state" and starts a new trial from empty settings; an
+    empty or cut ``tuner.pkl`` fails inside its unpickler. Both are refused here, naming the file."""
+    errors = []
+    tuner = run / "tuner.pkl"
+    if not tuner.is_file() or tuner.stat().st_size == 0:
+        errors.append(f"resume=True: {tuner} is missing or empty, so Tune cannot rebuild the run (a full disk or a "
+                      "kill while it was written?). The trials' checkpoints are in their folders; start a new run.")
+    states = sorted(run.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime)
+    if not states:
+        errors.append(f"resume=True: {run} has no experiment_state-*.json: Tune would start every trial afresh.")
+        return errors
+    try:
+        trials = json.loads(states[-1].read_text()).get("trial_data")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
+        return errors + [f"resume=True: {states[-1]} cannot be read ({type(error).__name__}: {error}): a full disk "
+                         "or a kill while it was written? Tune would start a trial from empty settings instead of "
+                         "continuing; nothing was resumed."]
+    if not trials:
+        errors.append(f"resume=True: {states[-1]} lists no trial: Tune would start a trial from empty settings.")
+    return errors
+
+
 @dataclass
 class JobSettings:
     """What the driver itself needs; the method's settings are the job's ``StarPOConfig``."""
@@ -176,6 +200,7 @@ class JobSettings:
             if not tune.Tuner.can_restore(str(self.run_folder())):
                 return [f"resume=True: there is no Tune experiment to continue at {self.run_folder()}. Give the "
                         "--output-dir of the job (its 'latest' run), or --run-name of the run."]
+            return _experiment_state_errors(self.run_folder())
         elif self.run_name and (base / self.run_name).exists():
             return [f"run_name={self.run_name!r}: {base / self.run_name} holds an earlier run (or a file). Continue "
                     "it with --resume, or choose another --run-name. Nothing was overwritten."]

@@ -37,3 +37,36 @@ def test_an_interrupted_job_says_so_exits_non_zero_and_resumes(tmp_path):
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "iter   6/6" in resumed.stdout
+
+
+def _state_folder(tmp_path, tuner_bytes: bytes, state_text: str | None):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "tuner.pkl").write_bytes(tuner_bytes)
+    if state_text is not None:
+        (run / "experiment_state-2026-11-27_21-00-00.json").write_text(state_text)
+    return run
+
+
+@pytest.mark.parametrize("tuner_bytes, state_text, message", [
+    (b"", '{"trial_data": [["{}", "{}"]]}', r"tuner.pkl is missing or empty"),
+    (b"\x80\x05...", '{"trial_data": [["{}", "{}"]', r"experiment_state-2026-11-27_21-00-00.json cannot be read"),
+    (b"\x80\x05...", '{"trial_data": []}', r"lists no trial: Tune would start a trial from empty settings"),
+    (b"\x80\x05...", None, r"has no experiment_state-\*.json"),
+])
+def test_resume_refuses_a_damaged_experiment_state_naming_the_file(tmp_path, tuner_bytes, state_text, message):
+    from rllib_ragen.experiment_flags import _experiment_state_errors
+
+    errors = _experiment_state_errors(_state_folder(tmp_path, tuner_bytes, state_text))
+    assert errors and any(__import__("re").search(message, e) for e in errors), errors
+
+
+def test_a_cut_tuner_pickle_is_named_instead_of_failing_inside_tune(tmp_path):
+    import pickle
+
+    from rllib_ragen.experiment import restore_tuner
+
+    whole = pickle.dumps({"a": list(range(1000))})
+    run = _state_folder(tmp_path, whole[:40], '{"trial_data": [["{}", "{}"]]}')
+    with pytest.raises(ValueError, match=r"--resume: Tune could not read the run's state in .*tuner.pkl"):
+        restore_tuner(run)
