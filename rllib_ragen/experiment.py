@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -33,7 +34,9 @@ import math
 import os
 import pathlib
 import re
+import signal
 import statistics
+import threading
 import time
 from typing import Callable
 
@@ -171,7 +174,8 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
             sync_config=tune.SyncConfig(sync_artifacts=True),  # outputs of trials whose storage is not local
             callbacks=[console], verbose=0),
             tune_config=tune.TuneConfig(trial_dirname_creator=functools.partial(trial_dirname, list(grid))))
-    results = tuner.fit()
+    with sigterm_as_ctrl_c():
+        results = tuner.fit()
     failed = [r for r in results if r.error]
     # Tune ends fit() early on Ctrl-C (SIGINT) or SIGUSR1 and returns as if done: a trial short of its iterations
     # that neither failed nor was stopped by the run itself (result "done": the sentinel, the empty filter) was cut.
@@ -199,6 +203,22 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
                                        for r in failed)
                            + ". Continue with --resume (from each trial's last checkpoint).")
     return next(iter(report["trials"].values())) if len(report["trials"]) == 1 else report
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c():
+    """While Tune runs: SIGTERM (a scheduler's stop, ``kill``) ends the run the way Ctrl-C does, through Tune's own
+    interrupt, which saves the experiment state; the job then says it was interrupted and how to resume. Without
+    this, the SIGTERM handler Ray's core worker installs in the driver printed a C++ stack trace and aborted
+    (exit -6). In the main thread only (signals are delivered there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    try:
+        yield
+    finally:  # (None: the previous handler was not Python's, and cannot be put back from here)
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def restore_tuner(out: pathlib.Path):

@@ -1,6 +1,7 @@
-"""Ctrl-C in the middle of a main job: Tune ends fit() early and returned as if the run had finished, so the job
-printed a finished run's table (its "after" the warm start's validation) and exited 0. Now it says the run was
-interrupted, exits non-zero, and prints the command that continues it; that command finishes the run."""
+"""Ctrl-C or SIGTERM in the middle of a main job: Tune ends fit() early and returned as if the run had finished, so
+the job printed a finished run's table (its "after" the warm start's validation) and exited 0 (SIGTERM: Ray's C++
+stack trace, exit -6). Now it says the run was interrupted, exits non-zero, and prints the command that continues
+it. A cut Tune state is refused at --resume, naming the file."""
 
 import signal
 import subprocess
@@ -17,6 +18,8 @@ FLAGS = ["--iterations", "6", "--warm-start-steps", "3", "--warm-start-episodes"
 
 @pytest.mark.slow
 def test_an_interrupted_job_says_so_exits_non_zero_and_resumes(tmp_path):
+    """SIGTERM (a scheduler's stop, kill) used to end in Ray's C++ stack trace and exit -6. The job now turns it into
+    Ctrl-C's SIGINT, so this one run goes through both: the job's SIGTERM handler, then Tune's own interrupt."""
     command = [sys.executable, str(ROOT / "tuned_examples" / "starpo_bandit.py"), *FLAGS,
                "--output-dir", str(tmp_path)]
     job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
@@ -25,7 +28,7 @@ def test_an_interrupted_job_says_so_exits_non_zero_and_resumes(tmp_path):
     for line in job.stdout:  # the first iteration's progress line, then Ctrl-C
         lines.append(line)
         if "iter   2/6" in line or time.monotonic() > deadline:
-            job.send_signal(signal.SIGINT)
+            job.send_signal(signal.SIGTERM)
             break
     out, err = job.communicate(timeout=300)
     stdout = "".join(lines) + out
@@ -33,10 +36,16 @@ def test_an_interrupted_job_says_so_exits_non_zero_and_resumes(tmp_path):
     assert "the run was interrupted before its 6 iterations" in err, err[-3000:]
     assert "--resume" in err and "--run-name cut" in err
     assert "below the bar" not in stdout and "above the bar" not in stdout  # no final table of an unfinished run
-    resumed = subprocess.run([*command, "--resume"], capture_output=True, text=True, cwd=ROOT, env=CPU_ONLY,
-                             timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "iter   6/6" in resumed.stdout
+    assert "SIGTERM received" not in err and job.returncode > 0  # no C++ stack dump, no death by a signal
+    # What the printed command continues is a Tune state that restores (tests/reliability/test_resume.py runs a
+    # resume to its end; a run is not played again here, for CI's time).
+    from ray import tune
+
+    from rllib_ragen.experiment_flags import _experiment_state_errors
+
+    run = tmp_path / "cut"
+    assert tune.Tuner.can_restore(str(run)) and _experiment_state_errors(run) == []
+    assert f"--output-dir {tmp_path} --run-name cut" in err
 
 
 def _state_folder(tmp_path, tuner_bytes: bytes, state_text: str | None):
