@@ -1,9 +1,9 @@
 """Weight sync inside one process: the sampler plays the learner's own tensors, or a device copy of them.
 
 In the default layout (``num_env_runners=0``, ``num_learners=0``) the env runner and the learner live in the
-driver. Sending the learner's state through ``get_state`` (a CPU clone), the object store and two
-``load_state_dict`` calls took 3.0 s per iteration for SmolLM2-135M on an H200 and 5 s on a 2-core CPU, for weights
-that were already in the same process. Here the sampler's parameters are made *the same tensors* as the learner's
+driver. Sending the learner's state through ``get_state`` (a CPU clone), the object store and ``load_state_dict``
+costs time in proportion to the model's bytes, for weights that are already in the same process (measured on the
+Benchmarks page). Here the sampler's parameters are made *the same tensors* as the learner's
 (no bytes move; an optimizer step changes what the sampler plays at once), or, where the two cannot be the same
 tensors (another device or dtype, or LoRA, whose sampler plays merged weights), each is copied device to device.
 Weights for remote env runners still go through the object store (``StarPO._push_weights_to_env_runners``).

@@ -59,3 +59,24 @@ def test_the_flag_takes_the_dtype_as_a_word():
     assert config.autocast_dtype == "bfloat16"
     config, _ = parse_job_args(bandit["config"], bandit["job"], ["--autocast-dtype", "null"])
     assert config.autocast_dtype is None
+
+
+def test_autocast_dtype_survives_copy_dict_state_build_and_checkpoint(ray_session, small_config, tmp_path):
+    from rllib_ragen import StarPO, StarPOConfig
+
+    config = small_config(autocast_dtype="bfloat16")
+    for restored in (config.copy(), StarPOConfig.from_dict(config.to_dict()),
+                     StarPOConfig.from_state(config.get_state())):
+        assert restored.autocast_dtype == "bfloat16"
+    algo = config.build_algo()
+    try:
+        assert algo.config.autocast_dtype == "bfloat16"
+        assert algo.learner_group._learner.config.autocast_dtype == "bfloat16"
+        checkpoint = algo.save_to_path(tmp_path / "checkpoint")
+    finally:
+        algo.stop()
+    again = StarPO.from_checkpoint(checkpoint)
+    try:
+        assert again.learner_group._learner.config.autocast_dtype == "bfloat16"
+    finally:
+        again.stop()
