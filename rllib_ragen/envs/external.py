@@ -53,13 +53,17 @@ class AnyText(spaces.Text):
         return isinstance(x, str) and len(x) <= self.max_length
 
 
-def move_matching(text: Any, syntax: re.Pattern | None) -> str | None:
+def move_matching(text: Any, syntax, timeout: float | None = None) -> str | None:
     """``text`` with its whitespace runs made single spaces, if that matches ``syntax`` in full (any non-empty
-    text when ``syntax`` is None); else None. The move check of adapted games, here and behind a server."""
+    text when ``syntax`` is None); else None. The move check of adapted games, here and behind a server.
+    ``timeout``: the longest one match may take (``syntax`` then a ``regex`` pattern; past it ``TimeoutError``)."""
     if not isinstance(text, str) or not text.strip():
         return None
     move = " ".join(text.split())
-    return move if syntax is None or syntax.fullmatch(move) else None
+    if syntax is None:
+        return move
+    matched = syntax.fullmatch(move) if timeout is None else syntax.fullmatch(move, timeout=timeout)
+    return move if matched else None
 
 
 def _generator_states() -> tuple:

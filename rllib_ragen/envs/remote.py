@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 import regex
 
 from .base import TextEnv
-from .external import AnyText
+from .external import AnyText, move_matching
 
 # A server is trusted with its game, not with this process: what it sends is checked before it is used.
 MAX_ACTION_PATTERN_CHARS = 256  # a served move syntax (a regular expression) longer than this is refused
@@ -199,17 +199,12 @@ class RemoteTextEnv(TextEnv):
         """Checked here, as the served environment checks it: an action name, or a move matching its syntax."""
         if self.action_names:
             return super().canonical_action(text)
-        if not isinstance(text, str) or not text.strip():
-            return None
-        move = " ".join(text.split())
-        if self._action_regex is None:
-            return move
         try:  # a served pattern may backtrack for ages on some answers: each match is bounded in time
-            return move if self._action_regex.fullmatch(move, timeout=ACTION_PATTERN_TIMEOUT_S) else None
+            return move_matching(text, self._action_regex, timeout=ACTION_PATTERN_TIMEOUT_S)
         except TimeoutError:
             raise RemoteEnvError(f"{self.url}'s action_pattern took over {ACTION_PATTERN_TIMEOUT_S} s to match an "
-                                 f"answer of {len(move)} characters (a pattern that backtracks exponentially?); "
-                                 "fix the served game's move syntax.") from None
+                                 f"answer of {len(' '.join(text.split()))} characters (a pattern that backtracks "
+                                 "exponentially?); fix the served game's move syntax.") from None
 
     def describe(self) -> str:
         return self._description
