@@ -316,8 +316,10 @@ class StarPOTorchLearner(TorchLearner):
         """
         module_id = DEFAULT_MODULE_ID
         config = self.config.get_config_for_module(module_id)
-        module = self.module[module_id]
-        results = self._cross_scores(module.unwrapped(), pairs, config) if pairs is not None else {}
+        # The probe runs on one learner: through the DDP wrapper, a forward pass broadcasts buffers to the other
+        # learners, which never join, and every learner hung there at the first probe.
+        module = self.module[module_id].unwrapped()
+        results = self._cross_scores(module, pairs, config) if pairs is not None else {}
         data = {k: torch.as_tensor(v).to(self._device) for k, v in batch.items()}
         micro_size = config.micro_batch_size or data["input_ids"].shape[0]
         rows = torch.arange(data["input_ids"].shape[0])

@@ -360,3 +360,37 @@ def test_two_data_parallel_learners_make_the_update_of_one(small_config, knobs):
     one = weights_after_one_iteration(config)
     two = weights_after_one_iteration(config.copy(copy_frozen=False).learners(num_learners=2))
     assert_same_update(one, two)
+
+
+def _within(seconds: float, work):
+    """``work()``'s return value, or the test fails once it has run ``seconds`` (a hang would stop CI instead)."""
+    import threading
+
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(value=work()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"still running after {seconds:g} s: hung")
+    return outcome["value"]
+
+
+@pytest.mark.slow
+def test_the_echo_trap_probe_runs_beside_two_data_parallel_learners(small_config):
+    """The probe runs on the first learner only. Its forward passes went through the DDP wrapper, whose buffer
+    broadcast waited for the other learner, which never came: every job with two learners and the probe on (the
+    default, every 5th iteration and the first) hung at its first iteration. Now the probe measures on the plain
+    module and the update is the one learner's, probe included."""
+    from rllib_ragen import metrics as M
+
+    config = small_config(rollout_filter_ratio=1.0, validation_interval=0, validate_before_training=False,
+                          grad_clip=None, collapse_diagnostics_interval=1)
+    one = weights_after_one_iteration(config)
+    algo = config.copy(copy_frozen=False).learners(num_learners=2).build_algo()
+    try:
+        result = _within(180, algo.train)
+        two = learner_weights(algo)
+    finally:
+        algo.stop()
+    assert result[M.TIME_COLLAPSE_PROBE] > 0 and M.RETRIEVAL_ACCURACY in result
+    assert_same_update(one, two)
