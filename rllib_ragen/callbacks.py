@@ -21,6 +21,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 
 from . import metrics as M
+from .storage import is_local_storage
 from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
                                  POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
 
@@ -31,10 +32,8 @@ NEXT_TRAINING_SEED = "job/next_training_seed"  # which training states the run h
 def trial_folder(algorithm) -> pathlib.Path:
     """Where the trial's outputs go: its folder in a local ``storage_path``, else its working directory (an
     algorithm built outside Tune: its ``logdir``)."""
-    import pyarrow.fs
-
     storage = getattr(algorithm, "_storage", None)  # Tune's StorageContext of this trial; None outside Tune
-    if storage is not None and isinstance(storage.storage_filesystem, pyarrow.fs.LocalFileSystem):
+    if storage is not None and is_local_storage(storage.storage_filesystem):
         folder = pathlib.Path(storage.trial_fs_path)
     else:
         folder = pathlib.Path(algorithm.logdir)

@@ -53,6 +53,7 @@ from .report import headline_environment, report_experiment
 from .sentinel import as_rule, echo_trap_rules
 from .sft import cached_warm_start
 from .starpo.config import PRESET_LABEL
+from .storage import run_storage
 
 __all__ = ["JobSettings", "parse_job_args", "run_job"]
 
@@ -168,18 +169,23 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     else:
         tuner = tune.Tuner(StarPO, param_space=_param_space(config, seeds, grid), run_config=tune.RunConfig(
             name=out.name, storage_path=str(out.parent), stop={"training_iteration": job.iterations},
+            storage_filesystem=run_storage(),  # every file Tune copies into the run folder whole or absent
             checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=job.checkpoint_interval,
                                                     checkpoint_at_end=job.checkpoint_interval > 0),
             failure_config=tune.FailureConfig(max_failures=job.max_failures),
             sync_config=tune.SyncConfig(sync_artifacts=True),  # outputs of trials whose storage is not local
             callbacks=[console], verbose=0),
             tune_config=tune.TuneConfig(trial_dirname_creator=functools.partial(trial_dirname, list(grid))))
-    with sigterm_as_ctrl_c():
+    with sigterm_as_ctrl_c(), restored_without_stale_decisions():
         results = tuner.fit()
-    failed = [r for r in results if r.error]
+    # A trial's cause as the console read it from Tune's local copy of error.txt (the run folder's copy may be
+    # missing: a full disk), else from the result grid.
+    causes = {pathlib.Path(r.path).name: console.errors.get(pathlib.Path(r.path).name)
+              or (str(r.error).strip().splitlines() or ["(no message)"])[-1]
+              for r in results if r.error or pathlib.Path(r.path).name in console.errors}
     # Tune ends fit() early on Ctrl-C (SIGINT) or SIGUSR1 and returns as if done: a trial short of its iterations
     # that neither failed nor was stopped by the run itself (result "done": the sentinel, the empty filter) was cut.
-    cut = [r for r in results if not r.error and not (r.metrics or {}).get("done")
+    cut = [r for r in results if pathlib.Path(r.path).name not in causes and not (r.metrics or {}).get("done")
            and int((r.metrics or {}).get("training_iteration", 0)) < job.iterations]
     if cut:
         print(f"outputs: {out}")
@@ -189,19 +195,24 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
                         for r in cut)
             + f". No final table was made (it would compare the warm start with itself). Continue with: "
               f"{' '.join(_resume_command(out))}")
+    unreported = None
     try:
         report = report_experiment(out, job.pass_bar, reference_lines)
-    except FileNotFoundError:
-        if not failed:
+    except (FileNotFoundError, OSError) as error:
+        if not causes:
             raise
-        report = {"trials": {}}  # no trial got as far as a result: the failure below says why
+        report, unreported = {"trials": {}}, error  # the failure below says why; the report's own error beside it
     print(f"outputs: {out}")
-    if failed:
-        # The error's last line names the cause; the whole traceback is in each trial's error.txt.
-        raise RuntimeError(f"{len(failed)} of {len(results)} trials failed: "
-                           + "; ".join(f"{r.path}: {str(r.error).strip().splitlines()[-1]} (see error.txt there)"
-                                       for r in failed)
-                           + ". Continue with --resume (from each trial's last checkpoint).")
+    if causes:
+        full = any("No space left on device" in cause or "Errno 28" in cause for cause in causes.values())
+        raise RuntimeError(
+            f"{len(causes)} of {len(results)} trials failed: "
+            + "; ".join(f"{out / name}: {cause}" for name, cause in causes.items())
+            + " (the whole traceback: error.txt in the trial's folder, when it could be written)."
+            + (f" The report could not be written either ({unreported})." if unreported else "")
+            + (f" The disk holding {out} is full: what was written before it filled is whole (results, "
+               "checkpoints, the run's state); free space there, then continue" if full else " Continue")
+            + f" from each trial's last checkpoint with: {' '.join(_resume_command(out))}")
     return next(iter(report["trials"].values())) if len(report["trials"]) == 1 else report
 
 
@@ -221,6 +232,26 @@ def sigterm_as_ctrl_c():
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
+@contextlib.contextmanager
+def restored_without_stale_decisions():
+    """While Tune runs: a restored run starts without the per-trial decisions Tune had pending when the state was
+    saved. Tune 2.60 saves them with the experiment state and restores them on resume, although no trial of the
+    old session is running then; a STOP cached while a trial's checkpoint failed (a full disk) stopped the resumed
+    trial after its first checkpoint, short of its iterations, as if interrupted."""
+    from ray.tune.execution.tune_controller import TuneController
+
+    original = TuneController.__setstate__
+
+    def setstate(controller, state):
+        original(controller, {**state, "_cached_trial_decisions": {}, "_queued_trial_decisions": {}})
+
+    TuneController.__setstate__ = setstate
+    try:
+        yield
+    finally:
+        TuneController.__setstate__ = original
+
+
 def restore_tuner(out: pathlib.Path):
     """Tune's ``Tuner.restore`` of a run folder, its errored trials included; a ``tuner.pkl`` that cannot be
     unpickled (cut by a full disk or a kill) is named instead of failing deep inside Tune."""
@@ -229,7 +260,7 @@ def restore_tuner(out: pathlib.Path):
     from .starpo import StarPO
 
     try:
-        return tune.Tuner.restore(str(out), trainable=StarPO, resume_errored=True)
+        return tune.Tuner.restore(str(out), trainable=StarPO, resume_errored=True, storage_filesystem=run_storage())
     except Exception as error:  # noqa: BLE001 (whatever the unpickler or Tune raise, the file is named with it)
         raise ValueError(f"--resume: Tune could not read the run's state in {out} ({type(error).__name__}: "
                          f"{error}); {out / 'tuner.pkl'} or an experiment_state-*.json there is damaged (a full "
@@ -321,6 +352,7 @@ class JobConsole(Callback):
         self.clocks: dict[str, _Clock] = {}
         self.recent: dict[str, list[dict]] = {}
         self.before: dict[str, float] = {}
+        self.errors: dict[str, str] = {}  # a failed trial's folder name: the last line of its error
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         from ray.tune.utils import flatten_dict
@@ -356,7 +388,19 @@ class JobConsole(Callback):
                   + (f" (before RL {before:.3f})" if before is not None else ""), flush=True)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        print(f"trial {trial.storage.trial_dir_name} failed: see {trial.path}/error.txt", flush=True)
+        name = trial.storage.trial_dir_name
+        self.errors[name] = _last_line(trial.error_file)
+        print(f"trial {name} failed: {self.errors[name]} (see {trial.path}/error.txt)", flush=True)
+
+
+def _last_line(error_file: str | None) -> str:
+    """The last line of Tune's error.txt on the driver's own disk (its staging copy, written before the copy into
+    the run folder, so readable when that disk is full)."""
+    try:
+        lines = pathlib.Path(error_file).read_text().strip().splitlines() if error_file else []
+    except OSError as error:
+        return f"(its error.txt could not be read: {error})"
+    return lines[-1] if lines else "(no message)"
 
 
 def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, trials: int) -> None:

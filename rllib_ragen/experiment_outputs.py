@@ -13,6 +13,7 @@ twins, ``training_rollouts/``, ``sentinel.json``, ``policy/``, ``rollouts.html``
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -104,11 +105,22 @@ def _is_json(value) -> bool:
         return False
 
 
-def write_text_atomically(path: pathlib.Path, text: str) -> None:
-    """A kill at any moment leaves the old file or the new one at ``path``, never half of one."""
+@contextlib.contextmanager
+def written_whole(path: pathlib.Path):
+    """Yields a temporary path beside ``path`` to write; it replaces ``path`` when the block ends, and is removed if
+    the block raises (a full disk). A kill at any moment leaves the old file or the new one, never half of one."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
+    try:
+        yield partial
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, path)
+
+
+def write_text_atomically(path: pathlib.Path, text: str) -> None:
+    with written_whole(path) as partial:
+        partial.write_text(text, encoding="utf-8")
 
 
 # ---- quiet console ------------------------------------------------------------------------------------------------
@@ -146,7 +158,7 @@ def send_notices_to(log_file: pathlib.Path) -> None:
     """Write the held notices, and every later one, to ``log_file`` (until :func:`close_run_log`)."""
     global _run_log
     close_run_log()
-    _run_log = logging.FileHandler(log_file)
+    _run_log = _RunLog(log_file)
     _run_log.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     _EARLY_NOTICES.setTarget(_run_log)
     _EARLY_NOTICES.flush()
@@ -168,8 +180,27 @@ def close_run_log() -> None:
         if _run_log in logger.handlers:
             logger.removeHandler(_run_log)
             logger.addHandler(_EARLY_NOTICES)
-    _run_log.close()
+    try:
+        _run_log.close()
+    except OSError as error:  # its last notices could not be written (a full disk): said once, never raised over
+        _run_log.report(error)  # the job's own error, which must be the job's last words
     _run_log = None
+
+
+class _RunLog(logging.FileHandler):
+    """The run's ``job.log``. A notice it cannot write (a full disk) is reported once on stderr, and the rest go
+    nowhere, instead of logging's traceback for every notice burying the job's own last words."""
+
+    failed = False
+
+    def handleError(self, record) -> None:
+        self.report(sys.exc_info()[1])
+
+    def report(self, error) -> None:
+        if not self.failed:
+            self.failed = True
+            print(f"{self.baseFilename}: notices from here on could not be written ({error})", file=sys.stderr,
+                  flush=True)
 
 
 # ---- metrics.csv and TensorBoard -------------------------------------------------------------------------------
@@ -187,12 +218,10 @@ def json_ready(value):
 
 def write_csv(path: pathlib.Path, rows: list[dict]) -> None:
     columns = sorted({k for row in rows for k in row})
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "w", newline="") as f:
+    with written_whole(path) as partial, open(partial, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(partial, path)
 
 
 def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory], tokenizer=None, *, iteration: int = 0,
@@ -214,9 +243,8 @@ def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory], tokenizer
     table = pa.Table.from_pylist(records)
     if append and path.is_file():
         table = pa.concat_tables([pq.read_table(path), table], promote_options="default")
-    partial = path.with_name(path.name + ".partial")
-    pq.write_table(table, partial)
-    os.replace(partial, path)
+    with written_whole(path) as partial:
+        pq.write_table(table, partial)
 
 
 def result_row(result: dict) -> dict[str, float]:

@@ -638,6 +638,29 @@ class StarPO(Algorithm):
             return super().save_to_path(path, **kwargs)
         return write_atomically(path, lambda directory: super(StarPO, self).save_to_path(directory, **kwargs))
 
+    def save(self, checkpoint_dir: str | None = None):
+        """Tune's checkpoint (``Trainable.save``: written to a temporary folder, then copied into the trial's
+        ``checkpoint_<n>/``), whole or absent: a ``checkpoint_<n>/`` whose copy failed (a full disk) is removed
+        before the error goes on, since Tune only records it as a checkpoint once the copy finished. The temporary
+        folder goes either way (Tune's own removal is skipped when the copy raises)."""
+        storage = getattr(self, "_storage", None)
+        if storage is None or checkpoint_dir is not None:
+            return super().save(checkpoint_dir)
+        index, directory = storage.current_checkpoint_index, tempfile.mkdtemp(prefix="starpo_checkpoint_")
+        try:
+            return super().save(directory)
+        except BaseException:
+            if storage.current_checkpoint_index != index:  # the failed copy's folder, never an earlier checkpoint
+                import pyarrow.fs
+
+                folder = storage.checkpoint_fs_path
+                if storage.storage_filesystem.get_file_info(folder).type == pyarrow.fs.FileType.Directory:
+                    storage.storage_filesystem.delete_dir(folder)
+                    logger.error("checkpoint %s could not be written whole and was removed", folder)
+            raise
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
     @override(Algorithm)
     def restore_from_path(self, path, **kwargs) -> None:
         path = _absolute(path)
