@@ -33,6 +33,9 @@ def move_effects(rows: Sequence[str], position: int) -> tuple[str, ...]:
     return tuple(effects)
 
 
+MAX_SIZE = 16  # the largest lake side: 256 cells, still solved exactly at every reset in milliseconds
+
+
 def generate_map(rng: np.random.Generator, size: int = 4, p: float = 0.8, max_tries: int = 10_000) -> list[str]:
     """Random map in gymnasium's letters (S start, F frozen, H hole, G goal) with a path from S to G.
 
@@ -145,6 +148,13 @@ class FrozenLakeTextEnv(TextEnv):
     solid_ice_instructions = "You are walking on a frozen lake. Reach the goal without falling into a hole."
 
     def __init__(self, size: int = 4, p: float = 0.8, is_slippery: bool = True, render_mode: str | None = "ansi"):
+        # Checked here (validate() builds one): a huge lake's map draw and solver would run past any reset deadline.
+        if isinstance(size, bool) or not isinstance(size, int) or not 2 <= size <= MAX_SIZE:
+            raise ValueError(f"size={size!r} must be a whole number from 2 to {MAX_SIZE}.")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"p={p!r} (the chance a cell is frozen) must lie in (0, 1].")
+        if not isinstance(is_slippery, bool):
+            raise ValueError(f"is_slippery={is_slippery!r} must be True or False.")
         super().__init__(render_mode=render_mode, max_observation_chars=size * (size + 1))
         self.size, self.p, self.is_slippery = size, p, is_slippery
         if not is_slippery:  # the prompt must not tell the agent about slips that never happen

@@ -44,6 +44,8 @@ def test_a_seed_outside_numpys_range_is_refused(seed):
     ("rllib_ragen/SokobanCoordinates-v0", {"num_boxes": 2.5}, r"num_boxes=2.5 must be a whole number"),
     ("rllib_ragen/Sokoban-v0", {"dim": 10**6}, r"dim=1000000 must be a whole number from 4 to 20"),
     ("rllib_ragen/Countdown-v0", {"max_number": 10**30}, r"max_number=1000000000000000000000000000000 must be"),
+    ("rllib_ragen/FrozenLake-v0", {"size": 10**6}, r"size=1000000 must be a whole number from 2 to 16"),
+    ("rllib_ragen/FrozenLake-v0", {"p": 0.0}, r"p=0.0 \(the chance a cell is frozen\) must lie in \(0, 1\]"),
     ("rllib_ragen/Remote-v0", {"url": "http://127.0.0.1:9", "request_timeout_s": float("inf")},
      r"request_timeout_s=inf must be a positive, finite number"),
 ])
