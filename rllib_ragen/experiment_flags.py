@@ -32,6 +32,12 @@ def _help(text: str, **kwargs):
     return field(metadata={"help": text}, **kwargs)
 
 
+def torch_sees_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _experiment_state_errors(run: pathlib.Path) -> list[str]:
     """What makes a run folder's Tune state unusable for a resume. Tune, given a cut state file (a full disk, a
     kill while it wrote), logs "Failed to restore the run state" and starts a new trial from empty settings; an
@@ -91,6 +97,9 @@ class JobSettings:
     warm_start_precision: str = _help("the warm start's forward pass: 'float32', or 'bfloat16' autocast (weights, "
                                       "optimizer and loss stay float32; ~1.4x faster per step on a CPU with "
                                       "AVX-512 BF16, and on GPUs)", default="float32")
+    warm_start_device: str = _help("where the warm start trains: 'learner' (the learner's device: its GPU with "
+                                   "--num-gpus-per-learner 1 when this process sees one, else the CPU), 'cpu', or "
+                                   "'cuda' / 'cuda:N'", default="learner")
     warm_start_eval_interval: int = _help("every N warm-start steps and after the last, play the validation states "
                                           "greedily (last weights, and averaged ones with averaging) and write "
                                           "warm_start_curve.csv: see how long the warm start should run (0: off)",
@@ -134,6 +143,13 @@ class JobSettings:
         if self.warm_start_lr_schedule not in LR_SCHEDULES:
             errors.append(f"warm_start_lr_schedule={self.warm_start_lr_schedule!r}: choose one of "
                           f"{list(LR_SCHEDULES)}.")
+        if not isinstance(self.warm_start_device, str) or not re.fullmatch(r"learner|cpu|cuda(:\d+)?",
+                                                                             self.warm_start_device):
+            errors.append(f"warm_start_device={self.warm_start_device!r}: choose 'learner', 'cpu', 'cuda' or "
+                          "'cuda:N'.")
+        elif self.warm_start_device.startswith("cuda") and not torch_sees_cuda():
+            errors.append(f"warm_start_device={self.warm_start_device!r}, but torch sees no CUDA device in this "
+                          "process (the warm start runs here): choose 'cpu' or 'learner'.")
         if self.warm_start_precision not in WARM_START_PRECISIONS:
             errors.append(f"warm_start_precision={self.warm_start_precision!r}: choose one of "
                           f"{list(WARM_START_PRECISIONS)}.")

@@ -283,8 +283,8 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
         logger.setLevel(logging.INFO)
     seed = config.seed or 0
     model, tokenizer = load_policy(config.model_config["model"], seed=seed)
-    if torch.cuda.is_available():  # the same steps on the GPU, many times faster
-        model.to(config.local_gpu_idx)
+    device = warm_start_device(config, job.warm_start_device)
+    model.to(device)
     demos = collect_demonstrations(demonstration_rollout_config(config, job), policy, tokenizer,
                                    job.warm_start_episodes)
     longest = max(end - start for t in demos for start, end in t.turn_spans)
@@ -310,9 +310,20 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
     write_text_atomically(path / DEMONSTRATIONS_FILE, json.dumps(
         {"env": config.env_name, "seeds": [DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + len(demos)]}))
     print(f"warm start: {len(demos)} demonstrations ({sum(t.success for t in demos) / len(demos):.0%} successful), "
-          f"{job.warm_start_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+          f"{job.warm_start_steps} steps on {device}, loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     return str(path)
+
+
+def warm_start_device(config, setting: str) -> torch.device:
+    """The warm start's device for ``setting`` (``JobSettings.warm_start_device``). 'learner': the learner's GPU
+    (``local_gpu_idx``) when the config gives learners GPUs and this process sees one, else the CPU; a visible GPU
+    alone changes nothing, as for the rest of the job."""
+    if setting != "learner":
+        return torch.device(setting)
+    if (config.num_gpus_per_learner or 0) > 0 and torch.cuda.is_available():
+        return torch.device("cuda", config.local_gpu_idx)
+    return torch.device("cpu")
 
 
 def held_out_greedy_curve(config, tokenizer, path: pathlib.Path) -> Callable[[torch.nn.Module, int, str], None]:

@@ -73,3 +73,13 @@ def test_paired_by_subset_compares_within_each_subset():
     assert result[2]["p_value"] == pytest.approx(0.5)
     assert result[5] == {"n": 1, "before": 0.0, "after": 0.0}  # one state: no interval, its outcome only
     assert result[7] == {"n": 1, "before": 1.0, "after": 0.0}
+
+
+def test_the_mcnemar_p_value_is_the_two_sided_binomial_sum_by_hand():
+    """scipy's binomtest against the sum written out: P(Binomial(n, 1/2) as far from n/2 as seen), both tails."""
+    import math
+
+    for improved, worsened in [(7, 2), (0, 9), (12, 12), (30, 11), (1, 0)]:
+        flips = improved + worsened
+        tail = sum(math.comb(flips, k) for k in range(min(improved, worsened) + 1)) / 2 ** flips
+        assert exact_mcnemar_p(improved, worsened) == pytest.approx(min(1.0, 2 * tail), rel=1e-12)

@@ -345,3 +345,27 @@ def test_demonstrations_under_a_context_window_train_each_turn_on_the_prompt_rl_
     first = supervised_warm_start(model, demos, steps=1, batch_size=len(rows), pad_token_id=tokenizer.pad_token_id,
                                   log_every=0)[0]
     assert first == pytest.approx(nll / count, rel=1e-5)
+
+
+@pytest.mark.parametrize("gpus, sees_cuda, expected", [(0, True, "cpu"), (1, False, "cpu"), (1, True, "cuda:0")])
+def test_the_warm_start_runs_on_the_learners_device_not_on_any_visible_gpu(monkeypatch, gpus, sees_cuda, expected):
+    """It used to move to any GPU this process saw, although the job's settings said a GPU changes nothing by
+    itself; 'learner' (the default) follows num_gpus_per_learner, and an explicit device is kept as set."""
+    from rllib_ragen import StarPOConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: sees_cuda)
+    config = StarPOConfig().learners(num_gpus_per_learner=gpus)
+    assert JobSettings().warm_start_device == "learner"
+    assert str(sft.warm_start_device(config, "learner")) == expected
+    assert str(sft.warm_start_device(config, "cpu")) == "cpu"
+
+
+@pytest.mark.parametrize("value, message", [
+    ("gpu", r"warm_start_device='gpu': choose 'learner', 'cpu', 'cuda' or 'cuda:N'"),
+    (0, r"warm_start_device=0: choose"),
+    ("cuda", r"warm_start_device='cuda', but torch sees no CUDA device in this process"),
+])
+def test_job_settings_refuse_a_warm_start_device_they_cannot_use(monkeypatch, value, message):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=message):
+        JobSettings(warm_start_device=value).validate()
