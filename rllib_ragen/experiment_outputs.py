@@ -203,7 +203,7 @@ class _RunLog(logging.FileHandler):
                   flush=True)
 
 
-# ---- metrics.csv and TensorBoard -------------------------------------------------------------------------------
+# ---- result rows and JSON ---------------------------------------------------------------------------------------
 def json_ready(value):
     """``value`` with every non-finite float (NaN: not measured) as None, so that a file written from it is standard
     JSON that any reader parses (jq, JavaScript); Python's json would write the bare token NaN."""
@@ -354,7 +354,7 @@ SMOOTHING = 5  # iterations in the trailing mean drawn over noisy training serie
 
 
 def learning_curve_panels(env: str) -> list[tuple[str, str]]:
-    """The learning curve's panels in order, each as (metrics.csv column, title)."""
+    """The learning curve's panels in order, each as (result row column, as Tune's progress.csv names it; title)."""
     return [
         (TRAINING + M.env_metric(env, M.SUCCESS), "success"),
         (TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), "format-error rate"),
