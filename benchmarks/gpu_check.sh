@@ -12,6 +12,13 @@ OUT=${OUT:-outputs/gpu_check}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+# A GPU machine without a package index may lack pytest: pure-Python wheels carried beside the pack (e.g.
+# .device/3/pytest-*.whl, pluggy, iniconfig) are unpacked onto the path.
+if ! python -c "import pytest" 2>/dev/null && ls .device/*/*.whl >/dev/null 2>&1; then
+    mkdir -p /tmp/gpu_check_wheels
+    for wheel in .device/*/*.whl; do python -m zipfile -e "$wheel" /tmp/gpu_check_wheels; done
+    export PYTHONPATH="/tmp/gpu_check_wheels:$PYTHONPATH"
+fi
 status=0
 run() {  # run NAME SECONDS COMMAND...: its output to $OUT/NAME.log, its exit code in $OUT/NAME.rc
     local name=$1 seconds=$2
