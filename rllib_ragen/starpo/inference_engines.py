@@ -7,11 +7,13 @@ with :func:`register_inference_backend`, or pass the factory itself as ``inferen
 
 :func:`launch_engines` starts :class:`~rllib_ragen.rollout.vllm_backend.VLLMEngine` actors, one per bundle of a
 ``PACK`` placement group; :class:`EngineActors` holds them, hands env runners :class:`RemoteEngine` clients, and
-syncs weights with one object-store copy for all engines.
+syncs weights with one object-store copy for all engines. :func:`start_engines_for` and
+:func:`load_policy_into_engines` are an algorithm's engine lifecycle (``inference_backend="vllm"``).
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from concurrent.futures import Future
 from typing import Any, Callable, Sequence
@@ -22,6 +24,8 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ..rollout.backends import HFBackend, InferenceBackend, SamplingParams
+from ..rollout.lora import adapter_files, lora_settings
+from ..rollout.models import BUILT_IN_MODELS
 from ..rollout.vllm_backend import VLLM_MISSING, VLLMBackend, VLLMEngine, vllm_available
 
 BackendFactory = Callable[[Any, Any, Any], InferenceBackend]
@@ -125,3 +129,37 @@ def launch_engines(model: str, num_engines: int = 1, *, num_gpus_per_engine: flo
         for i in range(num_engines)]
     ray.get([actor.get_stats.remote() for actor in actors])  # wait until every engine has loaded its model
     return EngineActors(actors, group)
+
+
+# ---- an algorithm's engines: started with it, loaded with each new policy ------------------------------------------
+def start_engines_for(algo) -> EngineActors:
+    """Launch the vLLM engine actors on ``algo``'s current policy and attach them to every env runner."""
+    config = algo.config
+    model = config.model_config["model"]
+    if model in BUILT_IN_MODELS:  # built in-process: vLLM needs them as a directory
+        model = tempfile.mkdtemp(prefix="rllib_ragen_vllm_")
+        algo.export_pretrained(model)
+    options = {"max_model_len": config.max_context_tokens, **config.vllm_engine_config}
+    lora = lora_settings(config.model_config.get("lora"))
+    if lora:  # the engines serve the base weights and receive only the adapter
+        options["max_lora_rank"] = lora["r"]
+    gpus = options.pop("num_gpus_per_engine", None)
+    actors = launch_engines(model, config.num_inference_engines, num_gpus_per_engine=gpus,
+                            dtype=config.model_config.get("dtype", "float32"), seed=config.seed or 0, **options)
+    clients = actors.clients
+    algo.env_runner_group.foreach_env_runner(lambda runner: runner.attach_inference_engines(clients),
+                                             local_env_runner=True)
+    return actors
+
+
+def load_policy_into_engines(algo) -> float:
+    """Load ``algo``'s current policy into every engine (with LoRA, its adapter); returns the seconds."""
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    lora = lora_settings(algo.config.model_config.get("lora"))
+    if lora:  # from one learner (they hold the same weights), adapters only: the critic stays there
+        adapter = algo._on_first_learner(lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped()
+                                         .adapter_state())
+        adapter_config, tensors = adapter_files(adapter, lora, str(algo.config.model_config["model"]))
+        return algo.engine_actors.load_adapter(adapter_config, tensors, version=algo.iteration + 1)
+    return algo.engine_actors.load_weights(algo.policy_weights(), version=algo.iteration + 1)

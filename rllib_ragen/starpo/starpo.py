@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import pathlib
-import pickle
 import shutil
 import tempfile
 import threading
@@ -40,22 +39,19 @@ from ray.rllib.core import (COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONEN
                             DEFAULT_MODULE_ID)
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
-from ray.rllib.utils.checkpoints import Checkpointable
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEARNER_RESULTS,
                                      NUM_ENV_STEPS_SAMPLED_LIFETIME, WEIGHTS_SEQ_NO)
 
 from .. import metrics as M
 from ..collapse import cross_scoring_pairs, reply_diagnostics
-from ..objectives import ADVANTAGE_ESTIMATORS
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import SeedSchedule, Start, Trajectory, rollout_metrics
-from ..rollout.lora import adapter_files, lora_settings
 from ..sentinel import Firing, Sentinel
 from .batch import prepare_update_batch, shard_by_groups, token_advantages_by_trajectory
-from .checkpoints import recover_interrupted_save, write_atomically
-from .config import BUILT_IN_MODELS, StarPOConfig
-from .inference_engines import launch_engines
-from .llm_rl_module import DEFAULT_MODEL_CONFIG, PLACEHOLDER_SPACE, CausalLMRLModule
+from .checkpoints import check_checkpoint_fits, recover_interrupted_save, remove_failed_copy, write_atomically
+from .config import StarPOConfig
+from .inference_engines import load_policy_into_engines, start_engines_for
+from .llm_rl_module import PLACEHOLDER_SPACE, CausalLMRLModule
 from .weight_sync import state_bytes
 
 logger = logging.getLogger(__name__)
@@ -112,7 +108,7 @@ class StarPO(Algorithm):
         self.last_rollout: list[Trajectory] = []
         # The last probed rollout's token advantages, by index in that rollout (kept episodes only).
         self.last_token_advantages: dict[int, list[float]] = {}
-        self.engine_actors = self._start_inference_engines() if config.inference_backend == "vllm" else None
+        self.engine_actors = start_engines_for(self) if config.inference_backend == "vllm" else None
         # One-step off-policy rollouts (max_policy_lag=1): the next rollout plays in this thread while the learner
         # updates; _pending holds it (the future, or its result once collected) and the update count it played.
         self._rollout_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ROLLOUT_THREAD) \
@@ -439,7 +435,7 @@ class StarPO(Algorithm):
         """The learner's current policy to whatever plays the rollouts."""
         if self.engine_actors is not None:
             # Env runners only route prompts to the engines: the new weights go to the engines alone.
-            self._log({M.TIME_WEIGHT_LOAD: self._sync_inference_engines()})
+            self._log({M.TIME_WEIGHT_LOAD: load_policy_into_engines(self)})
         else:
             self._check_learners_alive()
             self._send_policy_to_env_runners()
@@ -481,36 +477,6 @@ class StarPO(Algorithm):
             raise RuntimeError(f"env runners {behind} (index: weights version) did not take the learner's weights "
                                f"(version {wanted}); a rollout on them would play another policy.")
         return state_bytes(state[COMPONENT_RL_MODULE])
-
-    # ---- vLLM engines ----------------------------------------------------------------------------------------------
-    def _start_inference_engines(self):
-        """Launch the vLLM engine actors on the current policy and attach them to every env runner."""
-        config = self.config
-        model = config.model_config["model"]
-        if model in BUILT_IN_MODELS:  # built in-process: vLLM needs them as a directory
-            model = tempfile.mkdtemp(prefix="rllib_ragen_vllm_")
-            self.export_pretrained(model)
-        options = {"max_model_len": config.max_context_tokens, **config.vllm_engine_config}
-        lora = lora_settings(config.model_config.get("lora"))
-        if lora:  # the engines serve the base weights and receive only the adapter
-            options["max_lora_rank"] = lora["r"]
-        gpus = options.pop("num_gpus_per_engine", None)
-        actors = launch_engines(model, config.num_inference_engines, num_gpus_per_engine=gpus,
-                                dtype=config.model_config.get("dtype", "float32"), seed=config.seed or 0, **options)
-        clients = actors.clients
-        self.env_runner_group.foreach_env_runner(lambda runner: runner.attach_inference_engines(clients),
-                                                 local_env_runner=True)
-        return actors
-
-    def _sync_inference_engines(self) -> float:
-        """Load the learner's current policy into every engine (with LoRA, its adapter); returns the seconds."""
-        lora = lora_settings(self.config.model_config.get("lora"))
-        if lora:  # from one learner (they hold the same weights), adapters only: the critic stays there
-            adapter = self._on_first_learner(lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped()
-                                             .adapter_state())
-            adapter_config, tensors = adapter_files(adapter, lora, str(self.config.model_config["model"]))
-            return self.engine_actors.load_adapter(adapter_config, tensors, version=self.iteration + 1)
-        return self.engine_actors.load_weights(self.policy_weights(), version=self.iteration + 1)
 
     @override(Algorithm)
     def cleanup(self) -> None:
@@ -651,12 +617,7 @@ class StarPO(Algorithm):
             return super().save(directory)
         except BaseException:
             if storage.current_checkpoint_index != index:  # the failed copy's folder, never an earlier checkpoint
-                import pyarrow.fs
-
-                folder = storage.checkpoint_fs_path
-                if storage.storage_filesystem.get_file_info(folder).type == pyarrow.fs.FileType.Directory:
-                    storage.storage_filesystem.delete_dir(folder)
-                    logger.error("checkpoint %s could not be written whole and was removed", folder)
+                remove_failed_copy(storage)
             raise
         finally:
             shutil.rmtree(directory, ignore_errors=True)
@@ -666,37 +627,10 @@ class StarPO(Algorithm):
         path = _absolute(path)
         if "://" not in str(path):
             recover_interrupted_save(path)
-        self._check_checkpoint_fits(path)
+        check_checkpoint_fits(self.config, path)
         super().restore_from_path(path, **kwargs)
         if self.engine_actors is None:  # (engines: set_state loaded them) RLlib's own sync here can be dropped or
             self._sync_rollout_weights()  # refused by the runners: see _push_weights_to_env_runners
-
-    def _check_checkpoint_fits(self, path) -> None:
-        """Refuse a checkpoint whose module this algorithm cannot hold, naming the fields that differ.
-
-        The model, its dtype, the critic's type and whether the estimator builds a critic decide the module's
-        weights and optimizer groups; restoring across them fails deep inside torch (an empty AssertionError or an
-        optimizer group-size mismatch) or loads wrong weights. ``StarPO.from_checkpoint(path)`` always fits.
-        """
-        saved_file = pathlib.Path(str(path)) / Checkpointable.CLASS_AND_CTOR_ARGS_FILE_NAME
-        if "://" in str(path) or not saved_file.is_file():
-            return  # a remote filesystem or a component checkpoint: nothing to compare here
-        with open(saved_file, "rb") as f:
-            saved = pickle.load(f)["ctor_args_and_kwargs"][0][0]  # the config state the checkpoint was built with
-        saved_model = {**DEFAULT_MODEL_CONFIG, **saved.get("_model_config", {})}
-        ours = self.config.model_config
-        differing = {f"model_config[{key!r}]": (saved_model.get(key), ours.get(key))
-                     for key in ("model", "dtype", "critic") if saved_model.get(key) != ours.get(key)}
-        if lora_settings(saved_model.get("lora")) != lora_settings(ours.get("lora")):  # adapters' shapes and layers
-            differing["model_config['lora']"] = (saved_model.get("lora"), ours.get("lora"))
-        estimator = saved.get("advantage_estimator", "gae")
-        if ADVANTAGE_ESTIMATORS.get(estimator, ADVANTAGE_ESTIMATORS["gae"]).needs_critic != \
-                ADVANTAGE_ESTIMATORS[self.config.advantage_estimator].needs_critic:
-            differing["advantage_estimator"] = (estimator, self.config.advantage_estimator)
-        if differing:
-            listed = "; ".join(f"{name}: checkpoint {a!r}, this algorithm {b!r}" for name, (a, b) in differing.items())
-            raise ValueError(f"the checkpoint at {path} does not fit this algorithm ({listed}). Build the algorithm "
-                             "with the checkpoint's settings, or use StarPO.from_checkpoint(path).")
 
     @classmethod
     def from_checkpoint(cls, path, filesystem=None, **kwargs) -> "StarPO":
@@ -731,7 +665,7 @@ class StarPO(Algorithm):
                 if self.sentinel.lr_factor != 1.0:
                     self._apply_lr_factor()
         if getattr(self, "engine_actors", None) is not None:
-            self._sync_inference_engines()  # restored weights must reach the engines before the next rollout
+            load_policy_into_engines(self)  # restored weights must reach the engines before the next rollout
         elif COMPONENT_LEARNER_GROUP in state:
             self._send_policy_to_env_runners()  # RLlib's sync in set_state can be dropped (see the method)
 
