@@ -160,3 +160,18 @@ def test_a_filter_keeping_a_varying_number_of_groups_needs_one_learner():
     fixed = StarPOConfig().training(rollout_filter="top_k_abs", rollout_filter_value=4)
     assert fixed.num_kept_groups == 4 and fixed.kept_batch_size == 64
     assert StarPOConfig().training(rollout_filter="top_p", rollout_filter_value=0.9).kept_batch_size is None
+
+
+def test_the_settings_objects_of_a_default_config_are_their_own_defaults():
+    """A knob that RolloutConfig, AdvantageSettings or FilterSettings also holds takes its default from that class
+    (stated once): a default config builds each of them equal to the class's own defaults."""
+    import dataclasses
+
+    from rllib_ragen.objectives import AdvantageSettings, FilterSettings
+    from rllib_ragen.rollout import RolloutConfig
+
+    config = StarPOConfig()
+    rollout = config.rollout_config()
+    assert dataclasses.replace(rollout, env=RolloutConfig.env, env_config={}, environments=()) == RolloutConfig()
+    assert config.advantage_settings() == AdvantageSettings()
+    assert config.filter_settings() == FilterSettings()
