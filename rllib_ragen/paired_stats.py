@@ -89,7 +89,7 @@ def paired_by_subset(before: Mapping, after: Mapping, label_of: Mapping) -> dict
 
 def exact_mcnemar_p(improved: int, worsened: int) -> float:
     """Two-sided exact McNemar p-value: scipy's exact binomial test of ``improved`` of the flipped states against
-    1/2 (no flips: no evidence, p = 1)."""
+    1/2 (no flips: no evidence, and the p-value is 1)."""
     from scipy.stats import binomtest
 
     flips = improved + worsened
