@@ -198,7 +198,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     unreported = None
     try:
         report = report_experiment(out, job.pass_bar, reference_lines)
-    except (FileNotFoundError, OSError) as error:
+    except OSError as error:  # no trial got a result (FileNotFoundError), or the disk is full
         if not causes:
             raise
         report, unreported = {"trials": {}}, error  # the failure below says why; the report's own error beside it
