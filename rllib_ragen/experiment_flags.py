@@ -32,10 +32,10 @@ def _help(text: str, **kwargs):
     return field(metadata={"help": text}, **kwargs)
 
 
-def torch_sees_cuda() -> bool:
+def cuda_devices_seen() -> int:
     import torch
 
-    return torch.cuda.is_available()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _experiment_state_errors(run: pathlib.Path) -> list[str]:
@@ -147,9 +147,11 @@ class JobSettings:
                                                                              self.warm_start_device):
             errors.append(f"warm_start_device={self.warm_start_device!r}: choose 'learner', 'cpu', 'cuda' or "
                           "'cuda:N'.")
-        elif self.warm_start_device.startswith("cuda") and not torch_sees_cuda():
-            errors.append(f"warm_start_device={self.warm_start_device!r}, but torch sees no CUDA device in this "
-                          "process (the warm start runs here): choose 'cpu' or 'learner'.")
+        elif self.warm_start_device.startswith("cuda") and \
+                int(self.warm_start_device.partition(":")[2] or 0) >= cuda_devices_seen():
+            errors.append(f"warm_start_device={self.warm_start_device!r}, but torch sees {cuda_devices_seen()} CUDA "
+                          "device(s) in this process (the warm start runs here): choose 'cpu', 'learner' or one "
+                          "it sees.")
         if self.warm_start_precision not in WARM_START_PRECISIONS:
             errors.append(f"warm_start_precision={self.warm_start_precision!r}: choose one of "
                           f"{list(WARM_START_PRECISIONS)}.")

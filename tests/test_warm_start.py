@@ -363,9 +363,18 @@ def test_the_warm_start_runs_on_the_learners_device_not_on_any_visible_gpu(monke
 @pytest.mark.parametrize("value, message", [
     ("gpu", r"warm_start_device='gpu': choose 'learner', 'cpu', 'cuda' or 'cuda:N'"),
     (0, r"warm_start_device=0: choose"),
-    ("cuda", r"warm_start_device='cuda', but torch sees no CUDA device in this process"),
+    ("cuda", r"warm_start_device='cuda', but torch sees 0 CUDA device\(s\) in this process"),
+    ("cuda:1", r"warm_start_device='cuda:1', but torch sees 0 CUDA device\(s\)"),
 ])
 def test_job_settings_refuse_a_warm_start_device_they_cannot_use(monkeypatch, value, message):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=message):
         JobSettings(warm_start_device=value).validate()
+
+
+def test_a_cuda_index_beyond_the_devices_seen_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    JobSettings(warm_start_device="cuda:1").validate()  # seen: accepted
+    with pytest.raises(ValueError, match=r"warm_start_device='cuda:2', but torch sees 2 CUDA device\(s\)"):
+        JobSettings(warm_start_device="cuda:2").validate()
