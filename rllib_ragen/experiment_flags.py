@@ -1,9 +1,9 @@
 """Command-line flags of a main job, generated from its ``StarPOConfig`` and its :class:`JobSettings`.
 
-Every ``StarPOConfig.training`` knob is a flag (``num_groups`` -> ``--num-groups``), with the help text of its
-entry in ``training``'s docstring and the job's own value as the default; so are the RLlib fields a job needs
-(learning rate, environment, model, seed, resources) and the driver's settings. There is no second list of knobs
-to keep in step: a knob added to ``STARPO_S_DEFAULTS`` and documented in ``training`` is a flag.
+Every knob of ``starpo/knobs.py`` is a flag (``num_groups`` -> ``--num-groups``) in its table section, with the
+help text of its entry in ``StarPOConfig.training``'s docstring and the job's own value as the default; so are the
+RLlib fields a job needs (learning rate, environment, model, seed, resources) and the driver's settings. There is
+no second list of knobs to keep in step: a row in the table, documented in ``training``, is a flag.
 
 Precedence, lowest first: the job's config, then with ``--preset reference-gpu`` the job's own GPU settings and
 run length, then ``--preset``, then every other flag given. A visible GPU changes nothing by itself. The result is validated; a bad value exits
@@ -323,9 +323,9 @@ def user_model_config(config) -> dict[str, Any]:
 
 
 def config_flag_names() -> list[str]:
-    from .starpo.config import STARPO_S_DEFAULTS
+    from .starpo.knobs import KNOBS
 
-    return list(RLLIB_FLAGS) + list(STARPO_S_DEFAULTS)
+    return list(RLLIB_FLAGS) + list(KNOBS)
 
 
 def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, gpu_config=None,
@@ -407,7 +407,7 @@ def job_parser(config, job: JobSettings, description: str | None = None) -> argp
     """The parser of every job and config flag, defaults from ``config`` and ``job``, grouped: the flags a user
     changes first, then by section. Add a script's own flags to it, then hand what it parsed to
     :func:`apply_job_args`."""
-    from .starpo.config import KNOB_SECTIONS
+    from .starpo.knobs import KNOB_SECTIONS
 
     help_texts = training_knob_help()
     undocumented = [name for name in config_flag_names() if name not in RLLIB_FLAGS and not help_texts.get(name)]

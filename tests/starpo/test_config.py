@@ -141,8 +141,9 @@ def test_building_the_module_logs_no_deprecation_notice():
 
 
 def test_every_boolean_knob_survives_copy_dict_and_checkpoint_state():
-    from rllib_ragen.starpo.config import _BOOLEANS
+    from rllib_ragen.starpo.knobs import BOOL, KNOBS
 
+    _BOOLEANS = [knob.name for knob in KNOBS.values() if knob.kind == BOOL and not knob.optional]
     config = StarPOConfig()
     flipped = {knob: not getattr(config, knob) for knob in _BOOLEANS}
     config.training(**flipped)

@@ -1,0 +1,146 @@
+"""What a StarPO config trains and validates on: one environment, or a mixture of them (``train_envs``,
+``validation_envs``), each entry checked by name before anything is built (``StarPOConfig.environment``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import gymnasium as gym
+
+from ..envs import (BUILT_IN_TEXT_ENVS, REMOTE_ENV_ID, _load_entry_point, ensure_registered, make_text_env,
+                    registered_text_envs)
+from .knobs import is_int
+
+# Keys of one entry of ``train_envs`` / ``validation_envs`` (``StarPOConfig.environment``); the count key is required
+# in training entries and defaults to ``validation_size`` in validation ones.
+ENV_ENTRY_KEYS = {"train_envs": ("env", "env_config", "name", "groups"),
+                  "validation_envs": ("env", "env_config", "name", "states")}
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvEntry:
+    """One environment of a mixture: its name (in metrics and outputs), what builds it, and how many groups per
+    training step (training) or held-out states (validation) it gets."""
+
+    name: str
+    env: Any
+    env_config: dict
+    count: int
+
+
+def env_name(env) -> str:
+    """The name an environment's trajectories and metrics carry by default: its registered id, or class name."""
+    return env if isinstance(env, str) else getattr(env, "__name__", repr(env))
+
+
+def env_class(env) -> type:
+    """The class a registered id (or a TextEnv class) builds."""
+    return env if isinstance(env, type) else _load_entry_point(gym.spec(env).entry_point)
+
+
+def env_arguments(env) -> set[str] | None:
+    """The constructor arguments ``env`` (a registered id or a TextEnv class) accepts; None if it takes any."""
+    parameters = inspect.signature(env_class(env).__init__).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return {p.name for p in parameters if p.name != "self"}
+
+
+def is_known_env(env) -> bool:
+    ensure_registered(env)  # another package's game ("gem/...", "textarena/...") is registered when first named
+    return isinstance(env, type) or env in registered_text_envs()
+
+
+def entry(item: dict, count_key: str, default_count: int | None) -> EnvEntry:
+    """The :class:`EnvEntry` of one (checked) ``train_envs`` / ``validation_envs`` item."""
+    return EnvEntry(name=item.get("name") or env_name(item["env"]), env=item["env"],
+                    env_config=dict(item.get("env_config") or {}), count=int(item.get(count_key, default_count)))
+
+
+def env_config_errors(field: str, env, env_config):
+    if not isinstance(env_config, dict):
+        yield f"{field}={env_config!r} must be a dict of the environment's constructor arguments."
+        return
+    accepted = env_arguments(env) if is_known_env(env) else None
+    if accepted is not None and set(env_config) - accepted:
+        yield (f"{field} has unknown keys {sorted(set(env_config) - accepted)} for {env!r}; "
+               f"accepted: {sorted(accepted)}.")
+    elif isinstance(env, str) and (env in BUILT_IN_TEXT_ENVS or env == REMOTE_ENV_ID):
+        # The built-in environments check their arguments' types and ranges when built (cheaply: no level is drawn
+        # before a reset): build one here, so a bad value is named now rather than in a worker at build time.
+        try:
+            make_text_env(env, **env_config).close()
+        except (ValueError, TypeError) as error:
+            yield f"{field} for {env!r}: {error}"
+
+
+def _entry_errors(where: str, item, count_key: str, required: bool):
+    """The errors of one ``train_envs`` / ``validation_envs`` entry, each naming ``where`` it is."""
+    field = where.split("[")[0]
+    if not isinstance(item, dict):
+        yield f"{where}={item!r} must be a dict with keys {list(ENV_ENTRY_KEYS[field])}."
+        return
+    unknown = set(item) - set(ENV_ENTRY_KEYS[field])
+    if unknown:
+        yield f"{where} has unknown keys {sorted(unknown)}; accepted: {list(ENV_ENTRY_KEYS[field])}."
+    if "env" not in item or not is_known_env(item["env"]):
+        yield (f"{where}['env']={item.get('env')!r} is not a registered text environment; pick one of "
+               f"{registered_text_envs()} or register yours with rllib_ragen.register_text_env.")
+    else:
+        yield from env_config_errors(f"{where}['env_config']", item["env"], item.get("env_config", {}))
+    if "name" in item and (not isinstance(item["name"], str) or not item["name"]):
+        yield f"{where}['name']={item['name']!r} must be a non-empty string."
+    if required and count_key not in item:
+        yield f"{where} needs {count_key!r}: the groups of this environment in each training step."
+    elif count_key in item and (not is_int(item[count_key]) or item[count_key] < 1):
+        yield f"{where}[{count_key!r}]={item[count_key]!r} must be a positive integer."
+
+
+def environment_errors(config):
+    """``env`` and ``env_config``; ``train_envs`` and ``validation_envs``: each entry's keys, environment and count;
+    unique names; the training groups adding up to ``num_groups``; ``env`` being the first training environment."""
+    if not is_known_env(config.env):
+        yield (f"env={config.env!r} is not a registered text environment; pick one of {registered_text_envs()} "
+               "or register yours with rllib_ragen.register_text_env.")
+    yield from env_config_errors("env_config", config.env, config.env_config)
+    yield from mixture_errors(config)
+
+
+def mixture_errors(config):
+    entries = {}
+    for field, count_key in (("train_envs", "groups"), ("validation_envs", "states")):
+        items = getattr(config, field)
+        if items is None:
+            continue
+        if not isinstance(items, (list, tuple)) or not items:
+            yield f"{field}={items!r} must be a non-empty list of dicts (see StarPOConfig.environment), or None."
+            continue
+        errors = []
+        for i, item in enumerate(items):
+            errors += _entry_errors(f"{field}[{i}]", item, count_key, required=field == "train_envs")
+        yield from errors
+        if errors:
+            continue
+        entries[field] = [entry(item, count_key, config.validation_size) for item in items]
+        names = [e.name for e in entries[field]]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            yield (f"{field}: the names {repeated} are used twice; give each entry of one id its own "
+                   "\"name\" (metrics and outputs tell them apart by it).")
+    if entries.get("train_envs"):
+        training = entries["train_envs"]
+        total = sum(e.count for e in training)
+        if total != config.num_groups:
+            yield (f"train_envs: the groups add up to {total}, but num_groups={config.num_groups}; set "
+                   f"num_groups={total} in .training() or change the groups.")
+        if (config.env, dict(config.env_config)) != (training[0].env, training[0].env_config):
+            yield (f"env={config.env!r} (env_config={dict(config.env_config)}) is not train_envs[0] "
+                   f"({training[0].env!r}, {training[0].env_config}): with train_envs, env is the first training "
+                   "environment; leave env out of .environment(train_envs=...).")
+    by_name = {}
+    for e in entries.get("train_envs", []) + entries.get("validation_envs", []):
+        if by_name.setdefault(e.name, (e.env, e.env_config)) != (e.env, e.env_config):
+            yield (f"the name {e.name!r} stands for two different environments in train_envs and validation_envs;"
+                   " one name, one environment (its metrics would mix).")

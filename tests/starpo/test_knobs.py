@@ -1,0 +1,140 @@
+"""Each knob is declared once (``starpo/knobs.py``): its default, kind and range live in its row, its description in
+``StarPOConfig.training``'s docstring, and nothing else in the package states them again."""
+
+import ast
+import inspect
+import math
+import pathlib
+
+import pytest
+
+import rllib_ragen
+from rllib_ragen import StarPOConfig
+from rllib_ragen.experiment_flags import config_flag_names, training_knob_help
+from rllib_ragen.rollout import RolloutConfig
+from rllib_ragen.starpo.knobs import (BOOL, INT, KNOB_SECTIONS, KNOB_TABLE, KNOBS, NUMBER, RLLIB_DEFAULT,
+                                      RLLIB_FIELDS, Knob, _knob)
+
+PACKAGE = pathlib.Path(rllib_ragen.__file__).parent
+ROWS = [*KNOB_TABLE, *RLLIB_FIELDS.values()]
+
+
+def test_every_knob_has_one_help_entry_and_every_entry_is_a_knob():
+    help_texts = training_knob_help()
+    assert set(help_texts) == set(KNOBS)
+    assert [name for name, text in help_texts.items() if len(text) < 10] == []
+    assert set(config_flag_names()) >= set(KNOBS)  # each one a job flag
+
+
+def test_training_takes_exactly_the_knobs_of_the_table_in_its_order():
+    parameters = list(inspect.signature(StarPOConfig.training).parameters)
+    assert parameters == ["self", *KNOBS, "kwargs"]
+    assert [name for section in KNOB_SECTIONS.values() for name in section] == list(KNOBS)
+    with pytest.raises(TypeError, match="num_group"):
+        StarPOConfig().training(num_group=4)
+
+
+def test_a_new_config_holds_each_rows_default_and_shares_no_mutable_one():
+    first, second = StarPOConfig(), StarPOConfig()
+    for knob in ROWS:
+        if knob.default is not RLLIB_DEFAULT:
+            assert getattr(first, knob.name) == knob.default, knob.name
+    first.sentinel_rules.append("x")
+    assert second.sentinel_rules == [] and KNOBS["sentinel_rules"].default == []
+
+
+def test_a_row_that_fills_a_settings_class_takes_its_default_from_there_only():
+    assert KNOBS["max_turns"].default == RolloutConfig.max_turns
+    with pytest.raises(ValueError, match=r"knob max_turns: its default is RolloutConfig.max_turns's"):
+        _knob("max_turns", 7, INT, ">= 1", into=(RolloutConfig, "max_turns"))
+
+
+def _outside_and_edge(knob: Knob):
+    """A value just outside the row's range and the range's own edge, from the range's text."""
+    text = knob.range
+    if text.startswith(("[", "(")):
+        low, high = (float(eval(x)) for x in text[1:-1].split(", "))  # "2**32" reads as a number
+        outside = low - 1 if text[0] == "[" else low
+        edge = low if text[0] == "[" else high
+    else:
+        operator, bound = text.split(" ")
+        bound = float(bound)
+        outside = {">=": bound - 1, ">": bound, "<=": bound + 1, "<": bound}[operator]
+        edge = {">=": bound, ">": bound + 0.5, "<=": bound, "<": bound - 0.5}[operator]
+    cast = int if knob.kind == INT else float
+    return cast(outside), cast(math.ceil(edge) if knob.kind == INT else edge)
+
+
+@pytest.mark.parametrize("knob", [k for k in ROWS if k.range], ids=lambda k: k.name)
+def test_each_range_is_enforced_at_validate_and_its_edge_passes(knob):
+    outside, edge = _outside_and_edge(knob)
+    assert knob.value_error(edge) is None
+    assert knob.value_error(outside).startswith(f"{knob.name}={outside} must")
+    config = StarPOConfig()
+    setattr(config, knob.name, outside)
+    with pytest.raises(ValueError, match=f"{knob.name}={outside} must"):
+        config.validate()
+
+
+@pytest.mark.parametrize("knob", [k for k in ROWS if k.kind in (INT, NUMBER, BOOL)], ids=lambda k: k.name)
+def test_each_kind_is_enforced_at_validate(knob):
+    wrong = "1" if knob.kind != BOOL else 1
+    config = StarPOConfig()
+    setattr(config, knob.name, wrong)
+    with pytest.raises(ValueError, match=f"{knob.name}={wrong!r} must be"):
+        config.validate()
+    if knob.kind == NUMBER:
+        assert knob.kind_error(math.nan).startswith(f"{knob.name}=nan must be a finite number")
+
+
+def _package_sources():
+    return [p for p in PACKAGE.rglob("*.py") if p.name != "knobs.py"]
+
+
+def test_no_other_module_states_a_knobs_default_again():
+    """A knob's default in a dict literal or a keyword call elsewhere in the package would be a second statement
+    of it (the presets derive theirs from the table)."""
+    restated = []
+    for path in _package_sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            pairs = []
+            if isinstance(node, ast.Dict):
+                pairs = [(k.value, v) for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant)]
+            elif isinstance(node, ast.Call):
+                pairs = [(k.arg, k.value) for k in node.keywords if k.arg]
+            for name, value in pairs:
+                if name in KNOBS and isinstance(value, ast.Constant) and value.value is not None \
+                        and value.value == KNOBS[name].default and type(value.value) is type(KNOBS[name].default):
+                    restated.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {name}={value.value!r}")
+    assert restated == []
+
+
+_NEGATION = {">=": ast.Lt, ">": ast.LtE, "<=": ast.Gt, "<": ast.GtE}
+_SAME = {">=": ast.GtE, ">": ast.Gt, "<=": ast.LtE, "<": ast.Lt}
+
+
+def _a_config_knob(node) -> bool:
+    """``config.<knob>`` or ``self.<knob>`` (a settings object's field of the same name is not the knob)."""
+    return isinstance(node, ast.Attribute) and node.attr in KNOBS and getattr(node.value, "id", "") in ("config",
+                                                                                                     "self")
+
+
+def test_no_other_module_checks_a_knobs_kind_or_range_again():
+    """``config.<knob> < 0`` where the row says ``>= 0`` (or ``isinstance(config.<knob>, ...)``) restates the
+    row."""
+    restated = []
+    for path in _package_sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("isinstance", "is_int", "is_number") \
+                    and node.args and _a_config_knob(node.args[0]):
+                restated.append(f"{path.relative_to(PACKAGE)}:{node.lineno} kind of {node.args[0].attr}")
+            if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and _a_config_knob(node.left)
+                    and isinstance(node.comparators[0], ast.Constant)):
+                continue
+            knob, constant = KNOBS[node.left.attr], node.comparators[0].value
+            if not knob.range or knob.range.startswith(("[", "(")):
+                continue
+            operator, bound = knob.range.split(" ")
+            if constant == float(bound) and isinstance(node.ops[0], (_NEGATION[operator], _SAME[operator])):
+                restated.append(f"{path.relative_to(PACKAGE)}:{node.lineno} range of {knob.name}")
+    assert restated == []
