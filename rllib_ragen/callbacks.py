@@ -72,7 +72,7 @@ class JobOutputs(RLlibCallback):
         if self._before is not None:  # the first result carries it: a later validation in the same iteration
             result[BEFORE_RL] = {ENV_RUNNER_RESULTS: self._before}  # replaces it under "evaluation"
             self._before = None
-        result.setdefault("job", {})["next_training_seed"] = algorithm.seed_schedule.next_train
+        result.setdefault("job", {})["next_training_seed"] = algorithm.rollouts.seed_schedule.next_train
         if algorithm.last_token_advantages:  # the probe ran: one file per iteration, so a replayed one replaces it
             self._write_training_sample(algorithm, folder / TRAINING_ROLLOUTS / f"iteration_{iteration:06d}.parquet")
         if algorithm.sentinel.rules:

@@ -167,6 +167,8 @@ class JobSettings:
             errors.append(f"sentinel={self.sentinel!r}: choose one of {list(SENTINEL_CHOICES)}.")
         if not isinstance(self.output_dir, str) or not self.output_dir:
             errors.append(f"output_dir={self.output_dir!r} must be a folder path.")
+        if config is not None and config.model_load_error():  # the driver loads the model (the warm start)
+            errors.append(config.model_load_error())
         turns = self.warm_start_max_turns
         if config is not None and isinstance(turns, int) and turns > config.max_turns:
             errors.append(f"warm_start_max_turns={turns} exceeds max_turns={config.max_turns}: demonstrations would "

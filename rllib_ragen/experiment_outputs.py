@@ -31,7 +31,7 @@ from . import metrics as M
 from .sentinel import as_rule
 
 if TYPE_CHECKING:  # (the job layer runs no rollouts: it writes the algorithm's)
-    from .rollout.engine import Trajectory
+    from .rollout.trajectory import Trajectory
 
 POLICY = "policy"  # the trained model, loadable by plain transformers
 LATEST = "latest"

@@ -34,7 +34,8 @@ from .experiment_outputs import WARM_START_CURVE, write_csv, write_text_atomical
 from .held_out import DEMONSTRATIONS_FILE
 from .objectives import token_logprobs
 from .rollout.backends import SamplingParams, ScriptedBackend
-from .rollout.engine import RolloutConfig, RolloutEngine, Trajectory, pad_trajectories
+from .rollout.engine import RolloutConfig, RolloutEngine
+from .rollout.trajectory import Trajectory, pad_trajectories
 from .rollout.models import forward_sharing_prefix
 
 logger = logging.getLogger(__name__)

@@ -9,13 +9,15 @@ no CDN: the data sit in the page as JSON, the curves as inline SVG, and a few li
 episode list (filterable by source, environment, success and iteration) and the selected episode: each turn's
 observation (boards in a fixed-width font), the thinking, the answer and the actions executed, the reward, and
 the reply's tokens shaded by their advantage. The filters live in the address's ``#`` part, so a view can be
-linked (``rollouts.html#source=training&success=0&episode=12``).
+linked (``rollouts.html#source=training&success=0&episode=12``). The page's HTML, style sheet and script are
+package data, ``rllib_ragen/viewer_page/``.
 """
 
 from __future__ import annotations
 
 import argparse
 import html
+import importlib.resources
 import json
 import math
 import pathlib
@@ -78,8 +80,9 @@ def build_page(run_dir: pathlib.Path, validation_env: str | None = None) -> str:
     title = f"{run_dir.name}: {env}"
     data = json.dumps({"episodes": episodes}, allow_nan=False, default=_finite)
     data = data.replace("</", "<\\/")  # a "</script>" inside an episode's text must not end the data block
-    return PAGE.format(title=html.escape(title), curves=curves_svg(rows, firings, env, validation_env),
-                       firings=firings_table(firings), data=data, script=SCRIPT, style=STYLE)
+    return _page_part("page.html").format(
+        title=html.escape(title), curves=curves_svg(rows, firings, env, validation_env),
+        firings=firings_table(firings), data=data, script=_page_part("script.js"), style=_page_part("style.css"))
 
 
 def _finite(value):
@@ -151,156 +154,9 @@ def firings_table(firings: list[dict]) -> str:
             f"<th>what was done</th></tr>{rows}</table>")
 
 
-STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1em 2em; color: #222; }
-.panels { display: flex; flex-wrap: wrap; gap: 8px; }
-.panel { margin: 0; } .panel figcaption { font-size: 12px; text-align: center; }
-.panel svg { background: #fafafa; border: 1px solid #ddd; }
-.panel polyline { fill: none; stroke: #1f5fa8; stroke-width: 1.5; } .panel circle { fill: #1f5fa8; }
-.panel text { font-size: 9px; fill: #666; } .panel line.firing { stroke: #c22; stroke-width: 1.5; }
-table.firings td, table.firings th { padding: 2px 8px; text-align: left; font-size: 13px; }
-.layout { display: flex; gap: 16px; align-items: flex-start; }
-#list { width: 34%; max-height: 80vh; overflow-y: auto; border: 1px solid #ddd; }
-#list table { border-collapse: collapse; width: 100%; font-size: 13px; }
-#list tr.episode-row { cursor: pointer; } #list tr.episode-row:hover { background: #eef; }
-#list tr.selected { background: #dde6ff; } #list td { padding: 2px 6px; border-bottom: 1px solid #eee; }
-#detail { flex: 1; } .turn { border: 1px solid #ddd; margin-bottom: 10px; padding: 6px 10px; }
-pre.board { font-family: ui-monospace, monospace; background: #f6f6f6; padding: 6px; white-space: pre-wrap; }
-.think { color: #555; font-style: italic; white-space: pre-wrap; } .answer { font-weight: 600; }
-.tokens span.token { font-family: ui-monospace, monospace; white-space: pre-wrap; border-radius: 2px; }
-.yes { color: #17791b; } .no { color: #b3261e; } .filters label { margin-right: 12px; }
-"""
-
-SCRIPT = r"""
-const DATA = JSON.parse(document.getElementById('data').textContent);
-const EPISODES = DATA.episodes;
-const FILTERS = ['source', 'env', 'success', 'iteration'];
-
-function readHash() {
-  const state = {};
-  new URLSearchParams(location.hash.slice(1)).forEach((v, k) => { state[k] = v; });
-  return state;
-}
-function writeHash(state) {
-  const params = new URLSearchParams();
-  for (const [k, v] of Object.entries(state)) if (v !== '' && v !== undefined) params.set(k, v);
-  history.replaceState(null, '', '#' + params.toString());
-}
-function fillSelect(id, values, current) {
-  // Options as elements with text, never as HTML: an environment's name is data from the run, not markup.
-  const select = document.getElementById(id);
-  select.replaceChildren(...['', ...values].map(v => {
-    const option = el('option', '', v === '' ? 'all' : v);
-    option.value = v;
-    return option;
-  }));
-  select.value = current || '';
-}
-function matches(ep, state) {
-  return (!state.source || ep.source === state.source) && (!state.env || ep.env === state.env) &&
-    (!state.success || String(Number(ep.success)) === state.success) &&
-    (!state.iteration || String(ep.iteration) === state.iteration);
-}
-function el(tag, cls, text) {
-  const node = document.createElement(tag);
-  if (cls) node.className = cls;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
-function shade(a, scale) {
-  if (a === null || a === undefined) return '';
-  const alpha = Math.min(1, Math.abs(a) / scale) * 0.6;
-  return a >= 0 ? `rgba(23,121,27,${alpha})` : `rgba(179,38,30,${alpha})`;
-}
-function renderDetail(ep) {
-  const detail = document.getElementById('detail');
-  detail.innerHTML = '';
-  if (!ep) { detail.appendChild(el('p', '', 'Pick an episode.')); return; }
-  detail.appendChild(el('h3', '', `${ep.source}, iteration ${ep.iteration}: ${ep.env}, seed ${ep.seed} — ` +
-    `${ep.success ? 'solved' : 'not solved'}, return ${Number(ep['return']).toFixed(3)}`));
-  if (!ep.turns) { detail.appendChild(el('p', '', 'This file has no turn-by-turn record.')); return; }
-  const all = ep.turns.flatMap(t => t.advantages || []).map(Math.abs);
-  const scale = all.length ? Math.max(...all) || 1 : 1;
-  ep.turns.forEach((turn, i) => {
-    const box = el('div', 'turn');
-    box.appendChild(el('h4', '', `turn ${i + 1}: reward ${Number(turn.reward).toFixed(3)}, actions ` +
-      (turn.actions.length ? turn.actions.join(', ') : 'none') +
-      (turn.context_tokens == null ? '' : `; read ${turn.context_tokens} tokens` +
-       (turn.windowed ? ' (its context window)' : ''))));
-    box.appendChild(el('pre', 'board', turn.observation));
-    box.appendChild(el('div', 'think', 'thinking: ' + (turn.think || '(none)')));
-    box.appendChild(el('div', 'answer', 'answer: ' + (turn.answer || '(none)')));
-    const tokens = el('div', 'tokens');
-    tokens.appendChild(el('span', '', turn.advantages ? 'reply tokens by advantage: ' :
-      'reply tokens (not trained on: no advantages): '));
-    turn.tokens.forEach((tok, j) => {
-      const a = turn.advantages ? turn.advantages[j] : null;
-      const span = el('span', 'token', tok);
-      span.style.background = shade(a, scale);
-      span.title = a === null ? 'no advantage' : `advantage ${a.toFixed(4)}`;
-      tokens.appendChild(span);
-    });
-    box.appendChild(tokens);
-    detail.appendChild(box);
-  });
-}
-function render() {
-  const state = readHash();
-  const unique = key => [...new Set(EPISODES.map(e => String(e[key])))];
-  fillSelect('source', unique('source'), state.source);
-  fillSelect('env', unique('env'), state.env);
-  fillSelect('iteration', unique('iteration').sort((a, b) => a - b), state.iteration);
-  document.getElementById('success').value = state.success || '';
-  const shown = EPISODES.filter(e => matches(e, state));
-  const body = document.getElementById('rows');
-  body.innerHTML = '';
-  for (const ep of shown) {
-    const tr = el('tr', 'episode-row' + (String(ep.id) === state.episode ? ' selected' : ''));
-    tr.dataset.id = ep.id;
-    for (const text of [ep.source, ep.iteration, ep.env.split('/').pop(), ep.seed])
-      tr.appendChild(el('td', '', String(text)));
-    tr.appendChild(el('td', ep.success ? 'yes' : 'no', ep.success ? 'yes' : 'no'));
-    tr.appendChild(el('td', '', String(ep.num_turns)));
-    tr.onclick = () => { writeHash({...readHash(), episode: ep.id}); render(); };
-    body.appendChild(tr);
-  }
-  document.getElementById('count').textContent = `${shown.length} of ${EPISODES.length} episodes`;
-  renderDetail(EPISODES.find(e => String(e.id) === state.episode));
-}
-for (const id of FILTERS) document.getElementById(id).onchange = () => {
-  const state = readHash();
-  state[id] = document.getElementById(id).value;
-  writeHash(state);
-  render();
-};
-window.addEventListener('hashchange', render);
-render();
-"""
-
-PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title><style>{style}</style></head>
-<body>
-<h1>{title}</h1>
-<h2>Curves</h2><div class="panels">{curves}</div>
-<h2>Sentinel</h2>{firings}
-<h2>Episodes</h2>
-<div class="filters">
-<label>source <select id="source"></select></label>
-<label>environment <select id="env"></select></label>
-<label>success <select id="success"><option value="">all</option><option value="1">yes</option>
-<option value="0">no</option></select></label>
-<label>iteration <select id="iteration"></select></label>
-<span id="count"></span>
-</div>
-<div class="layout">
-<div id="list"><table><thead><tr><th>source</th><th>iter</th><th>env</th><th>seed</th><th>success</th><th>turns</th>
-</tr></thead><tbody id="rows"></tbody></table></div>
-<div id="detail"></div>
-</div>
-<script type="application/json" id="data">{data}</script>
-<script>{script}</script>
-</body></html>
-"""
+def _page_part(name: str) -> str:
+    """A part of the page (``viewer_page/``: the HTML around the data, its style sheet, its script), package data."""
+    return importlib.resources.files("rllib_ragen").joinpath("viewer_page", name).read_text(encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> None:

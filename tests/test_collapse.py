@@ -10,7 +10,7 @@ from rllib_ragen import StarPOConfig
 from rllib_ragen import metrics as M
 from rllib_ragen.collapse import (cross_scoring, cross_scoring_pairs, distinct_n, reasoning_entropy,
                                   reply_diagnostics, variance_buckets)
-from rllib_ragen.rollout.engine import Trajectory
+from rllib_ragen.rollout.trajectory import Trajectory
 from rllib_ragen.rollout.protocol import REGION_ANSWER, REGION_OTHER, REGION_THINK
 
 O, T, A = REGION_OTHER, REGION_THINK, REGION_ANSWER

@@ -179,11 +179,11 @@ def test_every_main_job_command_in_the_readme_parses(monkeypatch):
 
     import torch
 
-    import rllib_ragen.starpo.config as starpo_config
+    import rllib_ragen.starpo.config_rules as config_rules
     from rllib_ragen.experiment import parse_job_args
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU defaults, on any machine
-    monkeypatch.setattr(starpo_config, "vllm_available", lambda: True)  # the GPU cluster's command assumes vLLM
+    monkeypatch.setattr(config_rules, "vllm_available", lambda: True)  # the GPU cluster's command assumes vLLM
     commands = readme_job_commands()
     assert {job for job, _ in commands} == set(MAIN_JOBS) and len(commands) >= 15
     jobs = {name: runpy.run_path(str(README.parent / "tuned_examples" / name), run_name="imported")

@@ -35,10 +35,14 @@ QWEN2_PRETOKENIZE_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 # The environments whose text the tiny tokenizer learns its merges from. A frozen training-data definition: the
 # merges, and so the token ids, depend on it (list, order and RNG draws), and every tiny-model result was
 # measured with these ids. Deriving it from the registry instead (all 8 built-in ids, or one per distinct
-# vocabulary) moved the bandit learning test's 10-iteration result from 0.87/0.91 to 0.82-0.88. Board symbols
-# are taken from every registered built-in environment (see _grid_symbols); tests check each is one token.
+# vocabulary) moved the bandit learning test's 10-iteration result from 0.87/0.91 to 0.82-0.88.
 TOKENIZER_CORPUS_ENVS = ("rllib_ragen/Sokoban-v0", "rllib_ragen/FrozenLake-v0", "rllib_ragen/Bandit-v0",
                          "rllib_ragen/BanditHeldOut-v0", "rllib_ragen/SokobanAltSymbols-v0")
+# The board symbols no merge may join to a neighbour (one token per cell), frozen for the same reason: the
+# built-in environments' legends when the ids were fixed. Adding an environment changes no token id;
+# tests/rollout/test_models.py fails for one whose legend has a symbol missing here (adding it changes the ids).
+GRID_LETTERS = frozenset("BGOPSX")
+GRID_MARKS = frozenset("#$&*+.@_\u221a")  # \u221a: the checkmark of solved cells
 
 
 def _tokenizer_corpus(seed: int) -> list[str]:
@@ -83,16 +87,6 @@ def build_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024):
                                    bos_token=None, chat_template=CHATML_TEMPLATE)
 
 
-def _grid_symbols() -> tuple[set[str], set[str]]:
-    """The board symbols of every built-in registered environment (their legends), as letters and others."""
-    import gymnasium as gym
-
-    from rllib_ragen.envs import BUILT_IN_TEXT_ENVS
-
-    symbols = {symbol for env_id in BUILT_IN_TEXT_ENVS for symbol in gym.make(env_id).unwrapped.legend}
-    return {c for c in symbols if c.isalpha()}, {c for c in symbols if not c.isalpha()}
-
-
 def _without_grid_merges(tok):
     """The trained BPE model minus every merge that would join a board cell to anything else.
 
@@ -104,7 +98,7 @@ def _without_grid_merges(tok):
 
     from tokenizers import models
 
-    letters, marks = _grid_symbols()
+    letters, marks = GRID_LETTERS, GRID_MARKS
     decode = tok.decoder.decode
 
     def joins_a_cell(merged: str) -> bool:
@@ -214,6 +208,25 @@ def load_policy(model: str = TINY, *, dtype: torch.dtype | str = torch.float32, 
 
 # A folder's tokenizer is in one of these (fast, SentencePiece, BPE or WordPiece vocabularies).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+
+
+def model_source_error(model: str) -> str | None:
+    """Why ``model`` cannot load in this process (None: it may): a path (./x, /x, ~/x) that is no folder, or a hub id
+    with the hub switched off (``HF_HUB_OFFLINE``) and not cached. Asked where the model loads: a main job's
+    driver, which warm-starts it; remote learners and env runners say so themselves when they load it."""
+    if not isinstance(model, str) or model in BUILT_IN_MODELS or os.path.isdir(os.path.expanduser(model)):
+        return None
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    if model.startswith((".", "/", "~")) or (offline and not _in_hub_cache(model)):
+        return (f"model={model!r} is no local folder{' nor a cached hub id (HF_HUB_OFFLINE)' * offline}: give a "
+                f"folder saved with save_pretrained, a Hugging Face id, or one of {list(BUILT_IN_MODELS)}.")
+    return None
+
+
+def _in_hub_cache(model_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
 
 
 def _load_pretrained(model: str, dtype: torch.dtype):

@@ -15,7 +15,7 @@ import torch
 from .. import metrics as M
 from ..objectives import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages, place_rewards, select_groups
 from ..objectives.episode_layout import EpisodeLayout
-from ..rollout.engine import Trajectory, pad_trajectories
+from ..rollout.trajectory import Trajectory, pad_trajectories
 from ..rollout.protocol import LOSS_MASK_REGIONS, REGION_OTHER
 
 

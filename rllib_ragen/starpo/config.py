@@ -18,7 +18,8 @@ from ray.rllib.utils.annotations import override
 from ..envs import register_carried, registrations_of
 from ..objectives import ADVANTAGE_ESTIMATORS, AdvantageSettings, FilterSettings, fixed_kept_groups
 from ..rollout.backends import SamplingParams
-from ..rollout.engine import RolloutConfig, Start
+from ..rollout.engine import RolloutConfig
+from ..rollout.trajectory import Start
 from .config_rules import rule_errors
 from .environments import EnvEntry, entry, env_name
 from .knobs import KNOB_SECTIONS, KNOBS, RLLIB_DEFAULT, RLLIB_FIELDS, STARPO_S_DEFAULTS, knob_errors, settings_from
@@ -375,6 +376,13 @@ class StarPOConfig(AlgorithmConfig):
         from ..rollout.models import load_policy
 
         return load_policy(self.model_config["model"], seed=self.seed or 0)[1]
+
+    def model_load_error(self) -> str | None:
+        """Why the policy model cannot load in this process (None: it may). Not part of ``validate()``: on a
+        cluster this process's disk is not the workers', so the driver asks it only where it loads the model."""
+        from ..rollout.models import model_source_error
+
+        return model_source_error(self.model_config.get("model"))
 
     def training_environments(self) -> list[EnvEntry]:
         """What each training step plays: ``env`` alone (``num_groups`` groups), or the ``train_envs`` mixture."""

@@ -4,14 +4,12 @@ its row in ``knobs.py``; these run once every knob has passed that."""
 from __future__ import annotations
 
 import copy
-import os
 
 import torch
 
 from ..envs.base import checks_reasoning_claims
 from ..objectives import REFERENCE_STRATEGIES
 from ..rollout.lora import PEFT_MISSING, lora_settings, peft_available
-from ..rollout.models import BUILT_IN_MODELS
 from ..rollout.vllm_backend import VLLM_LORA_RANKS, VLLM_MISSING, vllm_available
 from .environments import env_class, environment_errors, is_known_env, mixture_errors
 from .knobs import KNOBS, is_int
@@ -213,25 +211,14 @@ def _inference_errors(config):
                    f"up to rank {VLLM_LORA_RANKS[-1]}; lower r or use inference_backend='hf'.")
 
 
-def _in_hub_cache(model_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
-
-
 def _model_errors(config):
-    """Model settings by name, a typo failing here rather than at the first train(); autocast against the dtype."""
+    """Model settings by name, a typo failing here rather than at the first train(); autocast against the dtype.
+    Whether the model's folder exists is asked where it loads (``rollout.models.model_source_error``): on a
+    cluster the driver's disk is not the workers'."""
     model_config = config.model_config
     unknown = set(model_config) - set(DEFAULT_MODEL_CONFIG) - set(config._model_config_auto_includes)
     if unknown:
         yield f"model_config has unknown keys {sorted(unknown)}; accepted: {sorted(DEFAULT_MODEL_CONFIG)}."
-    model = model_config.get("model")
-    if isinstance(model, str) and model not in BUILT_IN_MODELS and not os.path.isdir(os.path.expanduser(model)):
-        # A path (./x, /x, ~/x) that is no folder, or a hub id with the hub switched off: it cannot load.
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-        if model.startswith((".", "/", "~")) or (offline and not _in_hub_cache(model)):
-            yield (f"model={model!r} is no local folder{' nor a cached hub id (HF_HUB_OFFLINE)' * offline}: "
-                   f"give a folder saved with save_pretrained, a Hugging Face id, or one of {list(BUILT_IN_MODELS)}.")
     if model_config.get("critic") not in CRITIC_TYPES:
         yield f"model_config['critic']={model_config.get('critic')!r}: choose one of {list(CRITIC_TYPES)}."
     dtype = str(model_config.get("dtype")).removeprefix("torch.")

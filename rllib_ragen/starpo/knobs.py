@@ -22,6 +22,7 @@ from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, F
                           KL_ESTIMATORS, TOP_P_MODES, AdvantageSettings, FilterSettings)
 from ..rollout.engine import CONTEXT_WINDOWS, RolloutConfig
 from ..rollout.protocol import LOSS_MASK_REGIONS
+from ..rollout.trajectory import SeedSchedule
 from .inference_engines import INFERENCE_BACKENDS
 
 INT, NUMBER, BOOL, CHOICE, OTHER = "integer", "number", "boolean", "choice", "other"  # a knob's kind
@@ -62,7 +63,9 @@ class Knob:
         optional: None is a value too (it switches the feature off, or means "the strategy's own").
         options: the choices of a ``CHOICE`` knob (a registry is read when checked, so registrations count), or
             the only values of an ``INT`` one.
-        check: for ``OTHER`` knobs, ``value -> error or None``.
+        check: for ``OTHER`` knobs, ``value -> error or None``; with ``check_is_kind`` it runs with the kinds (the
+            rules need it passed: they iterate ``sentinel_rules``), else with the ranges.
+        check_is_kind: see ``check``.
         into: ``(settings class, field)`` this knob fills, e.g. ``(RolloutConfig, "max_turns")``.
     """
 
@@ -75,6 +78,7 @@ class Knob:
     optional: bool = False
     options: Collection | None = None
     check: Callable[[Any], str | None] | None = None
+    check_is_kind: bool = False
     into: tuple[type, str] | None = None
 
     def kind_error(self, value) -> str | None:
@@ -90,7 +94,7 @@ class Knob:
             return f"{self.name}={value!r} must be {'True, False or None' if self.optional else 'True or False'}."
         if self.kind == CHOICE:  # the rules look a choice up (in a registry): it must be one
             return self._options_error(value)
-        if self.check is not None:
+        if self.check is not None and self.check_is_kind:
             return self.check(value)
         return None
 
@@ -98,6 +102,8 @@ class Knob:
         """Whether ``value`` (of the right kind) is one of the options and in the range."""
         if self.kind != CHOICE and self.options is not None:
             return self._options_error(value)
+        if self.check is not None and not self.check_is_kind:
+            return self.check(value)
         if self.range is None or (value is None and self.optional) or self._in_range(value):
             return None
         if self.kind == INT and self.range == ">= 1" and not self.why:
@@ -288,14 +294,14 @@ KNOB_TABLE: tuple[Knob, ...] = (
         _knob("validation_size", 256, INT, ">= 1"),
         _knob("validation_group_size", 1, INT, ">= 1"),
         _knob("validate_before_training", True, BOOL),
-        _knob("train_seed_start", 10_000, INT, ">= 0", why=" (a reset seed)"),
+        _knob("train_seed_start", None, INT, ">= 0", why=" (a reset seed)", into=(SeedSchedule, "next_train")),
         _knob("validation_seed_start", 123, INT, ">= 0", why=" (a reset seed)"),
     ),
     *_section(
         "echo-trap diagnostics and the sentinel",  # collapse.py, sentinel.py
         _knob("collapse_diagnostics_interval", 5, INT, ">= 0", why=" (0 switches the probe off)"),
         _knob("collapse_subsample", 8, INT, ">= 2", why=": cross-scoring compares prompts"),
-        _knob("sentinel_rules", [], OTHER, check=_rules_list_error),
+        _knob("sentinel_rules", [], OTHER, check=_rules_list_error, check_is_kind=True),
         _knob("sentinel_max_rollbacks", 3, INT, ">= 0"),
         _knob("sentinel_snapshot_interval", 1, INT, ">= 1"),
         _knob("sentinel_rollback_depth", 3, INT, ">= 1"),
@@ -339,8 +345,8 @@ def knob_errors(config) -> tuple[list[str], list[str]]:
 
 
 def settings_from(config, settings_class: type, **fields):
-    """``settings_class`` (RolloutConfig, AdvantageSettings, FilterSettings) filled from the knobs that feed it,
-    ``fields`` given beside them (or over them)."""
+    """``settings_class`` (RolloutConfig, AdvantageSettings, FilterSettings, SeedSchedule) filled from the knobs
+    that feed it, ``fields`` given beside them (or over them)."""
     fed = {k.into[1]: getattr(config, k.name) for k in [*KNOB_TABLE, *RLLIB_FIELDS.values()]
            if k.into is not None and k.into[0] is settings_class}
     return settings_class(**{**fed, **fields})

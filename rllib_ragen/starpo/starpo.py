@@ -1,10 +1,12 @@
-"""StarPO and StarPO-S (arXiv 2504.20073) as an RLlib algorithm (its config: ``config.py``).
+"""StarPO and StarPO-S (arXiv 2504.20073) as an RLlib algorithm (its config: ``config.py``, its knobs: ``knobs.py``).
 
-One training step reads top to bottom: rollout (P groups x N episodes from the env runners) -> prepare (the
+One training step reads top to bottom: rollout (P groups x N episodes from the env runners, played where and when
+``rollout_scheduler.py`` says: fanned out, restarted, or beside the previous update) -> prepare (the
 reward-variance rollout filter, outcome advantages, padding: ``batch.py``) -> update (the learner group; GAE on the
 learner, where the critic is: ``starpo_learner.py``) -> sync (new weights to the env runners, or to the vLLM
 engines: ``inference_engines.py``). Every ``validation_interval`` steps the fixed validation set is played at the
-validation temperature.
+validation temperature. After each step the sentinel's rules may warn, stop or roll back
+(``sentinel_actions.py``).
 
 Example::
 
@@ -20,23 +22,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import pathlib
 import shutil
 import tempfile
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.callbacks.utils import make_callback
-from ray.rllib.core import (COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE,
-                            DEFAULT_MODULE_ID)
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEARNER_RESULTS,
@@ -44,20 +42,18 @@ from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEA
 
 from .. import metrics as M
 from ..collapse import cross_scoring_pairs, reply_diagnostics
-from ..rollout.backends import SamplingParams
-from ..rollout.engine import SeedSchedule, Start, Trajectory, rollout_metrics
-from ..sentinel import Firing, Sentinel
+from ..rollout.trajectory import Trajectory
+from ..sentinel import Sentinel
 from .batch import prepare_update_batch, shard_by_groups, token_advantages_by_trajectory
 from .checkpoints import check_checkpoint_fits, recover_interrupted_save, remove_failed_copy, write_atomically
 from .config import StarPOConfig
 from .inference_engines import load_policy_into_engines, start_engines_for
 from .llm_rl_module import PLACEHOLDER_SPACE, CausalLMRLModule
+from .rollout_scheduler import RolloutScheduler
+from .sentinel_actions import SentinelActions
 from .weight_sync import state_bytes
 
 logger = logging.getLogger(__name__)
-
-MAX_ROLLOUT_ATTEMPTS = 3  # a rollout played again after env runners died in it, before the step gives up
-ROLLOUT_THREAD = "rllib_ragen_rollout"  # the thread that plays the next rollout beside the update (max_policy_lag)
 
 
 class LearnerDiedError(RuntimeError):
@@ -103,21 +99,15 @@ class StarPO(Algorithm):
             if shortfall:
                 raise ValueError(f"Cannot place StarPO's actors: {shortfall}")
         super().setup(config)
-        self.seed_schedule = SeedSchedule(config.train_seed_start)
+        self.rollouts = RolloutScheduler(self)  # the fan-out over env runners, seeds, the rollout in flight
         self.last_validation: list[Trajectory] = []
         self.last_rollout: list[Trajectory] = []
         # The last probed rollout's token advantages, by index in that rollout (kept episodes only).
         self.last_token_advantages: dict[int, list[float]] = {}
         self.engine_actors = start_engines_for(self) if config.inference_backend == "vllm" else None
-        # One-step off-policy rollouts (max_policy_lag=1): the next rollout plays in this thread while the learner
-        # updates; _pending holds it (the future, or its result once collected) and the update count it played.
-        self._rollout_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ROLLOUT_THREAD) \
-            if config.max_policy_lag else None
-        self._pending: dict | None = None
         self._empty_filter_steps = 0  # iterations in a row whose rollout filter kept nothing
         self.sentinel = Sentinel(config.sentinel_rules, config.sentinel_max_rollbacks)
-        rollback = any(rule.action == "rollback" for rule in self.sentinel.rules)
-        self._snapshot_dir = tempfile.mkdtemp(prefix="rllib_ragen_sentinel_") if rollback else None
+        self.sentinel_actions = SentinelActions(self)
 
     # ---- one iteration: rollout -> prepare -> update -> sync ----------------------------------------------------
     @override(Algorithm)
@@ -127,7 +117,7 @@ class StarPO(Algorithm):
             self._validate(iteration)
 
         with self._timer(M.TIME_SAMPLE):
-            trajectories, rollout_results, played_by = self._training_rollout(iteration)
+            trajectories, rollout_results, played_by = self.rollouts.training_rollout(iteration)
         self.last_rollout, self.last_token_advantages = trajectories, {}
         if not trajectories:
             raise RuntimeError("every environment of this rollout failed; see the env runner logs.")
@@ -154,7 +144,7 @@ class StarPO(Algorithm):
                                f"{config.max_policy_lag}); this is a bug in StarPO's rollout scheduling.")
         self._log({M.POLICY_LAG: float(lag)})
         if config.max_policy_lag:  # the runners play the next rollout, on the pre-update weights, beside the update
-            self._start_next_rollout(iteration + 1)
+            self.rollouts.start_next(iteration + 1)
 
         with self._timer(M.TIME_UPDATE):
             learner_results = self._update(columns, env_steps=int(rollout_results[M.NUM_ENV_STEPS_SAMPLED]))
@@ -175,59 +165,17 @@ class StarPO(Algorithm):
                        self._empty_filter_steps, config.rollout_filter_empty_stop_steps)
         self._log({M.POLICY_LAG: float(iteration - played_by)})
         if config.max_policy_lag:
-            self._start_next_rollout(iteration + 1)
+            self.rollouts.start_next(iteration + 1)
         if config.validation_interval and (iteration + 1) % config.validation_interval == 0:
             self._validate(iteration + 1)
-
-    # ---- one-step off-policy rollouts -------------------------------------------------------------------------------
-    def _training_rollout(self, iteration: int) -> tuple[list[Trajectory], dict[str, float], int]:
-        """This iteration's training rollout and the number of updates its policy had seen: the one played beside
-        the previous update when there is one, else one played now, on the current weights."""
-        if self._pending is not None:
-            trajectories, results = self._collect_pending_rollout()
-            played_by, self._pending = self._pending["played_by"], None
-            with self._timer(M.TIME_SYNC):
-                self._sync_rollout_weights()  # the runners were busy during the update: they get its weights now
-            return trajectories, results, played_by
-        trajectories, results = self._rollout(self._training_starts(), self.config.group_size,
-                                              self.config.sampling_params(), self._sample_seed("train", iteration))
-        return trajectories, results, iteration
-
-    def _training_starts(self) -> list[Start]:
-        """The next ``num_groups`` fresh seeds, as starts of the training environment(s)."""
-        return self.config.training_starts(self.seed_schedule.train(self.config.num_groups))
-
-    def _start_next_rollout(self, iteration: int) -> None:
-        """Start iteration ``iteration``'s rollout on the env runners, in a thread, with their current weights."""
-        args = (self._training_starts(), self.config.group_size,
-                self.config.sampling_params(), self._sample_seed("train", iteration))
-        self._pending = {"future": self._rollout_thread.submit(self._rollout, *args), "played_by": iteration - 1}
-
-    def _collect_pending_rollout(self) -> tuple[list[Trajectory], dict[str, float]]:
-        """Wait for the rollout in flight and keep its result; the env runners are idle afterwards."""
-        pending = self._pending
-        if "future" in pending:
-            try:
-                pending["result"] = pending["future"].result()
-            except BaseException:
-                self._pending = None  # it failed (and says why): the next iteration plays its own rollout
-                raise
-            del pending["future"]
-        return pending["result"]
 
     @override(Algorithm)
     def restore_env_runners(self, env_runner_group):
         """RLlib's restore of dead env runners, which it runs before every iteration: not while the rollout thread
         uses them (that thread runs its own restores, through this method, when a runner dies mid-rollout)."""
-        if getattr(self, "_pending", None) is not None and not threading.current_thread().name.startswith(
-                ROLLOUT_THREAD):
-            self._collect_pending_rollout()
+        if getattr(self, "rollouts", None) is not None:
+            self.rollouts.wait_outside_the_rollout_thread()
         return super().restore_env_runners(env_runner_group)
-
-    def _drop_pending_rollout(self) -> None:
-        """Forget the rollout in flight (after a rollback its policy is the one rolled back from)."""
-        self._collect_pending_rollout()
-        self._pending = None
 
     def _collapse_probe(self, columns: dict[str, np.ndarray], trajectories: list[Trajectory]) -> dict[str, float]:
         """The learner's echo-trap probe on this rollout, before its update (``collapse.py``). With several learners
@@ -287,10 +235,10 @@ class StarPO(Algorithm):
         """The fixed validation states played by the current policy at ``temperature`` (0: greedy), with the
         validation's sampling seed; nothing is logged. The main jobs pair greedy outcomes before and after RL."""
         config = self.config
-        self._runners_on_current_weights()
+        self.rollouts.runners_on_current_weights()
         sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
-        trajectories, _ = self._rollout(config.validation_starts(), config.validation_group_size, sampling,
-                                        self._sample_seed("validation", 0))
+        trajectories, _ = self.rollouts.play(config.validation_starts(), config.validation_group_size, sampling,
+                                             self.rollouts.sample_seed("validation", 0))
         return trajectories
 
     @staticmethod
@@ -317,19 +265,13 @@ class StarPO(Algorithm):
             starts, config.validation_group_size, sampling, sample_seed=0)
         return trajectories
 
-    def _runners_on_current_weights(self) -> None:
-        """Off-policy: let the runners finish the rollout in flight, then give them the learner's weights."""
-        if self._pending is not None:
-            self._collect_pending_rollout()
-            self._sync_rollout_weights()
-
     def _validate(self, iteration: int) -> dict[str, float]:
         """Play the fixed validation set at the validation temperature; metrics under ``evaluation/env_runners``."""
         config = self.config
-        self._runners_on_current_weights()
+        self.rollouts.runners_on_current_weights()
         sampling = config.sampling_params(validation=True)
-        trajectories, results = self._rollout(config.validation_starts(), config.validation_group_size, sampling,
-                                              self._sample_seed("validation", 0))
+        trajectories, results = self.rollouts.play(config.validation_starts(), config.validation_group_size,
+                                                   sampling, self.rollouts.sample_seed("validation", 0))
         self.last_validation = trajectories
         results[M.VALIDATION_ITERATION] = float(iteration)
         self._log(results, EVALUATION_RESULTS, ENV_RUNNER_RESULTS)
@@ -339,33 +281,13 @@ class StarPO(Algorithm):
                       kwargs=dict(algorithm=self, metrics_logger=self.metrics, evaluation_metrics=results))
         return results
 
-    # ---- the sentinel (sentinel.py): watch each result, act on firings --------------------------------------------
+    # ---- after each iteration: RAGEN's early stop, the sentinel (sentinel_actions.py) -----------------------------
     @override(Algorithm)
     def step(self) -> dict:
         result = super().step()
         self._stop_when_nothing_is_kept(result)
-        if not self.sentinel.rules:
-            return result
-        iteration = self.iteration + 1  # RLlib counts the iteration after step() returns
-        fired = self.sentinel.observe(iteration, result)
-        rolled_back = False
-        for firing in fired:
-            if firing.action == "rollback" and rolled_back:  # one rollback per iteration, whatever fired it
-                firing.done = "covered by this iteration's rollback"
-            else:
-                self._act_on(firing)
-                rolled_back |= firing.action == "rollback"
-            logger.warning(firing.describe())
-        if not fired and self.sentinel.healthy and self._snapshot_dir is not None \
-                and iteration % self.config.sentinel_snapshot_interval == 0:
-            self._save_healthy_snapshot(iteration)
-        result.update({M.SENTINEL_FIRINGS: float(len(fired)),
-                       M.SENTINEL_TOTAL_FIRINGS: float(len(self.sentinel.firings)),
-                       M.SENTINEL_ROLLBACKS: float(self.sentinel.rollbacks),
-                       M.SENTINEL_LR_FACTOR: self.sentinel.lr_factor, M.SENTINEL_STOP: float(self.sentinel.stopped),
-                       M.SENTINEL_EVENTS: json.dumps([dataclasses.asdict(f) for f in fired])})
-        if self.sentinel.stopped:
-            result["done"] = True  # ends a Tune trial and a main job's loop
+        if self.sentinel.rules:
+            self.sentinel_actions.after_iteration(self.iteration + 1, result)  # RLlib counts it after step()
         return result
 
     def _stop_when_nothing_is_kept(self, result: dict) -> None:
@@ -375,61 +297,6 @@ class StarPO(Algorithm):
                            "has no reward variance left to learn from; rollout_filter_empty_stop_steps).",
                            self._empty_filter_steps)
             result["done"] = True
-
-    def _act_on(self, firing: Firing) -> None:
-        if firing.action == "stop":
-            self.sentinel.stopped = True
-            firing.done = "stopped the run (result['done'] = True)"
-        elif firing.action == "rollback":
-            firing.done = self._roll_back(firing)
-        else:
-            firing.done = "warned"
-
-    def _snapshots(self) -> list[pathlib.Path]:
-        """The kept rollback points, oldest first."""
-        return sorted(pathlib.Path(self._snapshot_dir).glob("healthy_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
-
-    def _save_healthy_snapshot(self, iteration: int) -> None:
-        """The learner's weights and optimizer state now, atomically, as a rollback point; the last
-        ``sentinel_rollback_depth`` are kept."""
-        state = self.learner_group.get_state(components=[f"learner/{COMPONENT_RL_MODULE}",
-                                                         f"learner/{COMPONENT_OPTIMIZER}"])["learner"]
-        path = pathlib.Path(self._snapshot_dir) / f"healthy_{iteration}.pt"
-        torch.save({"iteration": iteration, "learner": state}, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
-        for old in self._snapshots()[:-self.config.sentinel_rollback_depth]:
-            old.unlink()
-
-    def _roll_back(self, firing: Firing) -> str:
-        """Restore the oldest kept snapshot (if any), apply the rule's knobs, send the weights to the rollout."""
-        snapshots = self._snapshots()
-        words = []
-        if snapshots:
-            snapshot = torch.load(snapshots[0], weights_only=False)
-            for newer in snapshots[1:]:  # on the path that went wrong
-                newer.unlink()
-            state = snapshot["learner"]
-            # Newer than the learners' and the env runners' current weights, or they would refuse it.
-            current = max(r.get() for r in self.learner_group.foreach_learner(lambda learner: learner._weights_seq_no))
-            state[WEIGHTS_SEQ_NO] = int(current) + 1
-            self.learner_group.set_state({"learner": state})
-            words.append(f"restored the weights and optimizer state of iteration {snapshot['iteration']}")
-        else:
-            words.append("no healthy snapshot yet: weights kept")
-        self.sentinel.after_rollback(firing.rule)
-        self._apply_lr_factor()
-        if self._pending is not None:
-            self._drop_pending_rollout()
-            words.append("dropped the rollout played beside the update")
-        rule = next(r for r in self.sentinel.rules if r.label == firing.rule)
-        words += [f"{knob} -> {value:g}" if knob != "lr_factor" else f"learning rates x{value:g} (now x"
-                  f"{self.sentinel.lr_factor:g})" for knob, value in rule.knobs.items()]
-        self._sync_rollout_weights()
-        return "; ".join(words)
-
-    def _apply_lr_factor(self) -> None:
-        factor = self.sentinel.lr_factor
-        self.learner_group.foreach_learner(lambda learner: learner.set_lr_factor(factor))
 
     def _sync_rollout_weights(self) -> None:
         """The learner's current policy to whatever plays the rollouts."""
@@ -480,94 +347,16 @@ class StarPO(Algorithm):
 
     @override(Algorithm)
     def cleanup(self) -> None:
-        if getattr(self, "_rollout_thread", None) is not None:
-            if self._pending is not None and "future" in self._pending:
-                self._pending["future"].exception()  # let it finish: the env runners are stopped next
-            self._rollout_thread.shutdown()
-            self._rollout_thread = None
+        if getattr(self, "rollouts", None) is not None:
+            self.rollouts.shutdown()
         if getattr(self, "engine_actors", None) is not None:
             self.engine_actors.shutdown()
             self.engine_actors = None
-        if getattr(self, "_snapshot_dir", None) is not None:
-            shutil.rmtree(self._snapshot_dir, ignore_errors=True)
+        if getattr(self, "sentinel_actions", None) is not None:
+            self.sentinel_actions.cleanup()
         super().cleanup()
 
     # ---- helpers ---------------------------------------------------------------------------------------------------
-    def _rollout(self, seeds: list[Start], group_size: int, sampling: SamplingParams,
-                 sample_seed: int) -> tuple[list[Trajectory], dict[str, float]]:
-        """Split the groups over the env runners, play them, and pool trajectories and metrics."""
-        restarts = 0
-        if not self.env_runner_group.num_remote_env_runners():
-            chunks = {0: list(seeds)}
-            runner = self.env_runner
-            parts = [(0, runner.sample(seeds=seeds, group_size=group_size, sampling=sampling, sample_seed=sample_seed),
-                      runner.get_metrics())]
-        else:
-            chunks, parts, restarts = self._play_on_remote_runners(seeds, group_size, sampling, sample_seed)
-        # Runners number their groups from 0; make the ids global, in seed order.
-        offsets = dict(zip(chunks, np.cumsum([0] + [len(c) for c in chunks.values()]).tolist()))
-        trajectories = []
-        for index, part, _ in sorted(parts, key=lambda p: p[0]):
-            for t in part:
-                t.group += offsets[index]
-            trajectories += part
-        runner_metrics = [m for _, _, m in parts]
-        metrics = rollout_metrics(trajectories, group_size)
-        for key in (M.TIME_GENERATE, M.TIME_ROLLOUT):
-            metrics[key] = max(m.get(key, 0.0) for m in runner_metrics)
-        for key in M.ROLLOUT_COUNTERS:
-            metrics[key] = sum(m.get(key, 0.0) for m in runner_metrics)
-        metrics[M.ENV_RUNNER_RESTARTS] = float(restarts)
-        return trajectories, metrics
-
-    def _play_on_remote_runners(self, seeds: list[Start], group_size: int, sampling: SamplingParams, sample_seed: int):
-        """Play the groups on the healthy remote env runners; returns (chunks, parts, restarted runners).
-
-        A runner that dies mid-rollout fails its part: RLlib's fault tolerance restarts it
-        (``restart_failed_env_runners``, on by default) and the whole rollout is played again, with the same seeds,
-        so a restart changes no result. Without a restart, the groups go to the runners left.
-        """
-        group, restarts = self.env_runner_group, 0
-        for _ in range(MAX_ROLLOUT_ATTEMPTS):
-            remote = group.healthy_env_runner_ids()
-            if not remote:
-                break
-            # Consecutive groups per runner (a mixture's environments stay in order across the runners).
-            chunks = {rid: [seeds[i] for i in part]
-                      for rid, part in zip(remote, np.array_split(np.arange(len(seeds)), len(remote)))}
-
-            def play(runner, chunks=chunks):
-                index = runner.worker_index
-                return index, runner.sample(seeds=chunks[index], group_size=group_size, sampling=sampling,
-                                            sample_seed=sample_seed + index), runner.get_metrics()
-
-            parts = group.foreach_env_runner(play, local_env_runner=False, remote_worker_ids=remote)
-            if len(parts) == len(remote):
-                return chunks, parts, restarts
-            restored = self._restore_env_runners_waiting()
-            restarts += len(restored)
-            logger.warning("env runners %s failed during a rollout; restarted %s, playing the rollout again.",
-                           sorted(set(remote) - {index for index, _, _ in parts}), restored)
-        raise RuntimeError(f"the rollout failed on its env runners {MAX_ROLLOUT_ATTEMPTS} times, or none is left "
-                           f"(healthy now: {group.healthy_env_runner_ids()}). See the env runner errors above; "
-                           "restart_failed_env_runners in .fault_tolerance() restarts dead ones.")
-
-    def _restore_env_runners_waiting(self) -> list[int]:
-        """RLlib's restore of dead env runners, repeated while Ray restarts their processes (a ping right after a
-        crash fails), up to ``env_runner_health_probe_timeout_s``; returns the restored runner ids."""
-        group = self.env_runner_group
-        restored = self.restore_env_runners(group)
-        deadline = time.monotonic() + self.config.env_runner_health_probe_timeout_s
-        while (not restored and self.config.restart_failed_env_runners and time.monotonic() < deadline
-               and len(group.healthy_env_runner_ids()) < group.num_remote_env_runners()):
-            time.sleep(1.0)
-            restored = self.restore_env_runners(group)
-        return restored
-
-    def _sample_seed(self, purpose: str, iteration: int) -> int:
-        words = [self.config.seed or 0, iteration, 0 if purpose == "train" else 1]
-        return int(np.random.SeedSequence(words).generate_state(1)[0])
-
     @property
     def tokenizer(self):
         """The rollout's tokenizer (the local env runner's, else the first remote one's)."""
@@ -641,29 +430,20 @@ class StarPO(Algorithm):
 
     @override(Algorithm)
     def get_state(self, *args, **kwargs):
-        # The rollout played beside the last update is part of the run: a resumed run trains on the same one.
-        pending = None
-        if self._pending is not None:
-            trajectories, results = self._collect_pending_rollout()
-            pending = {"trajectories": trajectories, "results": results, "played_by": self._pending["played_by"]}
+        rollouts = self.rollouts.get_state()  # first: it waits for the rollout in flight
         state = super().get_state(*args, **kwargs)
-        state["starpo"] = {"seed_schedule": self.seed_schedule.get_state(), "sentinel": self.sentinel.get_state(),
-                           "pending_rollout": pending}
+        state["starpo"] = {**rollouts, "sentinel": self.sentinel.get_state()}
         return state
 
     @override(Algorithm)
     def set_state(self, state) -> None:
         super().set_state(state)
         if "starpo" in state:
-            self.seed_schedule.set_state(state["starpo"]["seed_schedule"])
-            pending = state["starpo"].get("pending_rollout")
-            if pending is not None and self.config.max_policy_lag:
-                self._pending = {"result": (pending["trajectories"], pending["results"]),
-                                 "played_by": pending["played_by"]}
+            self.rollouts.set_state(state["starpo"])
             if "sentinel" in state["starpo"]:
                 self.sentinel.set_state(state["starpo"]["sentinel"])
                 if self.sentinel.lr_factor != 1.0:
-                    self._apply_lr_factor()
+                    self.sentinel_actions.apply_lr_factor()
         if getattr(self, "engine_actors", None) is not None:
             load_policy_into_engines(self)  # restored weights must reach the engines before the next rollout
         elif COMPONENT_LEARNER_GROUP in state:

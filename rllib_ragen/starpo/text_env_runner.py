@@ -24,7 +24,8 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 from .. import metrics as M
 from ..envs import register_carried
 from ..rollout.backends import HFBackend, SamplingParams
-from ..rollout.engine import RolloutEngine, Start, Trajectory
+from ..rollout.engine import RolloutEngine
+from ..rollout.trajectory import Start, Trajectory
 from .inference_engines import make_backend
 from .llm_rl_module import PLACEHOLDER_SPACE
 from .weight_sync import share_or_copy

@@ -165,7 +165,7 @@ def test_env_runners_on_other_nodes_play_the_one_node_rollouts_and_survive_a_los
         # Their rollouts are those of a one-node run: each runner's groups, replayed by the driver's own runner
         # with the runner's sampling seed, give the same tokens and log-probs.
         sampling, seeds = config.sampling_params(), [0, 1, 2]
-        remote, _ = algo._rollout(seeds, config.group_size, sampling, sample_seed=11)
+        remote, _ = algo.rollouts.play(seeds, config.group_size, sampling, sample_seed=11)
         local = []
         for index, chunk in zip(sorted(nodes), np.array_split(np.array(seeds), len(nodes))):
             local += algo.env_runner.sample(seeds=chunk.tolist(), group_size=config.group_size, sampling=sampling,

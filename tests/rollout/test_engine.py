@@ -8,7 +8,8 @@ import torch
 from rllib_ragen.envs import TRANSITION_SEED, SokobanLevel, TextEnv, solve_level
 from rllib_ragen.envs.sokoban_levels import move_effects
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBackend
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine, SeedSchedule
+from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.trajectory import SeedSchedule
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.rollout.scripted import (countdown_solver_policy, frozen_lake_optimal_policy,
                                           guess_the_number_bisection_policy, guess_the_number_random_policy,

@@ -4,7 +4,7 @@ import gymnasium as gym
 import pytest
 
 from rllib_ragen.envs import BUILT_IN_TEXT_ENVS, registered_text_envs
-from rllib_ragen.rollout.models import TOKENIZER_CORPUS_ENVS, build_tiny_tokenizer
+from rllib_ragen.rollout.models import GRID_LETTERS, GRID_MARKS, TOKENIZER_CORPUS_ENVS, build_tiny_tokenizer
 
 # Every built-in environment with a board (the bandit has none), plus 8x8 two-box Sokoban at its own size.
 BOARDS = [(env_id, {}) for env_id in registered_text_envs()
@@ -58,6 +58,15 @@ def test_every_legend_symbol_of_every_built_in_environment_is_one_token(tokenize
     for env_id in BUILT_IN_TEXT_ENVS:
         for symbol in gym.make(env_id).unwrapped.legend:
             assert _pieces(tokenizer, f"#{symbol}{symbol}#") == ["#", symbol, symbol, "#"], (env_id, symbol)
+
+
+def test_the_tokenizer_knows_every_built_in_legend_symbol_without_reading_the_registry():
+    """The tiny tokenizer's ids no longer depend on which environments exist: its board symbols are a frozen set.
+    A new built-in environment whose legend brings a symbol outside it would encode that symbol merged with its
+    neighbours; adding the symbol is a conscious change of every tiny-model token id (re-measure the results)."""
+    legends = {symbol for env_id in BUILT_IN_TEXT_ENVS for symbol in gym.make(env_id).unwrapped.legend}
+    assert legends <= GRID_LETTERS | GRID_MARKS
+    assert all(symbol.isalpha() for symbol in GRID_LETTERS) and not any(mark.isalpha() for mark in GRID_MARKS)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import torch
 
 from rllib_ragen.objectives import token_logprobs
 from rllib_ragen.rollout import RolloutConfig
-from rllib_ragen.rollout.engine import pad_trajectories
+from rllib_ragen.rollout.trajectory import pad_trajectories
 from rllib_ragen.rollout.models import (SHARED_PREFIX_MIN_TOKENS, build_tiny_model, common_prefix_length,
                                         forward_sharing_prefix, load_policy)
 from rllib_ragen.rollout.scripted import sokoban_solver_policy

@@ -11,7 +11,7 @@ import torch
 
 from rllib_ragen import StarPOConfig
 from rllib_ragen.objectives import ADVANTAGE_ESTIMATORS, compute_advantages, register_advantage_estimator
-from rllib_ragen.rollout.engine import Trajectory
+from rllib_ragen.rollout.trajectory import Trajectory
 from rllib_ragen.starpo.batch import prepare_update_batch, shard_by_groups
 
 PAD = 0

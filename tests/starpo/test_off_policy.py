@@ -8,7 +8,7 @@ import pytest
 import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
-from rllib_ragen.starpo.starpo import ROLLOUT_THREAD
+from rllib_ragen.starpo.rollout_scheduler import ROLLOUT_THREAD
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -19,9 +19,10 @@ def off_policy_config(small_config, **training):
     return small_config(**knobs).env_runners(num_env_runners=1)
 
 
-def _record_calls(algo, *methods) -> list[tuple[str, str]]:
-    """Wrap ``algo``'s ``methods`` to log (method, thread name) at each call, in call order; returns the log."""
-    calls = []
+def _record_calls(obj, *methods, calls=None) -> list[tuple[str, str]]:
+    """Wrap ``obj``'s ``methods`` to log (method, thread name) at each call, in call order, into ``calls`` (a new
+    list by default); returns the log."""
+    calls = [] if calls is None else calls
 
     def recording(name, method):
         def call(*args, **kwargs):
@@ -30,7 +31,7 @@ def _record_calls(algo, *methods) -> list[tuple[str, str]]:
         return call
 
     for name in methods:
-        setattr(algo, name, recording(name, getattr(algo, name)))
+        setattr(obj, name, recording(name, getattr(obj, name)))
     return calls
 
 
@@ -49,7 +50,8 @@ def test_off_policy_settings_are_checked_by_name(small_config):
 def test_one_step_off_policy_lag_is_bounded_and_resume_is_exact(tmp_path, small_config, resumed_after_one_iteration,
                                                                 learner_state):
     straight = off_policy_config(small_config).build_algo()
-    calls = _record_calls(straight, "_rollout", "_start_next_rollout", "_update")
+    calls = _record_calls(straight.rollouts, "play", "start_next")  # the rollout scheduler's fan-out and hand-off
+    _record_calls(straight, "_update", calls=calls)
     try:
         results = [straight.train() for _ in range(3)]
         expected = learner_state(straight)
@@ -65,9 +67,9 @@ def test_one_step_off_policy_lag_is_bounded_and_resume_is_exact(tmp_path, small_
     assert all(r["learners"][DEFAULT_MODULE_ID]["actor/first_step_logprob_deviation"] == 0.0 for r in results)
     # Played beside the update: each iteration hands the next rollout to the rollout thread before it updates, and
     # every training rollout after the first plays there (an order of calls, not a timing: the machine may be busy).
-    assert [name for name, thread in calls if thread == "MainThread" and name != "_rollout"] == \
-        ["_start_next_rollout", "_update"] * 3
-    rollout_threads = [thread for name, thread in calls if name == "_rollout"]
+    assert [name for name, thread in calls if thread == "MainThread" and name != "play"] == \
+        ["start_next", "_update"] * 3
+    rollout_threads = [thread for name, thread in calls if name == "play"]
     assert rollout_threads[0] == "MainThread" and len(rollout_threads) == 4
     assert all(thread.startswith(ROLLOUT_THREAD) for thread in rollout_threads[1:])
 
