@@ -329,9 +329,9 @@ RLLIB_FIELDS: dict[str, Knob] = {k.name: k for k in (
 )}
 
 # The flags' sections, and the StarPO-S defaults by name (rllib_ragen.STARPO_S_DEFAULTS).
-KNOB_SECTIONS: dict[str, dict[str, Any]] = {}
-for _k in KNOB_TABLE:
-    KNOB_SECTIONS.setdefault(_k.section, {})[_k.name] = _k.default
+KNOB_SECTIONS: dict[str, dict[str, Any]] = {
+    section: {k.name: k.default for k in KNOB_TABLE if k.section == section}
+    for section in dict.fromkeys(k.section for k in KNOB_TABLE)}
 STARPO_S_DEFAULTS: dict[str, Any] = {k.name: k.default for k in KNOB_TABLE}
 
 
