@@ -27,8 +27,8 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 from main_jobs import demonstration_policy, job_module  # noqa: E402  (benchmarks/)
 
-from rllib_ragen.experiment_outputs import state_of, trajectory_outcomes  # noqa: E402
-from rllib_ragen.paired_stats import paired_comparison  # noqa: E402
+from rllib_ragen.jobs.outputs import state_of, trajectory_outcomes  # noqa: E402
+from rllib_ragen.jobs.paired_stats import paired_comparison  # noqa: E402
 from rllib_ragen.sft import warm_start  # noqa: E402
 
 JOBS = {"bandit": "starpo_bandit.py", "sokoban": "starpo_sokoban.py"}

@@ -30,8 +30,8 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .experiment_outputs import WARM_START_CURVE, write_csv, write_text_atomically
-from .held_out import DEMONSTRATIONS_FILE
+from .jobs.outputs import WARM_START_CURVE, write_csv, write_text_atomically
+from .jobs.held_out import DEMONSTRATIONS_FILE
 from .objectives import token_logprobs
 from .rollout.backends import SamplingParams, ScriptedBackend
 from .rollout.engine import RolloutConfig, RolloutEngine
@@ -230,7 +230,7 @@ WARM_STARTS = "warm_starts"  # in a job's output folder: one warm-start model pe
 
 
 def cached_warm_start(config, job, policy: Callable[[str], str]) -> str:
-    """The warm-start model for ``config`` and ``job`` (a :class:`~rllib_ragen.experiment_flags.JobSettings`):
+    """The warm-start model for ``config`` and ``job`` (a :class:`~rllib_ragen.jobs.flags.JobSettings`):
     trained once into ``<output_dir>/warm_starts/<key>/`` (``key``: :func:`warm_start_key`), then reused by every
     later run, seed and trial with the same settings. Written to a side folder and renamed, so a killed warm start
     leaves no cache behind."""

@@ -8,8 +8,8 @@ import rllib_ragen  # noqa: F401  (registers the environments)
 from rllib_ragen import StarPOConfig
 from rllib_ragen.envs.frozen_lake import optimal_policy
 from rllib_ragen import StarPO
-from rllib_ragen.experiment import JobSettings, run_job
-from rllib_ragen.experiment_outputs import baseline_file
+from rllib_ragen.jobs.run import JobSettings, run_job
+from rllib_ragen.jobs.outputs import baseline_file
 from rllib_ragen.rollout.models import build_tiny_tokenizer
 from rllib_ragen.rollout.scripted import frozen_lake_hole_blind_policy
 

@@ -135,8 +135,8 @@ def test_jobs_report_the_reasoning_entropy_of_the_held_out_episodes(tmp_path, ca
     """Before: the solver states each level's plan length; after: one fixed sentence for every level."""
     import gymnasium as gym
 
-    from rllib_ragen.report import SAMPLED_AND_GREEDY, _print_paired, _reasoning_entropy
-    from rllib_ragen.experiment_outputs import write_rollouts
+    from rllib_ragen.jobs.report import SAMPLED_AND_GREEDY, _print_paired, _reasoning_entropy
+    from rllib_ragen.jobs.outputs import write_rollouts
     from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
     from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
     from rllib_ragen.rollout.models import load_policy

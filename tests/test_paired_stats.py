@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from rllib_ragen.paired_stats import Z_95, exact_mcnemar_p, paired_comparison
+from rllib_ragen.jobs.paired_stats import Z_95, exact_mcnemar_p, paired_comparison
 
 
 def test_exact_mcnemar_by_hand():
@@ -39,7 +39,7 @@ def test_states_must_match():
 
 
 def test_several_episodes_of_one_state_are_averaged_into_one_paired_state():
-    from rllib_ragen.experiment_outputs import outcomes_by_state, state_of
+    from rllib_ragen.jobs.outputs import outcomes_by_state, state_of
 
     # validation_group_size=2: two episodes per state. The state is the unit: its episodes share its difficulty,
     # and the k-th before pairs with the k-th after no better than with any other. Two environments share seed 123
@@ -60,7 +60,7 @@ def test_several_episodes_of_one_state_are_averaged_into_one_paired_state():
 
 
 def test_paired_by_subset_compares_within_each_subset():
-    from rllib_ragen.paired_stats import paired_by_subset
+    from rllib_ragen.jobs.paired_stats import paired_by_subset
 
     before = {"1/0": 0.0, "2/0": 0.0, "3/0": 1.0, "4/0": 0.0, "5/0": 1.0}
     after = {"1/0": 1.0, "2/0": 1.0, "3/0": 1.0, "4/0": 0.0, "5/0": 0.0}

@@ -180,7 +180,7 @@ def test_every_main_job_command_in_the_readme_parses(monkeypatch):
     import torch
 
     import rllib_ragen.starpo.config_rules as config_rules
-    from rllib_ragen.experiment import parse_job_args
+    from rllib_ragen.jobs.run import parse_job_args
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU defaults, on any machine
     monkeypatch.setattr(config_rules, "vllm_available", lambda: True)  # the GPU cluster's command assumes vLLM

@@ -14,8 +14,8 @@ import sys
 import pytest
 from ray import tune
 
-from rllib_ragen.experiment import parse_job_args
-from rllib_ragen.experiment_outputs import learning_curve_panels, read_results
+from rllib_ragen.jobs.run import parse_job_args
+from rllib_ragen.jobs.outputs import learning_curve_panels, read_results
 from rllib_ragen.starpo.config import STARPO_S_DEFAULTS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -250,7 +250,7 @@ def test_help_shows_the_first_flags_and_help_all_every_flag_once_with_the_jobs_d
 
 
 def test_every_flag_has_help_of_its_own():
-    from rllib_ragen.experiment_flags import job_parser
+    from rllib_ragen.jobs.flags import job_parser
 
     bandit = job_file("starpo_bandit.py")
     for action in job_parser(bandit["config"], bandit["job"])._actions:
@@ -372,7 +372,7 @@ def test_vllm_backend_without_vllm_is_refused_with_the_install_command():
 
 @pytest.mark.slow
 def test_a_sweep_is_the_job_with_a_grid_and_the_report_covers_every_trial(tmp_path):
-    from rllib_ragen.report import report_experiment
+    from rllib_ragen.jobs.report import report_experiment
 
     flags = ["--grid", '{"max_actions_per_turn": [1, 5]}', "--iterations", "1", "--num-groups", "2",
              "--group-size", "2", "--validation-size", "4", "--warm-start-steps", "3", "--warm-start-episodes", "8",
@@ -404,7 +404,7 @@ def test_a_sweep_is_the_job_with_a_grid_and_the_report_covers_every_trial(tmp_pa
 def test_a_grid_over_presets_gives_each_trial_its_presets_fields_and_the_studies_keep_their_jobs_settings():
     from ray.tune.search.variant_generator import generate_variants
 
-    from rllib_ragen.experiment import _param_space
+    from rllib_ragen.jobs.run import _param_space
     from rllib_ragen.starpo.config import StarPOConfig
 
     main_job, config, job = job_file("echo_trap.py")["study"]("starpo_bandit")
@@ -443,10 +443,10 @@ def test_the_report_pairs_each_sweep_trial_against_the_grids_first_values_on_the
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rllib_ragen.experiment_outputs import AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS
+    from rllib_ragen.jobs.outputs import AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS
     from ray.tune.utils.util import SafeFallbackEncoder
 
-    from rllib_ragen.report import versus_reference
+    from rllib_ragen.jobs.report import versus_reference
 
     config = job_file("starpo_frozenlake.py")["config"]
     (tmp_path / "run_config.json").write_text(json.dumps({"job": {"grid": {"advantage_estimator": ["gae", "grpo"]}}}))
@@ -533,7 +533,7 @@ def test_echo_trap_runs_both_presets_from_one_warm_start_and_reports_the_lead(tm
 
 
 def test_a_job_whose_actors_the_cluster_cannot_place_fails_before_tune_starts(ray_session, tmp_path):
-    from rllib_ragen.experiment import run_job
+    from rllib_ragen.jobs.run import run_job
 
     # Tune would keep such a trial pending forever, with no error.
     bandit = job_file("starpo_bandit.py")

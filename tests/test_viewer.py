@@ -8,13 +8,13 @@ import subprocess
 import pytest
 import torch
 
-from rllib_ragen.experiment_outputs import AFTER_ROLLOUTS, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts
+from rllib_ragen.jobs.outputs import AFTER_ROLLOUTS, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts
 from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
-from rllib_ragen.viewer import find_chromium
-from rllib_ragen.viewer import main as viewer_main
+from rllib_ragen.jobs.viewer import find_chromium
+from rllib_ragen.jobs.viewer import main as viewer_main
 
 CHROMIUM = find_chromium()
 

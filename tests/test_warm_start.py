@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import rllib_ragen.sft as sft
-from rllib_ragen.experiment import JobSettings
+from rllib_ragen.jobs.run import JobSettings
 from rllib_ragen.rollout import RolloutConfig, load_policy
 from rllib_ragen.rollout.scripted import random_arm_policy
 from rllib_ragen.sft import LENGTH_GROUP_BATCHES, collect_demonstrations, demonstration_batches, supervised_warm_start
@@ -213,7 +213,7 @@ def test_a_saved_warm_start_records_the_demonstrations_it_was_shown(tmp_path):
     # A later run started from the folder (--model DIR --warm-start-steps 0) must still count those levels as seen
     # when it splits held-out success into seen and unseen states.
     from rllib_ragen.sft import warm_start
-    from rllib_ragen.held_out import demonstrated_seeds
+    from rllib_ragen.jobs.held_out import demonstrated_seeds
     from rllib_ragen.rollout.scripted import sokoban_solver_policy
     from rllib_ragen.sft import DEMONSTRATION_SEED_START
 

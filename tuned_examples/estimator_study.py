@@ -24,7 +24,7 @@ import dataclasses
 import pathlib
 import runpy
 
-from rllib_ragen.experiment import run_job
+from rllib_ragen.jobs.run import run_job
 
 ESTIMATORS = ["gae", "bi_level_gae", "turn_gae", "gigpo", "grpo"]  # gae first: the others are paired against it
 # main job -> (its environment's arguments for the study, iterations)

@@ -30,10 +30,10 @@ import pathlib
 import runpy
 from statistics import mean
 
-from rllib_ragen.experiment import run_job
-from rllib_ragen.experiment_outputs import read_results, write_text_atomically
-from rllib_ragen.paired_stats import PairedComparison
-from rllib_ragen.report import paired_after_rl
+from rllib_ragen.jobs.run import run_job
+from rllib_ragen.jobs.outputs import read_results, write_text_atomically
+from rllib_ragen.jobs.paired_stats import PairedComparison
+from rllib_ragen.jobs.report import paired_after_rl
 
 FILTERS = {
     "std": {},  # the job's own

@@ -17,7 +17,7 @@ import dataclasses
 import pathlib
 import runpy
 
-from rllib_ragen.experiment import run_job
+from rllib_ragen.jobs.run import run_job
 
 sokoban = runpy.run_path(str(pathlib.Path(__file__).with_name("starpo_sokoban.py")), run_name="generalization")
 SOKOBAN_CONFIG = sokoban["config"].env_config  # the training reward, {"reward": "success"}: variants are scored alike

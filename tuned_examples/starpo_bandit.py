@@ -11,7 +11,7 @@ Expect:   the better-arm share on 128 held-out states rises from about 0.6 to ab
 """
 
 from rllib_ragen import StarPOConfig
-from rllib_ragen.experiment import JobSettings, parse_job_args, run_job
+from rllib_ragen.jobs import JobSettings, parse_job_args, run_job
 from rllib_ragen.rollout.scripted import random_arm_policy
 
 config = (

@@ -15,8 +15,8 @@ Expect:   about 0.79 greedy success on 256 held-out maps from the warm start; RL
 import gymnasium as gym
 
 from rllib_ragen import StarPOConfig
-from rllib_ragen.experiment import JobSettings, run_job
-from rllib_ragen.experiment_flags import apply_job_args, job_parser
+from rllib_ragen.jobs.run import JobSettings, run_job
+from rllib_ragen.jobs.flags import apply_job_args, job_parser
 from rllib_ragen.rollout.scripted import (FROZEN_LAKE_REASONING, frozen_lake_hole_blind_policy,
                                           frozen_lake_optimal_policy)
 

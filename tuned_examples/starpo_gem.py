@@ -12,7 +12,7 @@ Expect:   the paired before/after table on 128 held-out games, and both against 
 """
 
 from rllib_ragen import StarPOConfig
-from rllib_ragen.experiment import JobSettings, parse_job_args, run_job
+from rllib_ragen.jobs import JobSettings, parse_job_args, run_job
 from rllib_ragen.rollout.scripted import guess_the_number_bisection_policy, guess_the_number_random_policy
 
 config = (

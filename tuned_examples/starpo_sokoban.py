@@ -15,8 +15,8 @@ Expect:   sampled success (T = 0.5) rises on every seed (seed 0: about 0.24 -> 0
 """
 
 from rllib_ragen import StarPOConfig
-from rllib_ragen.experiment import JobSettings, run_job
-from rllib_ragen.experiment_flags import apply_job_args, job_parser
+from rllib_ragen.jobs.run import JobSettings, run_job
+from rllib_ragen.jobs.flags import apply_job_args, job_parser
 from rllib_ragen.envs.sokoban_levels import ACTION_NAMES
 from rllib_ragen.rollout.scripted import SOKOBAN_REASONING, random_moves_policy, sokoban_solver_policy
 

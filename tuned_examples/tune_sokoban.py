@@ -14,7 +14,7 @@ import dataclasses
 import pathlib
 import runpy
 
-from rllib_ragen.experiment import run_job
+from rllib_ragen.jobs.run import run_job
 
 sokoban = runpy.run_path(str(pathlib.Path(__file__).with_name("starpo_sokoban.py")), run_name="imported")
 config = sokoban["config"].copy(copy_frozen=False).training(

@@ -98,7 +98,7 @@ def test_the_run_storage_keeps_the_old_file_whole_when_a_write_fails(tmp_path):
 
     import pyarrow.fs
 
-    from rllib_ragen.storage import _WholeOrNothing, is_local_storage, run_storage
+    from rllib_ragen.jobs.storage import _WholeOrNothing, is_local_storage, run_storage
 
     storage = run_storage()
     target = tmp_path / "result.json"

@@ -66,7 +66,7 @@ def test_countdown_settings_that_draw_no_target_fail_in_bounded_time_instead_of_
 def test_a_damaged_result_file_is_named_with_its_line(tmp_path, bad_line):
     import json
 
-    from rllib_ragen.experiment_outputs import read_results
+    from rllib_ragen.jobs.outputs import read_results
 
     good = json.dumps({"training_iteration": 1, "env_runners": {"x": 0.5}})
     (tmp_path / "result.json").write_text(good + "\n" + bad_line + "\n")
@@ -76,7 +76,7 @@ def test_a_damaged_result_file_is_named_with_its_line(tmp_path, bad_line):
 
 def test_a_grid_over_the_seed_is_refused_with_the_seeds_flag_to_use(capsys):
     """--grid '{"seed": [1, 2]}' planned two trials and ran one (the job's own seed overwrote the grid)."""
-    from rllib_ragen.experiment_flags import parse_job_args
+    from rllib_ragen.jobs.flags import parse_job_args
     from tests.test_tuned_examples import job_file
 
     bandit = job_file("starpo_bandit.py")

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from rllib_ragen import StarPOConfig
-from rllib_ragen.experiment import JobSettings, run_job
+from rllib_ragen.jobs.run import JobSettings, run_job
 
 
 def test_a_named_run_that_exists_is_refused_before_any_work(tmp_path):
@@ -23,7 +23,7 @@ def test_a_named_run_that_exists_is_refused_before_any_work(tmp_path):
 def test_two_jobs_started_at_once_with_the_same_name_never_share_a_folder(tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 
-    from rllib_ragen.experiment import claim_run_folder
+    from rllib_ragen.jobs.run import claim_run_folder
 
     named = JobSettings(output_dir=str(tmp_path), run_name="same")
     with ThreadPoolExecutor(8) as pool:  # the check and the creation are one step (mkdir): exactly one wins
@@ -100,7 +100,7 @@ def test_a_sweep_with_an_unknown_knob_or_a_bad_point_fails_before_any_work(tmp_p
 
 
 def test_a_bad_job_flag_exits_with_code_2_naming_the_field(capsys):
-    from rllib_ragen.experiment import parse_job_args
+    from rllib_ragen.jobs.run import parse_job_args
 
     with pytest.raises(SystemExit) as exit_code:
         parse_job_args(StarPOConfig(), JobSettings(), ["--warm-start-lr", "-0.001"])

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from rllib_ragen import report
+from rllib_ragen.jobs import report
 
 
 def test_a_jobs_local_ray_keeps_token_authentication(tmp_path):
@@ -15,7 +15,7 @@ def test_a_jobs_local_ray_keeps_token_authentication(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
     env["HOME"] = str(tmp_path)  # the token Ray writes goes here, not into the user's ~/.ray
     script = ("import ray\n"
-              "from rllib_ragen.experiment import start_ray\n"
+              "from rllib_ragen.jobs.run import start_ray\n"
               "start_ray(verbose=False)\n"
               "from ray._private.authentication.authentication_utils import is_token_auth_enabled\n"
               "print('token auth', is_token_auth_enabled())\n"

@@ -30,7 +30,7 @@ def test_bad_values_fail_at_validate_naming_the_field(knobs, field):
 
 
 def _numeric_flags():
-    from rllib_ragen.experiment_flags import config_flag_names, config_value
+    from rllib_ragen.jobs.flags import config_flag_names, config_value
 
     base, structured = StarPOConfig(), {"train_envs", "validation_envs", "lora"}  # JSON, None when unset
     structured |= {"rollout_filter_include_zero"}  # a boolean, or None for the strategy's own
@@ -42,7 +42,7 @@ def _numeric_flags():
 @pytest.mark.parametrize("name", _numeric_flags())
 def test_every_numeric_setting_refuses_a_boolean(name):
     # lr=True once trained at lr 1.0; num_env_runners=True ran one runner. A boolean is never a number here.
-    from rllib_ragen.experiment_flags import set_config_value
+    from rllib_ragen.jobs.flags import set_config_value
 
     config = StarPOConfig()
     set_config_value(config, name, True)

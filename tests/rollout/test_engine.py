@@ -263,8 +263,8 @@ def test_each_turn_records_the_state_it_answered(tiny):
 def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
     import pyarrow.parquet as pq
 
-    from rllib_ragen.report import SAMPLED_AND_GREEDY, _reasoning_grounded
-    from rllib_ragen.experiment_outputs import write_rollouts
+    from rllib_ragen.jobs.report import SAMPLED_AND_GREEDY, _reasoning_grounded
+    from rllib_ragen.jobs.outputs import write_rollouts
 
     _, tokenizer = tiny
     config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=4, max_actions_per_turn=1)
@@ -338,8 +338,8 @@ def test_the_ungrounded_reasoning_penalty_lands_on_the_turn_whose_reasoning_erre
 
 
 def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_held_out(tiny):
-    from rllib_ragen.experiment_outputs import LEARNER, TRAINING, VALIDATED_AT, VALIDATION, held_out_points
-    from rllib_ragen.experiment_outputs import learning_curve_panels
+    from rllib_ragen.jobs.outputs import LEARNER, TRAINING, VALIDATED_AT, VALIDATION, held_out_points
+    from rllib_ragen.jobs.outputs import learning_curve_panels
 
     _, tokenizer = tiny
     config = RolloutConfig(env="rllib_ragen/FrozenLakeNotSlippery-v0", max_turns=10, max_actions_per_turn=1)

@@ -10,7 +10,7 @@ import pytest
 
 import rllib_ragen
 from rllib_ragen import StarPOConfig
-from rllib_ragen.experiment_flags import config_flag_names, training_knob_help
+from rllib_ragen.jobs.flags import config_flag_names, training_knob_help
 from rllib_ragen.rollout import RolloutConfig
 from rllib_ragen.starpo.knobs import (BOOL, INT, KNOB_SECTIONS, KNOB_TABLE, KNOBS, NUMBER, RLLIB_DEFAULT,
                                       RLLIB_FIELDS, Knob, _knob)

@@ -157,7 +157,7 @@ def test_a_job_that_validates_only_on_environments_it_does_not_train_on_scores_t
 
     import pyarrow.parquet as pq
 
-    from rllib_ragen.experiment import JobSettings, headline_environment, run_job
+    from rllib_ragen.jobs.run import JobSettings, headline_environment, run_job
     from rllib_ragen.rollout.scripted import random_arm_policy
 
     held_out = "rllib_ragen/BanditHeldOut-v0"

@@ -51,7 +51,7 @@ def test_validate_refuses_autocast_settings_that_cannot_work(small_config, value
 
 
 def test_the_flag_takes_the_dtype_as_a_word():
-    from rllib_ragen.experiment_flags import parse_job_args
+    from rllib_ragen.jobs.flags import parse_job_args
     from tests.test_tuned_examples import job_file
 
     bandit = job_file("starpo_bandit.py")

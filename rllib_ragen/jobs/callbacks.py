@@ -20,9 +20,9 @@ import pathlib
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 
-from . import metrics as M
+from .. import metrics as M
 from .storage import is_local_storage
-from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
+from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
                                  POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
 
 BEFORE_RL = "before_rl"  # the first result's copy of the validation played before any update

@@ -1,6 +1,6 @@
-"""The report of a finished run, built from its folder: ``python -m rllib_ragen.report RUN_DIR``.
+"""The report of a finished run, built from its folder: ``python -m rllib_ragen.jobs.report RUN_DIR``.
 
-Works on any finished Tune experiment of StarPO trials that carried :class:`~rllib_ragen.callbacks.JobOutputs` (a
+Works on any finished Tune experiment of StarPO trials that carried :class:`~rllib_ragen.jobs.callbacks.JobOutputs` (a
 main job with one trial or several seeds, a sweep), and on a single trial folder. For each trial it reads Tune's
 ``result.json`` and ``params.json`` and the callback's rollout files, and writes the trial's ``summary.json``
 (validation before and after RL, the paired comparisons, baselines, held-out splits, throughput) and its
@@ -22,10 +22,10 @@ import pathlib
 import statistics
 import sys
 
-from . import metrics as M
+from .. import metrics as M
 from .callbacks import BEFORE_RL, NEXT_TRAINING_SEED
-from .collapse import reasoning_entropy
-from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS,
+from ..collapse import reasoning_entropy
+from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS,
                                  BEFORE_ROLLOUTS, LEARNER, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready,
                                  plot_learning_curve, read_first_reasonings, read_results, read_outcomes, read_reasoning_claims,
                                  state_of, write_text_atomically)
@@ -51,7 +51,7 @@ def trial_folders(run_dir: pathlib.Path) -> list[pathlib.Path]:
 
 def trial_config(trial: pathlib.Path):
     """The trial's ``StarPOConfig``, from the parameters Tune stored (``params.json``)."""
-    from .starpo.config import StarPOConfig
+    from ..starpo.config import StarPOConfig
 
     return StarPOConfig.from_dict(_trial_params(trial))
 
@@ -213,7 +213,7 @@ def _trial_params(trial: pathlib.Path) -> dict:
     report on a folder from elsewhere runs none of that folder's code. A setting whose default is no plain value (a
     class, a function) comes back as its repr: it keeps the library's default, except ``env``, whose text names the
     environment (a ``TextEnv`` class given as ``env`` is shown by its repr)."""
-    from .starpo.config import StarPOConfig
+    from ..starpo.config import StarPOConfig
 
     path = trial / "params.json"
     try:
@@ -475,7 +475,7 @@ def _print_paired(summary: dict, config) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rllib_ragen.report", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rllib_ragen.jobs.report", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=pathlib.Path, help="a job's run folder (a Tune experiment) or one trial's")
     parser.add_argument("--pass-bar", type=float, default=0.05, help="least success gain that counts as learning")
     args = parser.parse_args(argv)

@@ -8,9 +8,9 @@ bar); :func:`parse_job_args` lays the command-line flags over both; :func:`run_j
 2. runs ``tune.Tuner(StarPO, ...)`` with one trial per seed (``--seeds``) and grid point (``--grid``), each in
    its own folder, stopped at ``iterations``, checkpointed every ``checkpoint_interval`` iterations, restarted
    from its last checkpoint after a failure up to ``max_failures`` times; the trials write their outputs
-   themselves (:class:`~rllib_ragen.callbacks.JobOutputs`), and Tune writes the metrics (``progress.csv``,
+   themselves (:class:`~rllib_ragen.jobs.callbacks.JobOutputs`), and Tune writes the metrics (``progress.csv``,
    ``result.json``, TensorBoard events);
-3. builds the report from the finished folders (:mod:`rllib_ragen.report`): ``summary.json``, the learning
+3. builds the report from the finished folders (:mod:`rllib_ragen.jobs.report`): ``summary.json``, the learning
    curve and the final table.
 
 The run folder is Tune's experiment folder, ``<output_dir>/<run_name>/`` (default ``<timestamp>_seed<seed>``),
@@ -43,16 +43,16 @@ from typing import Callable
 import torch
 from ray.tune import Callback
 
-from . import metrics as M
+from .. import metrics as M
 from .callbacks import BEFORE_RL, JobOutputs
-from .experiment_flags import JobSettings, parse_job_args, user_model_config
-from .experiment_outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED_AT, VALIDATION,
+from .flags import JobSettings, parse_job_args, user_model_config
+from .outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED_AT, VALIDATION,
                                  baseline_file, close_run_log,
                                  keep_notices_off_the_console, send_notices_to, start_run_folder, write_rollouts, write_text_atomically)
 from .report import headline_environment, report_experiment
-from .sentinel import as_rule, echo_trap_rules
-from .sft import cached_warm_start
-from .starpo.config import PRESET_LABEL
+from ..sentinel import as_rule, echo_trap_rules
+from ..sft import cached_warm_start
+from ..starpo.config import PRESET_LABEL
 from .storage import run_storage
 
 __all__ = ["JobSettings", "parse_job_args", "run_job"]
@@ -137,7 +137,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
     import ray
     from ray import tune
 
-    from .starpo import StarPO
+    from ..starpo import StarPO
 
     if not job.verbose:
         send_notices_to(out / "job.log")
@@ -257,7 +257,7 @@ def restore_tuner(out: pathlib.Path):
     unpickled (cut by a full disk or a kill) is named instead of failing deep inside Tune."""
     from ray import tune
 
-    from .starpo import StarPO
+    from ..starpo import StarPO
 
     try:
         return tune.Tuner.restore(str(out), trainable=StarPO, resume_errored=True, storage_filesystem=run_storage())
@@ -329,7 +329,7 @@ def trial_dirname(grid_names, trial) -> str:
 
 def _play_baselines(config, baselines: dict, folder: pathlib.Path, headline: str) -> None:
     """Each scripted baseline on the headline environment's validation states, once for the experiment."""
-    from .starpo import StarPO
+    from ..starpo import StarPO
 
     folder.mkdir(exist_ok=True)
     tokenizer = config.policy_tokenizer()

@@ -23,9 +23,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .experiment_outputs import LATEST, keep_notices_off_the_console
-from .sft import LR_SCHEDULES, WARM_START_PRECISIONS
-from .starpo.config import PRESET_LABEL, PRESETS, preset_flags
+from .outputs import LATEST, keep_notices_off_the_console
+from ..sft import LR_SCHEDULES, WARM_START_PRECISIONS
+from ..starpo.config import PRESET_LABEL, PRESETS, preset_flags
 
 
 def _help(text: str, **kwargs):
@@ -284,7 +284,7 @@ RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
 
 def training_knob_help() -> dict[str, str]:
     """Each knob's entry in ``StarPOConfig.training``'s ``Args:`` section, one line (``a, b: text`` serves both)."""
-    from .starpo.config import StarPOConfig
+    from ..starpo.config import StarPOConfig
 
     doc = inspect.getdoc(StarPOConfig.training) or ""
     args = doc.split("Args:", 1)[1] if "Args:" in doc else ""
@@ -325,7 +325,7 @@ def user_model_config(config) -> dict[str, Any]:
 
 
 def config_flag_names() -> list[str]:
-    from .starpo.knobs import KNOBS
+    from ..starpo.knobs import KNOBS
 
     return list(RLLIB_FLAGS) + list(KNOBS)
 
@@ -409,7 +409,7 @@ def job_parser(config, job: JobSettings, description: str | None = None) -> argp
     """The parser of every job and config flag, defaults from ``config`` and ``job``, grouped: the flags a user
     changes first, then by section. Add a script's own flags to it, then hand what it parsed to
     :func:`apply_job_args`."""
-    from .starpo.knobs import KNOB_SECTIONS
+    from ..starpo.knobs import KNOB_SECTIONS
 
     help_texts = training_knob_help()
     undocumented = [name for name in config_flag_names() if name not in RLLIB_FLAGS and not help_texts.get(name)]

@@ -12,7 +12,7 @@ import json
 import pathlib
 from typing import Iterable
 
-from .envs import make_text_env
+from ..envs import make_text_env
 
 
 def initial_states(env_id, env_config: dict, seeds: Iterable[int],

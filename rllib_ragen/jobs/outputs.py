@@ -5,7 +5,7 @@ A run folder is a Tune experiment folder, ``<output_dir>/<YYYYmmdd-HHMMSS>_seed<
 config and settings it ran with, and the command), ``job.log`` (library notices kept off the console),
 ``baselines/``, the experiment's ``summary.json`` and one folder per trial. A trial folder holds Tune's
 ``progress.csv``, ``result.json``, TensorBoard events and ``checkpoint_<n>/``, and the job's outputs
-(:mod:`rllib_ragen.callbacks`, :mod:`rllib_ragen.report`): ``validation_before.parquet`` and
+(:mod:`rllib_ragen.jobs.callbacks`, :mod:`rllib_ragen.jobs.report`): ``validation_before.parquet`` and
 ``validation_rollouts.parquet`` (the validation episodes before and after RL, with their text), their greedy
 twins, ``training_rollouts/``, ``sentinel.json``, ``policy/``, ``rollouts.html``, ``summary.json`` and
 ``learning_curve.png``.
@@ -27,11 +27,11 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from . import metrics as M
-from .sentinel import as_rule
+from .. import metrics as M
+from ..sentinel import as_rule
 
 if TYPE_CHECKING:  # (the job layer runs no rollouts: it writes the algorithm's)
-    from .rollout.trajectory import Trajectory
+    from ..rollout.trajectory import Trajectory
 
 POLICY = "policy"  # the trained model, loadable by plain transformers
 LATEST = "latest"

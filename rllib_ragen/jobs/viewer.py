@@ -1,6 +1,6 @@
 """The rollout viewer: one self-contained HTML page of a run's episodes, turn by turn, with its curves.
 
-    python -m rllib_ragen.viewer outputs/starpo_sokoban/latest/seed0      # writes .../rollouts.html
+    python -m rllib_ragen.jobs.viewer outputs/starpo_sokoban/latest/seed0      # writes .../rollouts.html
 
 It reads a trial folder (what the main jobs write): the Parquet rollouts (``training_rollouts/``, a sample of
 training episodes every few iterations with their token advantages; ``validation_before.parquet`` and
@@ -10,7 +10,7 @@ episode list (filterable by source, environment, success and iteration) and the 
 observation (boards in a fixed-width font), the thinking, the answer and the actions executed, the reward, and
 the reply's tokens shaded by their advantage. The filters live in the address's ``#`` part, so a view can be
 linked (``rollouts.html#source=training&success=0&episode=12``). The page's HTML, style sheet and script are
-package data, ``rllib_ragen/viewer_page/``.
+package data, ``rllib_ragen/jobs/viewer_page/``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import json
 import math
 import pathlib
 
-from . import metrics as M
-from .experiment_outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
+from .. import metrics as M
+from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
                                  LEARNER, RUN_CONFIG, SENTINEL_FILE,
                                  TRAINING, TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, VIEWER_PAGE, read_results,
                                  trailing_mean, write_text_atomically)
@@ -156,11 +156,11 @@ def firings_table(firings: list[dict]) -> str:
 
 def _page_part(name: str) -> str:
     """A part of the page (``viewer_page/``: the HTML around the data, its style sheet, its script), package data."""
-    return importlib.resources.files("rllib_ragen").joinpath("viewer_page", name).read_text(encoding="utf-8")
+    return importlib.resources.files("rllib_ragen.jobs").joinpath("viewer_page", name).read_text(encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllib_ragen.viewer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rllib_ragen.jobs.viewer", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a run folder (or a job folder: its 'latest' run)")
     parser.add_argument("--output", default=None, help="the page's path (default: RUN_DIR/rollouts.html)")
     parser.add_argument("--screenshot", default=None, metavar="PNG",
