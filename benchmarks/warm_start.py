@@ -19,10 +19,10 @@ import time
 import numpy as np
 import torch
 
-import rllib_ragen.sft as sft
-from rllib_ragen.sft import demonstration_rollout_config
+import rllib_ragen.warm_start as warm_start_module
+from rllib_ragen.warm_start import demonstration_rollout_config
 from rllib_ragen.rollout.models import forward_sharing_prefix, load_policy
-from rllib_ragen.sft import collect_demonstrations, demonstration_batches, supervised_warm_start
+from rllib_ragen.warm_start import collect_demonstrations, demonstration_batches, supervised_warm_start
 
 from main_jobs import demonstration_policy, job_module  # benchmarks/
 
@@ -65,7 +65,7 @@ def main() -> None:
                                                 ("shared prefix", forward_sharing_prefix, False, "float32"),
                                                 ("shared + grouped", forward_sharing_prefix, True, "float32"),
                                                 ("shared, bfloat16", forward_sharing_prefix, False, "bfloat16")):
-        sft.forward_sharing_prefix = logits_fn
+        warm_start_module.forward_sharing_prefix = logits_fn
         model, _ = load_policy("tiny", seed=0)
         supervised_warm_start(model, demos, steps=3, batch_size=job.warm_start_batch_size, lr=job.warm_start_lr,
                               pad_token_id=tokenizer.pad_token_id, log_every=0,
@@ -81,7 +81,7 @@ def main() -> None:
         print(f"{name:17s} {seconds:.3f} s/step | {tokens:,.0f} padded tokens per batch, {real_share:.0%} real | "
               f"loss {losses[0]:.3f} -> {np.mean(losses[-10:]):.3f} (mean of the last 10) | "
               f"speed-up {rows['every row whole'] / seconds:.2f}x")
-    sft.forward_sharing_prefix = forward_sharing_prefix
+    warm_start_module.forward_sharing_prefix = forward_sharing_prefix
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
-"""The supervised warm start (rllib_ragen.sft): batching, weight averaging, learning-rate schedule, precision,
+"""The supervised warm start (rllib_ragen.warm_start): batching, weight averaging, learning-rate schedule, precision,
 non-finite guard."""
 
 import pytest
 import torch
 
-import rllib_ragen.sft as sft
+import rllib_ragen.warm_start as warm_start_module
 from rllib_ragen.jobs.run import JobSettings
 from rllib_ragen.rollout import RolloutConfig, load_policy
 from rllib_ragen.rollout.scripted import random_arm_policy
-from rllib_ragen.sft import LENGTH_GROUP_BATCHES, collect_demonstrations, demonstration_batches, supervised_warm_start
+from rllib_ragen.warm_start import LENGTH_GROUP_BATCHES, collect_demonstrations, demonstration_batches, supervised_warm_start
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_a_non_finite_warm_start_loss_raises_before_the_weights_change(bandit_de
     demos, pad = bandit_demos
     model, _ = load_policy("tiny", seed=0)
     before = [p.detach().clone() for p in model.parameters()]
-    monkeypatch.setattr(sft, "token_logprobs", lambda logits, ids: torch.full(ids.shape, float("nan")))
+    monkeypatch.setattr(warm_start_module, "token_logprobs", lambda logits, ids: torch.full(ids.shape, float("nan")))
     with pytest.raises(FloatingPointError, match="lower lr"):
         supervised_warm_start(model, demos, steps=3, batch_size=8, pad_token_id=pad, average_decay=0.9)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -161,7 +161,7 @@ def sokoban_one_move_config(max_turns):
 
 
 def test_demonstrations_cut_to_warm_start_max_turns_are_the_first_turns_of_whole_ones():
-    from rllib_ragen.sft import demonstration_rollout_config
+    from rllib_ragen.warm_start import demonstration_rollout_config
     from rllib_ragen.rollout.scripted import sokoban_solver_policy
 
     config = sokoban_one_move_config(max_turns=10)
@@ -194,7 +194,7 @@ def test_warm_start_max_turns_above_the_configs_max_turns_is_refused_naming_both
 
 def test_demonstrated_replies_longer_than_the_policy_may_write_are_refused_before_training(tmp_path):
     # RL would cut every such reply short, a format error each time; the job must stop and name the fix instead.
-    from rllib_ragen.sft import warm_start
+    from rllib_ragen.warm_start import warm_start
     from rllib_ragen.rollout.scripted import sokoban_solver_policy
 
     config = sokoban_one_move_config(max_turns=2).training(max_new_tokens_per_turn=30)
@@ -212,10 +212,10 @@ def test_demonstrated_replies_longer_than_the_policy_may_write_are_refused_befor
 def test_a_saved_warm_start_records_the_demonstrations_it_was_shown(tmp_path):
     # A later run started from the folder (--model DIR --warm-start-steps 0) must still count those levels as seen
     # when it splits held-out success into seen and unseen states.
-    from rllib_ragen.sft import warm_start
+    from rllib_ragen.warm_start import warm_start
     from rllib_ragen.jobs.held_out import demonstrated_seeds
     from rllib_ragen.rollout.scripted import sokoban_solver_policy
-    from rllib_ragen.sft import DEMONSTRATION_SEED_START
+    from rllib_ragen.warm_start import DEMONSTRATION_SEED_START
 
     config = sokoban_one_move_config(max_turns=2)
     warm_start(config, JobSettings(warm_start_episodes=6, warm_start_steps=1), sokoban_solver_policy(1),
@@ -284,7 +284,7 @@ def test_the_warm_start_curve_ends_on_the_saved_models_greedy_play_of_the_valida
     import csv
 
     from rllib_ragen import StarPOConfig
-    from rllib_ragen.sft import warm_start
+    from rllib_ragen.warm_start import warm_start
     from rllib_ragen.rollout.backends import HFBackend, SamplingParams
     from rllib_ragen.rollout.engine import RolloutEngine, rollout_metrics
     from rllib_ragen.rollout.scripted import random_arm_policy
@@ -309,7 +309,7 @@ def test_the_warm_start_curve_of_a_mixture_has_each_validation_environments_succ
     import csv
 
     from rllib_ragen import StarPOConfig
-    from rllib_ragen.sft import warm_start
+    from rllib_ragen.warm_start import warm_start
     from rllib_ragen.rollout.scripted import random_arm_policy
 
     config = StarPOConfig().environment(
@@ -356,8 +356,8 @@ def test_the_warm_start_runs_on_the_learners_device_not_on_any_visible_gpu(monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: sees_cuda)
     config = StarPOConfig().learners(num_gpus_per_learner=gpus)
     assert JobSettings().warm_start_device == "learner"
-    assert str(sft.warm_start_device(config, "learner")) == expected
-    assert str(sft.warm_start_device(config, "cpu")) == "cpu"
+    assert str(warm_start_module.warm_start_device(config, "learner")) == expected
+    assert str(warm_start_module.warm_start_device(config, "cpu")) == "cpu"
 
 
 @pytest.mark.parametrize("value, message", [

@@ -13,7 +13,7 @@ __all__ = ["JobSettings", "parse_job_args", "run_job"]
 
 
 def __getattr__(name):
-    # Imported when asked for: the warm start (rllib_ragen.sft) imports this package's outputs, and run.py it.
+    # Imported when asked for: the warm start (rllib_ragen.warm_start) imports this package's outputs, and run.py it.
     if name in __all__:
         from . import run
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .outputs import LATEST, keep_notices_off_the_console
-from ..sft import LR_SCHEDULES, WARM_START_PRECISIONS
+from ..warm_start import LR_SCHEDULES, WARM_START_PRECISIONS
 from ..starpo.config import PRESET_LABEL, PRESETS, preset_flags
 
 

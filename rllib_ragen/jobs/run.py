@@ -51,7 +51,7 @@ from .outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED
                                  keep_notices_off_the_console, send_notices_to, start_run_folder, write_rollouts, write_text_atomically)
 from .report import headline_environment, report_experiment
 from ..sentinel import as_rule, echo_trap_rules
-from ..sft import cached_warm_start
+from ..warm_start import cached_warm_start
 from ..starpo.config import PRESET_LABEL
 from .storage import run_storage
 
