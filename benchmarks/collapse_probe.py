@@ -24,7 +24,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import ray  # noqa: E402
 import torch  # noqa: E402
 
-from rllib_ragen.starpo.batch import prepare_update_batch  # noqa: E402
+from rllib_ragen.starpo.update_batch import prepare_update_batch  # noqa: E402
 
 from main_jobs import ROOT, job_module  # noqa: E402  (benchmarks/)
 

@@ -44,7 +44,7 @@ from rllib_ragen.objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, Advan
                                     policy_loss,
                                     token_logprobs_and_entropy, value_loss)
 from rllib_ragen.objectives.losses import shift_right  # noqa: E402
-from rllib_ragen.starpo.batch import prepare_update_batch  # noqa: E402
+from rllib_ragen.starpo.update_batch import prepare_update_batch  # noqa: E402
 from rllib_ragen.starpo.llm_rl_module import ValueModel  # noqa: E402
 from rllib_ragen.starpo.starpo_learner import StarPOTorchLearner  # noqa: E402
 

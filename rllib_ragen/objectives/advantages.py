@@ -5,9 +5,9 @@ sit on response tokens (the last token of a turn or of the trajectory); observat
 
 ``ADVANTAGE_ESTIMATORS`` maps each name ``StarPOConfig.training(advantage_estimator=...)`` accepts to an
 :class:`AdvantageEstimator`: one function with one signature, ``fn(inputs, settings) -> (advantages, returns)``,
-and whether it needs the critic. Estimators without a critic (outcome estimators: one number per trajectory) run
-on the driver right after the rollout filter; estimators with one run on the learner, where the critic's values
-are. Add your own with :func:`register_advantage_estimator`.
+and whether it needs the critic. Every estimator runs on the learner, once per update, on the kept batch (see
+``rllib_ragen/starpo/batch_advantages.py``); with data-parallel learners each holds whole groups, and
+:class:`Shards` gives an estimator what spans them. Add your own with :func:`register_advantage_estimator`.
 """
 
 from __future__ import annotations
@@ -295,6 +295,33 @@ def compute_batch_advantages(returns: torch.Tensor, normalize_std: bool = True, 
 
 
 # ---- the estimator table -----------------------------------------------------------------------------------------
+def _this_learner_only(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _this_learners_rows(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return values, torch.arange(len(values), device=values.device)
+
+
+@dataclass(frozen=True)
+class Shards:
+    """What an estimator reads across data-parallel learners, each of which holds whole groups of the batch.
+
+    The defaults are one learner's: the batch is all there is.
+
+    Attributes:
+        sum: a tensor summed over the learners (an all-reduce).
+        gather: ``(values (n,), group_ids (n,))`` of this learner's trajectories -> every learner's values in the
+            whole batch's order (group order, as the batch is built), and the positions of this learner's own in it.
+    """
+
+    sum: Callable[[torch.Tensor], torch.Tensor] = _this_learner_only
+    gather: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] = _this_learners_rows
+
+
+ONE_LEARNER = Shards()
+
+
 @dataclass(frozen=True)
 class AdvantageInputs:
     """What an estimator may read; every tensor is zero off ``response_mask``.
@@ -304,9 +331,10 @@ class AdvantageInputs:
         response_mask: (B, T) 1 on tokens the policy sampled.
         returns: (B,) each trajectory's return (the sum of its turn rewards).
         group_ids: (B,) the group (shared initial state) of each trajectory.
-        values: (B, T) the critic's values, or None where no critic exists (the driver).
-        turn_rewards, turn_states: per trajectory, each turn's reward and state key (the driver has them; the
-            learner, which sees token tensors only, does not).
+        values: (B, T) the critic's values, or None for an estimator without a critic.
+        turn_rewards, turn_states: per trajectory, each turn's reward and the key of the state it saw (any
+            hashable: the learner passes integer ids, equal where the keys were).
+        shards: the other learners' part of the batch (:class:`Shards`; default: none).
     """
 
     token_rewards: torch.Tensor
@@ -315,7 +343,8 @@ class AdvantageInputs:
     group_ids: torch.Tensor
     values: torch.Tensor | None = None
     turn_rewards: list[list[float]] | None = None
-    turn_states: list[list[str]] | None = None
+    turn_states: list[list] | None = None
+    shards: Shards = ONE_LEARNER
 
 
 @dataclass(frozen=True)
@@ -351,7 +380,7 @@ class AdvantageEstimator:
     Attributes:
         fn: ``fn(inputs, settings) -> (advantages (B, T), returns (B, T) or None)``; the returns are the
             critic's targets and are needed only when ``needs_critic``.
-        needs_critic: True builds a critic, and the estimator runs on the learner with ``inputs.values`` set.
+        needs_critic: True builds a critic, whose values the estimator reads in ``inputs.values``.
     """
 
     fn: EstimatorFn
@@ -381,7 +410,7 @@ def _turn_gae(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[tor
 def _gigpo(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, None]:
     if inputs.turn_rewards is None or inputs.turn_states is None:
         raise ValueError("gigpo needs each trajectory's turn rewards and state keys (AdvantageInputs.turn_rewards, "
-                         ".turn_states); StarPO passes them on the driver.")
+                         ".turn_states); StarPO's learner passes them from the batch's columns.")
     episode, _ = _grpo(inputs, settings)
     steps = compute_gigpo_step_advantages(inputs.turn_rewards, inputs.turn_states, inputs.group_ids,
                                           settings.step_gamma, settings.normalize_std)
@@ -401,7 +430,10 @@ def _grpo(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.T
 
 
 def _brpo(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, None]:
-    return _outcome(compute_batch_advantages(inputs.returns, settings.normalize_std), inputs)
+    # The baseline spans every learner's trajectories, in the whole batch's order: several learners compute, bit for
+    # bit, what one learner would.
+    everyone, mine = inputs.shards.gather(inputs.returns, inputs.group_ids)
+    return _outcome(compute_batch_advantages(everyone, settings.normalize_std)[mine], inputs)
 
 
 def _raw(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, None]:
@@ -426,7 +458,8 @@ def register_advantage_estimator(name: str, fn: EstimatorFn, *, needs_critic: bo
     """Make ``advantage_estimator=name`` select ``fn``.
 
     Register in a module every process imports (the driver, remote env runners and learners), as you would a
-    gymnasium environment: an estimator with ``needs_critic`` runs on the learners.
+    gymnasium environment: estimators run on the learners. One that reads the whole batch (not only each group)
+    reads the other learners' part through ``inputs.shards``.
 
     Args:
         name: the new name; the built-in ones cannot be replaced.
@@ -439,14 +472,13 @@ def register_advantage_estimator(name: str, fn: EstimatorFn, *, needs_critic: bo
 
 
 def compute_advantages(name: str, inputs: AdvantageInputs, settings: AdvantageSettings,
-                       whiten_mask: torch.Tensor | None = None,
-                       sum_over_shards: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       whiten_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the estimator registered as ``name``; (advantages (B, T), returns (B, T) or None).
 
     The advantages of an estimator with a critic are whitened over ``whiten_mask`` (default: the estimator's own
     ``inputs.response_mask``; the learner passes the generated tokens) when ``settings.whiten`` (the reference's
-    default); the returns, the critic's targets, never are. ``sum_over_shards``: see :func:`masked_whiten`.
+    default), with the statistics of every learner's part (``inputs.shards``); the returns, the critic's targets,
+    never are.
     """
     if name not in ADVANTAGE_ESTIMATORS:
         raise KeyError(f"advantage estimator {name!r}: choose one of {sorted(ADVANTAGE_ESTIMATORS)}.")
@@ -456,5 +488,5 @@ def compute_advantages(name: str, inputs: AdvantageInputs, settings: AdvantageSe
     advantages, returns = estimator.fn(inputs, settings)
     if estimator.needs_critic and settings.whiten:
         advantages = masked_whiten(advantages, inputs.response_mask if whiten_mask is None else whiten_mask,
-                                   sum_over_shards=sum_over_shards)
+                                   sum_over_shards=inputs.shards.sum)
     return advantages, returns

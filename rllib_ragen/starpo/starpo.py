@@ -2,11 +2,11 @@
 
 One training step reads top to bottom: rollout (P groups x N episodes from the env runners, played where and when
 ``rollout_scheduler.py`` says: fanned out, restarted, or beside the previous update) -> prepare (the
-reward-variance rollout filter, outcome advantages, padding: ``batch.py``) -> update (the learner group; GAE on the
-learner, where the critic is: ``starpo_learner.py``) -> sync (new weights to the env runners, or to the vLLM
-engines: ``inference_engines.py``). Every ``validation_interval`` steps the fixed validation set is played at the
-validation temperature. After each step the sentinel's rules may warn, stop or roll back
-(``sentinel_actions.py``).
+reward-variance rollout filter, rewards on tokens, padding: ``update_batch.py``) -> update (the learner group:
+every estimator's advantages, ``batch_advantages.py``, then the optimizer steps, ``starpo_learner.py``) -> sync
+(new weights to the env runners, or to the vLLM engines: ``inference_engines.py``). Every ``validation_interval``
+steps the fixed validation set is played at the validation temperature. After each step the sentinel's rules may
+warn, stop or roll back (``sentinel_actions.py``).
 
 Example::
 
@@ -44,7 +44,7 @@ from .. import metrics as M
 from ..collapse import cross_scoring_pairs, reply_diagnostics
 from ..rollout.trajectory import Trajectory
 from ..sentinel import Sentinel
-from .batch import prepare_update_batch, shard_by_groups, token_advantages_by_trajectory
+from .update_batch import prepare_update_batch, shard_by_groups, token_advantages_by_trajectory
 from .checkpoints import check_checkpoint_fits, recover_interrupted_save, remove_failed_copy, write_atomically
 from .config import StarPOConfig
 from .inference_engines import load_policy_into_engines, start_engines_for

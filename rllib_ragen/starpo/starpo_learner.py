@@ -1,8 +1,8 @@
 """The StarPO learner: one call to ``update`` takes a whole (filtered) rollout batch.
 
 It first scores the batch once without gradients (the old log-probs, the critic's old values, the reference
-policy's log-probs), computes the advantages of estimators that need the critic (``gae``; the driver has already
-computed the others, see ``batch.py``), then runs ``num_epochs`` passes of
+policy's log-probs), computes the advantages (``batch_advantages.py``: before the scores for an estimator without a
+critic, from them for one with a critic), then runs ``num_epochs`` passes of
 ``updates_per_rollout_batch`` optimizer steps, each accumulating gradients over micro-batches. RLlib's own
 minibatch loop is not used: it has no gradient accumulation and would score every minibatch separately.
 
@@ -28,11 +28,10 @@ from ray.rllib.utils.annotations import override
 
 from .. import metrics as M
 from ..collapse import VARIANCE_BUCKETS, CrossScoringPairs, cross_scoring, variance_buckets
-from ..objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, advantage_recursion_mask, aggregate,
-                          compute_advantages, kl_penalty, policy_loss, token_logprobs,
-                          truncated_importance_weights, value_loss)
-from ..objectives.episode_layout import EpisodeLayout
+from ..objectives import (ADVANTAGE_ESTIMATORS, ONE_LEARNER, Shards, advantage_recursion_mask, aggregate, kl_penalty, policy_loss,
+                          token_logprobs, truncated_importance_weights, value_loss)
 from ..rollout.models import forward_sharing_prefix, load_policy
+from .batch_advantages import batch_advantages, process_group_shards
 
 INPUT_COLUMNS = ("input_ids", "attention_mask")
 LOSS_COLUMNS = ("response_mask", "loss_mask", "value_mask", "old_logp", "token_advantages", "ref_logp", "old_values",
@@ -137,9 +136,9 @@ class StarPOTorchLearner(TorchLearner):
         dist.all_reduce(x)
         return x
 
-    def _sum_over_learners_on(self, device):
-        """:meth:`_sum_over_learners` for CPU tensors: the collective runs on the learner's device."""
-        return lambda x: self._sum_over_learners(x.to(device)).to(x.device)
+    def _shards_now(self) -> Shards:
+        """The other learners' part of this update, for the estimators (``batch_advantages.py``)."""
+        return ONE_LEARNER if self._shards == 1 else process_group_shards(self._device)
 
     def _smallest_and_largest_shard(self, size: int) -> tuple[int, int]:
         """The fewest and most rows any learner holds in this update: the choices that decide which collective
@@ -236,6 +235,8 @@ class StarPOTorchLearner(TorchLearner):
         data["ref_logp"] = torch.zeros_like(mask) if config.kl_coeff > 0 else None
         # The critic learns, and the recursion reads, values on the tokens of the advantage mask.
         data["value_mask"] = advantage_recursion_mask(mask, config.advantage_mask)
+        if not ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:  # no scores needed: once, up front
+            data["outcome_advantages"], _ = batch_advantages(data, config, shards=self._shards_now())
 
     @torch.no_grad()
     def _score(self, data: dict, module, config, rows: torch.Tensor, inputs: dict, out: dict) -> None:
@@ -251,31 +252,16 @@ class StarPOTorchLearner(TorchLearner):
 
     @torch.no_grad()
     def _finish_scores(self, data: dict, config) -> None:
-        """From the scores stored so far: the old log-probs, the advantages (a critic's, or the driver's) and the
+        """From the scores stored so far: the old log-probs, the advantages (a critic's, from its values) and the
         value targets. Token by token for the critic-free estimators, so rows scored later do not change those
         already prepared."""
         mask, behaviour, learner_logp = data["response_mask"], data["behaviour_logprobs"], data["learner_logp"]
         data["old_logp"] = learner_logp * mask if config.recompute_logprobs else behaviour * mask
-        old_values, value_mask = data["old_values"], data["value_mask"]
-        if ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic and "turn" in data:
-            # Turn rows (a limited context window): the recursion runs over each episode's replies, end to end.
-            layout = EpisodeLayout(data["trajectory"].cpu(), data["turn"].cpu(), value_mask.cpu())
-            device = value_mask.device
-            inputs = AdvantageInputs(token_rewards=layout.gather(data["token_rewards"].cpu()), response_mask=layout.mask,
-                                     returns=layout.per_episode(data["episode_return"].cpu()),
-                                     group_ids=layout.per_episode(data["group"].cpu()),
-                                     values=layout.gather(old_values.cpu()))
-            advantages, returns = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings(),
-                                                     sum_over_shards=self._sum_over_learners_on(device))
-            advantages, returns = layout.scatter(advantages).to(device) * mask, layout.scatter(returns).to(device)
-        elif ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
-            inputs = AdvantageInputs(token_rewards=data["token_rewards"], response_mask=value_mask,
-                                     returns=data["token_rewards"].sum(-1), group_ids=data["group"], values=old_values)
-            advantages, returns = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings(),
-                                                     whiten_mask=mask, sum_over_shards=self._sum_over_learners)
-            advantages = advantages * mask  # only sampled tokens are trained: observation steps keep none
-        else:  # computed on the driver from the whole kept batch
-            advantages, returns = data["advantages"], torch.zeros_like(mask)
+        if ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
+            advantages, returns = batch_advantages(data, config, values=data["old_values"],
+                                                   shards=self._shards_now())
+        else:
+            advantages, returns = data["outcome_advantages"], torch.zeros_like(mask)
         if config.max_policy_lag:  # the off-policy correction of a rollout one update old
             data["importance_weights"], data["importance_truncated"] = truncated_importance_weights(
                 learner_logp, behaviour, mask, config.importance_weight_cap)

@@ -34,7 +34,7 @@ def test_a_non_finite_loss_skips_the_step_leaving_weights_and_optimizer_state(ra
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-    from rllib_ragen.starpo.batch import prepare_update_batch
+    from rllib_ragen.starpo.update_batch import prepare_update_batch
 
     algo = small_config(validation_interval=0, max_consecutive_skipped_steps=2).build_algo()
     try:

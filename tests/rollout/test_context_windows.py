@@ -14,7 +14,8 @@ from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBack
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.rollout.scripted import sokoban_solver_policy
-from rllib_ragen.starpo.batch import prepare_update_batch, token_advantages_by_trajectory
+from rllib_ragen.starpo.batch_advantages import batch_advantages
+from rllib_ragen.starpo.update_batch import prepare_update_batch, token_advantages_by_trajectory
 
 
 @pytest.fixture(scope="module")
@@ -120,14 +121,15 @@ def test_turn_rows_carry_the_advantages_of_the_whole_episode(tiny, estimator, tu
         [1, 2, 3, 4], group_size=2, sampling=SamplingParams())
     assert len({t.num_turns for t in trajectories}) > 1 and len({t.total_return for t in trajectories}) > 1
     pad = tokenizer.pad_token_id
-    full, _ = prepare_update_batch(trajectories, _config(estimator, "full", turn_level_rewards=turn_level), pad)
-    rows, metrics = prepare_update_batch(trajectories, _config(estimator, "last_k_turns",
-                                                               turn_level_rewards=turn_level), pad)
+    full_config = _config(estimator, "full", turn_level_rewards=turn_level)
+    rows_config = _config(estimator, "last_k_turns", turn_level_rewards=turn_level)
+    full, _ = prepare_update_batch(trajectories, full_config, pad)
+    rows, metrics = prepare_update_batch(trajectories, rows_config, pad)
     assert len(rows["input_ids"]) == sum(t.num_turns for t in trajectories) == metrics["update/rows"]
     assert rows["turn"].tolist() == [k for t in sorted(trajectories, key=lambda t: t.group) for k in range(t.num_turns)]
     # Mapped back onto each conversation, the rows' advantages are the full context's, token for token.
-    expected = token_advantages_by_trajectory(full, full["advantages"], trajectories)
-    got = token_advantages_by_trajectory(rows, rows["advantages"], trajectories)
+    expected = token_advantages_by_trajectory(full, batch_advantages(full, full_config)[0].numpy(), trajectories)
+    got = token_advantages_by_trajectory(rows, batch_advantages(rows, rows_config)[0].numpy(), trajectories)
     assert expected.keys() == got.keys()
     for i in expected:
         assert got[i] == pytest.approx(expected[i], abs=1e-6), i

@@ -126,7 +126,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(aggregation, advant
 
 def test_advantage_mask_through_observations_trains_the_critic_there_and_the_policy_on_sampled_tokens(small_config):
     from rllib_ragen.objectives import compute_gae, masked_whiten
-    from rllib_ragen.starpo.batch import prepare_update_batch
+    from rllib_ragen.starpo.update_batch import prepare_update_batch
 
     config = small_config(advantage_mask="sampled_and_observations", lambda_=0.5, validation_interval=0,
                           rollout_filter_ratio=1.0)
@@ -159,7 +159,7 @@ def test_micro_batches_stay_exact_when_the_loss_mask_trains_a_subset(small_confi
     batch weighs in by its share of both, so micro-batching still gives the whole minibatch's update."""
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-    from rllib_ragen.starpo.batch import prepare_update_batch
+    from rllib_ragen.starpo.update_batch import prepare_update_batch
 
     configs = [small_config(micro_batch_size=size, validation_interval=0, grad_clip=None) for size in (None, 1)]
     algos = [config.build_algo() for config in configs]
@@ -350,7 +350,10 @@ def test_a_tune_stopper_on_rllibs_episode_return_stops_the_run(tmp_path, small_c
     dict(),
     # A critic-free estimator scored in micro-batches of one trajectory: each one's share of the tokens.
     dict(advantage_estimator="grpo", micro_batch_size=1),
-], ids=["gae_whitened", "grpo_micro_batches"])
+    # A baseline over the whole batch: the learners gather each other's returns inside the update (that they
+    # do it in step, without hanging; the values themselves: test_batch.py's two-process test).
+    dict(advantage_estimator="brpo"),
+], ids=["gae_whitened", "grpo_micro_batches", "brpo_batch_baseline"])
 def test_two_data_parallel_learners_make_the_update_of_one(small_config, knobs):
     """RLlib's LearnerGroup with torch DDP (gloo on CPU): each learner trains a shard of whole groups, and the
     averaged gradient is the whole batch's because the loss normalisers and whitening statistics span the shards."""

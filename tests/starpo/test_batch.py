@@ -12,7 +12,8 @@ import torch
 from rllib_ragen import StarPOConfig
 from rllib_ragen.objectives import ADVANTAGE_ESTIMATORS, compute_advantages, register_advantage_estimator
 from rllib_ragen.rollout.trajectory import Trajectory
-from rllib_ragen.starpo.batch import prepare_update_batch, shard_by_groups
+from rllib_ragen.starpo.batch_advantages import batch_advantages
+from rllib_ragen.starpo.update_batch import prepare_update_batch, shard_by_groups
 
 PAD = 0
 
@@ -98,17 +99,26 @@ def test_trajectory_rewards_sit_on_the_last_sampled_token_turn_rewards_on_each_t
 
 def test_outcome_advantages_are_computed_on_the_kept_groups_and_cover_only_sampled_tokens():
     rollout = [trajectory(0, [1.0]), trajectory(0, [0.0]), trajectory(1, [2.0]), trajectory(1, [2.0])]
-    columns, _ = prepare_update_batch(rollout, config(num_groups=2, advantage_estimator="grpo",
-                                                      grpo_normalize_std=False), PAD)
+    cfg = config(num_groups=2, advantage_estimator="grpo", grpo_normalize_std=False)
+    columns, _ = prepare_update_batch(rollout, cfg, PAD)
     # Mean-only GRPO: group 0 returns (1, 0) -> +0.5, -0.5; group 1 (2, 2) -> 0, 0. Prompt tokens get nothing.
-    np.testing.assert_allclose(columns["advantages"], [[0, 0, 0.5, 0.5], [0, 0, -0.5, -0.5], [0] * 4, [0] * 4])
+    advantages, _ = batch_advantages(columns, cfg)
+    np.testing.assert_allclose(advantages, [[0, 0, 0.5, 0.5], [0, 0, -0.5, -0.5], [0] * 4, [0] * 4])
 
 
-def test_critic_estimators_are_left_to_the_learner():
-    columns, _ = prepare_update_batch([trajectory(0, [1.0]), trajectory(0, [0.0])],
-                                      config(num_groups=1, advantage_estimator="gae"), PAD)
-    assert "advantages" not in columns  # no zero placeholder: GAE needs the critic's values
+def test_every_estimator_is_the_learners_and_a_critic_one_reads_the_values_it_is_given():
+    cfg = config(num_groups=1, advantage_estimator="gae", whiten_advantages=False)
+    columns, _ = prepare_update_batch([trajectory(0, [1.0]), trajectory(0, [0.0])], cfg, PAD)
+    assert "advantages" not in columns  # the driver computes none: GAE needs the critic's values
+    assert "advantages" not in prepare_update_batch([trajectory(0, [1.0])], config(num_groups=1), PAD)[0]
     assert ADVANTAGE_ESTIMATORS["gae"].needs_critic and StarPOConfig().model_config["value_function"]
+    with pytest.raises(ValueError, match="needs the critic"):
+        batch_advantages(columns, cfg)
+    # gamma = lambda = 1: A_t = (rewards from t on) - V(t). Values 0.25 on every sampled token.
+    values = torch.full(columns["response_mask"].shape, 0.25)
+    advantages, returns = batch_advantages(columns, cfg, values=values)
+    np.testing.assert_allclose(advantages, [[0, 0, 0.75, 0.75], [0, 0, -0.25, -0.25]])
+    np.testing.assert_allclose(returns, [[0, 0, 1, 1], [0, 0, 0, 0]])
 
 
 def test_a_registered_estimator_is_selectable_by_name_and_decides_whether_a_critic_is_built():
@@ -121,7 +131,7 @@ def test_a_registered_estimator_is_selectable_by_name_and_decides_whether_a_crit
         cfg.validate()
         assert cfg.model_config["value_function"] is False
         columns, _ = prepare_update_batch([trajectory(0, [1.5]), trajectory(0, [0.0])], cfg, PAD)
-        np.testing.assert_allclose(columns["advantages"][:, 2:], [[3.0, 3.0], [0.0, 0.0]])
+        np.testing.assert_allclose(batch_advantages(columns, cfg)[0][:, 2:], [[3.0, 3.0], [0.0, 0.0]])
     finally:
         del ADVANTAGE_ESTIMATORS["twice_the_return"]
     with pytest.raises(ValueError, match="built in"):
@@ -151,6 +161,59 @@ def test_kept_groups_that_do_not_split_over_the_learners_fail_at_validate():
     with pytest.raises(ValueError, match="keeps 3 groups.*num_learners=2"):
         bad.validate()
     StarPOConfig().training(num_groups=8, group_size=4, rollout_filter_ratio=0.25).learners(num_learners=2).validate()
+
+
+# One rank of a two-process gloo group (as RLlib's data-parallel learners are): the advantages of its shard.
+_SHARD_WORKER = """
+import json, sys
+import torch, torch.distributed as dist
+from rllib_ragen import StarPOConfig
+from rllib_ragen.starpo.batch_advantages import batch_advantages, process_group_shards
+rank, folder = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", rank=rank, world_size=2)
+config = StarPOConfig().training(**json.loads(open(folder + "/knobs.json").read()))
+shard = torch.load(f"{folder}/shard_{rank}.pt", weights_only=False)
+advantages, _ = batch_advantages(shard, config, shards=process_group_shards("cpu"))
+torch.save(advantages, f"{folder}/advantages_{rank}.pt")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("estimator", ["brpo", "gigpo"])
+def test_advantages_of_two_learners_shards_are_the_whole_batchs_bit_for_bit(tmp_path, estimator):
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    # Three groups, multi-turn, states that recur within a group (GiGPO's anchors); group 2 pays all its members
+    # alike, so a batch baseline computed from that shard alone would give it nothing.
+    rollout = [trajectory(0, [0.5, 1.0]), trajectory(0, [0.0, 0.2]), trajectory(1, [1.0]), trajectory(1, [-0.1]),
+               trajectory(2, [2.0]), trajectory(2, [2.0])]
+    for t, states in zip(rollout, [["a", "b"], ["a", "c"], ["a"], ["a"], ["x"], ["y"]]):
+        t.turn_states[:] = states
+    knobs = dict(num_groups=3, group_size=2, rollout_filter_ratio=1.0, advantage_estimator=estimator,
+                 turn_level_rewards=True)
+    cfg = StarPOConfig().training(**knobs)
+    columns, _ = prepare_update_batch(rollout, cfg, PAD)
+    whole, _ = batch_advantages(columns, cfg)
+    first, second = shard_by_groups(columns, 2)  # groups {0, 1} and {2}
+    # Rank 0 holds the second shard: the batch's order comes from the groups, not from which rank holds what.
+    torch.save(second, tmp_path / "shard_0.pt")
+    torch.save(first, tmp_path / "shard_1.pt")
+    (tmp_path / "knobs.json").write_text(json.dumps(knobs))
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    ranks = [subprocess.Popen([sys.executable, "-c", _SHARD_WORKER, str(rank), str(tmp_path)], env=env,
+                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    for rank in ranks:
+        _, stderr = rank.communicate(timeout=120)
+        assert rank.returncode == 0, stderr[-2000:]
+    got = torch.cat([torch.load(tmp_path / "advantages_1.pt"), torch.load(tmp_path / "advantages_0.pt")])
+    assert whole.abs().sum() > 0 and torch.equal(got, whole)
 
 
 @pytest.mark.parametrize("mode, trained", [("all", [1, 1, 1, 1, 1]), ("no_think", [1, 0, 1, 1, 1]),

@@ -1,8 +1,7 @@
-"""From a rollout to the learner's batch: the rollout filter, outcome advantages, rewards on tokens, padding.
+"""From a rollout to the learner's batch: the rollout filter, rewards on tokens, the loss mask, padding.
 
-Runs on the driver, once per training step. Estimators that need the critic (``gae``) are computed on the
-learner, where the values are; the others (``grpo``, ``gigpo``, ``brpo``, ``raw``, and any registered without a
-critic) are computed here, on the kept groups, each of which is kept whole.
+Runs on the driver, once per training step. The advantages are the learner's (``batch_advantages.py``): the batch
+carries what every estimator reads, and the filter keeps each group whole.
 """
 
 from __future__ import annotations
@@ -13,8 +12,7 @@ import numpy as np
 import torch
 
 from .. import metrics as M
-from ..objectives import ADVANTAGE_ESTIMATORS, AdvantageInputs, compute_advantages, place_rewards, select_groups
-from ..objectives.episode_layout import EpisodeLayout
+from ..objectives import place_rewards, select_groups
 from ..rollout.trajectory import Trajectory, pad_trajectories
 from ..rollout.protocol import LOSS_MASK_REGIONS, REGION_OTHER
 
@@ -35,10 +33,11 @@ def prepare_update_batch(trajectories: Sequence[Trajectory], config, pad_token_i
         group order: one row per trajectory, or with a limited ``context_window`` one per turn (in turn order).
         ``input_ids``, ``attention_mask``, ``response_mask`` (1 on sampled tokens), ``behaviour_logprobs``,
         ``token_rewards`` (the return on the trajectory's last sampled token, or each turn's reward on its own last
-        token with ``turn_level_rewards``), ``advantages`` (R, T) for estimators without a critic, ``loss_mask``
-        (R, T: the sampled tokens the policy loss trains, by ``config.loss_mask``), and per row ``group``,
-        ``trajectory`` (its index in ``trajectories``), ``episode_return``, plus ``turn`` with a window. Plus the
-        filter's metrics.
+        token with ``turn_level_rewards``), ``loss_mask`` (R, T: the sampled tokens the policy loss trains, by
+        ``config.loss_mask``), per row ``group``, ``trajectory`` (its index in ``trajectories``),
+        ``episode_return``, and its episode's ``turn_rewards`` (R, K, float64, NaN past the last turn) and
+        ``turn_states`` (R, K: an id per distinct state key, -1 past the last), plus ``turn`` with a window. Plus
+        the filter's metrics.
     """
     returns = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)
     groups = torch.tensor([t.group for t in trajectories])
@@ -76,25 +75,24 @@ def prepare_update_batch(trajectories: Sequence[Trajectory], config, pad_token_i
     columns["episode_return"] = np.array([trajectories[i].total_return for i, _, _ in rows], dtype=np.float32)
     if windowed:
         columns["turn"] = np.array([k for _, k, _ in rows], dtype=np.int64)
-    if not ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
-        response_mask = torch.from_numpy(columns["response_mask"])
-        layout = episode_layout(columns) if windowed else None
-        inputs = AdvantageInputs(
-            token_rewards=layout.gather(rewards) if windowed else rewards,
-            response_mask=layout.mask if windowed else response_mask,
-            returns=returns[order], group_ids=groups[order],
-            turn_rewards=[t.turn_rewards for t in kept], turn_states=[t.turn_states for t in kept])
-        advantages, _ = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings())
-        columns["advantages"] = (layout.scatter(advantages) if windowed else advantages).numpy().astype(np.float32)
+    columns["turn_rewards"], columns["turn_states"] = _turn_columns([trajectories[i] for i, _, _ in rows])
     metrics[M.TRAINING_ROWS] = float(len(rows))
     metrics[M.RESPONSE_LENGTH] = float(columns["response_mask"].sum() / len(kept))
     return columns, metrics
 
 
-def episode_layout(columns: dict) -> EpisodeLayout:
-    """The rows of a windowed batch (``turn`` column) laid out as their episodes, in row order of first turns."""
-    as_tensor = {key: torch.as_tensor(columns[key]) for key in ("trajectory", "turn", "response_mask")}
-    return EpisodeLayout(as_tensor["trajectory"], as_tensor["turn"], as_tensor["response_mask"])
+def _turn_columns(trajectories: Sequence[Trajectory]) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's episode: its turn rewards (R, K) float64, exactly the environment's (NaN past the last turn: an
+    environment's NaN reward drops its episode), and its state keys (R, K) as ids equal where the keys are (GiGPO's
+    anchor states), -1 past the last."""
+    width = max(max(len(t.turn_rewards), len(t.turn_states)) for t in trajectories)
+    rewards = np.full((len(trajectories), width), np.nan)
+    states = np.full((len(trajectories), width), -1, dtype=np.int64)
+    ids: dict = {}
+    for row, t in enumerate(trajectories):
+        rewards[row, :len(t.turn_rewards)] = t.turn_rewards
+        states[row, :len(t.turn_states)] = [ids.setdefault(key, len(ids)) for key in t.turn_states]
+    return rewards, states
 
 
 def token_advantages_by_trajectory(columns: dict, advantages: np.ndarray,
