@@ -495,24 +495,31 @@ def test_estimator_study_is_one_experiment_with_a_trial_per_estimator(tmp_path):
 
 
 @pytest.mark.slow
-def test_filter_study_runs_each_filter_from_one_warm_start_and_pairs_it_against_std(tmp_path):
-    done = run_example("filter_study.py", "--filters", "std,snr_adaptive", "--iterations", "1", "--validation-size",
-                       "4", "--warm-start-steps", "2", "--warm-start-episodes", "8", "--num-groups", "2",
-                       "--group-size", "4", "--max-turns", "3", "--output-dir", str(tmp_path), timeout=600)
+def test_filter_study_is_one_experiment_with_a_trial_per_filter_paired_against_std(tmp_path):
+    flags = ["--filters", "std,snr_adaptive", "--iterations", "1", "--validation-size", "4", "--warm-start-steps", "2",
+             "--warm-start-episodes", "8", "--num-groups", "2", "--group-size", "4", "--max-turns", "3",
+             "--output-dir", str(tmp_path)]
+    done = run_example("filter_study.py", *flags, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(list((tmp_path / "warm_starts").iterdir())) == 1  # one warm start for both
-    table = json.loads((tmp_path / "filter_study.json").read_text())
+    experiment = (tmp_path / "latest").resolve()
+    assert sorted(p.name for p in experiment.iterdir() if (p / "params.json").is_file()) == [
+        "seed0_variant=snr_adaptive", "seed0_variant=std"]  # one Tune experiment, a trial per filter
+    table = json.loads((experiment / "filter_study.json").read_text())
     assert list(table) == ["std", "snr_adaptive"]
     assert table["snr_adaptive"]["settings"] == {"rollout_filter": "snr_adaptive"}
-    std_trial = next(p for p in (tmp_path / "std_seed0").iterdir() if (p / "params.json").is_file())
-    std_after = json.loads((std_trial / "summary.json").read_text())["after"]["success"]
+    params = json.loads((experiment / "seed0_variant=snr_adaptive" / "params.json").read_text())
+    assert params["variant"] == "snr_adaptive" and params["rollout_filter"] == "snr_adaptive"
+    assert json.loads((experiment / "seed0_variant=std" / "params.json").read_text())["rollout_filter"] == "std"
+    std_after = json.loads((experiment / "seed0_variant=std" / "summary.json").read_text())["after"]["success"]
     versus = table["snr_adaptive"]["against_reference"]["sampled"]
     assert versus["n"] == 4 and versus["before"] == std_after  # the same four states, std's outcome first
-    assert table["std"]["against_reference"]["sampled"]["difference"] == 0.0  # std against itself
+    assert table["std"]["against_reference"]["sampled"] is None  # std is the reference: not paired with itself
     assert 0.0 <= table["snr_adaptive"]["kept_share"] <= 1.0 and "vs std, sampled" in done.stdout
-    # Run again: the runs exist, so only the table is made.
-    again = run_example("filter_study.py", "--filters", "std,snr_adaptive", "--output-dir", str(tmp_path))
-    assert again.returncode == 0 and again.stdout.count("exists, not run again") == 2
+    # --resume: both trials finished, so none runs again; the table is made anew.
+    again = run_example("filter_study.py", *flags, "--resume", timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((experiment / "filter_study.json").read_text()) == table
 
 
 @pytest.mark.slow

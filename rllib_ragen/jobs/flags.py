@@ -25,7 +25,7 @@ from typing import Any
 
 from .outputs import LATEST, keep_notices_off_the_console
 from ..warm_start import LR_SCHEDULES, WARM_START_PRECISIONS
-from ..starpo.config import PRESET_LABEL, PRESETS, preset_flags
+from ..starpo.config import PRESET_LABEL, PRESETS, VARIANT_LABEL, preset_flags
 
 
 def _help(text: str, **kwargs):
@@ -74,7 +74,8 @@ class JobSettings:
     seeds: str = _help("run one trial per seed, e.g. '0,1,2', and report their spread (empty: the config's seed); "
                        "the trials share one warm start and run side by side where the CPUs allow", default="")
     grid: dict = _help("a sweep: one trial per combination of these config values, as JSON, e.g. "
-                       "'{\"lr\": [1e-4, 3e-4]}', or of presets, '{\"preset\": [\"starpo\", \"starpo-s\"]}'; "
+                       "'{\"lr\": [1e-4, 3e-4]}', of presets, '{\"preset\": [\"starpo\", \"starpo-s\"]}', or of "
+                       "named settings, '{\"variant\": {\"small\": {\"lr\": 1e-4}, \"large\": {\"lr\": 3e-4}}}'; "
                        "the report pairs each trial against the trial of the grid's first values (null: none)",
                        default=None)
     max_failures: int = _help("restart a failed trial from its last checkpoint up to this many times (Tune's "
@@ -179,27 +180,8 @@ class JobSettings:
             self.seed_list(config)
         except ValueError as error:
             errors.append(str(error))
-        if self.grid is not None and (not isinstance(self.grid, dict) or not all(
-                isinstance(k, str) and isinstance(v, list) and v for k, v in self.grid.items())):
-            errors.append(f"grid={self.grid!r} must map config fields to non-empty lists of values, e.g. "
-                          "{\"lr\": [1e-4, 3e-4]}.")
-        elif self.grid and "seed" in self.grid:  # the seeds make trials of their own, and name each trial's folder
-            errors.append(f"grid varies 'seed' ({self.grid['seed']!r}): give the seeds as seeds (--seeds "
-                          f"{','.join(str(s) for s in self.grid['seed'])}), which runs one trial per seed for every "
-                          "point of the grid.")
-        elif self.grid and config is not None:
-            unknown = sorted(set(self.grid) - set(config.to_dict()) - {PRESET_LABEL})
-            if unknown:
-                errors.append(f"grid names {unknown}, which are not fields of the config; use the names of "
-                              "StarPOConfig's fields (e.g. lr, rollout_filter_ratio), or 'preset'.")
-            for name, values in self.grid.items() if not unknown else ():
-                for value in values:  # each point as its trial will build it: a bad one fails now, not mid-sweep
-                    try:
-                        point = config.copy(copy_frozen=False)
-                        point.preset(value) if name == PRESET_LABEL else point.update_from_dict({name: value})
-                        point.validate()
-                    except (ValueError, TypeError) as error:
-                        errors.append(f"grid {name}={value!r}: {error}")
+        if self.grid is not None:
+            errors += _grid_errors(self.grid, config)
         if errors:
             raise ValueError("Invalid JobSettings:\n  - " + "\n  - ".join(errors))
 
@@ -280,6 +262,49 @@ RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
                                                                          "backend generates on it (vLLM engines "
                                                                          "take their own)"),
 }
+
+
+def _grid_errors(grid, config) -> list[str]:
+    """What is wrong with a job's ``grid``: its shape, and each point as its trial would build it (a bad one fails
+    now, not mid-sweep)."""
+    shapes_ok = isinstance(grid, dict) and all(
+        isinstance(k, str) and v and (isinstance(v, dict) and all(isinstance(s, dict) for s in v.values())
+                                      if k == VARIANT_LABEL else isinstance(v, list)) for k, v in grid.items())
+    if not shapes_ok:
+        return [f"grid={grid!r} must map config fields to non-empty lists of values, e.g. {{\"lr\": [1e-4, 3e-4]}}, "
+                f"or \"{VARIANT_LABEL}\" to named settings, e.g. {{\"{VARIANT_LABEL}\": {{\"small\": {{\"lr\": 1e-4}}, "
+                "\"large\": {\"lr\": 3e-4}}}."]
+    variants = grid.get(VARIANT_LABEL, {})
+    varied = set(grid) - {VARIANT_LABEL} | {field for settings in variants.values() for field in settings}
+    if "seed" in varied:  # the seeds make trials of their own, and name each trial's folder
+        return ["grid varies 'seed': give the seeds as seeds (--seeds 0,1,2), which runs one trial per seed for "
+                "every point of the grid."]
+    if PRESET_LABEL in grid and VARIANT_LABEL in grid:
+        return [f"grid has both '{PRESET_LABEL}' and '{VARIANT_LABEL}': give each preset's settings as a variant "
+                "instead (StarPOConfig().preset(name).to_dict() lists them)."]
+    twice = sorted(set(grid) & {field for settings in variants.values() for field in settings})
+    if twice:
+        return [f"grid varies {twice} both as a list and in its variants: one would overwrite the other; set them "
+                "in the variants only."]
+    if config is None:
+        return []
+    unknown = sorted(varied - set(config.to_dict()) - {PRESET_LABEL})
+    if unknown:
+        return [f"grid names {unknown}, which are not fields of the config; use the names of StarPOConfig's fields "
+                f"(e.g. lr, rollout_filter_ratio), '{PRESET_LABEL}' or '{VARIANT_LABEL}'."]
+    errors = []
+    for name, values in grid.items():
+        for value in values:
+            point = config.copy(copy_frozen=False)
+            try:
+                if name == PRESET_LABEL:
+                    point.preset(value)
+                else:
+                    point.update_from_dict(values[value] if name == VARIANT_LABEL else {name: value})
+                point.validate()
+            except (ValueError, TypeError) as error:
+                errors.append(f"grid {name}={value!r}: {error}")
+    return errors
 
 
 def training_knob_help() -> dict[str, str]:

@@ -172,7 +172,7 @@ def spread(summaries) -> dict:
 
 def versus_reference(run_dir: pathlib.Path, trials: list[pathlib.Path]) -> dict:
     """In a sweep (the run's ``--grid``), each trial paired against its reference: the trial of the same seed with
-    every grid field at its first listed value, on the same held-out states after RL, sampled and greedy ("before"
+    every grid field at its first listed value (or the first named variant), on the same held-out states after RL, sampled and greedy ("before"
     is the reference, "after" the trial). ``{}`` without a grid."""
     record = run_dir / RUN_CONFIG
     grid = json.loads(record.read_text()).get("job", {}).get("grid") if record.is_file() else None
@@ -183,7 +183,7 @@ def versus_reference(run_dir: pathlib.Path, trials: list[pathlib.Path]) -> dict:
         return json.dumps([params.get(name) for name in grid], default=str)
 
     params = {trial: _trial_params(trial) for trial in trials}
-    reference_point = json.dumps([values[0] for values in grid.values()], default=str)
+    reference_point = json.dumps([next(iter(values)) for values in grid.values()], default=str)  # a list or variants
     references = {p.get("seed"): trial for trial, p in params.items() if point(p) == reference_point}
     result = {}
     for trial, p in params.items():

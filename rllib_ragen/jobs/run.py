@@ -52,7 +52,7 @@ from .outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED
 from .report import headline_environment, report_experiment
 from ..sentinel import as_rule, echo_trap_rules
 from ..warm_start import cached_warm_start
-from ..starpo.config import PRESET_LABEL
+from ..starpo.config import PRESET_LABEL, VARIANT_LABEL
 from .storage import run_storage
 
 __all__ = ["JobSettings", "parse_job_args", "run_job"]
@@ -297,7 +297,11 @@ def _param_space(config, seeds: list[int], grid: dict[str, list]):
     space = config.to_dict()
     grid = dict(grid)
     if PRESET_LABEL in grid:
-        space.update(preset_grid(config, grid.pop(PRESET_LABEL)))
+        space.update(named_grid(PRESET_LABEL, {name: config.copy(copy_frozen=False).preset(name)
+                                               for name in grid.pop(PRESET_LABEL)}))
+    if VARIANT_LABEL in grid:
+        space.update(named_grid(VARIANT_LABEL, {name: config.copy(copy_frozen=False).update_from_dict(settings)
+                                                for name, settings in grid.pop(VARIANT_LABEL).items()}))
     for name, values in {**grid, **({"seed": seeds} if len(seeds) > 1 else {})}.items():
         space[name] = tune.grid_search(list(values))
     if len(seeds) == 1:
@@ -305,18 +309,17 @@ def _param_space(config, seeds: list[int], grid: dict[str, list]):
     return space
 
 
-def preset_grid(config, names: list[str]) -> dict:
-    """One trial per preset, each with the fields its preset sets: ``preset`` is the grid, and every such field a
-    ``tune.sample_from`` that reads the trial's preset (Tune's conditional search space). Fields no preset changes
-    keep the config's value."""
+def named_grid(label: str, variants: dict) -> dict:
+    """One trial per named config of ``variants`` (a preset's, or a grid's named variant), each with the fields
+    its config sets: ``label`` is the grid, and every such field a ``tune.sample_from`` that reads the trial's name
+    (Tune's conditional search space). Fields no variant changes keep the config's value."""
     from ray import tune
 
-    variants = {name: config.copy(copy_frozen=False).preset(name).to_dict() for name in names}
-    first = variants[names[0]]
-    varied = [key for key in first if any(repr(v[key]) != repr(first[key]) for v in variants.values())]
-    return {PRESET_LABEL: tune.grid_search(list(names)),
-            **{key: tune.sample_from(lambda spec, key=key: variants[spec.config[PRESET_LABEL]][key])
-               for key in varied}}
+    as_dicts = {name: config.to_dict() for name, config in variants.items()}
+    first = next(iter(as_dicts.values()))
+    varied = [key for key in first if any(repr(v[key]) != repr(first[key]) for v in as_dicts.values())]
+    return {label: tune.grid_search(list(as_dicts)),
+            **{key: tune.sample_from(lambda spec, key=key: as_dicts[spec.config[label]][key]) for key in varied}}
 
 
 def trial_dirname(grid_names, trial) -> str:

@@ -25,7 +25,8 @@ from .environments import EnvEntry, entry, env_name
 from .knobs import KNOB_SECTIONS, KNOBS, RLLIB_DEFAULT, RLLIB_FIELDS, STARPO_S_DEFAULTS, knob_errors, settings_from
 from .llm_rl_module import DEFAULT_MODEL_CONFIG, CausalLMRLModule
 
-__all__ = ["KNOB_SECTIONS", "PRESETS", "PRESET_LABEL", "STARPO_S_DEFAULTS", "StarPOConfig", "preset_flags"]
+__all__ = ["KNOB_SECTIONS", "PRESETS", "PRESET_LABEL", "STARPO_S_DEFAULTS", "StarPOConfig", "VARIANT_LABEL",
+           "preset_flags"]
 
 # Fields RLlib itself leaves at its deprecated-value marker (-1): they stay out of the state, as RLlib wants.
 _RLLIB_PLACEHOLDERS = frozenset(k for k, v in AlgorithmConfig().__dict__.items()
@@ -52,7 +53,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-PRESET_LABEL = "preset"  # a Tune trial's preset, in a grid over presets (StarPOConfig.update_from_dict)
+# Labels a Tune trial's config carries in a grid over named settings, which set nothing themselves
+# (StarPOConfig.update_from_dict): its preset (of PRESETS), or its variant (a job grid's named settings).
+PRESET_LABEL = "preset"
+VARIANT_LABEL = "variant"
 
 
 def preset_flags(name: str) -> set[str]:
@@ -334,10 +338,12 @@ class StarPOConfig(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def update_from_dict(self, config_dict: dict) -> "StarPOConfig":
-        """RLlib's, except that a ``"preset"`` key is a label and sets nothing: a Tune grid over presets
-        (``--grid '{"preset": [...]}'``) names each trial's preset with it, and resolves the preset's own fields
-        beside it (``experiment.preset_grid``). Set as an attribute, it would hide the :meth:`preset` method."""
-        return super().update_from_dict({k: v for k, v in config_dict.items() if k != PRESET_LABEL})
+        """RLlib's, except that the ``"preset"`` and ``"variant"`` keys are labels and set nothing: a Tune grid over
+        presets (``--grid '{"preset": [...]}'``) or named variants (``--grid '{"variant": {name: {...}}}'``) names
+        each trial's with them, and resolves their fields beside them (``rllib_ragen.jobs.run.named_grid``). Set
+        as an attribute, ``preset`` would hide the :meth:`preset` method."""
+        return super().update_from_dict({k: v for k, v in config_dict.items() if k not in (PRESET_LABEL,
+                                                                                            VARIANT_LABEL)})
 
     # ---- what RLlib builds -----------------------------------------------------------------------------------------
     @override(AlgorithmConfig)

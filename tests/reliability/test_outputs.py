@@ -90,8 +90,16 @@ def test_bad_job_settings_fail_before_any_work_naming_the_field(tmp_path, field,
     assert not (tmp_path / "run").exists()  # nothing was written
 
 
-@pytest.mark.parametrize("grid, message", [({"no_such_knob": [1]}, "grid names ['no_such_knob']"),
-                                          ({"lr": [1e-4, 0.0]}, "grid lr=0.0: ")])
+@pytest.mark.parametrize("grid, message", [
+    ({"no_such_knob": [1]}, "grid names ['no_such_knob']"), ({"lr": [1e-4, 0.0]}, "grid lr=0.0: "),
+    # Named variants: each variant's settings are checked as its trial will build them.
+    ({"variant": {"a": {"no_such_knob": 1}}}, "grid names ['no_such_knob']"),
+    ({"variant": {"fine": {}, "bad": {"lr": 0.0}}}, "grid variant='bad': "),
+    ({"variant": {"a": {"lr": 1e-4}}, "lr": [1e-3]}, "grid varies ['lr'] both as a list and in its variants"),
+    ({"variant": {"a": {"seed": 1}}}, "grid varies 'seed'"),
+    ({"variant": {"a": {}}, "preset": ["starpo"]}, "grid has both 'preset' and 'variant'"),
+    ({"variant": ["a", "b"]}, "must map config fields to non-empty lists of values"),
+])
 def test_a_sweep_with_an_unknown_knob_or_a_bad_point_fails_before_any_work(tmp_path, grid, message):
     # Each point is validated as its trial would build it: a bad one must not fail mid-sweep, after other trials ran.
     with pytest.raises(ValueError, match=re.escape(message)):
