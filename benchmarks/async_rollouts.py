@@ -4,7 +4,7 @@ Builds the bandit main job's config (``tuned_examples/starpo_bandit.py``), warm-
 trains it twice from that warm start for the same number of iterations, each with one remote env runner and the
 learner in this process: ``max_policy_lag=0`` (rollout, then update) and ``max_policy_lag=1`` (the next rollout
 plays on the env runner while the learner updates). Prints iterations per minute of each and their ratio, the mean
-policy lag and importance weight, and both runs' validation success on the same held-out states before and after
+policy lag and importance weight, and both runs' validation success on the same validation states before and after
 (paired), so a speed-up that costs learning shows.
 
     python benchmarks/async_rollouts.py [--iterations 12] [--env sokoban] [--runner-cpus 1] [--learner-threads 1]

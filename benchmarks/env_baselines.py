@@ -1,5 +1,5 @@
 """The baselines of every environment: success of a random player and of the solver (where there is one) on the
-held-out states a job validates on (seeds 123...), played through the action protocol with the reference's budget
+validation states a job validates on (seeds 123...), played through the action protocol with RAGEN's budget
 (10 turns, one move a reply, 10 moves an episode). The environments page quotes these figures.
 
     python benchmarks/env_baselines.py [--states 256]   # GEM and TextArena rows need rllib_ragen[gem,textarena]
@@ -81,11 +81,11 @@ def table() -> list[tuple[str, dict, dict]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--states", type=int, default=256, help="held-out states per environment")
+    parser.add_argument("--states", type=int, default=256, help="validation states per environment")
     args = parser.parse_args()
     tokenizer = build_tiny_tokenizer(seed=0)
     seeds = list(range(123, 123 + args.states))
-    print(f"{'environment':40s} {'baseline':18s} success  (on {args.states} held-out states, 10 moves)")
+    print(f"{'environment':40s} {'baseline':18s} success  (on {args.states} validation states, 10 moves)")
     for env_id, env_config, policies in table():
         for name, policy in policies.items():
             config = RolloutConfig(env=env_id, env_config=env_config, enable_thinking=False, max_turns=10,

@@ -72,7 +72,7 @@ class BareLoop:
         logp, entropy, values = self._score(ids, attention)
         old_logp, old_values = logp.detach(), values.detach()  # one step: the step's own pass is the score
         advantages, returns = compute_gae(batch["token_rewards"], old_values, mask, c.gamma, c.lambda_)
-        if c.whiten_advantages:  # as the learner does (the reference's GAE whitening over generated tokens)
+        if c.whiten_advantages:  # as the learner does (RAGEN's GAE whitening over generated tokens)
             advantages = masked_whiten(advantages, mask)
         pg, _ = policy_loss(logp, old_logp * mask, advantages, mask, clip_low=c.clip_ratio_low,
                             clip_high=c.clip_ratio_high, dual_clip=c.dual_clip, aggregation=c.loss_aggregation)

@@ -1,6 +1,6 @@
 """Rollout throughput: the engine against a naive multi-turn loop, same model, seeds and token budget.
 
-The naive baseline does what the reference does: each turn it re-renders every conversation with the chat
+The naive baseline does what RAGEN does: each turn it re-renders every conversation with the chat
 template and re-tokenizes the whole history, generates with Hugging Face ``model.generate`` (the whole history
 prefilled again), then steps the environments one by one. Besides
 being slower it is not token-exact (earlier replies are re-encoded). The engine appends sampled ids and

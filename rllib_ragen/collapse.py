@@ -6,7 +6,7 @@ Two kinds (RAGEN, arXiv 2504.20073 sec. 4; RAGEN-2, arXiv 2604.06268):
   per turn (traces shrink before they vanish), distinct bigrams over replies (within each group and across the
   batch), the share of replies identical to another reply of their group, and the entropy of the first turn's
   reasoning over the batch (:func:`reasoning_entropy`: a fixed template whose few free words collapse to one
-  value keeps its bigrams, but not its entropy). The main jobs also report that entropy on the held-out states
+  value keeps its bigrams, but not its entropy). The main jobs also report that entropy on the validation states
   before and after RL, greedy and sampled, where a collapse can show before it shows at the training temperature.
 - **Costlier, every ``collapse_diagnostics_interval`` iterations, on the learner** (``StarPOTorchLearner.
   collapse_probe``): cross-scoring for template collapse (:func:`cross_scoring_pairs`, :func:`cross_scoring`).

@@ -105,13 +105,13 @@ class Firing:
     rule: str
     signal: str
     value: float
-    reference: float  # what the value was compared with: the threshold, the peak or the median
+    compared_with: float  # the threshold, the peak or the median the value was judged against
     action: str
     done: str = ""  # what the algorithm did, in words (filled by the algorithm)
 
     def describe(self) -> str:
         return (f"sentinel: iteration {self.iteration}: rule '{self.rule}' fired ({self.signal} = {self.value:.4g}, "
-                f"reference {self.reference:.4g}): {self.action}{' - ' + self.done if self.done else ''}")
+                f"compared with {self.compared_with:.4g}): {self.action}{' - ' + self.done if self.done else ''}")
 
 
 def as_rule(item) -> Rule:
@@ -219,14 +219,14 @@ class Sentinel:
             value = lookup(result, rule.signal)
             if value is None or not math.isfinite(value):
                 continue  # not measured this iteration (an interval signal), or not a number: nothing to judge
-            holds, reference = self._holds(rule, track, value)
+            holds, compared_with = self._holds(rule, track, value)
             track["streak"] = track["streak"] + 1 if holds else 0
             track["history"] = (track["history"] + [value])[-HISTORY:]
             track["peak"] = value if track["peak"] is None else max(track["peak"], value)
             track["seen"] += 1
             if track["streak"] >= rule.patience:
                 track["streak"] = 0  # fires again only after another `patience` iterations
-                fired.append(Firing(iteration, rule.label, rule.signal, value, reference, self._action(rule)))
+                fired.append(Firing(iteration, rule.label, rule.signal, value, compared_with, self._action(rule)))
         self.firings += fired
         return fired
 

@@ -31,7 +31,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from .jobs.outputs import WARM_START_CURVE, write_csv, write_text_atomically
-from .jobs.held_out import DEMONSTRATIONS_FILE
+from .jobs.validation_states import DEMONSTRATIONS_FILE
 from .objectives import token_logprobs
 from .rollout.backends import SamplingParams, ScriptedBackend
 from .rollout.engine import RolloutConfig, RolloutEngine
@@ -133,7 +133,7 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
             GPUs; a CPU without it may be slower (``benchmarks/warm_start.py``).
         evaluate: called as ``evaluate(step, weights)`` after every ``evaluate_every`` steps and after the last, with
             ``model`` in eval mode holding the last weights (``weights="last"``) and then, when ``average_decay``
-            is set, their average (``"averaged"``); e.g. to play held-out states (the main jobs'
+            is set, their average (``"averaged"``); e.g. to play validation states (the main jobs'
             ``warm_start_eval_interval``). The training afterwards is the same to the bit as without it: the
             last weights, the train mode and the global RNG state are put back, and the batches come from their
             own generator.
@@ -293,8 +293,8 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
         raise ValueError(f"A demonstrated reply takes {longest} tokens, more than max_new_tokens_per_turn="
                          f"{config.max_new_tokens_per_turn} lets the policy write; raise it to at least {longest} "
                          f"(--max-new-tokens-per-turn {longest}) or demonstrate shorter replies.")
-    path.mkdir(parents=True, exist_ok=True)  # the held-out curve is written beside the model as it trains
-    curve = (held_out_greedy_curve(config, tokenizer, path / WARM_START_CURVE)
+    path.mkdir(parents=True, exist_ok=True)  # the validation curve is written beside the model as it trains
+    curve = (validation_greedy_curve(config, tokenizer, path / WARM_START_CURVE)
              if job.warm_start_eval_interval else None)
     losses = supervised_warm_start(model, demos, steps=job.warm_start_steps, batch_size=job.warm_start_batch_size,
                                    lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id,
@@ -307,7 +307,7 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     # Which states the model was shown, so that a run started later from this folder (--model) still counts them
-    # as seen in its held-out report.
+    # as seen in its validation report.
     write_text_atomically(path / DEMONSTRATIONS_FILE, json.dumps(
         {"env": config.env_name, "seeds": [DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + len(demos)]}))
     print(f"warm start: {len(demos)} demonstrations ({sum(t.success for t in demos) / len(demos):.0%} successful), "
@@ -327,7 +327,7 @@ def warm_start_device(config, setting: str) -> torch.device:
     return torch.device("cpu")
 
 
-def held_out_greedy_curve(config, tokenizer, path: pathlib.Path) -> Callable[[torch.nn.Module, int, str], None]:
+def validation_greedy_curve(config, tokenizer, path: pathlib.Path) -> Callable[[torch.nn.Module, int, str], None]:
     """``evaluate(model, step, weights)`` for the warm start: plays the config's validation states greedily with
     ``model`` as it is (``StarPO.play_validation_states_with``), adds a row (step, weights, greedy success pooled and
     per environment, format errors) to the CSV at ``path``, rewritten whole each time so that a stopped run keeps
@@ -349,7 +349,7 @@ def held_out_greedy_curve(config, tokenizer, path: pathlib.Path) -> Callable[[to
                         for e in config.validation_environments()})
         rows.append(row)
         write_csv(path, rows)
-        print(f"warm start step {step}: greedy success {row[M.SUCCESS]:.3f} on {len(trajectories)} held-out "
+        print(f"warm start step {step}: greedy success {row[M.SUCCESS]:.3f} on {len(trajectories)} validation "
               f"episodes ({weights} weights; format errors {row[M.FORMAT_ERROR_RATE]:.2f} of turns; "
               f"{time.perf_counter() - t0:.0f} s)", flush=True)
 

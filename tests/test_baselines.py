@@ -57,8 +57,8 @@ def test_baselines_are_filed_by_name_and_two_names_may_not_share_a_file(tmp_path
     job = JobSettings(output_dir=str(tmp_path / "runs"), iterations=1)
     with pytest.raises(ValueError, match="would share a file"):  # refused before any work: no run folder
         run_job(StarPOConfig().environment(SOLID_ICE), job, baselines={"hole blind": policy, "hole-blind": policy})
-    with pytest.raises(ValueError, match="both a baseline and a reference line"):  # one would hide the other's line
-        run_job(StarPOConfig().environment(SOLID_ICE), job, reference_lines={"random moves": 0.3},
+    with pytest.raises(ValueError, match="both a baseline and a known score"):  # one would hide the other's line
+        run_job(StarPOConfig().environment(SOLID_ICE), job, known_scores={"random moves": 0.3},
                 baselines={"random moves": policy})
     assert not (tmp_path / "runs").exists()
 

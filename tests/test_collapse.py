@@ -131,7 +131,7 @@ def test_variance_buckets():
     assert set(variance_buckets(np.zeros(4), np.array([0, 0, 1, 1]))) == {"zero"}
 
 
-def test_jobs_report_the_reasoning_entropy_of_the_held_out_episodes(tmp_path, capsys):
+def test_jobs_report_the_reasoning_entropy_of_the_validation_episodes(tmp_path, capsys):
     """Before: the solver states each level's plan length; after: one fixed sentence for every level."""
     import gymnasium as gym
 

@@ -30,7 +30,7 @@ def test_the_job_layer_runs_no_rollouts_of_its_own():
     jobs = pathlib.Path(__file__).resolve().parents[1] / "rllib_ragen" / "jobs"
     modules = sorted(jobs.glob("*.py"))
     assert {p.stem for p in modules} >= {"run", "flags", "outputs", "callbacks", "report", "viewer", "paired_stats",
-                                          "held_out", "storage"}
+                                          "validation_states", "storage"}
     for path in modules:  # every module of the job layer, one added later too
         name = path.stem
         tree = ast.parse(path.read_text())

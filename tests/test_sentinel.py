@@ -132,7 +132,7 @@ def test_the_built_in_reasoning_rule_fires_on_template_collapse_and_not_without_
     # (1 - 0.4) x 1.2 = 0.72 after 3 values of warmup: 0.70 at 4, 5, 6 -> fires at 6; 0.73 at 7 breaks the streak.
     entropies = [1.0, 1.2, 1.1, 0.70, 0.70, 0.70, 0.73, 0.5, 0.5]
     rows = [{"training_iteration": i, "collapse/reasoning_entropy": h} for i, h in enumerate(entropies, 1)]
-    fired = [(f.iteration, f.value, f.reference) for f in replay(echo_trap_rules("warn"), rows)
+    fired = [(f.iteration, f.value, f.compared_with) for f in replay(echo_trap_rules("warn"), rows)
              if f.rule == "reasoning collapsed"]
     assert fired == [(6, 0.70, 1.2)]
     # Answer-only replies log no reasoning entropy; one fixed sentence from the start logs 0 (peak 0): both silent.

@@ -101,9 +101,9 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
                 assert entropies[mode][when] == pytest.approx(reasoning_entropy(thoughts[when]))
         else:
             assert mode not in entropies
-    held_out = summary["held_out"]
+    splits = summary["validation_splits"]
     for name in ("sampled", "greedy"):
-        assert sum(subset["n"] for subset in held_out["by_seen"][name].values()) == 8
+        assert sum(subset["n"] for subset in splits["by_seen"][name].values()) == 8
     rows = read_results(run)  # Tune's result.json, one flat row per iteration
     validated_on = {"starpo_bandit.py": ["rllib_ragen/Bandit-v0", "rllib_ragen/BanditHeldOut-v0",
                                          "rllib_ragen/BanditReversed-v0"],
@@ -145,7 +145,7 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     else:
         assert "baselines" not in summary
     if example == "generalization.py":  # Sokoban: success by optimal solution length covers every state once
-        lengths = held_out["by_solution_length"]["greedy"]
+        lengths = splits["by_solution_length"]["greedy"]
         assert sum(c["n"] for c in lengths.values()) == 8 and all(int(length) >= 1 for length in lengths)
     assert summary["before"]["success"] == rows[0][f"before_rl/env_runners/{env}/success"]
     bar = job_file(example)["job"].pass_bar
@@ -280,16 +280,16 @@ def test_a_visible_gpu_changes_nothing_and_the_gpu_preset_brings_the_jobs_own_gp
     plain, plain_job = parse_job_args(config, job, [], gpu_config=gpu)
     assert (plain.env, plain.num_gpus_per_env_runner, plain.model_config["model"], plain_job.iterations) == (
         "rllib_ragen/FrozenLakeNotSlippery-v0", 0, config.model_config["model"], job.iterations)
-    on_gpu, gpu_job = parse_job_args(config, job, ["--preset", "reference-gpu"], gpu_config=gpu)
+    on_gpu, gpu_job = parse_job_args(config, job, ["--preset", "ragen-gpu"], gpu_config=gpu)
     assert (on_gpu.model_config["model"], on_gpu.num_groups, on_gpu.group_size) == ("Qwen/Qwen2.5-0.5B-Instruct", 8, 16)
     assert (on_gpu.env, on_gpu.enable_thinking, gpu_job.iterations) == ("rllib_ragen/FrozenLake-v0", True, 200)
     # The preset samples with Hugging Face generate in the driver: on its GPU, not its CPU.
     assert (on_gpu.inference_backend, on_gpu.num_env_runners, on_gpu.num_gpus_per_env_runner) == ("hf", 0, 1)
-    flagged, flagged_job = parse_job_args(config, job, ["--preset", "reference-gpu", "--env",
+    flagged, flagged_job = parse_job_args(config, job, ["--preset", "ragen-gpu", "--env",
                                                         "rllib_ragen/FrozenLakeNotSlippery-v0", "--iterations", "7"],
                                           gpu_config=gpu)
     assert flagged.env.endswith("NotSlippery-v0") and flagged_job.iterations == 7  # flags still win
-    remote, _ = parse_job_args(config, job, ["--preset", "reference-gpu", "--num-env-runners", "2"], gpu_config=gpu)
+    remote, _ = parse_job_args(config, job, ["--preset", "ragen-gpu", "--num-env-runners", "2"], gpu_config=gpu)
     assert remote.num_gpus_per_env_runner == 0  # remote runners take a GPU each only when asked
 
 
@@ -446,7 +446,7 @@ def test_the_report_pairs_each_sweep_trial_against_the_grids_first_values_on_the
     from rllib_ragen.jobs.outputs import AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS
     from ray.tune.utils.util import SafeFallbackEncoder
 
-    from rllib_ragen.jobs.report import versus_reference
+    from rllib_ragen.jobs.report import versus_control
 
     config = job_file("starpo_frozenlake.py")["config"]
     (tmp_path / "run_config.json").write_text(json.dumps({"job": {"grid": {"advantage_estimator": ["gae", "grpo"]}}}))
@@ -461,10 +461,10 @@ def test_the_report_pairs_each_sweep_trial_against_the_grids_first_values_on_the
                                       for i, s in enumerate(outcomes)])
         for file in (AFTER_ROLLOUTS, AFTER_GREEDY_ROLLOUTS):
             pq.write_table(table, trial / file)
-    versus = versus_reference(tmp_path, sorted(p for p in tmp_path.iterdir() if p.is_dir()))
+    versus = versus_control(tmp_path, sorted(p for p in tmp_path.iterdir() if p.is_dir()))
     assert sorted(versus) == ["seed0_advantage_estimator=grpo", "seed1_advantage_estimator=grpo"]
     seed0 = versus["seed0_advantage_estimator=grpo"]
-    assert seed0["reference"] == "seed0_advantage_estimator=gae"  # the same seed's, not seed 1's
+    assert seed0["control"] == "seed0_advantage_estimator=gae"  # the same seed's, not seed 1's
     # gae 1,0,0,1 -> grpo 1,1,1,0: two states up, one down, on the same four states
     assert (seed0["sampled"]["before"], seed0["sampled"]["after"]) == (0.5, 0.75)
     assert (seed0["sampled"]["improved"], seed0["sampled"]["worsened"], seed0["sampled"]["n"]) == (2, 1, 4)
@@ -488,8 +488,8 @@ def test_estimator_study_is_one_experiment_with_a_trial_per_estimator(tmp_path):
         params = json.loads((experiment / trial / "params.json").read_text())
         assert params["turn_level_rewards"] is True and trial.endswith(params["advantage_estimator"])
         assert summary["trials"][trial]["paired"]["n"] == 4  # the same four states before and after
-    versus = summary["versus_reference"][trials[1]]
-    assert versus["reference"] == trials[0] and versus["sampled"]["n"] == 4
+    versus = summary["versus_control"][trials[1]]
+    assert versus["control"] == trials[0] and versus["sampled"]["n"] == 4
     assert versus["sampled"]["before"] == summary["trials"][trials[0]]["after"]["success"]
     assert f"{trials[1]} against {trials[0]} after RL" in done.stdout
 
@@ -512,9 +512,9 @@ def test_filter_study_is_one_experiment_with_a_trial_per_filter_paired_against_s
     assert params["variant"] == "snr_adaptive" and params["rollout_filter"] == "snr_adaptive"
     assert json.loads((experiment / "seed0_variant=std" / "params.json").read_text())["rollout_filter"] == "std"
     std_after = json.loads((experiment / "seed0_variant=std" / "summary.json").read_text())["after"]["success"]
-    versus = table["snr_adaptive"]["against_reference"]["sampled"]
+    versus = table["snr_adaptive"]["against_control"]["sampled"]
     assert versus["n"] == 4 and versus["before"] == std_after  # the same four states, std's outcome first
-    assert table["std"]["against_reference"]["sampled"] is None  # std is the reference: not paired with itself
+    assert table["std"]["against_control"]["sampled"] is None  # std is the control: not paired with itself
     assert 0.0 <= table["snr_adaptive"]["kept_share"] <= 1.0 and "vs std, sampled" in done.stdout
     # --resume: both trials finished, so none runs again; the table is made anew.
     again = run_example("filter_study.py", *flags, "--resume", timeout=600)

@@ -43,7 +43,7 @@ def run_dir(tmp_path_factory):
         json.dumps({"training_iteration": i, "rollout_filter": {"reward_std": 0.3 / i},
                     "env_runners": {"rllib_ragen/Sokoban-v0": {"success": 0.1 * i}}}) + "\n" for i in range(1, 11)))
     firing = {"iteration": 7, "rule": "reward std vanished", "signal": "rollout_filter/reward_std", "value": 0.04,
-              "reference": 0.05, "action": "warn", "done": "warned"}
+              "compared_with": 0.05, "action": "warn", "done": "warned"}
     (out / SENTINEL_FILE).write_text(json.dumps([firing]))
     viewer_main([str(out)])
     return out, training, validation

@@ -211,9 +211,9 @@ def test_demonstrated_replies_longer_than_the_policy_may_write_are_refused_befor
 
 def test_a_saved_warm_start_records_the_demonstrations_it_was_shown(tmp_path):
     # A later run started from the folder (--model DIR --warm-start-steps 0) must still count those levels as seen
-    # when it splits held-out success into seen and unseen states.
+    # when it splits validation success into seen and unseen states.
     from rllib_ragen.warm_start import warm_start
-    from rllib_ragen.jobs.held_out import demonstrated_seeds
+    from rllib_ragen.jobs.validation_states import demonstrated_seeds
     from rllib_ragen.rollout.scripted import sokoban_solver_policy
     from rllib_ragen.warm_start import DEMONSTRATION_SEED_START
 

@@ -2,13 +2,13 @@
 
 The trials of one Tune experiment share the main job's config, seed and warm start (trained once); each trains
 with its estimator and the reward placed on the turn that earned it (``turn_level_rewards=True``), and plays the
-same held-out states before and after RL. The report pairs each trial's states before and after (95% interval,
+same validation states before and after RL. The report pairs each trial's states before and after (95% interval,
 exact McNemar p) and each estimator against ``gae``, the grid's first value, on the same states after RL
-(``summary.json``'s ``versus_reference``, printed at the end).
+(``summary.json``'s ``versus_control``, printed at the end).
 
 - ``--job starpo_frozenlake`` (the default): the solid-ice 4x4 lake, up to 10 turns of one move each; reward 1 on
   reaching the goal.
-- ``--job starpo_sokoban``: 6x6 one-box Sokoban, the reference's shaped reward (-0.1 per move, +1 box on target,
+- ``--job starpo_sokoban``: 6x6 one-box Sokoban, RAGEN's shaped reward (-0.1 per move, +1 box on target,
   +10 solved) on the turn that earned it.
 
 Every flag of the chosen job works (``--iterations``, ``--seeds``, ``--resume``, ``--help``).

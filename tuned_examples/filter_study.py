@@ -2,10 +2,10 @@
 
 One Tune experiment whose grid's variants are the filters (``{"variant": {name: settings}}``): the trials share the
 main job (``--job``, as in ``estimator_study.py``: FrozenLake by default, up to 10 turns of one move, ``gae``, the
-reward on the turn that earned it), its seed and its warm start (trained once), and play the same held-out states
+reward on the turn that earned it), its seed and its warm start (trained once), and play the same validation states
 before and after RL. The report pairs each trial before and after RL, and each filter against ``std`` (StarPO-S's
 top share by reward std, the first listed) after RL, sampled and greedy (95% interval, exact McNemar p:
-``summary.json``'s ``versus_reference``). The study then adds what each filter kept, and prints one table;
+``summary.json``'s ``versus_control``). The study then adds what each filter kept, and prints one table;
 ``filter_study.json`` in the run folder keeps it.
 
 - ``std``: the job's own (the top half of the groups), ``none``: every group;
@@ -58,11 +58,11 @@ def filter_table(summary: dict, filters: list[str]) -> dict:
     for trial_name in sorted(params, key=lambda t: (params[t]["seed"], filters.index(params[t]["variant"]))):
         trial, name = summary["trials"][trial_name], params[trial_name]["variant"]
         rows = read_results(pathlib.Path(trial["run_dir"]))
-        versus = summary["versus_reference"].get(trial_name, {})
+        versus = summary["versus_control"].get(trial_name, {})
         key = name if len(seeds) == 1 else f"{name}_seed{params[trial_name]['seed']}"
         table[key] = {"settings": FILTERS[name],
                       "rl_gain": {"sampled": trial["paired"], "greedy": trial["paired_greedy"]},
-                      "against_reference": {mode: versus.get(mode) for mode in ("sampled", "greedy")},
+                      "against_control": {mode: versus.get(mode) for mode in ("sampled", "greedy")},
                       "kept_share": mean(r.get("rollout_filter/kept_share", math.nan) for r in rows),
                       "iterations_without_update": sum(r.get("rollout_filter/empty_steps", 0) > 0 for r in rows)}
     return table
@@ -88,12 +88,12 @@ if __name__ == "__main__":
     run_dir = pathlib.Path(next(iter(summary["trials"].values()))["run_dir"]).parent
     write_text_atomically(run_dir / "filter_study.json", json.dumps(table, indent=2, allow_nan=True))
     print(f"\nRL gain of each filter (before -> after RL), and after RL against {names[0]} (it -> the filter), "
-          "on the same held-out states; kept: the mean share of groups an update kept")
+          "on the same validation states; kept: the mean share of groups an update kept")
     for name, entry in table.items():
         print(f"{name} (kept {entry['kept_share']:.2f}, {entry['iterations_without_update']} iterations without an "
               "update)")
         for mode in ("sampled", "greedy"):
             for label, comparison in ((f"RL gain, {mode}", entry["rl_gain"][mode]),
-                                      (f"vs {names[0]}, {mode}", entry["against_reference"][mode])):
+                                      (f"vs {names[0]}, {mode}", entry["against_control"][mode])):
                 if comparison:
                     print(f"  {label:22s}{PairedComparison(**comparison).describe()}")

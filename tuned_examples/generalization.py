@@ -4,8 +4,8 @@ levels, on the same game drawn with other symbols, on 8x8 levels with two boxes,
 Training is ``starpo_sokoban.py``'s, warm start included (its config and settings are loaded from that file); only
 the validation list differs. Every validation environment plays ``--validation-size`` states (seeds 123...), each
 at the validation temperature and greedily, before and after RL, and each gets its paired before/after comparison
-with a 95% interval and a p-value (``summary.json``'s ``by_env``, printed under the final table). The reference
-(RAGEN, Table 2) trains on Sokoban and reports the same kind of transfer.
+with a 95% interval and a p-value (``summary.json``'s ``by_env``, printed under the final table). RAGEN
+(Table 2) trains on Sokoban and reports the same kind of transfer.
 
 Command:  python tuned_examples/generalization.py [--iterations 80] [--validation-size 256] [--help]
 Time:     about 30 minutes on 2 CPU cores

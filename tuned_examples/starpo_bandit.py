@@ -6,7 +6,7 @@ Phoenix 0.15 always: success is choosing Dragon.
 
 Command:  python tuned_examples/starpo_bandit.py [--seed 0] [--iterations 20] [--model smollm2-135m] [--help]
 Time:     about 2 minutes on 2 CPU cores (warm start included)
-Expect:   the better-arm share on 128 held-out states rises from about 0.6 to about 0.99, paired p < 1e-11 on
+Expect:   the better-arm share on 128 validation states rises from about 0.6 to about 0.99, paired p < 1e-11 on
           each seed; docs/results/bandit.md
 """
 
@@ -24,7 +24,7 @@ config = (
                                   {"env": "rllib_ragen/BanditReversed-v0"}])
     .training(num_groups=8, group_size=8, rollout_filter_ratio=1.0,  # single-turn: every group informs the update
               lr=5e-4, critic_lr=1e-3, max_turns=1, max_new_tokens_per_turn=32,
-              # Each pull of a group draws its own payoff; with the reference's shared draw, an update rests on
+              # Each pull of a group draws its own payoff; with RAGEN's shared draw, an update rests on
               # one coin flip per group.
               independent_transitions=True,
               whiten_advantages=False,  # raw R - V: the setting these CPU jobs were tuned with
@@ -35,7 +35,7 @@ job = JobSettings(output_dir="outputs/starpo_bandit", iterations=20, warm_start_
                   pass_bar=0.15,  # the better arm's share on validation must rise at least this much
                   expected_minutes=2)
 # Success is choosing Dragon: a random choice gets it half the time, the optimal policy always.
-REFERENCE_LINES = {"random arm": 0.5, "optimal policy": 1.0}
+KNOWN_SCORES = {"random arm": 0.5, "optimal policy": 1.0}
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
     """The job flags; returns (config, job, demonstration policy, baselines), as every main job's does."""
@@ -45,4 +45,4 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
 
 if __name__ == "__main__":
     config, job, demonstrations, _ = parse_args(config, job)
-    run_job(config, job, demonstrations, REFERENCE_LINES if config.env_name == "rllib_ragen/Bandit-v0" else None)
+    run_job(config, job, demonstrations, KNOWN_SCORES if config.env_name == "rllib_ragen/Bandit-v0" else None)

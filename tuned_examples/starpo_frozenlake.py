@@ -1,14 +1,14 @@
 """StarPO-S on 4x4 FrozenLake: warm start on the optimal policy's moves, then RL on maps never seen before.
 
 The job plays the solid-ice lake, where a random policy scores 22% and the optimal one 100%, so every failure is
-the policy's own; ``--env rllib_ragen/FrozenLake-v0`` plays the reference's slippery lake (and ``--preset
-reference-gpu`` does, with thinking). The agent answers one move per turn without a ``<think>`` block
+the policy's own; ``--env rllib_ragen/FrozenLake-v0`` plays RAGEN's slippery lake (and ``--preset
+ragen-gpu`` does, with thinking). The agent answers one move per turn without a ``<think>`` block
 (``--enable-thinking`` restores it). The warm start's rate, length and weight averaging are those that read the
 map on every seed tried.
 
 Command:  python tuned_examples/starpo_frozenlake.py [--seed 0] [--iterations 25] [--env rllib_ragen/FrozenLake-v0]
 Time:     10-15 minutes on 2 CPU cores
-Expect:   about 0.79 greedy success on 256 held-out maps from the warm start; RL keeps it (no significant change);
+Expect:   about 0.79 greedy success on 256 validation maps from the warm start; RL keeps it (no significant change);
           docs/results/frozenlake.md
 """
 
@@ -36,11 +36,11 @@ job = JobSettings(output_dir="outputs/starpo_frozenlake", iterations=25, warm_st
                   pass_bar=0.05,  # validation success must rise at least this much
                   expected_minutes=15)
 # On the 256 validation maps: 10 uniformly random moves (8 plays each), and the optimal policy.
-SOLID_ICE_REFERENCE_LINES = {"random moves": 0.216, "optimal policy": 1.0}
+SOLID_ICE_KNOWN_SCORES = {"random moves": 0.216, "optimal policy": 1.0}
 
 
 def gpu_config(config):
-    """With --preset reference-gpu, over the preset: the reference's slippery lake, with thinking."""
+    """With --preset ragen-gpu, over the preset: RAGEN's slippery lake, with thinking."""
     config.environment("rllib_ragen/FrozenLake-v0").training(enable_thinking=True)
 
 
@@ -56,7 +56,7 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
         parser.error(f"--demonstration-reasoning {cli.demonstration_reasoning} writes a <think> line, and this run "
                      f"has enable_thinking=False; add --enable-thinking.")
     slippery = gym.make(config.env, **config.env_config).unwrapped.is_slippery
-    # The agent is paired against this on the held-out maps: a policy that has found the goal but not the holes.
+    # The agent is paired against this on the validation maps: a policy that has found the goal but not the holes.
     baselines = {"hole-blind policy": frozen_lake_hole_blind_policy(config.enable_thinking, slippery)}
     return (config, job, frozen_lake_optimal_policy(config.enable_thinking, slippery, cli.demonstration_reasoning),
             baselines)
@@ -66,4 +66,4 @@ if __name__ == "__main__":
     config, job, demonstrations, baselines = parse_args(config, job)
     measured_on = (config.env, config.max_actions_per_episode, config.validation_seed_start) == (
         "rllib_ragen/FrozenLakeNotSlippery-v0", 10, 123)  # the lines hold for the maps and budget they were measured on
-    run_job(config, job, demonstrations, SOLID_ICE_REFERENCE_LINES if measured_on else None, baselines)
+    run_job(config, job, demonstrations, SOLID_ICE_KNOWN_SCORES if measured_on else None, baselines)

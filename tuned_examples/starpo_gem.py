@@ -7,7 +7,7 @@ against. Needs ``pip install 'rllib_ragen[gem]'``.
 
 Command:  python tuned_examples/starpo_gem.py [--seed 0] [--iterations 80] [--env gem/game.GuessTheNumber-v0-random]
 Time:     about 20 minutes on 2 CPU cores
-Expect:   the paired before/after table on 128 held-out games, and both against random guessing;
+Expect:   the paired before/after table on 128 validation games, and both against random guessing;
           docs/results/third-party.md
 """
 

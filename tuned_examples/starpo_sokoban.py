@@ -3,8 +3,8 @@
 The tiny CPU model first learns the answer format and a first sense of the game by supervised fine-tuning on
 the fewest-moves solver's replies (demonstration levels come from seeds 1,000,000+, far from training and
 validation). StarPO-S then trains on fresh levels every iteration. Success is measured before and after RL on
-256 fixed held-out levels (seeds 123...). The reward is solved/not solved (``reward="success"``): with 16
-trajectories per update the reference's shaped terms mostly add noise; ``--env-config '{"reward": "shaped"}'``
+256 fixed validation levels (seeds 123...). The reward is solved/not solved (``reward="success"``): with 16
+trajectories per update RAGEN's shaped terms mostly add noise; ``--env-config '{"reward": "shaped"}'``
 restores them.
 
 Command:  python tuned_examples/starpo_sokoban.py [--seed 0] [--iterations 80] [--model smollm2-135m] [--help]
@@ -23,7 +23,7 @@ from rllib_ragen.rollout.scripted import SOKOBAN_REASONING, random_moves_policy,
 config = (
     StarPOConfig()
     .environment("rllib_ragen/Sokoban-v0", env_config={"reward": "success"})
-    # 16 levels x 4 attempts, the reference's top-25% filter: RL sees the 4 levels whose outcomes vary most.
+    # 16 levels x 4 attempts, RAGEN's top-25% filter: RL sees the 4 levels whose outcomes vary most.
     .training(num_groups=16, group_size=4, rollout_filter_ratio=0.25, lr=1e-4, critic_lr=1e-3,
               whiten_advantages=False,  # raw R - V: the setting these CPU jobs were tuned with
               max_turns=5, max_actions_per_turn=5, max_actions_per_episode=10, max_new_tokens_per_turn=48,
@@ -33,7 +33,7 @@ config = (
 job = JobSettings(output_dir="outputs/starpo_sokoban", iterations=80, warm_start_episodes=2000, warm_start_steps=500,
                   pass_bar=0.05,  # validation success must rise at least this much over the warm start
                   expected_minutes=17)
-REFERENCE_LINES = {"optimal policy": 0.996}  # the solver, within the job's 10 moves, on the validation levels
+KNOWN_SCORES = {"optimal policy": 0.996}  # the solver, within the job's 10 moves, on the validation levels
 
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
@@ -62,4 +62,4 @@ if __name__ == "__main__":
     config, job, demonstrations, baselines = parse_args(config, job)
     measured_on = (config.env, config.max_actions_per_episode, config.validation_seed_start) == (
         "rllib_ragen/Sokoban-v0", 10, 123)  # the lines hold for the levels and the move budget they were measured on
-    run_job(config, job, demonstrations, REFERENCE_LINES if measured_on else None, baselines)
+    run_job(config, job, demonstrations, KNOWN_SCORES if measured_on else None, baselines)

@@ -1,7 +1,7 @@
-"""A Ray Tune search over the reference's three data-quality knobs on Sokoban: the Sokoban job with a grid.
+"""A Ray Tune search over RAGEN's three data-quality knobs on Sokoban: the Sokoban job with a grid.
 
 Actions per turn, updates per rollout batch ("Online-k") and the rollout filter's keep ratio; each trial is a
-StarPO-S run of ``starpo_sokoban.py`` from one shared warm start, reported on the same held-out levels. Sized for a
+StarPO-S run of ``starpo_sokoban.py`` from one shared warm start, reported on the same validation levels. Sized for a
 2-core CPU: two 1-CPU trials at a time, 8 trials of 8 iterations. Any main job sweeps the same way with
 ``--grid``, and every flag of the Sokoban job works here (``--iterations``, ``--threads``, ``--resume``, ...).
 

@@ -43,7 +43,7 @@ class BanditEnv(TextEnv):
         "You are playing a bandit game. Goal: maximize your reward by choosing the best arm. "
         "Each arm has a name; the name may hint at how the arm pays. Answer with the name of one arm."
     )
-    max_turns = 1  # one reply per episode, as in the reference
+    max_turns = 1  # one reply per episode, as in RAGEN
 
     def __init__(
         self,

@@ -111,7 +111,7 @@ class TextEnv(gym.Env[str, str]):
 
     def optimal_solution_length(self) -> int | None:
         """Fewest actions that solve the current state, where the environment can compute it (None otherwise).
-        Held-out success is reported per optimal length with it (``rllib_ragen.jobs.held_out``)."""
+        Validation success is reported per optimal length with it (``rllib_ragen.jobs.validation_states``)."""
         return None
 
     def reasoning_claims(self, reasoning: str) -> tuple[int, int]:

@@ -40,7 +40,7 @@ def generate_map(rng: np.random.Generator, size: int = 4, p: float = 0.8, max_tr
     """Random map in gymnasium's letters (S start, F frozen, H hole, G goal) with a path from S to G.
 
     Unlike gymnasium's ``generate_random_map`` (start and goal fixed in opposite corners), start and goal are
-    distinct random cells, as in the reference.
+    distinct random cells, as in RAGEN.
 
     Args:
         rng: source of randomness.

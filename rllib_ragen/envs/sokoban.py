@@ -39,7 +39,7 @@ class SokobanEnv(TextEnv):
     A level generated from the reset seed (or the level passed as ``options={"level": SokobanLevel}``).
 
     ## Rewards
-    ``reward="shaped"`` (the reference's): -0.1 per valid move (walking into a wall included), +1 for each box
+    ``reward="shaped"`` (RAGEN's): -0.1 per valid move (walking into a wall included), +1 for each box
     pushed onto a target, -1 for each box pushed off one, +10 when all boxes are on targets.
     ``reward="success"``: 1 for the move that solves the level, 0 otherwise. With a small model and few groups
     the shaped terms mostly add noise to the advantages; the solved/not-solved signal is what RL should raise.

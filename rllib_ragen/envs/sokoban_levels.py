@@ -18,7 +18,7 @@ import numpy as np
 # Action order shared by the env and the solver: Up, Down, Left, Right.
 ACTION_NAMES = ("Up", "Down", "Left", "Right")
 
-# The symbol sets levels are drawn with. "default" is the reference's; "alternate" draws the same levels with
+# The symbol sets levels are drawn with. "default" is RAGEN's; "alternate" draws the same levels with
 # other symbols, to test whether a policy learned the game or the glyphs.
 SYMBOL_SETS: dict[str, dict[str, str]] = {
     "default": {"wall": "#", "floor": "_", "target": "O", "box": "X", "box_on_target": "√",

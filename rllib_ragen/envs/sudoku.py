@@ -87,7 +87,7 @@ class SudokuEnv(TextEnv):
     is not the solution's can leave the grid unsolvable, since no move empties a cell: as a wrong push in Sokoban.
 
     ## Arguments
-    ``num_empty`` (6): empty cells of a puzzle, at most 10 (the reference's 10-action budget solves it).
+    ``num_empty`` (6): empty cells of a puzzle, at most 10 (RAGEN's 10-action budget solves it).
 
     ## Version History
     v0: initial release.

@@ -26,7 +26,7 @@ from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLO
                                  POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
 
 BEFORE_RL = "before_rl"  # the first result's copy of the validation played before any update
-NEXT_TRAINING_SEED = "job/next_training_seed"  # which training states the run has shown so far (held-out splits)
+NEXT_TRAINING_SEED = "job/next_training_seed"  # which training states the run has shown so far (validation splits)
 
 
 def trial_folder(algorithm) -> pathlib.Path:

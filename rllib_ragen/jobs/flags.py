@@ -5,7 +5,7 @@ help text of its entry in ``StarPOConfig.training``'s docstring and the job's ow
 RLlib fields a job needs (learning rate, environment, model, seed, resources) and the driver's settings. There is
 no second list of knobs to keep in step: a row in the table, documented in ``training``, is a flag.
 
-Precedence, lowest first: the job's config, then with ``--preset reference-gpu`` the job's own GPU settings and
+Precedence, lowest first: the job's config, then with ``--preset ragen-gpu`` the job's own GPU settings and
 run length, then ``--preset``, then every other flag given. A visible GPU changes nothing by itself. The result is validated; a bad value exits
 with code 2 and ``validate()``'s message, which names the field.
 """
@@ -93,7 +93,7 @@ class JobSettings:
                                       "(0: max_turns); fewer keeps the demonstrations short when RL gets more turns "
                                       "than the warm start should show", default=0)
     warm_start_group_by_length: bool = _help("batch warm-start demonstrations of similar length together: less "
-                                             "padding, up to half the time per step; judge it by held-out success",
+                                             "padding, up to half the time per step; judge it by validation success",
                                              default=False)
     warm_start_precision: str = _help("the warm start's forward pass: 'float32', or 'bfloat16' autocast (weights, "
                                       "optimizer and loss stay float32; ~1.4x faster per step on a CPU with "
@@ -128,7 +128,7 @@ class JobSettings:
         least_values = {"iterations": 1, "threads": 0, "max_failures": 0, "warm_start_batch_size": 1, "warm_start_episodes": 0,
                         "warm_start_steps": 0, "checkpoint_interval": 0,  # 0: no warm start / no checkpoints
                         "warm_start_max_turns": 0,  # 0: the config's max_turns
-                        "warm_start_eval_interval": 0}  # 0: no held-out curve
+                        "warm_start_eval_interval": 0}  # 0: no validation curve
         for name, least in least_values.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -227,7 +227,7 @@ class JobSettings:
 
 SENTINEL_CHOICES = ("warn", "stop", "rollback", "off")
 
-# On a CUDA machine: the reference's run length, and no warm start (the reference starts from the instruct model).
+# On a CUDA machine: RAGEN's run length, and no warm start (RAGEN starts from the instruct model).
 REFERENCE_GPU_JOB = {"iterations": 200, "warm_start_steps": 0}
 
 # RLlib's own fields (and the model's) that a job sets: flag -> (config setter, argument, help).
@@ -245,7 +245,7 @@ RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
                                                 "'{\"reward\": \"success\"}'"),
     "model": ("rl_module", "model", "'tiny', 'smollm2-135m', or a Hugging Face id / local path"),
     "dtype": ("rl_module", "dtype", "parameter dtype: 'float32' or 'bfloat16'"),
-    "critic": ("rl_module", "critic", "'separate' (a value model, the reference's) or 'head' (a value head)"),
+    "critic": ("rl_module", "critic", "'separate' (a value model, RAGEN's) or 'head' (a value head)"),
     "lora": ("rl_module", "lora", "LoRA adapters as JSON, e.g. '{\"r\": 16, \"alpha\": 32}' (needs peft; null: "
                                   "train every weight)"),
     "lr": ("training", "lr", "the actor's learning rate"),
@@ -277,7 +277,8 @@ def _grid_errors(grid, config) -> list[str]:
     variants = grid.get(VARIANT_LABEL, {})
     varied = set(grid) - {VARIANT_LABEL} | {field for settings in variants.values() for field in settings}
     if "seed" in varied:  # the seeds make trials of their own, and name each trial's folder
-        return ["grid varies 'seed': give the seeds as seeds (--seeds 0,1,2), which runs one trial per seed for "
+        seeds = ",".join(str(seed) for seed in grid.get("seed", [0, 1, 2]))
+        return [f"grid varies 'seed': give the seeds as seeds (--seeds {seeds}), which runs one trial per seed for "
                 "every point of the grid."]
     if PRESET_LABEL in grid and VARIANT_LABEL in grid:
         return [f"grid has both '{PRESET_LABEL}' and '{VARIANT_LABEL}': give each preset's settings as a variant "
@@ -363,7 +364,7 @@ def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, g
         config: the job's ``StarPOConfig`` (not modified).
         job: the job's :class:`JobSettings` (not modified).
         argv: the flags (default: ``sys.argv[1:]``).
-        gpu_config: with ``--preset reference-gpu``, called as ``gpu_config(config)`` after the preset: the
+        gpu_config: with ``--preset ragen-gpu``, called as ``gpu_config(config)`` after the preset: the
             job's own GPU settings (e.g. a harder environment variant).
         description: the ``--help`` headline.
     """
@@ -450,7 +451,7 @@ def job_parser(config, job: JobSettings, description: str | None = None) -> argp
     group("presets", "preset").add_argument(
         "--preset", default=argparse.SUPPRESS,
         help="named settings applied before the other flags: 'starpo-s' (the library's defaults: filter, critic, no "
-             "KL, clip-higher), 'starpo' (vanilla) or 'reference-gpu' (the job's GPU settings); none by default")
+             "KL, clip-higher), 'starpo' (vanilla) or 'ragen-gpu' (the job's GPU settings); none by default")
     for f in dataclasses.fields(JobSettings):
         title = "warm start" if f.name.startswith("warm_start") else "job"
         _add_flag(group(title, f.name), f.name, getattr(job, f.name), f.metadata["help"])
@@ -469,8 +470,8 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
     config = config.copy(copy_frozen=False)
     job_fields = {f.name for f in dataclasses.fields(JobSettings)}
     given = vars(namespace)  # flags not given are absent (SUPPRESS): a given null is a value, None
-    # GPU settings come only from an explicit --preset reference-gpu: a visible GPU changes nothing by itself.
-    gpu = given.get("preset") == "reference-gpu"
+    # GPU settings come only from an explicit --preset ragen-gpu: a visible GPU changes nothing by itself.
+    gpu = given.get("preset") == "ragen-gpu"
     if gpu:
         job = dataclasses.replace(job, **REFERENCE_GPU_JOB)
     job = dataclasses.replace(job, **{k: v for k, v in given.items() if k in job_fields})

@@ -42,7 +42,7 @@ AFTER_ROLLOUTS = "validation_rollouts.parquet"  # the trained policy's
 BEFORE_GREEDY_ROLLOUTS = "validation_before_greedy.parquet"  # the same states played greedily (temperature 0)
 AFTER_GREEDY_ROLLOUTS = "validation_greedy.parquet"
 TRAINING_ROLLOUTS = "training_rollouts"  # a sample of training episodes every few iterations: one Parquet file each
-WARM_START_CURVE = "warm_start_curve.csv"  # greedy held-out success during the warm start (warm_start_eval_interval)
+WARM_START_CURVE = "warm_start_curve.csv"  # greedy validation success during the warm start (warm_start_eval_interval)
 VIEWER_PAGE = "rollouts.html"
 SENTINEL_FILE = "sentinel.json"  # the sentinel's firings over the run
 
@@ -368,10 +368,10 @@ def learning_curve_panels(env: str) -> list[tuple[str, str]]:
     ]
 
 
-def held_out_points(validations: list[dict], column: str, env: str,
+def validation_points(validations: list[dict], column: str, env: str,
                     validation_env: str | None = None) -> list[tuple[float, float]]:
     """(iteration, value) of a training rollout column (``env_runners/...``) in each validation that logged it:
-    the held-out counterpart a learning-curve panel draws beside the training series. A pooled column
+    the validation counterpart a learning-curve panel draws beside the training series. A pooled column
     (``rollout/...``) and a column of the training environment ``env`` are read on ``validation_env`` (default
     ``env``), the environment the final table scores: validation may also play variants that training never sees,
     and pooling them would not compare with training; and a run may validate only on environments it does not
@@ -389,12 +389,12 @@ def held_out_points(validations: list[dict], column: str, env: str,
 
 
 def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[dict], env: str, title: str,
-                        reference_lines: dict[str, float] | None = None, validation_env: str | None = None) -> None:
+                        known_scores: dict[str, float] | None = None, validation_env: str | None = None) -> None:
     """Nine panels over iterations (:func:`learning_curve_panels`): success (training raw and smoothed, validation
-    joined, reference lines), format-error rate, response length, in-group reward std, token entropy, actor grad
+    joined, known scores), format-error rate, response length, in-group reward std, token entropy, actor grad
     norm, the first turn's reasoning entropy (the template collapse that token entropy and distinct-2 can miss),
     the share of actions that changed the state, and the share of checkable claims in the reasoning that hold.
-    A rollout panel also draws its held-out values (on ``validation_env``, default ``env``, the training
+    A rollout panel also draws its validation values (on ``validation_env``, default ``env``, the training
     environment) where validation logs them. A panel whose signal the run never logged says so."""
     try:
         import matplotlib
@@ -409,8 +409,8 @@ def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[
     fig, axes = plt.subplots(3, 3, figsize=(15, 10))
     for ax, (key, name) in zip(axes.flat, panels):
         series = [r.get(key, math.nan) for r in rows]
-        held_out = held_out_points(validations, key, env, validation_env)
-        if not held_out and not any(isinstance(v, (int, float)) and math.isfinite(v) for v in series):
+        validated = validation_points(validations, key, env, validation_env)
+        if not validated and not any(isinstance(v, (int, float)) and math.isfinite(v) for v in series):
             # answer-only replies have no reasoning; say so rather than leave an empty frame that looks broken
             ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes,
                     color="gray")
@@ -420,14 +420,14 @@ def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[
         ax.plot(steps, series, color="tab:blue", alpha=0.35, linewidth=1, label="training (raw)")
         ax.plot(steps, trailing_mean(series, SMOOTHING), color="tab:blue", linewidth=2,
                 label=f"training ({SMOOTHING}-iteration mean)")
-        if held_out:
-            ax.plot(*zip(*held_out), "s-", color="tab:red", label="validation (held-out states)")
+        if validated:
+            ax.plot(*zip(*validated), "s-", color="tab:red", label="validation")
         ax.set_title(name)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
     ax = axes.flat[0]
     styles = iter(["--", ":", "-."])
-    for name, value in (reference_lines or {}).items():
+    for name, value in (known_scores or {}).items():
         if value is not None and math.isfinite(value):
             ax.axhline(value, color="gray", linestyle=next(styles, "--"), linewidth=1, label=f"{name} {value:.2f}")
     ax.set_ylim(-0.02, 1.02)

@@ -1,4 +1,4 @@
-"""Paired comparison of two policies on the same held-out states: the difference, a 95% interval, a p-value.
+"""Paired comparison of two policies on the same validation states: the difference, a 95% interval, a p-value.
 
 A learning claim compares the *same* states before and after: each state's outcome under the warm start is paired
 with its outcome under the trained policy, so the state-to-state variation (some levels are easy for both) drops

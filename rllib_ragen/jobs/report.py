@@ -3,10 +3,10 @@
 Works on any finished Tune experiment of StarPO trials that carried :class:`~rllib_ragen.jobs.callbacks.JobOutputs` (a
 main job with one trial or several seeds, a sweep), and on a single trial folder. For each trial it reads Tune's
 ``result.json`` and ``params.json`` and the callback's rollout files, and writes the trial's ``summary.json``
-(validation before and after RL, the paired comparisons, baselines, held-out splits, throughput) and its
+(validation before and after RL, the paired comparisons, baselines, validation splits, throughput) and its
 ``learning_curve.png``; it prints the final table. For an experiment it also writes the experiment's
 ``summary.json``: every trial's summary, the spread over trials and, for a sweep, each trial paired against the
-trial of the grid's first values (:func:`versus_reference`). Each trial also gets the rollout viewer
+trial of the grid's first values (:func:`versus_control`). Each trial also gets the rollout viewer
 (``rollouts.html``).
 
 The verdict judges the headline environment (:func:`headline_environment`); the report still prints every
@@ -29,7 +29,7 @@ from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_G
                                  BEFORE_ROLLOUTS, LEARNER, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready,
                                  plot_learning_curve, read_first_reasonings, read_results, read_outcomes, read_reasoning_claims,
                                  state_of, write_text_atomically)
-from .held_out import demonstrated_seeds, initial_states, trained_seeds_by_env
+from .validation_states import demonstrated_seeds, initial_states, trained_seeds_by_env
 from .paired_stats import PairedComparison, paired_by_subset, paired_comparison
 
 __all__ = ["headline_environment", "report_experiment", "report_trial", "trial_folders"]
@@ -70,7 +70,7 @@ def validations_of(rows: list[dict]) -> list[dict]:
 
 
 def headline_environment(config):
-    """The validation environment a run's table, paired statistics, baselines and held-out splits score: the first
+    """The validation environment a run's table, paired statistics, baselines and validation splits score: the first
     one that builds the first training environment (the same environment with the same arguments, whatever its
     name), else the first validation environment (a run that validates only on environments it does not train on,
     as a transfer study does)."""
@@ -80,7 +80,7 @@ def headline_environment(config):
 
 
 # ---- the report ---------------------------------------------------------------------------------------------------
-def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, reference_lines: dict[str, float] | None = None,
+def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, known_scores: dict[str, float] | None = None,
                  baselines_dir: pathlib.Path | None = None, quiet: bool = False) -> dict:
     """Write the trial's ``summary.json`` and ``learning_curve.png``; print its table unless ``quiet``; return the
     summary. ``baselines_dir``: the folder of scripted baselines' episodes (default: the experiment's)."""
@@ -111,7 +111,7 @@ def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, reference_lines: d
     trained = trained_seeds_by_env(config, next_seed)
     for env_name, seeds in demonstrated_seeds(config.model_config["model"]).items():
         trained.setdefault(env_name, []).extend(seeds)
-    summary["held_out"] = _held_out(config, trial, trained)
+    summary["validation_splits"] = _validation_splits(config, trial, trained)
     sentinel = trial / "sentinel.json"
     summary["sentinel_firings"] = json.loads(sentinel.read_text()) if sentinel.is_file() else []
     summary["run_dir"] = str(trial)
@@ -120,7 +120,7 @@ def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, reference_lines: d
              f"{summary['iterations']} iterations")
     baseline_lines = {name: b["success"] for name, b in summary.get("baselines", {}).items()}
     plot_learning_curve(trial / "learning_curve.png", rows, validations, config.env_name, title,
-                        {"warm start": summary["before"][M.SUCCESS], **(reference_lines or {}), **baseline_lines},
+                        {"warm start": summary["before"][M.SUCCESS], **(known_scores or {}), **baseline_lines},
                         validation_env=headline.name)
     if (trial / AFTER_ROLLOUTS).is_file():
         from .viewer import write_viewer
@@ -132,7 +132,7 @@ def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, reference_lines: d
 
 
 def report_experiment(run_dir: pathlib.Path, pass_bar: float = 0.05,
-                      reference_lines: dict[str, float] | None = None) -> dict:
+                      known_scores: dict[str, float] | None = None) -> dict:
     """Report every trial of the experiment folder ``run_dir`` and, with several, their spread; writes the
     experiment's ``summary.json`` and returns it (``{"trials": {name: summary}, "spread": ...}``)."""
     run_dir = pathlib.Path(run_dir)
@@ -144,12 +144,12 @@ def report_experiment(run_dir: pathlib.Path, pass_bar: float = 0.05,
     for trial in trials:
         if several:
             print(f"\n== trial {trial.name}")
-        summaries[trial.name] = report_trial(trial, pass_bar, reference_lines, run_dir / BASELINES)
+        summaries[trial.name] = report_trial(trial, pass_bar, known_scores, run_dir / BASELINES)
     report = {"trials": summaries, "spread": spread(summaries.values()) if several else None,
-              "versus_reference": versus_reference(run_dir, trials) if several else {}}
+              "versus_control": versus_control(run_dir, trials) if several else {}}
     if several:
         print_spread(report["spread"])
-        print_versus(report["versus_reference"])
+        print_versus(report["versus_control"])
     if trials != [run_dir]:
         write_text_atomically(run_dir / "summary.json", json.dumps(json_ready(report), indent=2, allow_nan=False))
     return report
@@ -170,10 +170,10 @@ def spread(summaries) -> dict:
     return result
 
 
-def versus_reference(run_dir: pathlib.Path, trials: list[pathlib.Path]) -> dict:
-    """In a sweep (the run's ``--grid``), each trial paired against its reference: the trial of the same seed with
-    every grid field at its first listed value (or the first named variant), on the same held-out states after RL, sampled and greedy ("before"
-    is the reference, "after" the trial). ``{}`` without a grid."""
+def versus_control(run_dir: pathlib.Path, trials: list[pathlib.Path]) -> dict:
+    """In a sweep (the run's ``--grid``), each trial paired against its control: the trial of the same seed with
+    every grid field at its first listed value (or the first named variant), on the same validation states after RL, sampled and greedy ("before"
+    is the control, "after" the trial). ``{}`` without a grid."""
     record = run_dir / RUN_CONFIG
     grid = json.loads(record.read_text()).get("job", {}).get("grid") if record.is_file() else None
     if not grid:
@@ -183,23 +183,23 @@ def versus_reference(run_dir: pathlib.Path, trials: list[pathlib.Path]) -> dict:
         return json.dumps([params.get(name) for name in grid], default=str)
 
     params = {trial: _trial_params(trial) for trial in trials}
-    reference_point = json.dumps([next(iter(values)) for values in grid.values()], default=str)  # a list or variants
-    references = {p.get("seed"): trial for trial, p in params.items() if point(p) == reference_point}
+    control_point = json.dumps([next(iter(values)) for values in grid.values()], default=str)  # a list or variants
+    controls = {p.get("seed"): trial for trial, p in params.items() if point(p) == control_point}
     result = {}
     for trial, p in params.items():
-        reference = references.get(p.get("seed"))
-        if reference is None or reference == trial:
+        control = controls.get(p.get("seed"))
+        if control is None or control == trial:
             continue
-        result[trial.name] = {"reference": reference.name, **paired_after_rl(reference, trial)}
+        result[trial.name] = {"control": control.name, **paired_after_rl(control, trial)}
     return result
 
 
-def paired_after_rl(reference: pathlib.Path, trial: pathlib.Path) -> dict:
-    """Two trials' policies after RL on the same held-out states, sampled and greedy: ``{mode: comparison}``
-    ("before" is ``reference``, "after" ``trial``; None where the states differ), on the headline environment."""
+def paired_after_rl(control: pathlib.Path, trial: pathlib.Path) -> dict:
+    """Two trials' policies after RL on the same validation states, sampled and greedy: ``{mode: comparison}``
+    ("before" is ``control``, "after" ``trial``; None where the states differ), on the headline environment."""
     config = trial_config(trial)
     scored = {headline_environment(config).name} if config.is_mixture else None
-    return {mode: _paired((reference / files[1], trial / files[1]), scored)
+    return {mode: _paired((control / files[1], trial / files[1]), scored)
             for mode, files in SAMPLED_AND_GREEDY.items()}
 
 
@@ -249,7 +249,7 @@ def _plain(value) -> bool:
 
 def print_versus(versus: dict) -> None:
     for name, entry in versus.items():
-        print(f"{name} against {entry['reference']} after RL (the same states):")
+        print(f"{name} against {entry['control']} after RL (the same states):")
         for mode in SAMPLED_AND_GREEDY:
             if entry[mode]:
                 print(f"  {mode:26s}{PairedComparison(**entry[mode]).describe()}")
@@ -290,7 +290,7 @@ def _summary(config, rows: list[dict], validations: list[dict], headline: str) -
 
 
 def _outcome_pair(paths: tuple[pathlib.Path, pathlib.Path], envs: set[str] | None = None):
-    """Each held-out state's success in two rollout files, of the environments ``envs`` (None: all); None without
+    """Each validation state's success in two rollout files, of the environments ``envs`` (None: all); None without
     both files, with different states, or with fewer than two."""
     if not all(path.is_file() for path in paths):
         return None
@@ -319,17 +319,17 @@ def _significant_drops(summary: dict) -> list[str]:
     return [name for name, c in found if c and c["difference"] < 0 and c["p_value"] < SIGNIFICANT]
 
 
-def _held_out_file_pairs(folder: pathlib.Path):
+def _validation_file_pairs(folder: pathlib.Path):
     for mode, (before, after) in SAMPLED_AND_GREEDY.items():
         if (folder / before).is_file() and (folder / after).is_file():
             yield mode, folder / before, folder / after
 
 
 def _reasoning_entropy(folder: pathlib.Path, envs: set[str] | None) -> dict | None:
-    """The entropy of the first turn's reasoning over the held-out episodes before and after RL, sampled and
+    """The entropy of the first turn's reasoning over the validation episodes before and after RL, sampled and
     greedy (``collapse.reasoning_entropy``, nats); None where the replies carry no reasoning."""
     result = {}
-    for mode, before_file, after_file in _held_out_file_pairs(folder):
+    for mode, before_file, after_file in _validation_file_pairs(folder):
         before, after = (read_first_reasonings(path, envs) for path in (before_file, after_file))
         if before is not None and after is not None and (any(before) or any(after)):
             result[mode] = {"before": reasoning_entropy(before), "after": reasoning_entropy(after),
@@ -338,10 +338,10 @@ def _reasoning_entropy(folder: pathlib.Path, envs: set[str] | None) -> dict | No
 
 
 def _reasoning_grounded(folder: pathlib.Path, envs: set[str] | None) -> dict | None:
-    """The share of the checkable claims about the state in the held-out episodes' reasoning that held, before
+    """The share of the checkable claims about the state in the validation episodes' reasoning that held, before
     and after RL (``TextEnv.reasoning_claims``); None where the environment checked none."""
     result = {}
-    for mode, before_file, after_file in _held_out_file_pairs(folder):
+    for mode, before_file, after_file in _validation_file_pairs(folder):
         (checked_before, true_before), (checked_after, true_after) = (
             read_reasoning_claims(path, envs) for path in (before_file, after_file))
         if checked_before and checked_after:
@@ -371,8 +371,8 @@ def _baseline_name(file: pathlib.Path) -> str:
     return json.loads(names.read_text()).get(file.name, file.stem) if names.is_file() else file.stem
 
 
-def _held_out(config, trial: pathlib.Path, trained: dict[str, list[int]]) -> dict | None:
-    """Held-out success on the headline environment's validation states, split by whether training ever showed
+def _validation_splits(config, trial: pathlib.Path, trained: dict[str, list[int]]) -> dict | None:
+    """Validation success on the headline environment's validation states, split by whether training ever showed
     the state and by its optimal solution length (where the environment computes one), sampled and greedy."""
     headline = headline_environment(config)
     builds = (headline.env, headline.env_config)
@@ -401,7 +401,7 @@ def _held_out(config, trial: pathlib.Path, trained: dict[str, list[int]]) -> dic
 def print_table(summary: dict, config) -> None:
     """The final table, the paired lines (every validation environment's), the baselines and the verdict."""
     print(f"\n{summary['env']}, model {summary['model']}, {summary['iterations']} iterations, validation on "
-          f"{summary['validation_episodes']} held-out initial states (temperature {config.validation_temperature})")
+          f"{summary['validation_episodes']} validation initial states (temperature {config.validation_temperature})")
     print(f"{'':28s}{'before':>10s}{'after':>10s}")
 
     def cell(value: float) -> str:
@@ -465,11 +465,11 @@ def _print_paired(summary: dict, config) -> None:
         for when, label in (("warm_start", "warm start"), ("after_rl", "after RL")):
             if baseline[when]:
                 print(f"  {label:26s}{PairedComparison(**baseline[when]).describe()}")
-    held_out = summary.get("held_out") or {}
-    for name, subsets in held_out.get("by_seen", {}).items():
+    splits = summary.get("validation_splits") or {}
+    for name, subsets in splits.get("by_seen", {}).items():
         if isinstance(subsets.get("unseen"), dict) and "p_value" in subsets["unseen"]:
             print(f"{'unseen states, ' + name:28s}{PairedComparison(**subsets['unseen']).describe()}")
-    for name, subsets in held_out.get("by_solution_length", {}).items():
+    for name, subsets in splits.get("by_solution_length", {}).items():
         cells = ", ".join(f"{length}: {c['before']:.2f}->{c['after']:.2f} (n={c['n']})" for length, c in subsets.items())
         print(f"{'by solution length, ' + name:28s}{cells}")
 

@@ -59,7 +59,7 @@ __all__ = ["JobSettings", "parse_job_args", "run_job"]
 
 
 def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str] | None = None,
-            reference_lines: dict[str, float] | None = None,
+            known_scores: dict[str, float] | None = None,
             baselines: dict[str, Callable[[str], str]] | None = None) -> dict:
     """Warm start (when a demonstration policy is given), train as a Tune experiment, report. Returns the summary:
     the trial's with one trial, else ``{"trials": {name: summary}, "spread": ...}``.
@@ -67,7 +67,7 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     Validation runs before training and every ``validation_interval`` iterations, as the config says, and once
     more after the last iteration when that one did not validate, so "after" is always the trained policy. The
     verdict against ``job.pass_bar`` (the least rise of validation success over the warm start that counts as
-    learning) is printed and stored in the summary (``success_gain``, ``passed``). ``reference_lines`` (e.g.
+    learning) is printed and stored in the summary (``success_gain``, ``passed``). ``known_scores`` (e.g.
     ``{"random policy": 0.22}``) are drawn on the success panel. ``baselines`` (name: a scripted policy, prompt
     text -> reply) are played on the headline environment's validation states before RL, and each trial's greedy
     agent is paired against each before and after RL (``summary.json``'s ``baselines``). Raises RuntimeError,
@@ -78,8 +78,8 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     if len(set(files)) < len(files):
         raise ValueError(f"baselines {sorted(baselines)} would share a file ({files}): give them names that differ "
                          "in their letters or digits.")
-    if set(baselines or {}) & set(reference_lines or {}):  # the curve draws both by name: one would hide the other
-        raise ValueError(f"{sorted(set(baselines) & set(reference_lines))} names both a baseline and a reference "
+    if set(baselines or {}) & set(known_scores or {}):  # the curve draws both by name: one would hide the other
+        raise ValueError(f"{sorted(set(baselines) & set(known_scores))} names both a baseline and a known score "
                          "line; rename one.")
     if not job.verbose:
         keep_notices_off_the_console()
@@ -88,7 +88,7 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     out = claim_run_folder(job, config.seed or 0)
     start_run_folder(out, config, job)
     try:
-        return _run(config, job, demonstration_policy, out, reference_lines or {}, baselines or {})
+        return _run(config, job, demonstration_policy, out, known_scores or {}, baselines or {})
     finally:
         close_run_log()
 
@@ -132,7 +132,7 @@ def start_ray(verbose: bool) -> None:
             keep_notices_off_the_console()  # ray.init set up its console handler again
 
 
-def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, reference_lines: dict,
+def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, known_scores: dict,
          baselines: dict) -> dict:
     import ray
     from ray import tune
@@ -197,7 +197,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, refe
               f"{' '.join(_resume_command(out))}")
     unreported = None
     try:
-        report = report_experiment(out, job.pass_bar, reference_lines)
+        report = report_experiment(out, job.pass_bar, known_scores)
     except OSError as error:  # no trial got a result (FileNotFoundError), or the disk is full
         if not causes:
             raise
@@ -366,7 +366,7 @@ class JobConsole(Callback):
         before_key = f"{BEFORE_RL}/{TRAINING}{M.env_metric(self.headline, M.SUCCESS)}"
         if before_key in row:
             self.before[trial.trial_id] = row[before_key]
-            print(f"{label}before RL: validation success {row[before_key]:.3f} on the held-out states of "
+            print(f"{label}before RL: validation success {row[before_key]:.3f} on the validation states of "
                   f"{self.headline}", flush=True)
         done = int(row["training_iteration"])
         clock = self.clocks.setdefault(trial.trial_id, _Clock(self.iterations, self.interval))
@@ -420,7 +420,7 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, 
         if config.is_mixture else f"{config.validation_size}"
     when = [*(["before RL"] if config.validate_before_training and not job.resume else []),
             *([f"every {config.validation_interval} iterations"] if config.validation_interval else [])]
-    steps.append(f"validation on {states} held-out states {', '.join(when)}{' and ' if when else ''}"
+    steps.append(f"validation on {states} validation states {', '.join(when)}{' and ' if when else ''}"
                  "after the last iteration")
     # Measured with the job's defaults: flags (another model, more iterations) can change it a lot.
     estimate = (f"; with its default settings this job takes about {job.expected_minutes:g} min on a 2-core CPU"

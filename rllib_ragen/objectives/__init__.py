@@ -8,18 +8,18 @@ from .advantages import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, ONE_LEARNER, Adv
 from .losses import (AGGREGATIONS, KL_ESTIMATORS, aggregate, entropy_from_logits, explained_variance, kl_penalty,
                      policy_loss, token_logprobs, token_logprobs_and_entropy, truncated_importance_weights,
                      value_loss)
-from .rollout_filter import (FILTER_MODES, FILTER_TYPES, REFERENCE_STRATEGIES, TOP_P_MODES, VARIABLE_COUNT_FILTERS,
-                             FilterSettings, fixed_kept_groups, num_kept_groups, reference_selection, select_groups)
+from .rollout_filter import (FILTER_MODES, FILTER_TYPES, RAGEN_STRATEGIES, TOP_P_MODES, VARIABLE_COUNT_FILTERS,
+                             FilterSettings, fixed_kept_groups, num_kept_groups, ragen_selection, select_groups)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "ADVANTAGE_MASKS", "AGGREGATIONS", "AdvantageEstimator", "AdvantageInputs",
     "AdvantageSettings", "FILTER_MODES", "FILTER_TYPES", "FilterSettings", "KL_ESTIMATORS", "ONE_LEARNER",
-    "REFERENCE_STRATEGIES", "Shards",
+    "RAGEN_STRATEGIES", "Shards",
     "TOP_P_MODES", "VARIABLE_COUNT_FILTERS", "advantage_recursion_mask", "aggregate",
     "compute_advantages", "compute_batch_advantages",
     "compute_bi_level_gae", "compute_gae", "compute_gigpo_step_advantages", "compute_group_advantages",
     "compute_turn_gae", "entropy_from_logits", "explained_variance", "fixed_kept_groups", "kl_penalty", "masked_whiten",
-    "num_kept_groups", "place_rewards", "policy_loss", "reference_selection", "register_advantage_estimator",
+    "num_kept_groups", "place_rewards", "policy_loss", "ragen_selection", "register_advantage_estimator",
     "select_groups",
     "token_logprobs_and_entropy", "token_logprobs", "truncated_importance_weights", "turn_end_mask", "turn_index",
     "value_loss",

@@ -101,7 +101,7 @@ def turn_end_mask(response_mask: torch.Tensor) -> torch.Tensor:
 
 # Which tokens the critic estimators' recursion steps through (StarPOConfig.advantage_mask), VAGEN's "GAE mask".
 ADVANTAGE_MASKS = (
-    "sampled",  # the policy's own tokens only: observation tokens are skipped (the reference's)
+    "sampled",  # the policy's own tokens only: observation tokens are skipped (RAGEN's)
     "sampled_and_observations",  # every token from the first sampled one to the last: observations are steps too
 )
 
@@ -156,7 +156,7 @@ def compute_bi_level_gae(rewards: torch.Tensor, values: torch.Tensor, response_m
        delta_t = r_t + gamma_token V(t + 1) - V(t), A_t = delta_t + gamma_token lam A_{t+1}.
 
     With gamma_turn = gamma_token = lam = 1 this is :func:`compute_gae` with gamma = lam = 1 on per-turn rewards.
-    Unlike the reference's implementation, a turn whose reward is exactly 0 is still a turn (it finds turn ends
+    Unlike VAGEN's implementation, a turn whose reward is exactly 0 is still a turn (it finds turn ends
     from the mask, not from non-zero rewards).
 
     Args:
@@ -245,7 +245,7 @@ def compute_gigpo_step_advantages(turn_rewards: list[list[float]], turn_states: 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
                   sum_over_shards: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) over the masked positions (Bessel-corrected variance), zero off the mask:
-    how the reference (verl's GAE) normalises advantages over a batch's generated tokens.
+    how RAGEN (verl's GAE) normalises advantages over a batch's generated tokens.
 
     ``sum_over_shards``: when the batch is split over data-parallel learners, sums a tensor over them (an
     all-reduce), so that every shard is whitened with the whole batch's mean and variance.
@@ -476,7 +476,7 @@ def compute_advantages(name: str, inputs: AdvantageInputs, settings: AdvantageSe
     """Run the estimator registered as ``name``; (advantages (B, T), returns (B, T) or None).
 
     The advantages of an estimator with a critic are whitened over ``whiten_mask`` (default: the estimator's own
-    ``inputs.response_mask``; the learner passes the generated tokens) when ``settings.whiten`` (the reference's
+    ``inputs.response_mask``; the learner passes the generated tokens) when ``settings.whiten`` (RAGEN's
     default), with the statistics of every learner's part (``inputs.shards``); the returns, the critic's targets,
     never are.
     """

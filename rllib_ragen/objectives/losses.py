@@ -30,7 +30,7 @@ def _seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
 
 
 AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "token-mean": _token_mean,  # every token weighs the same (reference default)
+    "token-mean": _token_mean,  # every token weighs the same (RAGEN's default)
     "seq-mean-token-sum": _seq_mean_token_sum,  # every trajectory weighs its token sum: long replies count more
     "seq-mean-token-mean": _seq_mean_token_mean,  # every trajectory weighs the same, whatever its length
 }

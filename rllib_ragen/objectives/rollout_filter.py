@@ -25,7 +25,7 @@ import torch
 from .. import metrics as M
 
 FILTER_MODES = ("std", "reversed_std", "top_p", "top_k", "top_k_abs", "min_p", "snr_adaptive", "none")
-REFERENCE_STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p", "snr_adaptive")  # score: the sample std
+RAGEN_STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p", "snr_adaptive")  # score: the sample std
 VARIABLE_COUNT_FILTERS = ("top_p", "min_p", "snr_adaptive")  # how many they keep depends on the rollout
 FILTER_TYPES = ("largest", "smallest")
 TOP_P_MODES = ("linear", "softmax")
@@ -36,7 +36,7 @@ ZERO_SCORE = 1e-10  # RAGEN's: a score at most this is a zero-variance group
 @dataclass(frozen=True)
 class FilterSettings:
     """One rollout filter. ``ratio`` is the share ``std``/``reversed_std`` keep; ``value`` the threshold of the
-    reference's strategies (None: ``snr_adaptive``'s 0.9); ``include_zero`` None: the strategy's own (True, and
+    RAGEN's strategies (None: ``snr_adaptive``'s 0.9); ``include_zero`` None: the strategy's own (True, and
     False for ``snr_adaptive``). The rest are RAGEN's ``rollout_filter_*`` keys of the same names."""
 
     mode: str = "std"
@@ -62,7 +62,7 @@ def num_kept_groups(num_groups: int, keep_ratio: float, mode: str = "std") -> in
     """How many of ``num_groups`` groups ``std``/``reversed_std`` keep: ``ceil(keep_ratio * num_groups)``, at least
     one; ``none`` keeps every group.
 
-    The reference keeps ``int(ratio * groups)``, which can be 0; the ceiling never empties a batch. The 1e-9
+    RAGEN keeps ``int(ratio * groups)``, which can be 0; the ceiling never empties a batch. The 1e-9
     absorbs float error (0.3 * 10 = 3.0000000000000004).
     """
     if mode == "none":
@@ -83,8 +83,8 @@ def fixed_kept_groups(num_groups: int, settings: FilterSettings) -> int | None:
     return max(1, min(k, num_groups))
 
 
-def reference_selection(scores: torch.Tensor, settings: FilterSettings) -> torch.Tensor:
-    """The positions in ``scores`` (one per group) that a reference strategy keeps, as RAGEN's rollout filter
+def ragen_selection(scores: torch.Tensor, settings: FilterSettings) -> torch.Tensor:
+    """The positions in ``scores`` (one per group) that one of RAGEN's strategies keeps, as RAGEN's rollout filter
     defines them (``ragen/trainer/rollout_filter.py``, ``_select_top_groups``):
 
     - groups scoring at most 1e-10 are dropped first unless ``include_zero``;
@@ -95,7 +95,7 @@ def reference_selection(scores: torch.Tensor, settings: FilterSettings) -> torch
     - ``top_k``: the ``max(1, min(int(value x groups), candidates))`` best; ``top_k_abs``: ``int(value)`` of them.
     - ``min_p``: ``largest`` keeps scores >= ``value x max``; ``smallest`` keeps scores <= ``min / value``.
 
-    Ties keep the lower position first (a stable sort), where the reference's ``topk`` leaves them unspecified.
+    Ties keep the lower position first (a stable sort), where RAGEN's ``topk`` leaves them unspecified.
     """
     scores = scores.double()
     num_groups, positions = len(scores), torch.arange(len(scores))
@@ -138,7 +138,7 @@ def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: fl
 
     ``std`` keeps the :func:`num_kept_groups` most uncertain groups (StarPO-S: top 25% by default),
     ``reversed_std`` the least uncertain ones (an ablation), ``none`` everything; ties break by lower group id, so
-    the choice is deterministic. The reference's strategies select as :func:`reference_selection` says.
+    the choice is deterministic. RAGEN's strategies select as :func:`ragen_selection` says.
 
     Args:
         returns: (B,) trajectory returns.
@@ -158,7 +158,7 @@ def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: fl
     stds = torch.stack([m.std(unbiased=False) for m in members])
     means = torch.stack([m.mean() for m in members])
     maxes = torch.stack([m.max() for m in members])
-    # The reference's score: the sample std (a lone episode's is 0 here, where torch's would be NaN).
+    # RAGEN's score: the sample std (a lone episode's is 0 here, where torch's would be NaN).
     sample_stds = torch.stack([m.double().std() if len(m) > 1 else torch.zeros((), dtype=torch.double)
                                for m in members])
     if strata is None:
@@ -172,8 +172,8 @@ def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: fl
     kept = torch.zeros(len(groups), dtype=torch.bool)
     for stratum in group_strata.unique(sorted=True):
         inside = torch.nonzero(group_strata == stratum).flatten()
-        if settings.mode in REFERENCE_STRATEGIES:
-            kept[inside[reference_selection(sample_stds[inside], settings)]] = True
+        if settings.mode in RAGEN_STRATEGIES:
+            kept[inside[ragen_selection(sample_stds[inside], settings)]] = True
             continue
         # Stable sort on the (possibly negated) std keeps equal-std groups in id order.
         ranked = torch.sort(-stds[inside] if settings.mode == "std" else stds[inside], stable=True).indices

@@ -37,7 +37,7 @@ CONTEXT_WINDOWS = ("full", "last_k_turns", "single_turn")
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    """What an episode is allowed to do; the reference's agent-loop defaults.
+    """What an episode is allowed to do; RAGEN's agent-loop defaults.
 
     Attributes:
         env: a registered text-env id (or TextEnv subclass); env_config: its constructor arguments.
@@ -59,7 +59,7 @@ class RolloutConfig:
         system_prompt: opens every conversation.
         independent_transitions: a group's episodes share the initial state of its seed but draw their later
             chance (payoffs, slips) independently: episode j > 0 of the group resets with the reset option
-            ``TRANSITION_SEED = (seed, j)``; episode 0 keeps the seed's own draws. False (the reference's): every
+            ``TRANSITION_SEED = (seed, j)``; episode 0 keeps the seed's own draws. False (RAGEN's): every
             episode of a group repeats the same luck.
         env_reset_timeout_s, env_step_timeout_s: the longest one ``reset()`` or ``step()`` may take. A later one
             drops its episode (counted as ``rollout/env_timeouts``) and its environment is replaced, so a hung
@@ -420,7 +420,7 @@ def _encodable(text: str, counts: Counter) -> str:
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
-    """The reference's rollout metrics, per environment name (``{env}/success``, ...) and pooled (``rollout/``),
+    """RAGEN's rollout metrics, per environment name (``{env}/success``, ...) and pooled (``rollout/``),
     plus RLlib's standard episode metrics (an episode's length is its number of turns, its env steps)."""
     by_env: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:

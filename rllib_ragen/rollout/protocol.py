@@ -87,7 +87,7 @@ def parse_reply(
 # What part of a reply a sampled token belongs to (``reply_regions``); StarPOConfig.loss_mask trains some of them.
 REGION_OTHER, REGION_THINK, REGION_ANSWER = 0, 1, 2
 LOSS_MASK_REGIONS = {
-    "all": (REGION_OTHER, REGION_THINK, REGION_ANSWER),  # every sampled token (the reference's)
+    "all": (REGION_OTHER, REGION_THINK, REGION_ANSWER),  # every sampled token (RAGEN's)
     "no_think": (REGION_OTHER, REGION_ANSWER),  # all but the reasoning inside <think>...</think>
     "answer": (REGION_ANSWER,),  # the <answer>...</answer> block alone, tags included
 }

@@ -79,7 +79,7 @@ def frozen_lake_hole_blind_policy(enable_thinking: bool = True, is_slippery: boo
     """The optimal policy of the same map with every hole turned to ice: it heads for the goal as if there were no
     holes, and steps into one whenever one lies on its way. A baseline for a learned policy: one that has found
     the goal on the map but not the holes next to it plays like this (the FrozenLake job pairs
-    its agent against it on the held-out maps). Same arguments as :func:`frozen_lake_optimal_policy`."""
+    its agent against it on the validation maps). Same arguments as :func:`frozen_lake_optimal_policy`."""
     return _lake_policy(enable_thinking, is_slippery, "plain", sees_holes=False)
 
 

@@ -1,4 +1,4 @@
-"""StarPO's configuration: an RLlib ``AlgorithmConfig`` whose knobs are declared, with the reference's StarPO-S
+"""StarPO's configuration: an RLlib ``AlgorithmConfig`` whose knobs are declared, with RAGEN's StarPO-S
 defaults, kinds and ranges, in ``knobs.py``; presets; and ``validate()``, which checks every knob against its row
 and then the rules across knobs (``config_rules.py``). The algorithm itself is in ``starpo.py``.
 """
@@ -40,9 +40,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # Vanilla StarPO, the paper's baseline: a KL penalty, symmetric clipping, no rollout filter.
     "starpo": {"training": {"kl_coeff": 0.001, "clip_ratio_high": 0.2, "rollout_filter": "none",
                             "rollout_filter_ratio": 1.0}},
-    # The reference's own StarPO-S run: Qwen2.5-0.5B-Instruct, 8 x 16 trajectories, its learning rates and reply
+    # RAGEN's own StarPO-S run: Qwen2.5-0.5B-Instruct, 8 x 16 trajectories, its learning rates and reply
     # length, 256 validation states, one GPU per learner.
-    "reference-gpu": {
+    "ragen-gpu": {
         "training": {**{k: STARPO_S_DEFAULTS[k] for k in ("num_groups", "group_size", "rollout_filter_ratio",
                                                           "critic_lr", "max_new_tokens_per_turn", "validation_size",
                                                           "whiten_advantages")},
@@ -66,7 +66,7 @@ def preset_flags(name: str) -> set[str]:
 
 
 class StarPOConfig(AlgorithmConfig):
-    """Configuration of :class:`StarPO`; defaults are the reference's StarPO-S on the ``tiny`` CPU model.
+    """Configuration of :class:`StarPO`; defaults are RAGEN's StarPO-S on the ``tiny`` CPU model.
 
     Method knobs are set with ``.training(...)`` (each declared in ``starpo/knobs.py``); the model with
     ``.rl_module(model_config={"model": ..., "dtype": ..., "critic": "separate" | "head", "lora": {"r": 16}})``;
@@ -78,7 +78,7 @@ class StarPOConfig(AlgorithmConfig):
 
         super().__init__(algo_class=algo_class or StarPO)
         for knob in [*KNOBS.values(), *RLLIB_FIELDS.values()]:
-            if knob.default is not RLLIB_DEFAULT:  # the reference's values; none shared between configs
+            if knob.default is not RLLIB_DEFAULT:  # RAGEN's values; none shared between configs
                 setattr(self, knob.name, copy.deepcopy(knob.default))
         self.env = RolloutConfig.env
         # Environment mixtures (see environment()): None trains and validates on env alone.
@@ -91,7 +91,7 @@ class StarPOConfig(AlgorithmConfig):
     @override(AlgorithmConfig)
     def environment(self, env=NotProvided, *, train_envs=NotProvided, validation_envs=NotProvided,
                     **kwargs) -> "StarPOConfig":
-        """RLlib's ``environment()``, plus environment mixtures (the reference's environment tags).
+        """RLlib's ``environment()``, plus environment mixtures (RAGEN's environment tags).
 
         Args:
             env: the one environment to train and validate on (a registered text-env id or a TextEnv subclass),
@@ -101,7 +101,7 @@ class StarPOConfig(AlgorithmConfig):
                 order, and the groups add up to ``num_groups``. ``name`` (default: the id) is what the metrics
                 (``<name>/success``) and outputs call it; two entries of one id need their own names.
             validation_envs: validate on these instead of the training environments: a list of ``{"env": id,
-                "states": n, "env_config": {...}, "name": str}``, ``n`` held-out states each (default
+                "states": n, "env_config": {...}, "name": str}``, ``n`` validation states each (default
                 ``validation_size``, seeds from ``validation_seed_start``). None: each training environment,
                 ``validation_size`` states.
         """
@@ -121,7 +121,7 @@ class StarPOConfig(AlgorithmConfig):
 
     @override(AlgorithmConfig)
     def training(self, **kwargs) -> "StarPOConfig":
-        """Set StarPO's knobs and RLlib's training fields. Defaults: the reference's StarPO-S (arXiv 2504.20073).
+        """Set StarPO's knobs and RLlib's training fields. Defaults: RAGEN's StarPO-S (arXiv 2504.20073).
 
         RLlib's own fields pass through: ``lr`` (the actor's, 1e-6), ``gamma`` (1.0), ``grad_clip`` (1.0, applied
         to actor and critic separately), ``num_epochs`` (1), ``minibatch_size`` (learner rows per optimizer step:
@@ -141,7 +141,7 @@ class StarPOConfig(AlgorithmConfig):
             format_penalty: added to a turn's reward when the reply breaks the protocol (<= 0).
             ineffective_action_penalty: added to a turn's reward for each executed action that left the state as
                 it was (a Sokoban move into a wall or a blocked push, a FrozenLake step off the edge), e.g. -0.1.
-                0 (the reference's): such a move costs only the move. Validation returns include it too; success
+                0 (RAGEN's): such a move costs only the move. Validation returns include it too; success
                 does not depend on it.
             ungrounded_reasoning_penalty: added to a turn's reward for each action whose effect the turn's
                 ``<think>`` does not state truly, wrongly or not at all, e.g. -0.05: a reward for reasoning that reads
@@ -156,13 +156,13 @@ class StarPOConfig(AlgorithmConfig):
                 (``rollout/prompts_too_long``).
             independent_transitions: a group's episodes share their initial state but not their luck: each draws
                 its payoffs or slips from its own seeded generator (``RolloutConfig.independent_transitions``).
-                False (the reference's): they repeat each other's draws, so a group of N bandit pulls compares
+                False (RAGEN's): they repeat each other's draws, so a group of N bandit pulls compares
                 one coin flip with the safe arm, and a group's advantage carries one draw's noise.
             env_reset_timeout_s, env_step_timeout_s: seconds one environment ``reset()`` or ``step()`` may take.
                 A later one is an isolated environment failure: its episode is dropped, counted as
                 ``rollout/env_timeouts``, and the environment replaced, so a hung environment (a dead game server,
                 an infinite loop) never hangs ``train()``.
-            context_window: what the policy reads before each reply. ``"full"`` (the reference's default): the whole
+            context_window: what the policy reads before each reply. ``"full"`` (RAGEN's default): the whole
                 conversation, one append-only token sequence per episode, trained as one row. ``"last_k_turns"``:
                 the system prompt and the instructions, then the last ``context_window_turns`` turns (the current
                 one included), re-rendered each turn; ``"single_turn"``: the instructions and the current state
@@ -193,10 +193,10 @@ class StarPOConfig(AlgorithmConfig):
             lambda_: GAE lambda of every GAE-family estimator (1.0: with gamma 1 the advantage is return minus
                 value).
             whiten_advantages: whiten the advantages of estimators with a critic (gae, bi_level_gae, turn_gae)
-                over the batch's generated tokens (masked mean, Bessel std), as the reference does. With several
+                over the batch's generated tokens (masked mean, Bessel std), as RAGEN does. With several
                 learners too: their statistics are summed over the shards (an all-reduce).
             gamma_turn, gamma_token: ``bi_level_gae``'s discounts across turns and inside a turn (the
-                reference's: 0.95 and 1.0); ``turn_gae`` discounts with ``gamma_turn``. ``gae`` uses ``gamma``.
+                VAGEN's: 0.95 and 1.0); ``turn_gae`` discounts with ``gamma_turn``. ``gae`` uses ``gamma``.
             gigpo_step_gamma: discount of GiGPO's step returns.
             gigpo_omega: weight of GiGPO's step-level advantage (0: GRPO).
             turn_level_rewards: put each turn's reward on that turn's last token instead of the whole return on
@@ -225,26 +225,26 @@ class StarPOConfig(AlgorithmConfig):
             rollout_filter_empty_stop_steps: this many iterations in a row whose filter kept no group end the run
                 (``result["done"]``, as RAGEN stops early): the policy has no reward variance left to learn from.
             rollout_filter_per_env: with ``train_envs``, rank and keep groups within each training environment
-                (``ceil(ratio x its groups)`` each) instead of across the whole batch (False, the reference's), where
+                (``ceil(ratio x its groups)`` each) instead of across the whole batch (False, RAGEN's), where
                 one environment's groups can all be dropped from an update. The same with one environment.
             clip_ratio_low, clip_ratio_high: PPO clip range [1 - low, 1 + high]; 0.2 / 0.28 is "clip-higher",
                 which leaves room for rare tokens to gain probability.
             dual_clip: bound c on the loss of negative-advantage tokens (> 1), or None to switch it off.
-            kl_coeff: weight of KL(policy || frozen initial policy); 0 (StarPO-S) does not load the reference.
+            kl_coeff: weight of KL(policy || frozen initial policy); 0 (StarPO-S) does not load the reference policy.
             kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (low-variance, >= 0).
             entropy_coeff: entropy bonus weight.
             loss_aggregation: ``"token-mean"`` (every token weighs the same), ``"seq-mean-token-mean"`` (every
                 trajectory weighs the same) or ``"seq-mean-token-sum"``.
-            loss_mask: which sampled tokens the policy loss (and its entropy and KL terms) trains: ``"all"`` (the
-                reference's), ``"no_think"`` (all but the reasoning inside ``<think>...</think>``) or
+            loss_mask: which sampled tokens the policy loss (and its entropy and KL terms) trains: ``"all"``
+                (RAGEN's), ``"no_think"`` (all but the reasoning inside ``<think>...</think>``) or
                 ``"answer"`` (the ``<answer>...</answer>`` block alone). Template and observation tokens are never
                 trained. With ``"answer"`` the format penalty cannot train a malformed tag outside the answer block,
                 so format errors can grow. The advantage recursion and the value loss run over the
                 ``advantage_mask``'s tokens, which hold every sampled token: rewards sit on each turn's last one.
             advantage_mask: which tokens ``gae``'s recursion steps through and the critic is trained on (VAGEN's
-                "GAE mask"): ``"sampled"`` (the policy's own tokens, skipping the environment's: the reference's)
+                "GAE mask"): ``"sampled"`` (the policy's own tokens, skipping the environment's: VAGEN's and RAGEN's)
                 or ``"sampled_and_observations"`` (the observation tokens between turns are steps too, with no
-                reward, so with gamma * lambda_ < 1 credit fades across them: the reference's ablation without
+                reward, so with gamma * lambda_ < 1 credit fades across them: VAGEN's ablation without
                 the mask). Only sampled tokens are ever trained. The turn-level estimators recurse over turns and
                 the critic-free ones do not recurse, so it applies to ``gae`` alone.
             value_clip: clip range of the value loss around the old values, or None.
@@ -261,7 +261,7 @@ class StarPOConfig(AlgorithmConfig):
                 share the precision); the gap to the rollout's float32 log-probs grows (``rollout/logprob_gap_*``).
                 For GPUs: a CPU without bfloat16 matrix units computes it several times slower than float32.
                 None (default): every pass in the model's dtype.
-            updates_per_rollout_batch: optimizer steps per rollout batch and epoch (the reference's implicit
+            updates_per_rollout_batch: optimizer steps per rollout batch and epoch (RAGEN's implicit
                 "Online-k"); 1 (fresh rollouts every update) is what the paper recommends.
             max_consecutive_skipped_steps: an optimizer step whose loss or gradient is not finite is skipped,
                 weights and optimizer state untouched, and counted (``perf/skipped_optimizer_steps``); this many
@@ -329,7 +329,7 @@ class StarPOConfig(AlgorithmConfig):
 
     def preset(self, name: str) -> "StarPOConfig":
         """Apply the named settings of ``PRESETS``: ``"starpo-s"`` (the defaults), ``"starpo"`` (vanilla: KL 0.001,
-        clip 0.2/0.2, no filter) or ``"reference-gpu"`` (the reference's model and scale, on GPUs)."""
+        clip 0.2/0.2, no filter) or ``"ragen-gpu"`` (RAGEN's model and scale, on GPUs)."""
         if name not in PRESETS:
             raise ValueError(f"preset {name!r}: choose one of {sorted(PRESETS)}.")
         for setter, arguments in PRESETS[name].items():
@@ -422,7 +422,7 @@ class StarPOConfig(AlgorithmConfig):
         return [(name, int(seed)) for name, seed in zip(names, seeds, strict=True)]
 
     def validation_starts(self) -> list[Start]:
-        """The fixed held-out starts: ``states`` seeds from ``validation_seed_start`` per validation environment."""
+        """The fixed validation starts: ``states`` seeds from ``validation_seed_start`` per validation environment."""
         entries = self.validation_environments()
         seeds = {e.name: range(self.validation_seed_start, self.validation_seed_start + e.count) for e in entries}
         if not self.is_mixture:

@@ -8,7 +8,7 @@ import copy
 import torch
 
 from ..envs.base import checks_reasoning_claims
-from ..objectives import REFERENCE_STRATEGIES
+from ..objectives import RAGEN_STRATEGIES
 from ..rollout.lora import PEFT_MISSING, lora_settings, peft_available
 from ..rollout.vllm_backend import VLLM_LORA_RANKS, VLLM_MISSING, vllm_available
 from .environments import env_class, environment_errors, is_known_env, mixture_errors
@@ -65,12 +65,12 @@ _STRATEGY_KNOBS = ("rollout_filter_value", "rollout_filter_type", "rollout_filte
 def _filter_strategy_errors(config):
     """RAGEN's strategies' settings: each given where it means something, and in its range."""
     mode, value = config.rollout_filter, config.rollout_filter_value
-    if mode not in REFERENCE_STRATEGIES:
+    if mode not in RAGEN_STRATEGIES:
         given = [f"{name}={getattr(config, name)!r}" for name in _STRATEGY_KNOBS
                  if getattr(config, name) != KNOBS[name].default]
         if given:
             yield (f"{', '.join(given)} set RAGEN's filter strategies, and rollout_filter={mode!r} is not one: "
-                   f"choose rollout_filter in {list(REFERENCE_STRATEGIES)}, or leave them at their defaults "
+                   f"choose rollout_filter in {list(RAGEN_STRATEGIES)}, or leave them at their defaults "
                    "(std's share is rollout_filter_ratio).")
         return
     if value is None and mode != "snr_adaptive":
@@ -92,7 +92,7 @@ def _filter_strategy_errors(config):
                    "rollout_filter='top_p' for rollout_filter_type='smallest' or the softmax mode.")
     if mode != "top_p" and config.rollout_filter_top_p_mode != "linear":
         yield f"rollout_filter_top_p_mode={config.rollout_filter_top_p_mode!r} applies to rollout_filter='top_p' only."
-    # The reference's score is the sample std: a group of one has none.
+    # RAGEN's score is the sample std: a group of one has none.
     if config.group_size < 2:
         yield f"rollout_filter={mode!r} scores each group by its reward std: set group_size >= 2."
     if config.num_kept_groups is None and config.num_learners > 1:
@@ -118,7 +118,7 @@ def _context_window_errors(config):
 
 def _kept_groups_rule(config) -> str:
     """How ``num_kept_groups`` was counted, for error messages."""
-    if config.rollout_filter in REFERENCE_STRATEGIES:
+    if config.rollout_filter in RAGEN_STRATEGIES:
         return (f"rollout_filter={config.rollout_filter!r}, rollout_filter_value={config.rollout_filter_value} of "
                 f"num_groups={config.num_groups}")
     if config.rollout_filter_per_env and config.is_mixture:

@@ -22,7 +22,7 @@ ENV_ENTRY_KEYS = {"train_envs": ("env", "env_config", "name", "groups"),
 @dataclasses.dataclass(frozen=True)
 class EnvEntry:
     """One environment of a mixture: its name (in metrics and outputs), what builds it, and how many groups per
-    training step (training) or held-out states (validation) it gets."""
+    training step (training) or validation states (validation) it gets."""
 
     name: str
     env: Any

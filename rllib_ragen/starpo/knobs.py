@@ -200,7 +200,7 @@ _R, _A, _F = RolloutConfig, AdvantageSettings, FilterSettings
 _PENALTY = ": a positive value would reward what it penalises"
 _TIMEOUT = " seconds (the longest one environment call may take)"
 
-# The method's knobs with the reference's StarPO-S values (the RAGEN paper, arXiv 2504.20073, and its public
+# The method's knobs with RAGEN's StarPO-S values (the RAGEN paper, arXiv 2504.20073, and its public
 # training configs), by section, in the order of the flags' --help-all.
 KNOB_TABLE: tuple[Knob, ...] = (
     *_section(
@@ -310,7 +310,7 @@ KNOB_TABLE: tuple[Knob, ...] = (
 KNOBS: dict[str, Knob] = {k.name: k for k in KNOB_TABLE}
 
 _GPUS = " (0: the CPU; a fraction shares a GPU)"
-# RLlib's own fields that StarPO sets a default for (the reference's) or checks (RLlib takes them as given).
+# RLlib's own fields that StarPO sets a default for (RAGEN's) or checks (RLlib takes them as given).
 RLLIB_FIELDS: dict[str, Knob] = {k.name: k for k in (
     _knob("lr", 1e-6, OTHER, check=_lr_error),  # the actor's; a rate or RLlib's schedule
     _knob("gamma", None, NUMBER, "(0, 1]", into=(_A, "gamma")),  # 1: trajectory-level credit

@@ -42,7 +42,7 @@ DEFAULT_MODEL_CONFIG = {
     "model": "tiny",  # "tiny", "smollm2-135m", or a Hugging Face id / local path
     "dtype": "float32",  # "bfloat16" halves memory on GPU; float32 keeps rollout and learner log-probs equal
     "seed": 0,  # initialisation seed of the tiny model (ignored by pretrained models)
-    # "separate": a value model whose trunk starts as a copy of the policy's (the reference's critic);
+    # "separate": a value model whose trunk starts as a copy of the policy's (RAGEN's critic);
     # "head": a linear value head on the policy's own last hidden state (no second trunk, half the memory).
     "critic": "separate",
     # LoRA adapters ({"r": 16, "alpha": 32, "target_modules": "all-linear"}, needs peft): the learner trains them

@@ -247,7 +247,7 @@ class StarPO(Algorithm):
         """The validation states of ``env_name`` (None: all) played without a built algorithm, in the agent's own
         loop (prompts, budgets, transition seeds, as many episodes per state as validation plays), by ``policy``:
         a scripted one (prompt text -> reply), the baselines a job pairs its agent against; or a model as it is, at
-        ``temperature`` with the validation's settings (the warm start's held-out curve). ``tokenizer``: the
+        ``temperature`` with the validation's settings (the warm start's validation curve). ``tokenizer``: the
         policy model's (None: the config's model's)."""
         from ..rollout.backends import ScriptedBackend
         from ..rollout.engine import RolloutEngine

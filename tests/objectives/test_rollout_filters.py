@@ -1,21 +1,21 @@
 """RAGEN's rollout filter strategies and RAGEN-2's SNR-adaptive filter, on hand-derived groups.
 
 Scores are the within-group sample std (RAGEN's ``reward_variance`` metric). Most cases give the scores directly to
-``reference_selection``; the last ones go through ``select_groups`` from returns."""
+``ragen_selection``; the last ones go through ``select_groups`` from returns."""
 
 import math
 
 import pytest
 import torch
 
-from rllib_ragen.objectives import FilterSettings, fixed_kept_groups, reference_selection, select_groups
+from rllib_ragen.objectives import FilterSettings, fixed_kept_groups, ragen_selection, select_groups
 
 # Five groups' scores; sum 10; largest first: 4 (g0), 3 (g3), 2 (g4), 1 (g2), 0 (g1).
 SCORES = torch.tensor([4.0, 0.0, 1.0, 3.0, 2.0])
 
 
 def kept(scores, **settings) -> set[int]:
-    return set(reference_selection(torch.as_tensor(scores, dtype=torch.float64), FilterSettings(**settings)).tolist())
+    return set(ragen_selection(torch.as_tensor(scores, dtype=torch.float64), FilterSettings(**settings)).tolist())
 
 
 @pytest.mark.parametrize("value, expected", [

@@ -143,4 +143,4 @@ def test_a_job_without_periodic_validation_still_measures_before_and_after_and_n
         assert all(math.isnan(value) for value in summary["before"].values())
         assert math.isnan(summary["success_gain"]) and summary["passed"] is False and summary["paired"] is None
         assert written["before"]["success"] is None and written["success_gain"] is None  # not measured: null
-        assert "success gain not measured" in printed and "held-out states after the last iteration" in printed
+        assert "success gain not measured" in printed and "validation states after the last iteration" in printed

@@ -293,7 +293,7 @@ def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
             board = env.step(action)[0]
     assert sum(t.reasoning_claims for t in trajectories) == claims
     assert 0 < walks < claims and metrics["rollout/reasoning_grounded"] == pytest.approx(walks / claims)
-    # A run's summary reads the same counts back from its held-out episodes' files, before and after RL.
+    # A run's summary reads the same counts back from its validation episodes' files, before and after RL.
     before_file, after_file = SAMPLED_AND_GREEDY["sampled"]
     write_rollouts(tmp_path / before_file, trajectories, tokenizer)
     write_rollouts(tmp_path / after_file, honest_episodes, tokenizer)
@@ -337,8 +337,8 @@ def test_the_ungrounded_reasoning_penalty_lands_on_the_turn_whose_reasoning_erre
     assert [t.turn_rewards for t in play(honest, penalty)] == [t.turn_rewards for t in play(honest, 0.0)]
 
 
-def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_held_out(tiny):
-    from rllib_ragen.jobs.outputs import LEARNER, TRAINING, VALIDATED_AT, VALIDATION, held_out_points
+def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_validation_splits(tiny):
+    from rllib_ragen.jobs.outputs import LEARNER, TRAINING, VALIDATED_AT, VALIDATION, validation_points
     from rllib_ragen.jobs.outputs import learning_curve_panels
 
     _, tokenizer = tiny
@@ -351,17 +351,17 @@ def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_held_
     assert metrics["rllib_ragen/FrozenLakeNotSlippery-v0/reasoning_grounded"] == 1.0
     # The learning curve's grounding panel reads that pooled metric, and beside it each validation's value on the
     # training environment (not pooled: validation may add variants training never plays), skipping a
-    # validation that checked no claim; a learner column has no held-out counterpart.
+    # validation that checked no claim; a learner column has no validation counterpart.
     column = next(key for key, title in learning_curve_panels(config.env) if "grounded" in title)
     assert column == TRAINING + "rollout/reasoning_grounded" and "rollout/reasoning_grounded" in metrics
     on_env, pooled = VALIDATION + "rllib_ragen/FrozenLakeNotSlippery-v0/reasoning_grounded", VALIDATION + "rollout/reasoning_grounded"
     validations = [{VALIDATED_AT: 0, on_env: 0.5, pooled: 0.25}, {VALIDATED_AT: 5},
                    {VALIDATED_AT: 10, on_env: 0.75, pooled: 0.5}]
-    assert held_out_points(validations, column, config.env) == [(0, 0.5), (10, 0.75)]
-    assert held_out_points(validations, LEARNER + "entropy", config.env) == []
+    assert validation_points(validations, column, config.env) == [(0, 0.5), (10, 0.75)]
+    assert validation_points(validations, LEARNER + "entropy", config.env) == []
     # A run that validates only on another environment draws that one's values beside the training series.
     success = TRAINING + "rllib_ragen/FrozenLakeNotSlippery-v0/success"
     other = VALIDATION + "rllib_ragen/FrozenLake-v0/success"
     validations = [{VALIDATED_AT: 0, other: 0.25}, {VALIDATED_AT: 10, other: 0.5}]
-    assert held_out_points(validations, success, config.env) == []
-    assert held_out_points(validations, success, config.env, "rllib_ragen/FrozenLake-v0") == [(0, 0.25), (10, 0.5)]
+    assert validation_points(validations, success, config.env) == []
+    assert validation_points(validations, success, config.env, "rllib_ragen/FrozenLake-v0") == [(0, 0.25), (10, 0.5)]

@@ -115,7 +115,7 @@ def test_a_mixture_trains_on_a_remote_runner_with_metrics_per_env_and_resumes_ex
         kept = [result[f"rollout_filter/kept_groups/{name}"] for name in (SOKOBAN, FROZEN)]
         assert sorted(kept) == [0, 1]
     evaluation = results[-1]["evaluation"]["env_runners"]
-    for name in (SOKOBAN, ALT, FROZEN):  # two held-out states of each validation environment
+    for name in (SOKOBAN, ALT, FROZEN):  # two validation states of each validation environment
         assert evaluation[f"{name}/num_trajectories"] == 2 and 0.0 <= evaluation[f"{name}/success"] <= 1.0
     assert sorted((t.env_name, t.seed) for t in validation) == sorted(
         (name, seed) for name in (SOKOBAN, ALT, FROZEN) for seed in (123, 124))
@@ -150,7 +150,7 @@ def test_the_filter_per_environment_keeps_groups_of_each_environment_in_a_real_u
 def test_a_job_that_validates_only_on_environments_it_does_not_train_on_scores_the_first_of_them(
         ray_session, tmp_path, small_config):
     # A transfer study: train on one bandit, validate on its held-out-names variant only. The final table, the
-    # paired statistics, the baseline and the held-out split score the first validation environment; before this,
+    # paired statistics, the baseline and the validation split score the first validation environment; before this,
     # the job trained to the end and then failed to write its summary (it looked for the training environment's
     # validation numbers).
     import json
@@ -177,7 +177,7 @@ def test_a_job_that_validates_only_on_environments_it_does_not_train_on_scores_t
     played = pq.read_table(run / summary["baselines"]["random arm"]["file"]).to_pylist()
     assert {r["env"] for r in played} == {held_out} and summary["baselines"]["random arm"]["states"] == 6
     # Training never played the held-out names' environment: every state it validates on is unseen there.
-    assert summary["held_out"]["env"] == held_out and summary["held_out"]["training_states"] == 0
-    assert summary["held_out"]["unseen_states"] == 6
+    assert summary["validation_splits"]["env"] == held_out and summary["validation_splits"]["training_states"] == 0
+    assert summary["validation_splits"]["unseen_states"] == 6
     # The viewer's curves draw that environment's validation success (a panel with no points is left out).
     assert 'aria-label="validation success"' in (run / "rollouts.html").read_text()

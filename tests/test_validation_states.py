@@ -1,8 +1,8 @@
-"""Held-out states described for reporting: optimal solution length (Sokoban, checked against the solver and a
+"""Validation states described for reporting: optimal solution length (Sokoban, checked against the solver and a
 hand-drawn level) and whether a training seed drew the same initial state."""
 
 from rllib_ragen.envs.sokoban_levels import SokobanLevel, solve_level
-from rllib_ragen.jobs.held_out import initial_states
+from rllib_ragen.jobs.validation_states import initial_states
 
 import gymnasium as gym
 
@@ -37,7 +37,7 @@ def test_initial_states_match_across_seeds_that_draw_the_same_level():
 
 def test_the_seeds_each_training_environment_saw_are_read_off_the_schedule():
     from rllib_ragen import StarPOConfig
-    from rllib_ragen.jobs.held_out import trained_seeds_by_env
+    from rllib_ragen.jobs.validation_states import trained_seeds_by_env
 
     # Two steps of 3 groups: Sokoban takes the first 2 seeds of each step, FrozenLake the third.
     mixture = StarPOConfig().environment(train_envs=[{"env": "rllib_ragen/Sokoban-v0", "groups": 2},

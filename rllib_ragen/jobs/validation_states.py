@@ -1,7 +1,7 @@
-"""What each held-out state is beyond its seed, for reporting success on it: the fewest actions that solve it
+"""What each validation state is beyond its seed, for reporting success on it: the fewest actions that solve it
 (where the environment can compute it, ``TextEnv.optimal_solution_length``) and whether training ever showed it.
 
-The 6x6 one-box Sokoban level space is small: distinct seeds often draw the same level, so a "held-out" seed can
+The 6x6 one-box Sokoban level space is small: distinct seeds often draw the same level, so a validation seed can
 be a level the policy trained on. A state counts as seen when its initial ``state_key`` matches that of any
 training or warm-start seed.
 """
