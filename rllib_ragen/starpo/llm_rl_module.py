@@ -182,3 +182,12 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
                              "inference-only module loaded with get_state(inference_only=True).")
         self.policy.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
+
+
+MODEL_INPUTS = ("input_ids", "attention_mask")
+
+
+def trimmed_inputs(data: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The model inputs of batch ``rows``, cut to their longest sequence (right padding beyond it is dropped)."""
+    width = int(data["attention_mask"][rows].sum(-1).max())
+    return {key: data[key][rows, :width] for key in MODEL_INPUTS}
