@@ -1,6 +1,8 @@
 """The rollout viewer, opened in a real browser (headless Chromium): the page lists the expected episodes for each
 filter, shows an episode turn by turn with its tokens shaded by advantage, and loads nothing from the network."""
 
+import base64
+import io
 import json
 import re
 import subprocess
@@ -68,7 +70,27 @@ def test_the_page_is_self_contained(run_dir):
     page = (out / "rollouts.html").read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # no CDN, no network
     assert page.count("</script>") == 2  # the data block cannot close the script early
-    assert 'class="firing"' in page and "reward std vanished" in page  # the firing on the curves and in the table
+    assert "reward std vanished" in page  # the firing in the table (and on the curves: below)
+    # The curves are the report's one renderer's picture, drawn here from result.json (the folder has none yet).
+    embedded = re.search(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert embedded and base64.b64decode(embedded.group(1)).startswith(b"\x89PNG")
+
+
+def test_the_viewer_shows_the_reports_learning_curve_and_the_firings_are_drawn_on_it(run_dir):
+    from rllib_ragen.jobs.outputs import LEARNING_CURVE, plot_learning_curve, read_results, validations_of
+    from rllib_ragen.jobs.viewer import build_page
+
+    out, _, _ = run_dir
+    rows = read_results(out)
+    firings = json.loads((out / SENTINEL_FILE).read_text())
+    drawn = {}
+    for name, marks in (("with", firings), ("without", [])):
+        buffer = io.BytesIO()
+        assert plot_learning_curve(buffer, rows, validations_of(rows), "rllib_ragen/Sokoban-v0", "t", firings=marks)
+        drawn[name] = buffer.getvalue()
+    assert drawn["with"] != drawn["without"]  # the firing's red line
+    (out / LEARNING_CURVE).write_bytes(drawn["with"])  # as the report writes it: the page shows that very picture
+    assert base64.b64encode(drawn["with"]).decode() in build_page(out)
 
 
 def test_filters_list_the_expected_episodes(run_dir):

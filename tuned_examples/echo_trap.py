@@ -25,8 +25,9 @@ import runpy
 
 from rllib_ragen import metrics as M
 from rllib_ragen.jobs.run import run_job
-from rllib_ragen.jobs.outputs import LEARNER, VALIDATED_AT, VALIDATION, read_results, write_text_atomically
-from rllib_ragen.jobs.report import trial_folders, validations_of
+from rllib_ragen.jobs.outputs import (LEARNER, VALIDATED_AT, VALIDATION, read_results, validations_of,
+                                      write_text_atomically)
+from rllib_ragen.jobs.report import trial_folders
 
 SIGNALS = {"in-group reward std": M.FILTER_REWARD_STD, "entropy": LEARNER + M.ENTROPY,
            "actor grad norm": LEARNER + M.GRAD_NORM.format(optimizer="actor"), "MI estimate (nats)": M.MI_ESTIMATE,

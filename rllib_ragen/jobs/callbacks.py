@@ -22,10 +22,9 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 
 from .. import metrics as M
 from .storage import is_local_storage
-from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
+from .outputs import (BEFORE_RL, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
                                  POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
 
-BEFORE_RL = "before_rl"  # the first result's copy of the validation played before any update
 NEXT_TRAINING_SEED = "job/next_training_seed"  # which training states the run has shown so far (validation splits)
 
 

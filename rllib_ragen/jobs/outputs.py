@@ -42,6 +42,8 @@ AFTER_ROLLOUTS = "validation_rollouts.parquet"  # the trained policy's
 BEFORE_GREEDY_ROLLOUTS = "validation_before_greedy.parquet"  # the same states played greedily (temperature 0)
 AFTER_GREEDY_ROLLOUTS = "validation_greedy.parquet"
 TRAINING_ROLLOUTS = "training_rollouts"  # a sample of training episodes every few iterations: one Parquet file each
+BEFORE_RL = "before_rl"  # the first result's copy of the validation played before any update
+LEARNING_CURVE = "learning_curve.png"  # the report's curves, which the rollout viewer shows too
 WARM_START_CURVE = "warm_start_curve.csv"  # greedy validation success during the warm start (warm_start_eval_interval)
 VIEWER_PAGE = "rollouts.html"
 SENTINEL_FILE = "sentinel.json"  # the sentinel's firings over the run
@@ -368,6 +370,28 @@ def learning_curve_panels(env: str) -> list[tuple[str, str]]:
     ]
 
 
+# The echo-trap probe's signals (collapse_diagnostics_interval), drawn after the others when a run logged them.
+ECHO_TRAP_PANELS = [
+    (M.MI_ESTIMATE, "MI estimate, prompts and reasonings (nats)"),
+    (M.RETRIEVAL_ACCURACY, "retrieval accuracy of the prompt from its reasoning"),
+    (M.DISTINCT_2, "distinct-2 of the reasonings"),
+    (M.THINK_TOKENS_PER_TURN, "reasoning tokens per turn"),
+]
+
+
+def validations_of(rows: list[dict]) -> list[dict]:
+    """Each validation once, in order, as ``{evaluation/env_runners/...: value}`` (the one before RL first)."""
+    validations: list[dict] = []
+    if rows and BEFORE_RL + "/" in "".join(rows[0]):
+        validations.append({VALIDATION + k.removeprefix(f"{BEFORE_RL}/{TRAINING}"): v for k, v in rows[0].items()
+                            if k.startswith(f"{BEFORE_RL}/{TRAINING}")})
+    for row in rows:
+        at = row.get(VALIDATED_AT, math.nan)
+        if math.isfinite(at) and (not validations or validations[-1][VALIDATED_AT] != at):
+            validations.append({k: v for k, v in row.items() if k.startswith(VALIDATION)})
+    return validations
+
+
 def validation_points(validations: list[dict], column: str, env: str,
                     validation_env: str | None = None) -> list[tuple[float, float]]:
     """(iteration, value) of a training rollout column (``env_runners/...``) in each validation that logged it:
@@ -388,25 +412,35 @@ def validation_points(validations: list[dict], column: str, env: str,
             if isinstance(v.get(key), (int, float)) and math.isfinite(v[key])]
 
 
-def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[dict], env: str, title: str,
-                        known_scores: dict[str, float] | None = None, validation_env: str | None = None) -> None:
+def plot_learning_curve(path, rows: list[dict], validations: list[dict], env: str, title: str,
+                        known_scores: dict[str, float] | None = None, validation_env: str | None = None,
+                        firings: list[dict] = ()) -> bool:
     """Nine panels over iterations (:func:`learning_curve_panels`): success (training raw and smoothed, validation
     joined, known scores), format-error rate, response length, in-group reward std, token entropy, actor grad
     norm, the first turn's reasoning entropy (the template collapse that token entropy and distinct-2 can miss),
     the share of actions that changed the state, and the share of checkable claims in the reasoning that hold.
     A rollout panel also draws its validation values (on ``validation_env``, default ``env``, the training
-    environment) where validation logs them. A panel whose signal the run never logged says so."""
+    environment) where validation logs them. A panel whose signal the run never logged says so. The echo-trap
+    probe's panels (``ECHO_TRAP_PANELS``) follow when the run logged them, and the sentinel's ``firings`` are red
+    lines on every panel. The one renderer of a run's curves: the rollout viewer shows this picture.
+
+    ``path``: a file name or a binary file. Returns False (nothing drawn) without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"(no {path.name}: pip install matplotlib, or rllib_ragen[plots])")
-        return
+        print(f"(no {getattr(path, 'name', 'learning curve')}: pip install matplotlib, or rllib_ragen[plots])")
+        return False
     steps = [r["training_iteration"] for r in rows]
-    panels = learning_curve_panels(env)
-    fig, axes = plt.subplots(3, 3, figsize=(15, 10))
+    panels = learning_curve_panels(env) + [(key, name) for key, name in ECHO_TRAP_PANELS
+                                           if any(math.isfinite(r.get(key, math.nan)) for r in rows)]
+    columns = 3 if len(panels) <= 9 else 4
+    lines = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(5 * columns, 3.3 * lines), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
     for ax, (key, name) in zip(axes.flat, panels):
         series = [r.get(key, math.nan) for r in rows]
         validated = validation_points(validations, key, env, validation_env)
@@ -422,6 +456,8 @@ def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[
                 label=f"training ({SMOOTHING}-iteration mean)")
         if validated:
             ax.plot(*zip(*validated), "s-", color="tab:red", label="validation")
+        for firing in firings:
+            ax.axvline(firing["iteration"], color="#c22", linewidth=1, alpha=0.7)
         ax.set_title(name)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
@@ -434,5 +470,6 @@ def plot_learning_curve(path: pathlib.Path, rows: list[dict], validations: list[
     ax.legend(loc="best", fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, format="png")
     plt.close(fig)
+    return True

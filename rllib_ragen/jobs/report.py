@@ -23,12 +23,12 @@ import statistics
 import sys
 
 from .. import metrics as M
-from .callbacks import BEFORE_RL, NEXT_TRAINING_SEED
+from .callbacks import NEXT_TRAINING_SEED
 from ..collapse import reasoning_entropy
-from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS,
-                                 BEFORE_ROLLOUTS, LEARNER, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready,
-                                 plot_learning_curve, read_first_reasonings, read_results, read_outcomes, read_reasoning_claims,
-                                 state_of, write_text_atomically)
+from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER,
+                      LEARNING_CURVE, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
+                      read_first_reasonings, read_outcomes, read_reasoning_claims, read_results, state_of,
+                      validations_of, write_text_atomically)
 from .validation_states import demonstrated_seeds, initial_states, trained_seeds_by_env
 from .paired_stats import PairedComparison, paired_by_subset, paired_comparison
 
@@ -54,19 +54,6 @@ def trial_config(trial: pathlib.Path):
     from ..starpo.config import StarPOConfig
 
     return StarPOConfig.from_dict(_trial_params(trial))
-
-
-def validations_of(rows: list[dict]) -> list[dict]:
-    """Each validation once, in order, as ``{evaluation/env_runners/...: value}`` (the one before RL first)."""
-    validations: list[dict] = []
-    if rows and BEFORE_RL + "/" in "".join(rows[0]):
-        validations.append({VALIDATION + k.removeprefix(f"{BEFORE_RL}/{TRAINING}"): v for k, v in rows[0].items()
-                            if k.startswith(f"{BEFORE_RL}/{TRAINING}")})
-    for row in rows:
-        at = row.get(VALIDATED_AT, math.nan)
-        if math.isfinite(at) and (not validations or validations[-1][VALIDATED_AT] != at):
-            validations.append({k: v for k, v in row.items() if k.startswith(VALIDATION)})
-    return validations
 
 
 def headline_environment(config):
@@ -119,9 +106,9 @@ def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, known_scores: dict
     title = (f"{config.env_name} | model {pathlib.Path(str(summary['model'])).name} | seed {config.seed} | "
              f"{summary['iterations']} iterations")
     baseline_lines = {name: b["success"] for name, b in summary.get("baselines", {}).items()}
-    plot_learning_curve(trial / "learning_curve.png", rows, validations, config.env_name, title,
+    plot_learning_curve(trial / LEARNING_CURVE, rows, validations, config.env_name, title,
                         {"warm start": summary["before"][M.SUCCESS], **(known_scores or {}), **baseline_lines},
-                        validation_env=headline.name)
+                        validation_env=headline.name, firings=summary["sentinel_firings"])
     if (trial / AFTER_ROLLOUTS).is_file():
         from .viewer import write_viewer
 
@@ -172,8 +159,8 @@ def spread(summaries) -> dict:
 
 def versus_control(run_dir: pathlib.Path, trials: list[pathlib.Path]) -> dict:
     """In a sweep (the run's ``--grid``), each trial paired against its control: the trial of the same seed with
-    every grid field at its first listed value (or the first named variant), on the same validation states after RL, sampled and greedy ("before"
-    is the control, "after" the trial). ``{}`` without a grid."""
+    every grid field at its first listed value (or the first named variant), on the same validation states after
+    RL, sampled and greedy ("before" is the control, "after" the trial). ``{}`` without a grid."""
     record = run_dir / RUN_CONFIG
     grid = json.loads(record.read_text()).get("job", {}).get("grid") if record.is_file() else None
     if not grid:

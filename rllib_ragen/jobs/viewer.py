@@ -5,7 +5,8 @@
 It reads a trial folder (what the main jobs write): the Parquet rollouts (``training_rollouts/``, a sample of
 training episodes every few iterations with their token advantages; ``validation_before.parquet`` and
 ``validation_rollouts.parquet``), Tune's ``result.json`` and ``sentinel.json``. The page needs no server, no internet and
-no CDN: the data sit in the page as JSON, the curves as inline SVG, and a few lines of plain JavaScript draw the
+no CDN: the data sit in the page as JSON, the curves as the report's own picture (``learning_curve.png``, drawn
+anew from ``result.json`` where the folder has none) embedded as an image, and a few lines of plain JavaScript draw the
 episode list (filterable by source, environment, success and iteration) and the selected episode: each turn's
 observation (boards in a fixed-width font), the thinking, the answer and the actions executed, the reward, and
 the reply's tokens shaded by their advantage. The filters live in the address's ``#`` part, so a view can be
@@ -16,17 +17,17 @@ package data, ``rllib_ragen/jobs/viewer_page/``.
 from __future__ import annotations
 
 import argparse
+import base64
 import html
+import io
 import importlib.resources
 import json
 import math
 import pathlib
 
-from .. import metrics as M
 from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
-                                 LEARNER, RUN_CONFIG, SENTINEL_FILE,
-                                 TRAINING, TRAINING_ROLLOUTS, VALIDATED_AT, VALIDATION, VIEWER_PAGE, read_results,
-                                 trailing_mean, write_text_atomically)
+                      LEARNING_CURVE, RUN_CONFIG, SENTINEL_FILE, TRAINING_ROLLOUTS, VIEWER_PAGE, plot_learning_curve,
+                      read_results, validations_of, write_text_atomically)
 
 SOURCES = ((TRAINING_ROLLOUTS, "training"), (BEFORE_ROLLOUTS, "validation before RL"),
            (AFTER_ROLLOUTS, "validation after RL"), (BEFORE_GREEDY_ROLLOUTS, "greedy before RL"),
@@ -81,7 +82,7 @@ def build_page(run_dir: pathlib.Path, validation_env: str | None = None) -> str:
     data = json.dumps({"episodes": episodes}, allow_nan=False, default=_finite)
     data = data.replace("</", "<\\/")  # a "</script>" inside an episode's text must not end the data block
     return _page_part("page.html").format(
-        title=html.escape(title), curves=curves_svg(rows, firings, env, validation_env),
+        title=html.escape(title), curves=curves_html(run_dir, rows, firings, env, validation_env),
         firings=firings_table(firings), data=data, script=_page_part("script.js"), style=_page_part("style.css"))
 
 
@@ -89,59 +90,23 @@ def _finite(value):
     return None if isinstance(value, float) and not math.isfinite(value) else str(value)
 
 
-# ---- curves: inline SVG, one small panel per signal, sentinel firings as red lines -------------------------------
-def _series(rows: list[dict], env: str,
-            validation_env: str | None = None) -> list[tuple[str, list[tuple[float, float]]]]:
-    def points(key, smooth=False):
-        its = [r.get("training_iteration", i + 1) for i, r in enumerate(rows)]
-        values = [r.get(key, math.nan) for r in rows]
-        if smooth:
-            values = trailing_mean(values, 5)
-        return [(x, y) for x, y in zip(its, values) if math.isfinite(y)]
-
-    validation = sorted({(r[VALIDATED_AT], r.get(VALIDATION + M.env_metric(validation_env or env, M.SUCCESS), math.nan))
-                         for r in rows if math.isfinite(r.get(VALIDATED_AT, math.nan))})
-    return [("training success (5-iteration mean)", points(TRAINING + M.env_metric(env, M.SUCCESS), smooth=True)),
-            ("validation success", [(x, y) for x, y in validation if math.isfinite(y)]),
-            ("in-group reward std", points(M.FILTER_REWARD_STD)),
-            ("entropy", points(LEARNER + M.ENTROPY)),
-            ("actor grad norm", points(LEARNER + M.GRAD_NORM.format(optimizer="actor"))),
-            ("MI estimate (nats)", points(M.MI_ESTIMATE)),
-            ("retrieval accuracy", points(M.RETRIEVAL_ACCURACY)),
-            ("distinct-2", points(M.DISTINCT_2)),
-            ("reasoning tokens per turn", points(M.THINK_TOKENS_PER_TURN)),
-            ("reasoning grounded (claims that hold)", points(TRAINING + M.env_metric(M.POOLED, M.REASONING_GROUNDED))),
-            ("format error rate", points(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE)))]
-
-
-def curves_svg(rows: list[dict], firings: list[dict], env: str, validation_env: str | None = None) -> str:
-    width, height, pad = 240, 120, 28
-    panels = []
-    last = int(max([r.get("training_iteration", 0) for r in rows] + [1]))
-    for name, points in _series(rows, env, validation_env):
-        if not points:
-            continue
-        ys = [y for _, y in points]
-        low, high = min(ys), max(ys)
-        span = (high - low) or 1.0
-
-        def x(it):
-            return pad + (width - pad - 6) * (it / last)
-
-        def y(v):
-            return height - pad + 6 - (height - pad - 4) * (v - low) / span
-
-        line = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in points)
-        marks = "".join(f'<line class="firing" x1="{x(f["iteration"]):.1f}" x2="{x(f["iteration"]):.1f}" y1="4" '
-                        f'y2="{height - pad + 6}"><title>{html.escape(f["rule"])}</title></line>' for f in firings)
-        dots = "".join(f'<circle cx="{x(a):.1f}" cy="{y(b):.1f}" r="2"/>' for a, b in points[:30])
-        panels.append(
-            f'<figure class="panel"><svg width="{width}" height="{height}" role="img" aria-label="{name}">'
-            f'<polyline points="{line}"/>{dots}{marks}'
-            f'<text x="2" y="12">{high:.3g}</text><text x="2" y="{height - pad + 6}">{low:.3g}</text>'
-            f'<text x="{pad}" y="{height - 6}">iteration 0-{last}</text></svg>'
-            f'<figcaption>{html.escape(name)}</figcaption></figure>')
-    return "".join(panels) or "<p>No result.json in this folder: no curves.</p>"
+# ---- curves: the report's learning curve (outputs.plot_learning_curve), embedded in the page ---------------------
+def curves_html(run_dir: pathlib.Path, rows: list[dict], firings: list[dict], env: str,
+                validation_env: str | None = None) -> str:
+    """The run's learning curve as an embedded image: the report's file, or drawn now from ``rows``."""
+    picture = run_dir / LEARNING_CURVE
+    if picture.is_file():
+        png = picture.read_bytes()
+    elif not rows:
+        return "<p>No result.json in this folder: no curves.</p>"
+    else:
+        buffer = io.BytesIO()
+        if not plot_learning_curve(buffer, rows, validations_of(rows), env, f"{run_dir.name}: {env}",
+                                   validation_env=validation_env, firings=firings):
+            return "<p>The curves need matplotlib: pip install 'rllib_ragen[plots]'.</p>"
+        png = buffer.getvalue()
+    return (f'<img class="curves" alt="learning curves: success, format errors, entropy and the echo-trap signals '
+            f'over iterations; sentinel firings in red" src="data:image/png;base64,{base64.b64encode(png).decode()}">')
 
 
 def firings_table(firings: list[dict]) -> str:

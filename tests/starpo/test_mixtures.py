@@ -179,5 +179,12 @@ def test_a_job_that_validates_only_on_environments_it_does_not_train_on_scores_t
     # Training never played the held-out names' environment: every state it validates on is unseen there.
     assert summary["validation_splits"]["env"] == held_out and summary["validation_splits"]["training_states"] == 0
     assert summary["validation_splits"]["unseen_states"] == 6
-    # The viewer's curves draw that environment's validation success (a panel with no points is left out).
-    assert 'aria-label="validation success"' in (run / "rollouts.html").read_text()
+    # The curves (the report's picture, which the viewer shows) draw that environment's validation success.
+    import base64
+
+    from rllib_ragen import metrics as M
+    from rllib_ragen.jobs.outputs import LEARNING_CURVE, TRAINING, read_results, validation_points, validations_of
+
+    success = TRAINING + M.env_metric("rllib_ragen/Bandit-v0", M.SUCCESS)
+    assert validation_points(validations_of(read_results(run)), success, "rllib_ragen/Bandit-v0", held_out)
+    assert base64.b64encode((run / LEARNING_CURVE).read_bytes()).decode() in (run / "rollouts.html").read_text()
