@@ -12,8 +12,13 @@ One session per episode, in OpenEnv's reset / step / state shape, JSON over HTTP
 - ``POST /close`` ``{"session_id"}`` ends a session; idle sessions also end after ``--session-ttl-s``;
 - ``GET /health`` returns ``{"status": "ok", "env": ID, "sessions": n}``.
 
-Errors come back as ``{"error": message}`` with status 400 (a bad request), 404 (an unknown session), 503 (too many
-sessions) or 500 (the environment raised). The client is :class:`rllib_ragen.envs.remote.RemoteTextEnv`.
+Errors come back as ``{"error": message}`` with status 400 (a bad request), 404 (an unknown session), 413 (a body
+over ``--max-body-bytes``), 503 (too many sessions) or 500 (the environment raised; logged as one line, its
+traceback at debug level). The client is :class:`rllib_ragen.envs.remote.RemoteTextEnv`.
+
+What a client cannot do to the server: hold a thread with a request it never finishes (``--request-timeout-s``),
+make it read a body of any size, crash a request with a deeply nested body, or fill the session table with resets
+the environment refuses (a failed reset closes its session).
 
 The standard library's threaded HTTP server is used on purpose: the server then needs nothing beyond what
 ``rllib_ragen.envs`` imports (no torch, no Ray, no web framework), so it runs wherever an environment's own
@@ -28,6 +33,7 @@ import json
 import logging
 import math
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -36,6 +42,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+import gymnasium as gym
 
 from . import make_text_env
 
@@ -67,19 +75,30 @@ class TextEnvServer(ThreadingHTTPServer):
         env: a registered text-environment id; env_config: its constructor arguments.
         max_sessions: sessions open at once; a reset past it is refused with 503.
         session_ttl_s: a session unused this long is closed.
+        max_body_bytes: the largest request body read; a larger one is refused with 413, unread.
+        request_timeout_s: how long a connection may wait for the client's next bytes before it is closed.
     """
 
     daemon_threads = True
+    request_queue_size = 256  # the listen backlog (the standard library's 5 resets clients that connect at once)
 
     def __init__(self, address: tuple[str, int], env: str, env_config: dict | None = None, max_sessions: int = 4096,
-                 session_ttl_s: float = 600.0):
+                 session_ttl_s: float = 600.0, max_body_bytes: int = 1 << 20, request_timeout_s: float = 60.0):
         self.env_id, self.env_config = env, dict(env_config or {})
         make_text_env(env, **self.env_config).close()  # fail at start-up, not on the first request
         self.max_sessions, self.session_ttl_s = max_sessions, session_ttl_s
+        self.max_body_bytes, self.request_timeout_s = max_body_bytes, request_timeout_s
         self.sessions: dict[str, _Session] = {}
         self.sessions_lock = threading.Lock()
         self._idle_envs: list = []  # closed sessions' environments, reused by later resets
         super().__init__(address, _Handler)
+
+    def handle_error(self, request, client_address) -> None:
+        """A connection that failed outside a route (most often the client went away mid-reply): one log line,
+        where the standard library prints a traceback per connection on stderr."""
+        error = sys.exc_info()[1]
+        level = logging.DEBUG if isinstance(error, (ConnectionError, TimeoutError)) else logging.ERROR
+        logger.log(level, "connection from %s ended: %s: %s", client_address[0], type(error).__name__, error)
 
     # ---- sessions ---------------------------------------------------------------------------------------
     def open_session(self) -> tuple[str, _Session]:
@@ -105,10 +124,12 @@ class TextEnvServer(ThreadingHTTPServer):
         session.used = time.monotonic()
         return session
 
-    def close_session(self, session_id: Any) -> None:
+    def close_session(self, session_id: Any, reuse: bool = True) -> None:
+        """End a session; its environment serves a later reset unless ``reuse`` is False (one whose reset failed,
+        in a state nobody knows, is dropped)."""
         with self.sessions_lock:
             session = self.sessions.pop(session_id, None) if isinstance(session_id, str) else None
-            if session is not None:
+            if session is not None and reuse:
                 self._idle_envs.append(session.env)
 
     def _expire_idle_sessions(self) -> None:
@@ -124,7 +145,11 @@ class TextEnvServer(ThreadingHTTPServer):
         self.close_session(body.get("close"))
         session_id, session = self.open_session()
         with session.lock:
-            observation, info = session.env.reset(seed=seed, options=body.get("options") or None)
+            try:
+                observation, info = session.env.reset(seed=seed, options=body.get("options") or None)
+            except BaseException:  # refused (a bad seed) or broken: its session must not stay open
+                self.close_session(session_id, reuse=False)
+                raise
             text_env = session.env.unwrapped
             return {"session_id": session_id, "observation": observation, "info": info,
                     "description": text_env.describe(), "action_names": list(text_env.action_names),
@@ -163,6 +188,10 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: TextEnvServer
 
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout_s  # a client that stops sending loses its connection, not a thread
+        super().setup()
+
     def do_GET(self) -> None:
         url = urlparse(self.path)
         if url.path == "/health":
@@ -179,11 +208,20 @@ class _Handler(BaseHTTPRequestHandler):
         route = routes.get(urlparse(self.path).path)
         try:
             length = int(self.headers.get("Content-Length", 0))
+        except ValueError:
+            length = -1
+        if not 0 <= length <= self.server.max_body_bytes:
+            self.close_connection = True  # the body is left unread: this connection cannot carry another request
+            status = HTTPStatus.BAD_REQUEST if length < 0 else HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+            self._reply(status, {"error": f"Content-Length {self.headers.get('Content-Length')!r}: a body of 0 to "
+                                          f"{self.server.max_body_bytes} bytes (--max-body-bytes) is read."})
+            return
+        try:
             body = json.loads(self.rfile.read(length) or b"{}") if length else {}
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
-        except ValueError as error:
-            self._reply(HTTPStatus.BAD_REQUEST, {"error": f"bad JSON body: {error}"})
+        except (ValueError, RecursionError) as error:  # RecursionError: a body nested too deep to parse
+            self._reply(HTTPStatus.BAD_REQUEST, {"error": f"bad JSON body: {type(error).__name__}: {error}"})
             return
         if route is None:
             self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route POST {self.path}"})
@@ -195,8 +233,10 @@ class _Handler(BaseHTTPRequestHandler):
             payload = compute()
         except _RequestError as error:
             self._reply(error.status, {"error": str(error)})
-        except Exception as error:  # the environment's bug: report it, keep serving other sessions
-            logger.error("environment call failed:\n%s", traceback.format_exc())
+        except Exception as error:  # the environment's bug: report it in one line, keep serving other sessions
+            logger.error("%s %s: the environment raised %s: %s", self.command, urlparse(self.path).path,
+                         type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+            logger.debug("traceback:\n%s", traceback.format_exc())
             self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(error).__name__}: {error}"})
         else:
             self._reply(HTTPStatus.OK, payload)
@@ -221,6 +261,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000, help="the port (0: any free one, printed at start)")
     parser.add_argument("--max-sessions", type=int, default=4096, help="episodes open at once")
     parser.add_argument("--session-ttl-s", type=float, default=600.0, help="an idle session ends after this long")
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20,
+                        help="the largest request body read (413 past it)")
+    parser.add_argument("--request-timeout-s", type=float, default=60.0,
+                        help="a connection whose client sends nothing for this long is closed")
     parser.add_argument("--register", default=None,
                         help="import this module first (one that calls register_text_env for your environments)")
     args = parser.parse_args(argv)
@@ -231,7 +275,12 @@ def main(argv: list[str] | None = None) -> None:
         env_config = json.loads(args.env_config)
     except ValueError as error:
         parser.error(f"--env-config is not JSON: {error}")
-    server = TextEnvServer((args.host, args.port), args.env, env_config, args.max_sessions, args.session_ttl_s)
+    try:
+        server = TextEnvServer((args.host, args.port), args.env, env_config, args.max_sessions, args.session_ttl_s,
+                               args.max_body_bytes, args.request_timeout_s)
+    except (gym.error.Error, ValueError, TypeError, OSError) as error:  # an unknown id, bad arguments, a busy port
+        parser.error(f"cannot serve --env {args.env} with --env-config {args.env_config} on {args.host}:{args.port}: "
+                     f"{type(error).__name__}: {error}")
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     host, port = server.server_address[:2]
     print(f"serving {args.env} on http://{host}:{port}", flush=True)

@@ -9,20 +9,23 @@ from rllib_ragen.envs import TextEnv
 
 class ServedFaults(TextEnv):
     """One action, 'Go', which wins and ends the episode. Its observation carries the chat template's control tokens
-    as text; a step sleeps ``step_sleep_s`` first (a slow server)."""
+    as text; a step sleeps ``step_sleep_s`` first (a slow server), and raises ``step_error`` when it is set (an
+    environment with a bug)."""
 
     action_names = ("Go",)
     instructions = "Say Go."
 
-    def __init__(self, step_sleep_s: float = 0.0, render_mode=None):
+    def __init__(self, step_sleep_s: float = 0.0, step_error: str = "", render_mode=None):
         super().__init__(render_mode=render_mode)
-        self.step_sleep_s = step_sleep_s
+        self.step_sleep_s, self.step_error = step_sleep_s, step_error
 
     def _reset_state(self):
         pass
 
     def _apply(self, action_index):
         time.sleep(self.step_sleep_s)
+        if self.step_error:
+            raise RuntimeError(self.step_error)
         self._success = True
         return 1.0, True, True
 

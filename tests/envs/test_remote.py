@@ -135,3 +135,97 @@ def test_an_unreachable_server_fails_fast_naming_it():
         env.reset(seed=0)
     with pytest.raises(ValueError, match="http://HOST:PORT"):
         make_text_env(REMOTE, url="127.0.0.1:8000")
+
+
+def _serve_with_log(env_id, *flags):
+    """A server process whose log (stderr) the test reads: (process, host, port)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    paths = [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    environ = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    process = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.serve", "--env", env_id, "--port", "0",
+                                "--register", "served_envs", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=environ)
+    line = process.stdout.readline()
+    assert line.startswith("serving"), f"the server did not start: {line!r}"
+    host, port = line.split("http://")[1].strip().split(":")
+    return process, host, int(port)
+
+
+def _raw(host: str, port: int, request: bytes, timeout: float = 10.0) -> bytes:
+    """Send raw bytes on a fresh connection; what comes back before the server closes it (or the timeout)."""
+    import socket
+
+    with socket.create_connection((host, port), timeout=timeout) as connection:
+        connection.sendall(request)
+        received = b""
+        try:
+            while chunk := connection.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pass
+        return received
+
+
+def test_the_server_holds_under_abuse_and_logs_each_environment_error_in_one_line():
+    import socket
+    import threading
+
+    process, host, port = _serve_with_log("rllib_ragen/Sokoban-v0", "--max-sessions", "3", "--max-body-bytes", "200000",
+                                          "--request-timeout-s", "1")
+    try:
+        connection = http.client.HTTPConnection(host, port, timeout=10)
+
+        def post(path, body: bytes, headers=None):
+            connection.request("POST", path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+            response = connection.getresponse()
+            return response.status, json.loads(response.read())
+
+        # Resets the environment refuses (a negative seed) close their sessions: 3 slots survive 20 of them.
+        assert all(post("/reset", b'{"seed": -1}')[0] == 500 for _ in range(20))
+        assert post("/reset", b'{"seed": 1}')[0] == 200
+        # A body nested too deep to parse is a bad request, answered (it dropped the connection).
+        status, answer = post("/reset", b"[" * 100_000)
+        assert status == 400 and "RecursionError" in answer["error"]
+        # A body over the limit is refused unread, at once; a negative length too (it held a thread for ever).
+        too_big = _raw(host, port, b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: 50000000\r\n\r\n")
+        assert too_big.startswith(b"HTTP/1.1 413")
+        negative = _raw(host, port, b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
+        assert negative.startswith(b"HTTP/1.1 400")
+        # A client that stops mid-request loses its connection after --request-timeout-s, not a thread for ever.
+        started = time.monotonic()
+        assert _raw(host, port, b"POST /reset HTTP/1.1\r\nHost: x\r\n", timeout=30) == b""
+        assert time.monotonic() - started < 10
+        # 64 clients connecting at once are all served (a listen backlog of 5 reset a third of them).
+        statuses = []
+
+        def health():
+            with socket.create_connection((host, port), timeout=30) as c:
+                c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                statuses.append(c.recv(12))
+
+        threads = [threading.Thread(target=health) for _ in range(64)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert statuses == [b"HTTP/1.1 200"] * 64
+    finally:
+        process.terminate()
+        _, log = process.communicate(timeout=30)
+    # 20 environment errors, one log line each (a traceback each wrote 2,050 lines for 55 bad requests).
+    errors = [line for line in log.splitlines() if "the environment raised" in line]
+    assert len(errors) == 20 and "Traceback" not in log
+
+
+def test_an_unknown_environment_is_one_line_and_exit_code_2():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "rllib_ragen.envs.serve", "--env", "nope/Nope-v0", "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "cannot serve --env nope/Nope-v0" in done.stderr.splitlines()[-1]
