@@ -17,9 +17,11 @@ import dataclasses
 import inspect
 import json
 import math
+import os
 import pathlib
 import re
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,6 +198,10 @@ class JobSettings:
         base = pathlib.Path(self.output_dir)
         if base.exists() and not base.is_dir():
             return [f"output_dir={self.output_dir!r} is a file; choose another --output-dir."]
+        if not base.exists():
+            error = _folder_creation_error(base)
+            if error:
+                return [f"output_dir={self.output_dir!r}: {error}; choose another --output-dir."]
         if self.resume:
             from ray import tune
 
@@ -223,6 +229,22 @@ class JobSettings:
         if len(set(seeds)) < len(seeds):
             raise ValueError(f"seeds={self.seeds!r} repeats a seed: each trial needs its own.")
         return seeds
+
+
+def _folder_creation_error(path: pathlib.Path) -> str | None:
+    """Why the folder ``path`` (which does not exist) could not be created, or None: its nearest existing ancestor
+    is a file, or refuses new folders (a read-only or virtual file system). Probed with a folder made and removed
+    at once, so nothing stays behind."""
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"it would be inside {ancestor}, which is a file"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rllib_ragen_probe_", dir=ancestor))
+    except OSError as error:
+        return f"no folder can be created in {ancestor} ({error.strerror or error})"
+    return None
 
 
 SENTINEL_CHOICES = ("warn", "stop", "rollback", "off")

@@ -107,6 +107,22 @@ def test_a_sweep_with_an_unknown_knob_or_a_bad_point_fails_before_any_work(tmp_p
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("where, message", [("/proc/rllib_ragen_run", "no folder can be created in /proc"),
+                                            ("FILE/outputs/run", "which is a file")])
+def test_an_output_dir_that_cannot_be_created_is_one_line_and_exit_code_2(tmp_path, capsys, where, message):
+    # Both were a 20-line traceback naming no flag, exit code 1, after the job had started.
+    from rllib_ragen.jobs.run import parse_job_args
+
+    if where.startswith("/proc") and not pathlib.Path("/proc").is_dir():
+        pytest.skip("no /proc on this machine")
+    (tmp_path / "FILE").write_text("")
+    with pytest.raises(SystemExit) as exit_code:
+        parse_job_args(StarPOConfig(), JobSettings(), ["--output-dir", where.replace("FILE", str(tmp_path / "FILE"))])
+    err = capsys.readouterr().err
+    assert exit_code.value.code == 2 and message in err and "--output-dir" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]  # the probe left nothing
+
+
 def test_a_bad_job_flag_exits_with_code_2_naming_the_field(capsys):
     from rllib_ragen.jobs.run import parse_job_args
 
