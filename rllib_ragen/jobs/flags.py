@@ -71,8 +71,8 @@ class JobSettings:
     output_dir: str = _help("the job's folder: each run writes its metrics, plots, rollouts and model to a folder of "
                             "its own inside it", default="outputs/starpo")
     iterations: int = _help("StarPO training iterations (one rollout batch and update each)", default=20)
-    threads: int = _help("torch threads (and CPUs) of each trial and of the warm start (0: the machine's CPUs shared "
-                         "among the trials)", default=0)
+    threads: int = _help("torch threads (and CPUs) of each trial and of the warm start (0: the warm start, which runs "
+                         "alone first, takes every CPU; the trials then share them)", default=0)
     seeds: str = _help("run one trial per seed, e.g. '0,1,2', and report their spread (empty: the config's seed); "
                        "the trials share one warm start and run side by side where the CPUs allow", default="")
     grid: dict = _help("a sweep: one trial per combination of these config values, as JSON, e.g. "

@@ -118,6 +118,13 @@ def claim_run_folder(job: JobSettings, seed: int) -> pathlib.Path:
             n += 1
 
 
+def thread_counts(job: JobSettings, cpus: int, trials: int) -> tuple[int, int]:
+    """Torch threads of the warm start and of each trial: ``job.threads`` for both when set; else the warm start,
+    which runs alone before the trials, takes every CPU, and the trials share them."""
+    cpus = max(1, cpus)
+    return job.threads or cpus, job.threads or max(1, cpus // trials)
+
+
 def start_ray(verbose: bool) -> None:
     """Start a local Ray for a job, unless one runs. Ray's token authentication stays as Ray sets it (on by default
     since Ray 2.60: a token in ``~/.ray/auth_token``), because Ray's processes listen on the machine's network
@@ -147,13 +154,14 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, know
         raise ValueError(f"No trial can start: {shortfall}")
     seeds, grid = job.seed_list(config), job.grid or {}
     trials = len(seeds) * math.prod(len(values) for values in grid.values())
-    threads = job.threads or max(1, int(ray.available_resources().get("CPU", 1)) // trials)
-    torch.set_num_threads(threads)
+    warm_start_threads, threads = thread_counts(job, int(ray.available_resources().get("CPU", 1)), trials)
     _print_plan(config, job, out, demonstration_policy is not None, trials)
 
     if demonstration_policy is not None and job.warm_start_steps > 0 and job.warm_start_episodes > 0:
+        torch.set_num_threads(warm_start_threads)
         model = cached_warm_start(config, job, demonstration_policy)
         config = config.copy(copy_frozen=False).rl_module(model_config={**user_model_config(config), "model": model})
+    torch.set_num_threads(threads)
     headline = headline_environment(config)
     config = config.copy(copy_frozen=False).resources(num_cpus_for_main_process=threads).callbacks(
         [*_as_list(config.callbacks_class),
