@@ -268,6 +268,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--register", default=None,
                         help="import this module first (one that calls register_text_env for your environments)")
     args = parser.parse_args(argv)
+    for flag, value, least in (("--max-sessions", args.max_sessions, 1), ("--max-body-bytes", args.max_body_bytes, 0)):
+        if value < least:
+            parser.error(f"{flag} {value}: give at least {least}.")
+    for flag, value in (("--session-ttl-s", args.session_ttl_s), ("--request-timeout-s", args.request_timeout_s)):
+        if not (math.isfinite(value) and value > 0):  # a timeout of 0 would make every socket non-blocking
+            parser.error(f"{flag} {value}: give a number of seconds above 0.")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.register:
         __import__(args.register)

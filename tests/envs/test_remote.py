@@ -221,6 +221,18 @@ def test_the_server_holds_under_abuse_and_logs_each_environment_error_in_one_lin
     assert len(errors) == 20 and "Traceback" not in log
 
 
+@pytest.mark.parametrize("flags, message", [(["--max-body-bytes", "-1"], "--max-body-bytes -1: give at least 0"),
+                                            (["--request-timeout-s", "0"], "--request-timeout-s 0.0: give a number"),
+                                            (["--session-ttl-s", "nan"], "--session-ttl-s nan: give a number"),
+                                            (["--max-sessions", "0"], "--max-sessions 0: give at least 1")])
+def test_bad_server_limits_are_refused_before_it_listens(flags, message, capsys):
+    from rllib_ragen.envs.serve import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--env", "rllib_ragen/Sokoban-v0", "--port", "0", *flags])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_an_unknown_environment_is_one_line_and_exit_code_2():
     import subprocess
     import sys
