@@ -20,19 +20,22 @@ _REPLY = "@@REPLY@@"
 _USER = "@@USER@@"
 
 
-def format_hint(enable_thinking: bool, max_actions_per_turn: int) -> str:
-    """The one-line reminder of the answer format that ends every observation message."""
-    template = "<think>your reasoning</think><answer>action || action</answer>" if enable_thinking else (
-        "<answer>action || action</answer>")
+def format_hint(enable_thinking: bool, max_actions_per_turn: int, separator: str | None = "||") -> str:
+    """The one-line reminder of the answer format that ends every observation message. ``separator``: what stands
+    between actions in the answer (None: the answer is one action, whatever it holds)."""
+    answer = f"<answer>action {separator} action</answer>" if separator else "<answer>action</answer>"
+    template = f"<think>your reasoning</think>{answer}" if enable_thinking else answer
+    if not separator:
+        return f"Reply exactly as {template}: the answer is one action."
     return f"Reply exactly as {template} with at most {max_actions_per_turn} actions."
 
 
 def turn_message(observation: str, *, turn: int, actions_left: int, reward: float | None = None,
-                 enable_thinking: bool = True, max_actions_per_turn: int = 5) -> str:
+                 enable_thinking: bool = True, max_actions_per_turn: int = 5, separator: str | None = "||") -> str:
     """The user message of one turn: last reward (after the first turn), state, action budget and format."""
     reward_line = "" if reward is None else f"Reward: {reward:g}\n"
     return (f"{reward_line}Turn {turn}. State:\n{observation}\nYou have {actions_left} actions left. "
-            f"{format_hint(enable_thinking, max_actions_per_turn)}")
+            f"{format_hint(enable_thinking, max_actions_per_turn, separator)}")
 
 
 # What turn_message writes, read back: the parser and the writer above change together.

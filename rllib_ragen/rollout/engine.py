@@ -26,7 +26,7 @@ from ..envs import TRANSITION_SEED, make_text_env
 from .backends import InferenceBackend, SamplingParams
 from .context import DEFAULT_SYSTEM_PROMPT, ChatFormat, turn_message
 from .deadlines import DeadlineCaller, EnvTimeoutError, TimedEnv
-from .protocol import DEFAULT_FORMAT_PENALTY, REGION_OTHER, execute_turn, parse_reply, reply_regions
+from .protocol import DEFAULT_FORMAT_PENALTY, DEFAULT_SEPARATOR, REGION_OTHER, execute_turn, parse_reply, reply_regions
 from .trajectory import Start, Trajectory, TurnSample, start_env, start_seed
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,8 @@ class RolloutConfig:
             ``"single_turn"``: the instructions and the current state. With a window, ``max_context_tokens``
             bounds each turn's prompt and reply, not the conversation.
         context_window_turns: k of ``"last_k_turns"``.
+        action_separator: what stands between actions in an answer (``protocol.parse_reply``); None: the whole
+            answer is one action, passed to the environment as written (an SQL query with ``||`` in it, a sentence).
     """
 
     env: Any = "rllib_ragen/Sokoban-v0"
@@ -88,6 +90,7 @@ class RolloutConfig:
     env_step_timeout_s: float = 60.0
     context_window: str = "full"
     context_window_turns: int | None = None
+    action_separator: str | None = DEFAULT_SEPARATOR
 
     @property
     def window_turns(self) -> int | None:
@@ -187,7 +190,8 @@ class RolloutEngine:
     def _user_message(self, observation: str, turn: int, actions_left: int, reward: float | None) -> str:
         c = self.config
         return turn_message(observation, turn=turn, actions_left=actions_left, reward=reward,
-                            enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn)
+                            enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn,
+                            separator=c.action_separator)
 
     def _token_text(self, token: int) -> str:
         """One token's decoded text, memoised (every sampled token is looked up to find its reply region)."""
@@ -317,7 +321,8 @@ class RolloutEngine:
             t.turn_samples.append(self._turn_sample(episode.prompt_ids, generation, regions))
         t.turn_states.append(episode.state_key)
         reply = parse_reply(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True),
-                            enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn)
+                            enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn,
+                            separator=c.action_separator)
         try:
             result = execute_turn(episode.env, reply, actions_left=episode.actions_left,
                                   format_penalty=c.format_penalty,

@@ -171,6 +171,9 @@ class StarPOConfig(AlgorithmConfig):
                 longer grows with the episode; advantages stay the episode's, each turn's placed on its own row.
             context_window_turns: k of ``"last_k_turns"``, at least 2 (k = 1 is ``"single_turn"``); RAGEN's
                 ``max_context_window``. None with the other windows.
+            action_separator: what stands between actions in an answer, ``"||"`` (RAGEN's); None: the whole answer
+                is one action, passed to the environment as written (a query or a sentence that may contain
+                ``||``), with ``max_actions_per_turn=1``. The format hint at the end of each observation says so.
             inference_backend: a name in ``INFERENCE_BACKENDS`` (``starpo/inference_engines.py``): ``"hf"``
                 (batched KV-cached sampling in the env runner), ``"vllm"`` (vLLM engines as Ray actors, shared by
                 all env runners, new weights loaded after every update; needs vLLM), one you registered with

@@ -24,6 +24,7 @@ def rule_errors(config):
     yield from _reasoning_penalty_errors(config)
     yield from _filter_strategy_errors(config)
     yield from _context_window_errors(config)
+    yield from _action_separator_errors(config)
     yield from batch_shape_errors(config)
     yield from _off_policy_errors(config)
     yield from _sentinel_errors(config)
@@ -100,6 +101,13 @@ def _filter_strategy_errors(config):
                f"num_learners={config.num_learners} learners each need a share of whole groups: use one learner, "
                "or a filter that keeps a fixed number (std, top_k or top_k_abs with zero-variance groups "
                "included).")
+
+
+def _action_separator_errors(config):
+    # Without a separator an answer is one action: a budget of several per reply could never be used.
+    if config.action_separator is None and config.max_actions_per_turn != 1:
+        yield (f"action_separator=None makes each answer one action, but max_actions_per_turn="
+               f"{config.max_actions_per_turn}: set max_actions_per_turn=1, or give a separator.")
 
 
 def _context_window_errors(config):

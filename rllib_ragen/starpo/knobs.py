@@ -176,6 +176,17 @@ def _vllm_engine_config_error(options) -> str | None:
         if unknown else None
 
 
+def _action_separator_error(separator) -> str | None:
+    """A short string that cannot be read as a tag, or None (each answer is one action)."""
+    if separator is None:
+        return None
+    if not isinstance(separator, str) or not separator.strip() or len(separator) > 16 or "<" in separator \
+            or ">" in separator:
+        return (f"action_separator={separator!r} must be a short string (1 to 16 characters, not only spaces, "
+                "without < or >, which would read as a tag), e.g. '||', or None: each answer is then one action.")
+    return None
+
+
 def _rules_list_error(rules) -> str | None:
     return None if isinstance(rules, (list, tuple)) else \
         f"sentinel_rules={rules!r} must be a list of rllib_ragen.sentinel.Rule."
@@ -225,6 +236,8 @@ KNOB_TABLE: tuple[Knob, ...] = (
         _knob("env_step_timeout_s", None, NUMBER, "> 0", why=_TIMEOUT, into=(_R, "env_step_timeout_s")),
         _knob("context_window", None, CHOICE, options=CONTEXT_WINDOWS, into=(_R, "context_window")),
         _knob("context_window_turns", None, INT, optional=True, into=(_R, "context_window_turns")),
+        _knob("action_separator", None, OTHER, optional=True, check=_action_separator_error, check_is_kind=True,
+              into=(_R, "action_separator")),
     ),
     *_section(
         "inference",

@@ -111,3 +111,14 @@ def test_random_moves_are_uniform_and_the_same_for_the_same_conversation_whateve
     assert [random_moves_policy(names, 5, False, seed=4)(p) for p in prompts] != replies  # the seed matters
     with pytest.raises(ValueError, match="per_reply >= 1"):
         random_moves_policy(names, per_reply=0)
+
+
+def test_the_format_hint_is_ragens_by_default_and_says_when_the_answer_is_one_action():
+    from rllib_ragen.rollout.context import format_hint
+
+    # Every prompt ends with it: the default text is kept to the letter (runs reproduce token for token).
+    assert format_hint(True, 5) == ("Reply exactly as <think>your reasoning</think><answer>action || action</answer> "
+                                    "with at most 5 actions.")
+    assert format_hint(False, 1, ";") == "Reply exactly as <answer>action ; action</answer> with at most 1 actions."
+    assert format_hint(True, 1, None) == ("Reply exactly as <think>your reasoning</think><answer>action</answer>: the "
+                                          "answer is one action.")

@@ -365,3 +365,50 @@ def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_valid
     validations = [{VALIDATED_AT: 0, other: 0.25}, {VALIDATED_AT: 10, other: 0.5}]
     assert validation_points(validations, success, config.env) == []
     assert validation_points(validations, success, config.env, "rllib_ragen/FrozenLake-v0") == [(0, 0.25), (10, 0.5)]
+
+
+class _QueryEnv(TextEnv):
+    """Takes any text as its one action (a SQL query) and pays 1 for the query that concatenates the names."""
+
+    instructions = "Write the query."
+    max_turns = 1
+    ANSWER = "SELECT first || ' ' || last FROM t"
+
+    def _reset_state(self):
+        self.received = []
+
+    def canonical_action(self, text):
+        return text.strip() or None
+
+    def step(self, action):
+        self.received.append(action)
+        self._success = action == self.ANSWER
+        return "done", float(self._success), True, False, {"success": self._success, "action_is_valid": True,
+                                                            "action_is_effective": True}
+
+    def _render_text(self):
+        return "Table t has columns first and last."
+
+
+@pytest.mark.parametrize("separator, actions, success", [
+    (None, [_QueryEnv.ANSWER], True),  # the answer is the one action, as written
+    # RAGEN's protocol splits it at the first ||: the environment gets a fragment (SkyRL's text2sql got the pieces).
+    ("||", ["SELECT first"], False),
+])
+def test_without_a_separator_the_whole_answer_is_one_action(tiny, separator, actions, success):
+    _, tokenizer = tiny
+    prompts = []
+
+    def policy(prompt):
+        prompts.append(prompt)
+        return f"<think>concatenate</think><answer>{_QueryEnv.ANSWER}</answer>"
+
+    config = RolloutConfig(env=_QueryEnv, max_turns=1, max_actions_per_turn=1 if separator is None else 5,
+                           action_separator=separator, max_context_tokens=100_000)
+    (trajectory,), _ = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
+        [0], group_size=1, sampling=SamplingParams())
+    assert trajectory.turn_actions == [actions]
+    assert bool(trajectory.success) is success
+    # The format hint tells the policy what the answer holds.
+    hint = "the answer is one action" if separator is None else "<answer>action || action</answer> with at most 5"
+    assert hint in prompts[0]

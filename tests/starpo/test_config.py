@@ -176,3 +176,15 @@ def test_the_settings_objects_of_a_default_config_are_their_own_defaults():
     assert dataclasses.replace(rollout, env=RolloutConfig.env, env_config={}, environments=()) == RolloutConfig()
     assert config.advantage_settings() == AdvantageSettings()
     assert config.filter_settings() == FilterSettings()
+
+
+def test_without_an_action_separator_a_reply_holds_one_action():
+    with pytest.raises(ValueError, match=r"action_separator=None makes each answer one action, but "
+                                         r"max_actions_per_turn=5: set max_actions_per_turn=1"):
+        StarPOConfig().training(action_separator=None).validate()
+    with pytest.raises(ValueError, match=r"action_separator='<or>' must be a short string"):
+        StarPOConfig().training(action_separator="<or>").validate()
+    config = StarPOConfig().training(action_separator=None, max_actions_per_turn=1)
+    config.validate()
+    assert config.rollout_config().action_separator is None
+    assert StarPOConfig().rollout_config().action_separator == "||"  # RAGEN's, by default
