@@ -73,7 +73,7 @@ def learner_state():
     return learner_module_state
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # a function, stateless: module fixtures may share one server through it
 def env_server():
     """Start an environment server process on 127.0.0.1 (``python -m rllib_ragen.envs.serve``): ``with
     env_server(env_id, *flags, port=0) as server:`` gives it with ``server.url``, and stops it (SIGTERM, then kill)
@@ -92,7 +92,7 @@ def _serving(env_id, *flags, port=0):
     try:
         line = process.stdout.readline()  # "serving ID on http://127.0.0.1:PORT", once it listens
         assert line.startswith("serving"), f"the server did not start: {line!r}"
-        process.url = line.split(" on ")[1].strip()
+        process.url = line.split(" on ")[1].split()[0]
         yield process
     finally:
         _stop(process)

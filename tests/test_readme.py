@@ -80,6 +80,24 @@ def test_remote_example_runs_against_a_real_server(env_server):
     assert namespace["config"].env_config["url"] == server.url
 
 
+def test_openenv_examples_run_against_a_real_server(env_server):
+    pytest.importorskip("openenv")  # the test extra installs it
+    local = make_text_env("rllib_ragen/Sokoban-v0")
+    first, _ = local.reset(seed=0)
+    step = local.step("Up")
+    with env_server("rllib_ragen/Sokoban-v0", "--protocol", "openenv") as server:
+        printed = {}
+        for name in ("openenv-client", "openenv-remote"):
+            code = _python_block_after(name).replace("http://127.0.0.1:8000", server.url)
+            namespace = {}
+            with contextlib.redirect_stdout(io.StringIO()) as out:
+                exec(compile(code, f"docs {name}", "exec"), namespace)
+            printed[name] = out.getvalue()
+    assert printed["openenv-client"] == f"{first}\n{step[1]} {step[2]} {local.unwrapped.success}\n"
+    assert printed["openenv-remote"].strip() == str(step[:4])  # the same step as in-process
+    assert namespace["config"].env_config == {"url": server.url, "protocol": "openenv"}
+
+
 def test_rollout_example_runs():
     block = _python_block_after("rollout")
     namespace = {}

@@ -3,7 +3,8 @@
 ``make_text_env("rllib_ragen/Remote-v0", url="http://127.0.0.1:8000")``, or in a config
 ``.environment("rllib_ragen/Remote-v0", env_config={"url": ...})``, plays whatever
 ``python -m rllib_ragen.envs.serve --env ID --port P`` serves there (the routes are in
-:mod:`rllib_ragen.envs.serve`).
+:mod:`rllib_ragen.envs.serve`). With ``protocol="openenv"`` it plays an OpenEnv server instead
+(:class:`rllib_ragen.envs.openenv_bridge.OpenEnvTextEnv`, on the ``openenv`` extra).
 
 Failures stay inside the episode. A refused or dropped connection is retried with exponential backoff
 (``connect_retries``); a step is sent with its index, so a retry after a lost response never steps twice. A server
@@ -36,8 +37,19 @@ MAX_REPLY_OVERHEAD_BYTES = 65_536  # a reply's bytes beyond its texts (JSON esca
 _CONNECTION_ERRORS = (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine, BrokenPipeError)
 
 
+PROTOCOLS = ("rllib_ragen", "openenv")
+
+
 class RemoteEnvError(RuntimeError):
     """The remote environment could not be reached, or answered with an error."""
+
+
+def episode_start(text_env: TextEnv) -> dict[str, Any]:
+    """What a client needs at the start of an episode besides the observation, from the (unwrapped) environment
+    just reset: both servers send it."""
+    return {"description": text_env.describe(), "action_names": list(text_env.action_names),
+            "action_pattern": getattr(text_env, "action_pattern", None),
+            "max_turns": getattr(text_env, "max_turns", None), "state_key": text_env.state_key()}
 
 
 class RemoteTextEnv(TextEnv):
@@ -57,16 +69,45 @@ class RemoteTextEnv(TextEnv):
     The served environment's.
 
     ## Arguments
-    ``url``: the server, e.g. ``"http://127.0.0.1:8000"``. ``request_timeout_s`` (30): the longest wait for one
-    answer. ``connect_retries`` (4) and ``retry_backoff_s`` (0.2): a failed connection is retried after 0.2, 0.4,
-    0.8, ... seconds.
+    ``url``: the server, e.g. ``"http://127.0.0.1:8000"``. ``protocol``: ``"rllib_ragen"`` (default; the server
+    of ``python -m rllib_ragen.envs.serve``) or ``"openenv"`` (any OpenEnv server, or ours with ``--protocol
+    openenv``). ``request_timeout_s`` (30): the longest wait for one answer. ``connect_retries`` (4) and
+    ``retry_backoff_s`` (0.2): a failed connection is retried after 0.2, 0.4, 0.8, ... seconds (``"rllib_ragen"``
+    only: an OpenEnv episode lives on one connection). For OpenEnv servers that are not ours: ``action_field``,
+    ``observation_field`` and ``success_reward`` (see :class:`~rllib_ragen.envs.openenv_bridge.OpenEnvTextEnv`).
     """
 
-    def __init__(self, url: str, request_timeout_s: float = 30.0, connect_retries: int = 4,
-                 retry_backoff_s: float = 0.2, max_observation_chars: int = 16384, render_mode: str | None = "ansi"):
-        parsed = urlparse(url)
-        if parsed.scheme != "http" or not parsed.hostname:
+    def __new__(cls, *args, protocol: str = "rllib_ragen", **kwargs):
+        if cls is RemoteTextEnv and protocol == "openenv":  # one registered id, two transports
+            try:
+                from .openenv_bridge import OpenEnvTextEnv
+            except ImportError as error:
+                raise ImportError(f"protocol='openenv' needs the openenv package ({error}): "
+                                  'pip install "rllib_ragen[openenv]"') from None
+            cls = OpenEnvTextEnv
+        return super().__new__(cls)
+
+    def __init__(self, url: str, protocol: str = "rllib_ragen", request_timeout_s: float = 30.0,
+                 connect_retries: int = 4, retry_backoff_s: float = 0.2, max_observation_chars: int = 16384,
+                 action_field: str | None = None, observation_field: str | None = None,
+                 success_reward: float | None = None, render_mode: str | None = "ansi"):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol={protocol!r}: choose one of {PROTOCOLS}.")
+        parsed = urlparse(url) if isinstance(url, str) else None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname or (
+                protocol == "rllib_ragen" and parsed.scheme != "http"):
             raise ValueError(f"url={url!r}: give the server as http://HOST:PORT (python -m rllib_ragen.envs.serve).")
+        openenv_only = {"action_field": action_field, "observation_field": observation_field,
+                        "success_reward": success_reward}
+        for name, value in openenv_only.items():
+            if value is not None and protocol != "openenv":
+                raise ValueError(f"{name}={value!r} applies to OpenEnv servers only: set protocol='openenv'.")
+        for name in ("action_field", "observation_field"):
+            if openenv_only[name] is not None and not isinstance(openenv_only[name], str):
+                raise ValueError(f"{name}={openenv_only[name]!r} must be a field name (a string) or None.")
+        if success_reward is not None and (isinstance(success_reward, bool) or not isinstance(
+                success_reward, (int, float)) or not math.isfinite(success_reward)):
+            raise ValueError(f"success_reward={success_reward!r} must be a finite number or None.")
         for name, value in (("request_timeout_s", request_timeout_s), ("retry_backoff_s", retry_backoff_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"{name}={value!r} must be a positive, finite number of seconds.")
@@ -78,8 +119,12 @@ class RemoteTextEnv(TextEnv):
         self.url, self.request_timeout_s = url, float(request_timeout_s)
         self.max_observation_chars = max_observation_chars
         self.connect_retries, self.retry_backoff_s = connect_retries, float(retry_backoff_s)
+        self.protocol, self.action_field, self.observation_field = protocol, action_field, observation_field
+        self.success_reward = success_reward
         self._host, self._port = parsed.hostname, parsed.port or 80
         self._connection: http.client.HTTPConnection | None = None
+        self._client = None  # OpenEnv's client, with protocol="openenv"
+        self._ours, self._action_schema, self._server_description = True, {}, ""
         self._session: str | None = None
         self._steps = 0
         self._description, self._observation, self._state_key = "", "", ""
@@ -173,6 +218,9 @@ class RemoteTextEnv(TextEnv):
         self.reset_options = options or {}
         reply = self._request("POST", "/reset", {"seed": seed, "options": self.reset_options,
                                                  "close": self._session})
+        if "session_id" not in reply and isinstance(reply.get("observation"), dict) and "done" in reply:
+            raise RemoteEnvError(f"{self.url}/reset answered in OpenEnv's shape (an observation object and 'done', no "
+                                 "session): play it with env_config protocol='openenv'.")
         field = lambda name, kind, **kw: self._field(reply, "/reset", name, kind, **kw)  # noqa: E731
         self._session, self._steps, self._success = field("session_id", str), 0, False
         self._description, self._observation = field("description", str), field("observation", str)

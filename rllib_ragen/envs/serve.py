@@ -1,6 +1,7 @@
 """Serve any registered text environment over HTTP: ``python -m rllib_ragen.envs.serve --env ID --port P``.
 
-One session per episode, in OpenEnv's reset / step / state shape, JSON over HTTP/1.1 with keep-alive:
+rllib_ragen's own protocol (``--protocol openenv`` serves OpenEnv's instead: ``openenv_bridge.py``): one session per
+episode, JSON over HTTP/1.1 with keep-alive:
 
 - ``POST /reset`` ``{"seed": int | null, "options": {...}, "close": previous session id | null}`` starts an episode
   and returns ``{"session_id", "observation", "info", "description", "action_names", "action_pattern",
@@ -33,6 +34,7 @@ import json
 import logging
 import math
 import signal
+import socket
 import sys
 import threading
 import time
@@ -46,6 +48,7 @@ from urllib.parse import parse_qs, urlparse
 import gymnasium as gym
 
 from . import make_text_env
+from .remote import PROTOCOLS, episode_start
 
 logger = logging.getLogger(__name__)
 
@@ -150,11 +153,8 @@ class TextEnvServer(ThreadingHTTPServer):
             except BaseException:  # refused (a bad seed) or broken: its session must not stay open
                 self.close_session(session_id, reuse=False)
                 raise
-            text_env = session.env.unwrapped
             return {"session_id": session_id, "observation": observation, "info": info,
-                    "description": text_env.describe(), "action_names": list(text_env.action_names),
-                    "action_pattern": getattr(text_env, "action_pattern", None),
-                    "max_turns": getattr(text_env, "max_turns", None), "state_key": text_env.state_key()}
+                    **episode_start(session.env.unwrapped)}
 
     def step(self, body: dict) -> dict:
         session = self.session(body.get("session_id"))
@@ -267,6 +267,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="a connection whose client sends nothing for this long is closed")
     parser.add_argument("--register", default=None,
                         help="import this module first (one that calls register_text_env for your environments)")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="rllib_ragen",
+                        help="rllib_ragen: this module's HTTP sessions (RemoteTextEnv's default); openenv: OpenEnv's "
+                             "app (/ws, /schema, /metadata), for OpenEnv's clients and RemoteTextEnv(protocol="
+                             "'openenv'); needs the openenv extra (default: rllib_ragen)")
     args = parser.parse_args(argv)
     for flag, value, least in (("--max-sessions", args.max_sessions, 1), ("--max-body-bytes", args.max_body_bytes, 0)):
         if value < least:
@@ -281,6 +285,9 @@ def main(argv: list[str] | None = None) -> None:
         env_config = json.loads(args.env_config)
     except ValueError as error:
         parser.error(f"--env-config is not JSON: {error}")
+    if args.protocol == "openenv":
+        _serve_openenv(parser, args, env_config)
+        return
     try:
         server = TextEnvServer((args.host, args.port), args.env, env_config, args.max_sessions, args.session_ttl_s,
                                args.max_body_bytes, args.request_timeout_s)
@@ -296,6 +303,30 @@ def main(argv: list[str] | None = None) -> None:
         pass
     finally:
         server.server_close()
+
+
+def _serve_openenv(parser: argparse.ArgumentParser, args: argparse.Namespace, env_config: dict) -> None:
+    """OpenEnv's app (``openenv_bridge.openenv_app``) under uvicorn, with this server's limits: a WebSocket message
+    or request head over ``--max-body-bytes`` is refused, an idle connection closed after ``--request-timeout-s``."""
+    try:
+        import uvicorn
+
+        from .openenv_bridge import openenv_app
+    except ImportError as error:
+        parser.error(f"--protocol openenv needs the openenv package ({error}): pip install \"rllib_ragen[openenv]\"")
+    try:
+        app = openenv_app(args.env, env_config, args.max_sessions, args.session_ttl_s)
+        listening = socket.create_server((args.host, args.port), backlog=TextEnvServer.request_queue_size)
+    except (gym.error.Error, ValueError, TypeError, OSError) as error:
+        parser.error(f"cannot serve --env {args.env} with --env-config {args.env_config} on {args.host}:{args.port}: "
+                     f"{type(error).__name__}: {error}")
+    config = uvicorn.Config(app, log_level="warning", ws_max_size=max(args.max_body_bytes, 1),
+                            h11_max_incomplete_event_size=max(args.max_body_bytes, 1),
+                            timeout_keep_alive=max(1, round(args.request_timeout_s)),
+                            limit_concurrency=args.max_sessions + TextEnvServer.request_queue_size)
+    host, port = listening.getsockname()[:2]
+    print(f"serving {args.env} on http://{host}:{port} (OpenEnv)", flush=True)
+    uvicorn.Server(config).run(sockets=[listening])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,352 @@
+"""OpenEnv's protocol, both ways, on the ``openenv`` package (``pip install "rllib_ragen[openenv]"``).
+
+- **Serving**: :func:`openenv_app` wraps any registered text environment in an OpenEnv ``Environment`` and builds
+  OpenEnv's own FastAPI app around it (``create_fastapi_app``), so OpenEnv's clients (``GenericEnvClient``, TRL's,
+  SkyRL's) play it over ``/ws`` and ``openenv validate --url`` passes. ``python -m rllib_ragen.envs.serve --env ID
+  --protocol openenv`` runs it with uvicorn. The action is :class:`TextAction` (``{"message": "Up"}``); the
+  observation, :class:`TextObservation`, carries the text and everything ``RemoteTextEnv`` needs to play the episode
+  as it plays in process (the action list, the state key, success, truncation).
+- **Playing**: :class:`OpenEnvTextEnv` plays any OpenEnv server as a text environment, through OpenEnv's own
+  ``GenericEnvClient``: ``make_text_env("rllib_ragen/Remote-v0", url=..., protocol="openenv")``. Its observation
+  is rendered to text and its action schema told to the policy; ``done`` is ``terminated``; seeds pass through.
+
+Why two remote protocols: OpenEnv keeps an episode on one WebSocket, and its HTTP ``/reset`` and ``/step`` are
+stateless, so a dropped connection ends the episode. ``rllib_ragen``'s own HTTP protocol (``serve.py``,
+``remote.py``) keeps the episode in a server session and numbers each step, so a client reconnects and retries a
+step whose answer was lost without stepping twice; and it needs nothing beyond the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import urllib.error
+import urllib.request
+from typing import Any
+
+from openenv.core.env_server import Action, Environment, Observation, State
+from openenv.core.env_server.http_server import create_fastapi_app
+from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata
+from pydantic import Field
+
+from . import make_text_env
+from .base import TextEnv
+from .remote import RemoteEnvError, RemoteTextEnv, episode_start
+
+logger = logging.getLogger(__name__)
+
+
+# ---- the wire types of a served text environment -------------------------------------------------------------------
+class TextAction(Action):
+    """One action of a text environment."""
+
+    message: str = Field(description="One action: a name from the observation's action_names (case ignored), or "
+                                     "a move matching its action_pattern.")
+
+
+class TextObservation(Observation):
+    """A text environment's state, with what a client needs to play it exactly as in process."""
+
+    text: str = Field(description="The state as text.")
+    description: str = Field(default="", description="Instructions, symbols and valid actions (set on reset).")
+    action_names: list[str] = Field(default_factory=list, description="The valid actions (empty: see action_pattern).")
+    action_pattern: str | None = Field(default=None, description="The move syntax, a regular expression.")
+    max_turns: int | None = Field(default=None, description="The environment's own cap on the agent's replies.")
+    state_key: str = Field(default="", description="Equal keys mark equal states (GiGPO's anchor states).")
+    success: bool = Field(default=False, description="Whether the episode's goal is reached.")
+    truncated: bool = Field(default=False, description="Whether the episode ended by a time limit, not the game.")
+    info: dict[str, Any] = Field(default_factory=dict, description="The environment's step info.")
+
+
+class TextState(State):
+    """The episode so far."""
+
+    text: str = Field(default="", description="The state as text.")
+    success: bool = Field(default=False, description="Whether the episode's goal is reached.")
+
+
+# ---- serving: our environment behind OpenEnv's app -------------------------------------------------------------------
+class ServedTextEnv(Environment):
+    """A registered text environment as an OpenEnv ``Environment``: one instance per WebSocket session."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True  # each session builds its own environment; they share nothing
+
+    def __init__(self, env_id: str, env_config: dict | None = None):
+        super().__init__()
+        self.env_id = env_id
+        self.env = make_text_env(env_id, **dict(env_config or {}))
+        self._state = TextState()
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, options: dict | None = None,
+              **_: Any) -> TextObservation:
+        text, info = self._call("reset", lambda: self.env.reset(seed=seed, options=options or None))
+        self._state = TextState(episode_id=episode_id, step_count=0, text=text, success=False)
+        return TextObservation(text=text, info=info, **episode_start(self.env.unwrapped))
+
+    def step(self, action: TextAction, timeout_s: float | None = None, **_: Any) -> TextObservation:
+        text, reward, terminated, truncated, info = self._call("step", lambda: self.env.step(action.message))
+        text_env = self.env.unwrapped
+        self._state.step_count += 1
+        self._state.text, self._state.success = text, bool(text_env.success)
+        reward = float(reward)
+        if not math.isfinite(reward):  # JSON has no NaN: the reward goes as its name too, and the client reads that
+            info = {**info, "nonfinite_reward": repr(reward)}
+        return TextObservation(text=text, reward=reward, done=bool(terminated or truncated), info=info,
+                               state_key=text_env.state_key(), success=bool(text_env.success),
+                               truncated=bool(truncated and not terminated))
+
+    @property
+    def state(self) -> TextState:
+        return self._state
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        try:
+            description = self.env.unwrapped.describe()
+        except Exception:  # an adapted game may describe itself only after a reset
+            description = ""
+        return EnvironmentMetadata(name=self.env_id, description=description or f"the text environment {self.env_id}",
+                                   version=_package_version())
+
+    def close(self) -> None:
+        self.env.close()
+
+    def _call(self, what: str, call):
+        try:
+            return call()
+        except Exception as error:  # OpenEnv answers the client with an error frame; the log gets one line, no trace
+            logger.error("%s %s: the environment raised %s: %s", self.env_id, what, type(error).__name__,
+                         str(error).splitlines()[0] if str(error) else "")
+            raise
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rllib_ragen")
+    except PackageNotFoundError:
+        return "0"
+
+
+def openenv_app(env_id: str, env_config: dict | None = None, max_sessions: int = 4096,
+                session_ttl_s: float | None = 600.0):
+    """OpenEnv's FastAPI app serving ``env_id`` (built once here, so a bad id or argument fails now, not on the first
+    connection): ``/ws`` sessions, ``/reset``, ``/step``, ``/state``, ``/schema``, ``/metadata``, ``/health``."""
+    ServedTextEnv(env_id, env_config).close()
+    return create_fastapi_app(lambda: ServedTextEnv(env_id, env_config), TextAction, TextObservation,
+                              env_name=env_id.replace("/", "_"), state_cls=TextState,
+                              concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions,
+                                                                   session_timeout=session_ttl_s))
+
+
+# ---- playing: an OpenEnv server as a text environment ------------------------------------------------------------
+OUR_FIELDS = frozenset(TextObservation.model_fields) - frozenset(Observation.model_fields)
+_OPENENV_RESERVED = frozenset({"done", "reward", "metadata"})
+
+
+class OpenEnvTextEnv(RemoteTextEnv):
+    """An OpenEnv server played as a text environment (``RemoteTextEnv(url, protocol="openenv")``; the arguments
+    are ``RemoteTextEnv``'s).
+
+    One episode is one WebSocket session of OpenEnv's ``GenericEnvClient``. At the first reset the server's
+    ``/schema`` and ``/metadata`` are read:
+
+    - a server of :func:`openenv_app` (its observation has :class:`TextObservation`'s fields) is played exactly as
+      in process: its action list or move syntax, state keys, success and truncation;
+    - any other server: the observation's fields (``done``, ``reward`` and ``metadata`` aside) become the text, the
+      one named by ``observation_field`` or the only string one, else all of them as JSON; the answer fills the
+      action's ``action_field`` (default: its only required string field), else it must be a JSON object that
+      matches the action schema (checked here: a mismatch costs the format penalty and no request). The episode
+      ends when ``done``; a reward of null is 0; success is the observation's ``success`` field or metadata when
+      sent, else a final reward of at least ``success_reward`` (None: never).
+    """
+
+    def _connect(self) -> None:
+        from openenv.core.generic_client import GenericEnvClient
+
+        if self._client is not None:
+            return
+        schema, metadata = self._get_json("/schema"), self._get_json("/metadata")
+        action, observation = schema.get("action"), schema.get("observation")
+        if not isinstance(action, dict) or not isinstance(observation, dict):
+            raise RemoteEnvError(f"{self.url}/schema answered without action and observation schemas: "
+                                 f"{json.dumps(schema)[:120]}")
+        self._ours = OUR_FIELDS <= set(observation.get("properties", {}))
+        self._action_schema = action
+        self._server_description = str(metadata.get("description") or "")
+        if not self._ours:
+            self._choose_action_field(action)
+            fields = set(observation.get("properties", {})) - _OPENENV_RESERVED
+            if self.observation_field is not None and self.observation_field not in fields:
+                raise RemoteEnvError(f"observation_field={self.observation_field!r}, but {self.url}'s observation "
+                                     f"has the fields {sorted(fields)}.")
+        self._client = GenericEnvClient(base_url=self.url, connect_timeout_s=self.request_timeout_s,
+                                        message_timeout_s=self.request_timeout_s)
+
+    def _choose_action_field(self, schema: dict) -> None:
+        properties = {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}
+        if self.action_field is not None:
+            if self.action_field not in properties:
+                raise RemoteEnvError(f"action_field={self.action_field!r}, but {self.url}'s action has the fields "
+                                     f"{sorted(properties)}.")
+            return
+        required = [k for k in schema.get("required", ()) if k in properties]
+        strings = [k for k in required if properties[k].get("type") == "string"]
+        self.action_field = strings[0] if len(required) == 1 and strings else None  # None: a JSON object
+
+    def _get_json(self, path: str) -> dict:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=self.request_timeout_s) as response:
+                raw = response.read(self._max_reply_bytes + 1)
+        except urllib.error.HTTPError as error:
+            raise RemoteEnvError(f"{self.url}{path} answered HTTP {error.code}: not an OpenEnv server? (A "
+                                 "`python -m rllib_ragen.envs.serve` server without --protocol openenv is played "
+                                 "with protocol='rllib_ragen'.)") from None
+        except (urllib.error.URLError, OSError) as error:
+            raise RemoteEnvError(f"cannot reach the OpenEnv server at {self.url} ({error}).") from None
+        try:
+            payload = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RemoteEnvError(f"{self.url}{path} answered something that is not JSON: {raw[:80]!r}") from None
+        if not isinstance(payload, dict):
+            raise RemoteEnvError(f"{self.url}{path} answered a JSON {type(payload).__name__}, not an object.")
+        return payload
+
+    def _send(self, what: str, call):
+        """One reset or step through OpenEnv's client, its failures turned into the two the rollout engine counts."""
+        try:
+            return call()
+        except TimeoutError:
+            self._drop_client()
+            raise TimeoutError(f"{self.url} did not answer a {what} within request_timeout_s="
+                               f"{self.request_timeout_s:g} s") from None
+        except Exception as error:  # a refused connection, a closed socket, an error frame
+            self._drop_client()
+            raise RemoteEnvError(f"the OpenEnv server at {self.url} failed a {what}: {type(error).__name__}: "
+                                 f"{error}") from None
+
+    def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:
+                pass
+
+    # ---- TextEnv ----------------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        super(TextEnv, self).reset(seed=seed)  # gymnasium seeds np_random; the server builds the state
+        self.reset_options = options or {}
+        self._connect()
+        arguments = {"seed": seed} if seed is not None else {}
+        if self.reset_options:
+            arguments["options"] = self.reset_options
+        result = self._send("reset", lambda: self._client.reset(**arguments))
+        self._steps, self._success = 0, False
+        observation = self._checked_observation(result.observation, "reset")
+        if self._ours:
+            reply = lambda name, kind, **kw: self._field(observation, "/ws reset", name, kind, **kw)  # noqa: E731
+            self._description, self._observation = reply("description", str), reply("text", str)
+            self._state_key = reply("state_key", str)
+            self.action_names = tuple(reply("action_names", list))
+            self._action_lookup = {name.lower(): i for i, name in enumerate(self.action_names)}
+            self._action_regex = self._compile_action_pattern(reply("action_pattern", str, optional=True) or None)
+            self.max_turns = reply("max_turns", int, optional=True)
+            return self._observation, reply("info", dict)
+        self.action_names, self._action_lookup, self.max_turns = (), {}, None
+        self._observation = self._foreign_text(observation)
+        self._state_key, self._description = self._observation, self._foreign_description()
+        return self._observation, {"success": False}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+        if self._client is None:
+            raise RemoteEnvError(f"step() without an open episode on {self.url}: reset() first.")
+        payload = {"message": action} if self._ours else (
+            {self.action_field: action} if self.action_field else json.loads(action))
+        result = self._send("step", lambda: self._client.step(payload))
+        self._steps += 1
+        observation = self._checked_observation(result.observation, "step")
+        reward = result.reward
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+            raise RemoteEnvError(f"{self.url} sent reward={reward!r:.80}: expected a number or null.")
+        reward, done = float(reward or 0.0), bool(result.done)
+        if self._ours:
+            reply = lambda name, kind: self._field(observation, "/ws step", name, kind)  # noqa: E731
+            self._observation, self._state_key = reply("text", str), reply("state_key", str)
+            info = reply("info", dict)
+            reward = float(info.pop("nonfinite_reward", reward))
+            self._success, truncated = reply("success", bool), reply("truncated", bool)
+            return self._observation, reward, done and not truncated, truncated, info
+        self._observation = self._state_key = self._foreign_text(observation)
+        metadata = result.metadata if isinstance(result.metadata, dict) else {}
+        said = observation.get("success", metadata.get("success"))
+        if isinstance(said, bool):
+            self._success = said
+        elif done and self.success_reward is not None:
+            self._success = reward >= self.success_reward
+        info = {"success": self._success, "action_is_valid": True, "action_is_effective": True}
+        return self._observation, reward, done, False, info
+
+    def canonical_action(self, text: str) -> str | None:
+        if self._ours or self._client is None:
+            return super().canonical_action(text)
+        text = text.strip()
+        if not text:
+            return None
+        if self.action_field is not None:
+            return text
+        return self._matching_json(text)
+
+    def _matching_json(self, text: str) -> str | None:
+        """The answer as a JSON object that the server's action schema accepts, or None (a format error)."""
+        import jsonschema
+
+        try:
+            value = json.loads(text)
+            jsonschema.validate(value, self._action_schema)
+        except (ValueError, RecursionError, jsonschema.ValidationError):
+            return None
+        return json.dumps(value, sort_keys=True) if isinstance(value, dict) else None
+
+    def _checked_observation(self, observation: Any, what: str) -> dict:
+        if not isinstance(observation, dict):
+            raise RemoteEnvError(f"{self.url} answered a {what} with observation={observation!r:.80}: expected an "
+                                 "object.")
+        if len(json.dumps(observation, default=str)) > self._max_reply_bytes:
+            raise RemoteEnvError(f"{self.url} sent an observation of more than {self._max_reply_bytes:,} bytes, more "
+                                 f"than texts of max_observation_chars={self.max_observation_chars} can take.")
+        return observation
+
+    def _foreign_text(self, observation: dict) -> str:
+        fields = {k: v for k, v in observation.items() if k not in _OPENENV_RESERVED}
+        if self.observation_field is not None:
+            value = fields.get(self.observation_field)
+            text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        else:
+            strings = [v for v in fields.values() if isinstance(v, str)]
+            text = strings[0] if len(strings) == 1 and len(fields) == 1 else json.dumps(fields, sort_keys=True,
+                                                                                         default=str)
+        if len(text) > self.max_observation_chars:
+            raise RemoteEnvError(f"{self.url} sent an observation text of {len(text):,} characters; this client takes "
+                                 f"at most max_observation_chars={self.max_observation_chars}.")
+        return text
+
+    def _foreign_description(self) -> str:
+        """The server's own description, and how to act: the field the answer fills, or the JSON schema."""
+        if self.action_field is not None:
+            about = self._action_schema.get("properties", {}).get(self.action_field, {}).get("description")
+            how = f"Answer with the action's {self.action_field!r}" + (f" ({about})." if about else ".")
+        else:
+            schema = {k: v for k, v in self._action_schema.items() if k not in ("title", "description")}
+            schema["properties"] = {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}
+            how = "Answer with one JSON object of this schema: " + json.dumps(schema, sort_keys=True)
+        return "\n".join(p for p in (self._server_description.strip(), how) if p)
+
+    def close(self) -> None:
+        self._drop_client()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_client"] = None  # a WebSocket and its event loop do not travel; the copy opens its own
+        return state
