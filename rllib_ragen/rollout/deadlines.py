@@ -1,16 +1,21 @@
 """Environment calls with a deadline: a ``reset()`` or ``step()`` that never returns must not hang the rollout.
 
-Python cannot stop a call that is running, so each call runs on a daemon worker thread and the rollout waits at
-most ``timeout`` seconds for it. A late call's thread is left to finish (or not) on its own, and the environment
-it holds is never used again (:attr:`TimedEnv.stuck`); the next call starts a fresh worker. Daemon threads, unlike
-``concurrent.futures.ThreadPoolExecutor``'s, do not keep the process alive at exit when one is stuck.
+Python cannot stop a call that is running, so each environment's calls run on a daemon worker thread of its own
+and the caller waits at most ``timeout`` seconds for each. A late call's thread is left to finish (or not) on its
+own, and the environment it holds is never used again (:attr:`TimedEnv.stuck`); the next call starts a fresh
+worker. Daemon threads, unlike ``concurrent.futures.ThreadPoolExecutor``'s, do not keep the process alive at exit
+when one is stuck.
+
+:func:`call_each` runs one call per environment at once, so environments that hang together cost one deadline,
+not one each.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 
@@ -57,6 +62,29 @@ class DeadlineCaller:
         raise value  # the environment's own exception
 
 
+def call_each(calls: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+    """Run ``calls`` at once, one thread each, and return ``(True, value)`` or ``(False, exception)`` for each, in
+    order. Meant for calls into different :class:`TimedEnv` environments: each waits at most its own deadline, so
+    the whole takes about the longest one. Environments must not share mutable state (as for gymnasium's vector
+    environments); the adapted games' process-wide random generators are swapped under a lock
+    (``envs/external.py``), so they may run here too."""
+
+    def outcome(call):
+        try:
+            return True, call()
+        except Exception as error:  # handed to the caller, who counts it
+            return False, error
+
+    if len(calls) <= 1:
+        return [outcome(call) for call in calls]
+    return list(_CALLERS.map(outcome, calls))
+
+
+# Threads that only wait on the environments' own workers, at most a deadline each: kept between rollouts (a
+# thread is made only when none is idle), as many as the most calls made at once.
+_CALLERS = ThreadPoolExecutor(max_workers=4096, thread_name_prefix="text-env-rollout")
+
+
 class TimedEnv(gym.Wrapper):
     """An environment whose ``reset`` and ``step`` each fail with :class:`EnvTimeoutError` past their deadline.
 
@@ -64,9 +92,9 @@ class TimedEnv(gym.Wrapper):
     :attr:`stuck` is set and the rollout engine builds a new environment in its place.
     """
 
-    def __init__(self, env: gym.Env, caller: DeadlineCaller, reset_timeout_s: float, step_timeout_s: float):
+    def __init__(self, env: gym.Env, reset_timeout_s: float, step_timeout_s: float):
         super().__init__(env)
-        self._caller, self._reset_timeout_s, self._step_timeout_s = caller, reset_timeout_s, step_timeout_s
+        self._caller, self._reset_timeout_s, self._step_timeout_s = DeadlineCaller(), reset_timeout_s, step_timeout_s
         self.stuck = False
 
     def _call(self, fn: Callable[[], Any], timeout_s: float, method: str) -> Any:

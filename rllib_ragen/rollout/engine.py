@@ -25,8 +25,9 @@ from .. import metrics as M
 from ..envs import TRANSITION_SEED, make_text_env
 from .backends import InferenceBackend, SamplingParams
 from .context import DEFAULT_SYSTEM_PROMPT, ChatFormat, turn_message
-from .deadlines import DeadlineCaller, EnvTimeoutError, TimedEnv
-from .protocol import DEFAULT_FORMAT_PENALTY, DEFAULT_SEPARATOR, REGION_OTHER, execute_turn, parse_reply, reply_regions
+from .deadlines import EnvTimeoutError, TimedEnv, call_each
+from .protocol import (DEFAULT_FORMAT_PENALTY, DEFAULT_SEPARATOR, REGION_OTHER, ParsedReply, execute_turn, parse_reply,
+                       reply_regions)
 from .trajectory import Start, Trajectory, TurnSample, start_env, start_seed
 
 logger = logging.getLogger(__name__)
@@ -144,7 +145,6 @@ class RolloutEngine:
         self._token_texts: dict[int, str] = {}
         self._named = {name: (env, dict(env_config)) for name, env, env_config in config.environments}
         self._envs: dict[str | None, list] = defaultdict(list)  # built environments, by name (None: config.env)
-        self._env_calls = DeadlineCaller()
         # The texts the tokenizer reads as control tokens, longest first (one may contain another).
         specials = {token.content for token in tokenizer.added_tokens_decoder.values() if token.special}
         self._control_texts = sorted((specials | set(tokenizer.all_special_tokens)) - {""}, key=len, reverse=True)
@@ -157,8 +157,8 @@ class RolloutEngine:
         pool = self._envs[name]
         pool[:] = [e for e in pool if not e.stuck]  # one that timed out may still be running its call
         while len(pool) < size:
-            pool.append(TimedEnv(make_text_env(env, **env_config), self._env_calls,
-                                 self.config.env_reset_timeout_s, self.config.env_step_timeout_s))
+            pool.append(TimedEnv(make_text_env(env, **env_config), self.config.env_reset_timeout_s,
+                                 self.config.env_step_timeout_s))
         return pool[:size]
 
     def _pools(self, starts: Sequence[Start], group_size: int) -> list:
@@ -248,15 +248,17 @@ class RolloutEngine:
         counts: Counter = Counter({key: 0 for key in M.ROLLOUT_COUNTERS})
         episodes: list[_Episode] = []
         too_long: list[int] = []  # lengths of first prompts that leave no room for a reply
-        for (group, member, start), env in zip(
-                ((g, j, s) for g, s in enumerate(seeds) for j in range(group_size)), self._pools(seeds, group_size)):
+        members = [(g, j, s) for g, s in enumerate(seeds) for j in range(group_size)]
+        envs = self._pools(seeds, group_size)
+        # Every reset at once: environments that hang together cost one deadline (rollout/deadlines.py).
+        resets = call_each([self._reset_call(env, start_seed(start), member)
+                            for (_, member, start), env in zip(members, envs)])
+        for (group, member, start), env, (reset, value) in zip(members, envs, resets):
             text_env, seed = env.unwrapped, start_seed(start)
-            try:
-                observation, _ = env.reset(seed=int(seed), options=self._reset_options(seed, member))
-                description = text_env.describe()
-            except Exception as error:  # an environment's bug must not take the whole rollout down
-                _count_env_failure(error, counts, f"env reset failed for seed {seed}")
+            if not reset:  # an environment's bug must not take the whole rollout down
+                _count_env_failure(value, counts, f"env reset failed for seed {seed}")
                 continue
+            observation, description = value
             observation = self._plain(_observation_text(text_env, observation, "reset"), counts)
             instructions = self._plain(description, counts)
             message = self._user_message(observation, 1, c.max_actions_per_episode, None)
@@ -287,8 +289,11 @@ class RolloutEngine:
                                                 None if sample_seed is None else sample_seed * 1000 + turn,
                                                 max_new_tokens=[self._reply_room(prompt) for prompt in prompts])
             t_generate += time.perf_counter() - t0
-            for episode, generation in zip(active, generations):
-                self._play_turn(episode, generation, turn, counts)
+            replies = [self._record_reply(episode, generation) for episode, generation in zip(active, generations)]
+            # Every episode's actions at once: environments that hang together cost one deadline per step.
+            results = call_each([self._turn_call(episode, reply) for episode, reply in zip(active, replies)])
+            for episode, generation, result in zip(active, generations, results):
+                self._finish_turn(episode, generation, turn, result, counts)
         trajectories = [e.trajectory for e in episodes if not e.failed]
         for t in trajectories:
             t.text = self.tokenizer.decode(t.token_ids)
@@ -310,8 +315,15 @@ class RolloutEngine:
             logger.warning("%s; those episodes are not played and are counted as %s (warned once per environment).",
                            message, M.PROMPTS_TOO_LONG)
 
-    def _play_turn(self, episode: _Episode, generation, turn: int, counts: Counter) -> None:
-        """Execute one reply. An environment that raises or pays a non-finite reward drops its episode (counted)."""
+    def _reset_call(self, env, seed: int, member: int):
+        """One episode's reset and instructions, as a call for :func:`call_each`."""
+        def reset():
+            observation, _ = env.reset(seed=int(seed), options=self._reset_options(seed, member))
+            return observation, env.unwrapped.describe()
+        return reset
+
+    def _record_reply(self, episode: _Episode, generation) -> ParsedReply:
+        """Append a sampled reply to its episode and parse it."""
         c, t = self.config, episode.trajectory
         start = len(t.token_ids)
         regions = reply_regions([self._token_text(token) for token in generation.token_ids])
@@ -320,16 +332,26 @@ class RolloutEngine:
         if c.window_turns is not None:
             t.turn_samples.append(self._turn_sample(episode.prompt_ids, generation, regions))
         t.turn_states.append(episode.state_key)
-        reply = parse_reply(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True),
-                            enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn,
-                            separator=c.action_separator)
-        try:
-            result = execute_turn(episode.env, reply, actions_left=episode.actions_left,
-                                  format_penalty=c.format_penalty,
-                                  ineffective_action_penalty=c.ineffective_action_penalty,
-                                  ungrounded_reasoning_penalty=c.ungrounded_reasoning_penalty)
-        except Exception as error:
-            _count_env_failure(error, counts, f"env step failed in {t.env_name} (seed {t.seed})")
+        return parse_reply(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True),
+                           enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn,
+                           separator=c.action_separator)
+
+    def _turn_call(self, episode: _Episode, reply: ParsedReply):
+        """Executing one parsed reply in its episode's environment, as a call for :func:`call_each`."""
+        c = self.config
+        return lambda: execute_turn(episode.env, reply, actions_left=episode.actions_left,
+                                    format_penalty=c.format_penalty,
+                                    ineffective_action_penalty=c.ineffective_action_penalty,
+                                    ungrounded_reasoning_penalty=c.ungrounded_reasoning_penalty)
+
+    def _finish_turn(self, episode: _Episode, generation, turn: int, outcome: tuple[bool, Any],
+                     counts: Counter) -> None:
+        """Record one executed reply. An environment that raised or paid a non-finite reward drops its episode
+        (counted)."""
+        c, t = self.config, episode.trajectory
+        executed, result = outcome
+        if not executed:
+            _count_env_failure(result, counts, f"env step failed in {t.env_name} (seed {t.seed})")
             episode.done = episode.failed = True
             return
         if not math.isfinite(result.reward):

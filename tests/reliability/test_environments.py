@@ -3,6 +3,7 @@ observation is the environment's bug and is named."""
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -136,6 +137,17 @@ def test_a_step_or_reset_past_its_timeout_drops_its_episode_counted_and_the_run_
     trajectories, metrics = hanging_engine.rollout([0, 0, 0, 0], 1, SamplingParams())
     assert len(trajectories) == 4 and all(t.success for t in trajectories)
     assert not set(map(id, stuck)) & set(map(id, hanging_engine._envs[None]))
+
+
+def test_environments_that_hang_together_cost_one_deadline_per_step_not_one_each(hanging_engine):
+    # 8 resets (seed 2) and 8 steps (seed 1) that never return, beside 4 healthy episodes: on main before this
+    # change the 16 deadlines of 0.3 s ran one after another (4.8 s); now the resets wait together, then the steps.
+    started = time.perf_counter()
+    trajectories, metrics = hanging_engine.rollout([2] * 8 + [1] * 8 + [0] * 4, 1, SamplingParams())
+    took = time.perf_counter() - started
+    assert metrics["rollout/env_timeouts"] == 16.0 and [t.seed for t in trajectories] == [0] * 4
+    assert all(t.success for t in trajectories)
+    assert took < 3 * 0.3 + 0.5, f"{took:.2f} s: the deadlines ran one after another"
 
 
 def test_an_environment_raising_its_own_timeout_error_is_an_env_error_not_a_timeout(hanging_engine):
