@@ -63,11 +63,12 @@ def register_text_env(
     _TEXT_ENV_IDS.append(env_id)
 
 
-# Other packages' games, registered on first use under these namespaces: "gem/<GEM id>", "textarena/<id>". A colon
-# in a GEM id is written as a dot ("gem/game.Sudoku-v0-easy" plays "game:Sudoku-v0-easy"): gymnasium.make reads a
-# colon as "import this module first".
+# Other packages' games, registered on first use under these namespaces: "gem/<GEM id>", "textarena/<id>",
+# "reasoning_gym/<task>". A colon in a GEM id is written as a dot ("gem/game.Sudoku-v0-easy" plays
+# "game:Sudoku-v0-easy"): gymnasium.make reads a colon as "import this module first".
 ADAPTED_NAMESPACES = {"gem/": "rllib_ragen.envs.gem_env:GemTextEnv",
-                      "textarena/": "rllib_ragen.envs.textarena_env:TextArenaTextEnv"}
+                      "textarena/": "rllib_ragen.envs.textarena_env:TextArenaTextEnv",
+                      "reasoning_gym/": "rllib_ragen.envs.reasoning_gym_env:ReasoningGymTextEnv"}
 # An environment served over HTTP (rllib_ragen.envs.serve), played with env_config={"url": ...}; registered on first
 # use too, so that code iterating over the built-ins never builds it without a url.
 REMOTE_ENV_ID = "rllib_ragen/Remote-v0"

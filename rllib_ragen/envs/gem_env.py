@@ -21,6 +21,9 @@ MOVE_SYNTAX = {
 }
 # A GEM game's success message: every game's winning step returns an observation that starts with it.
 SUCCESS_PREFIX = "Congratulations"
+# GEM's reasoning-gym tasks ("rg:<task>") end on the one answer with no message; reasoning-gym's own verifier scores
+# it, 1.0 for a right answer.
+REASONING_GYM_PREFIX = "rg:"
 
 
 class GemTextEnv(ExternalTextEnv):
@@ -42,7 +45,10 @@ class GemTextEnv(ExternalTextEnv):
     GEM's own: its success, step and partial rewards as its games define them.
 
     ## Episode End
-    GEM's. ``success`` is GEM's winning step: its observation starts with "Congratulations".
+    GEM's. ``success`` is GEM's winning step: its observation starts with "Congratulations"; for GEM's
+    reasoning-gym tasks (``rg:<task>``, one answer each) it is a reward of 1.0, reasoning-gym's verdict of a right
+    answer. GEM ends those tasks with terminated and truncated both set; the answer ended the episode, not a time
+    limit, so here it is terminated only.
     Where it differs from GEM: a piece that does not match the move syntax is never sent. GEM would end the episode
     with -0.1; here it changes nothing, and the protocol charges the format penalty and counts it.
 
@@ -71,4 +77,6 @@ class GemTextEnv(ExternalTextEnv):
         text, reward, terminated, truncated, info = self.game.step(f"\\boxed{{{move}}}")
         suffix = info.get("suffix")
         observation = f"{text}\n{suffix}" if suffix and not terminated else text
+        if self.game_id.startswith(REASONING_GYM_PREFIX):
+            return observation, reward, True, False, float(reward) >= 1.0
         return observation, reward, terminated, truncated, bool(terminated and text.startswith(SUCCESS_PREFIX))

@@ -263,3 +263,70 @@ def test_a_game_stuck_in_its_package_cannot_stall_the_others(monkeypatch):
     while external._GLOBAL_GENERATORS.locked():
         time.sleep(0.01)
     make_text_env("gem/game.Mastermind-v0-easy").reset(seed=1)  # released: the others play again
+
+
+def test_gems_reasoning_gym_tasks_count_a_right_answer_as_success_and_end_terminated_only():
+    # GEM's rg: tasks end every answer with terminated and truncated both set, and have no "Congratulations" line:
+    # before this was fixed, 8 of 8 right answers paid 1.0 and none counted as success.
+    env = make_text_env("gem/rg.basic_arithmetic")
+    right = wrong = 0
+    for seed in range(8):
+        env.reset(seed=seed)
+        entry = env.unwrapped.game.unwrapped.data  # the task GEM drew; its question opens describe()
+        assert env.unwrapped.describe().startswith(entry["question"])
+        answer = entry["answer"] if seed % 2 == 0 else str(int(entry["answer"]) + 1)
+        _, reward, terminated, truncated, info = env.step(answer)
+        assert (terminated, truncated) == (True, False)
+        assert info["success"] == (reward == 1.0) == (seed % 2 == 0)
+        right, wrong = right + info["success"], wrong + (not info["success"])
+    assert (right, wrong) == (4, 4)
+
+
+def test_reasoning_gym_tasks_by_id_are_scored_by_their_own_verifier():
+    rg = pytest.importorskip("reasoning_gym")
+    for task in ("basic_arithmetic", "mini_sudoku", "word_sorting"):
+        dataset = rg.create_dataset(task, size=100_000, seed=0)
+        env = make_text_env(f"reasoning_gym/{task}")
+        for seed in (0, 7, 100_007):  # 100,007 wraps to entry 7: a seed is one question, whichever way it is met
+            before = random.getstate(), np.random.get_state()[1].copy()
+            question, _ = env.reset(seed=seed)
+            entry = dataset[seed % 100_000]
+            assert question == entry["question"] and env.unwrapped.max_turns == 1
+            # The answer as written: a grid keeps its lines.
+            _, reward, terminated, truncated, info = env.step(entry["answer"] + "\n")
+            assert (reward, terminated, truncated, info["success"]) == (1.0, True, False, True)
+            env.reset(seed=seed)
+            _, reward, _, _, info = env.step("no idea")
+            assert reward == dataset.score_answer(answer="no idea", entry=entry) < 1.0 and not info["success"]
+            assert before[0] == random.getstate() and np.array_equal(before[1], np.random.get_state()[1])
+    assert make_text_env("reasoning_gym/basic_arithmetic").reset(seed=1) != make_text_env(
+        "reasoning_gym/basic_arithmetic").reset(seed=2)
+    with pytest.raises(ValueError, match="reasoning-gym has no task 'arithmetics'"):
+        make_text_env("reasoning_gym/arithmetics")
+    with pytest.raises(ValueError, match="size=0 must be a whole number >= 1"):
+        make_text_env("reasoning_gym/basic_arithmetic", size=0)
+
+
+def test_a_rollout_counts_a_right_reasoning_gym_answer_as_success():
+    rg = pytest.importorskip("reasoning_gym")
+    from rllib_ragen.rollout import RolloutConfig, RolloutEngine, SamplingParams, ScriptedBackend
+    from rllib_ragen.rollout.context import last_turn_message
+    from rllib_ragen.rollout.models import build_tiny_tokenizer
+
+    dataset = rg.create_dataset("basic_arithmetic", size=100_000, seed=0)
+    answers = {entry["question"]: entry["answer"] for entry in (dataset[s] for s in range(8))}
+    tokenizer = build_tiny_tokenizer(seed=0)
+    # Right on even seeds' questions, off by one on odd ones.
+    wrong = {dataset[s]["question"] for s in range(1, 8, 2)}
+
+    def policy(prompt):
+        question = last_turn_message(prompt).observation
+        answer = answers[question] if question not in wrong else str(int(answers[question]) + 1)
+        return f"<think>compute</think><answer>{answer}</answer>"
+
+    config = RolloutConfig(env="reasoning_gym/basic_arithmetic", action_separator=None, max_actions_per_turn=1)
+    trajectories, metrics = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
+        list(range(8)), 1, SamplingParams(), sample_seed=0)
+    assert [t.success for t in trajectories] == [seed % 2 == 0 for seed in range(8)]
+    assert [t.turn_rewards for t in trajectories] == [[1.0] if seed % 2 == 0 else [0.0] for seed in range(8)]
+    assert metrics["rollout/format_error_rate"] == 0
