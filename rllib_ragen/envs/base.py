@@ -72,6 +72,11 @@ class TextEnv(gym.Env[str, str]):
 
     ``max_turns`` caps the agent's replies per episode for games that are single-turn (or short) by nature;
     the rollout engine plays ``min(max_turns, RolloutConfig.max_turns)``. None leaves it to the config.
+
+    ``raw_replies``: the environment parses the model's text itself (as SkyRL-Gym, verifiers and GEM's games do).
+    The rollout engine then hands it each whole reply, thinking and tags included, as the turn's one action
+    (``canonical_action`` still decides whether it is one: None is a format error), and the turn message asks for
+    the format of the environment's instructions instead of ``<answer>``.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -80,6 +85,7 @@ class TextEnv(gym.Env[str, str]):
     legend: ClassVar[Mapping[str, str]] = {}
     instructions: str = ""
     max_turns: ClassVar[int | None] = None
+    raw_replies: bool = False
 
     def __init__(self, render_mode: str | None = "ansi", max_observation_chars: int = 4096):
         if render_mode not in (None, "ansi"):

@@ -90,6 +90,9 @@ class ExternalTextEnv(TextEnv):
             Packages pay partial credit (GEM's Guess The Number pays 1 - distance / range for a last guess that
             misses), which RL can learn to collect instead of winning; ``"success"`` pays for the goal alone, as
             ``SokobanEnv(reward="success")`` does.
+        raw_replies: hand the package each whole reply as written (:attr:`TextEnv.raw_replies`), for it to find
+            the move in as it does for its own agents (GEM's last ``\\boxed{}``, TextArena's ``[move]``): no move
+            syntax is checked and nothing is wrapped, and ``describe()`` is the package's instructions alone.
         max_observation_chars: the observation space's length limit.
         **game_kwargs: passed to the package's ``make``.
     """
@@ -102,10 +105,13 @@ class ExternalTextEnv(TextEnv):
     action_pattern: str | None = None  # a game without a known syntax takes any non-empty move
     action_syntax: str = "the move as the game's instructions write it"
 
-    def __init__(self, game_id: str, reward: str = "game", max_observation_chars: int = 16384,
-                 render_mode: str | None = "ansi", **game_kwargs: Any):
+    def __init__(self, game_id: str, reward: str = "game", raw_replies: bool = False,
+                 max_observation_chars: int = 16384, render_mode: str | None = "ansi", **game_kwargs: Any):
         if reward not in REWARDS:
             raise ValueError(f"reward={reward!r}: choose one of {REWARDS}.")
+        if not isinstance(raw_replies, bool):
+            raise ValueError(f"raw_replies={raw_replies!r} must be True or False.")
+        self.raw_replies = raw_replies
         super().__init__(render_mode=render_mode, max_observation_chars=max_observation_chars)
         self.reward = reward
         self.observation_space = AnyText(max_length=max_observation_chars)
@@ -148,9 +154,13 @@ class ExternalTextEnv(TextEnv):
 
     # ---- TextEnv ----------------------------------------------------------------------------------------
     def canonical_action(self, text: str) -> str | None:
+        if self.raw_replies:  # the package finds the move itself
+            return text if isinstance(text, str) and text.strip() else None
         return move_matching(text, self._action_regex)
 
     def describe(self) -> str:
+        if self.raw_replies:
+            return self._instructions.strip()
         return (f"{self._instructions.strip()}\n"
                 f"Write each move inside <answer></answer> as {self.action_syntax}; this environment passes it to "
                 "the game in the game's own format.").strip()

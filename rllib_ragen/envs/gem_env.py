@@ -53,7 +53,9 @@ class GemTextEnv(ExternalTextEnv):
     with -0.1; here it changes nothing, and the protocol charges the format penalty and counts it.
 
     ## Arguments
-    ``game_id``: GEM's id, e.g. ``"game:Sudoku-v0-easy"``; further keyword arguments go to ``gem.make``.
+    ``game_id``: GEM's id, e.g. ``"game:Sudoku-v0-easy"``; ``reward`` and ``raw_replies`` (GEM reads the last
+    ``\\boxed{}`` of each whole reply itself): see :class:`~rllib_ragen.envs.external.ExternalTextEnv`; further
+    keyword arguments go to ``gem.make``.
     """
 
     module, distribution, extra = "gem", "gem-llm", "gem"
@@ -74,7 +76,7 @@ class GemTextEnv(ExternalTextEnv):
         return instructions, info.get("suffix") or NO_MOVE_YET
 
     def _step_game(self, move: str) -> tuple[str, float, bool, bool, bool]:
-        text, reward, terminated, truncated, info = self.game.step(f"\\boxed{{{move}}}")
+        text, reward, terminated, truncated, info = self.game.step(move if self.raw_replies else f"\\boxed{{{move}}}")
         suffix = info.get("suffix")
         observation = f"{text}\n{suffix}" if suffix and not terminated else text
         if self.game_id.startswith(REASONING_GYM_PREFIX):

@@ -56,6 +56,7 @@ class TextObservation(Observation):
     state_key: str = Field(default="", description="Equal keys mark equal states (GiGPO's anchor states).")
     success: bool = Field(default=False, description="Whether the episode's goal is reached.")
     truncated: bool = Field(default=False, description="Whether the episode ended by a time limit, not the game.")
+    raw_replies: bool = Field(default=False, description="The environment reads a model's whole reply itself.")
     info: dict[str, Any] = Field(default_factory=dict, description="The environment's step info.")
 
 
@@ -157,9 +158,10 @@ class OpenEnvTextEnv(RemoteTextEnv):
     - any other server: the observation's fields (``done``, ``reward`` and ``metadata`` aside) become the text, the
       one named by ``observation_field`` or the only string one, else all of them as JSON; the answer fills the
       action's ``action_field`` (default: its only required string field), else it must be a JSON object that
-      matches the action schema (checked here: a mismatch costs the format penalty and no request). The episode
-      ends when ``done``; a reward of null is 0; success is the observation's ``success`` field or metadata when
-      sent, else a final reward of at least ``success_reward`` (None: never).
+      matches the action schema (checked here: a mismatch costs the format penalty and no request); with
+      ``raw_replies=True`` the whole reply fills ``action_field`` as written, for servers that parse model text
+      themselves. The episode ends when ``done``; a reward of null is 0; success is the observation's ``success``
+      field or metadata when sent, else a final reward of at least ``success_reward`` (None: never).
     """
 
     def _connect(self) -> None:
@@ -194,6 +196,9 @@ class OpenEnvTextEnv(RemoteTextEnv):
         required = [k for k in schema.get("required", ()) if k in properties]
         strings = [k for k in required if properties[k].get("type") == "string"]
         self.action_field = strings[0] if len(required) == 1 and strings else None  # None: a JSON object
+        if self.raw_replies and self.action_field is None:
+            raise RemoteEnvError(f"raw_replies=True, but {self.url}'s action is not one string field "
+                                 f"({sorted(properties)}): name the field that takes the reply with action_field.")
 
     def _get_json(self, path: str) -> dict:
         try:
@@ -253,6 +258,7 @@ class OpenEnvTextEnv(RemoteTextEnv):
             self._action_lookup = {name.lower(): i for i, name in enumerate(self.action_names)}
             self._action_regex = self._compile_action_pattern(reply("action_pattern", str, optional=True) or None)
             self.max_turns = reply("max_turns", int, optional=True)
+            self.raw_replies = reply("raw_replies", bool)
             return self._observation, reply("info", dict)
         self.action_names, self._action_lookup, self.max_turns = (), {}, None
         self._observation = self._foreign_text(observation)
@@ -289,7 +295,7 @@ class OpenEnvTextEnv(RemoteTextEnv):
         return self._observation, reward, done, False, info
 
     def canonical_action(self, text: str) -> str | None:
-        if self._ours or self._client is None:
+        if self._ours or self._client is None or self.raw_replies:
             return super().canonical_action(text)
         text = text.strip()
         if not text:

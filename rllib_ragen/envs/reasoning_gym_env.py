@@ -61,6 +61,9 @@ class ReasoningGymTextEnv(ExternalTextEnv):
         for name, value, least in (("size", size, 1), ("dataset_seed", dataset_seed, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be a whole number >= {least}.")
+        if "raw_replies" in task_config:
+            raise ValueError("raw_replies: reasoning-gym's verifiers read the answer alone; the protocol hands them "
+                             "the <answer> text (for GEM's boxed form, play gem/rg.<task> with raw_replies=True).")
         self.size, self.dataset_seed = size, dataset_seed
         self._entry: dict | None = None
         super().__init__(game_id, reward=reward, max_observation_chars=max_observation_chars,

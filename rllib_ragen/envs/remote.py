@@ -49,7 +49,8 @@ def episode_start(text_env: TextEnv) -> dict[str, Any]:
     just reset: both servers send it."""
     return {"description": text_env.describe(), "action_names": list(text_env.action_names),
             "action_pattern": getattr(text_env, "action_pattern", None),
-            "max_turns": getattr(text_env, "max_turns", None), "state_key": text_env.state_key()}
+            "max_turns": getattr(text_env, "max_turns", None), "state_key": text_env.state_key(),
+            "raw_replies": bool(getattr(text_env, "raw_replies", False))}
 
 
 class RemoteTextEnv(TextEnv):
@@ -74,7 +75,9 @@ class RemoteTextEnv(TextEnv):
     openenv``). ``request_timeout_s`` (30): the longest wait for one answer. ``connect_retries`` (4) and
     ``retry_backoff_s`` (0.2): a failed connection is retried after 0.2, 0.4, 0.8, ... seconds (``"rllib_ragen"``
     only: an OpenEnv episode lives on one connection). For OpenEnv servers that are not ours: ``action_field``,
-    ``observation_field`` and ``success_reward`` (see :class:`~rllib_ragen.envs.openenv_bridge.OpenEnvTextEnv`).
+    ``observation_field``, ``success_reward`` and ``raw_replies`` (see
+    :class:`~rllib_ragen.envs.openenv_bridge.OpenEnvTextEnv`). A server of ours says itself whether its environment
+    reads raw replies (:attr:`TextEnv.raw_replies`).
     """
 
     def __new__(cls, *args, protocol: str = "rllib_ragen", **kwargs):
@@ -90,7 +93,8 @@ class RemoteTextEnv(TextEnv):
     def __init__(self, url: str, protocol: str = "rllib_ragen", request_timeout_s: float = 30.0,
                  connect_retries: int = 4, retry_backoff_s: float = 0.2, max_observation_chars: int = 16384,
                  action_field: str | None = None, observation_field: str | None = None,
-                 success_reward: float | None = None, render_mode: str | None = "ansi"):
+                 success_reward: float | None = None, raw_replies: bool | None = None,
+                 render_mode: str | None = "ansi"):
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol={protocol!r}: choose one of {PROTOCOLS}.")
         parsed = urlparse(url) if isinstance(url, str) else None
@@ -98,13 +102,15 @@ class RemoteTextEnv(TextEnv):
                 protocol == "rllib_ragen" and parsed.scheme != "http"):
             raise ValueError(f"url={url!r}: give the server as http://HOST:PORT (python -m rllib_ragen.envs.serve).")
         openenv_only = {"action_field": action_field, "observation_field": observation_field,
-                        "success_reward": success_reward}
+                        "success_reward": success_reward, "raw_replies": raw_replies}
         for name, value in openenv_only.items():
             if value is not None and protocol != "openenv":
                 raise ValueError(f"{name}={value!r} applies to OpenEnv servers only: set protocol='openenv'.")
         for name in ("action_field", "observation_field"):
             if openenv_only[name] is not None and not isinstance(openenv_only[name], str):
                 raise ValueError(f"{name}={openenv_only[name]!r} must be a field name (a string) or None.")
+        if raw_replies is not None and not isinstance(raw_replies, bool):
+            raise ValueError(f"raw_replies={raw_replies!r} must be True, False or None.")
         if success_reward is not None and (isinstance(success_reward, bool) or not isinstance(
                 success_reward, (int, float)) or not math.isfinite(success_reward)):
             raise ValueError(f"success_reward={success_reward!r} must be a finite number or None.")
@@ -121,6 +127,7 @@ class RemoteTextEnv(TextEnv):
         self.connect_retries, self.retry_backoff_s = connect_retries, float(retry_backoff_s)
         self.protocol, self.action_field, self.observation_field = protocol, action_field, observation_field
         self.success_reward = success_reward
+        self.raw_replies = bool(raw_replies)  # a server of ours says so at each reset
         self._host, self._port = parsed.hostname, parsed.port or 80
         self._connection: http.client.HTTPConnection | None = None
         self._client = None  # OpenEnv's client, with protocol="openenv"
@@ -229,6 +236,7 @@ class RemoteTextEnv(TextEnv):
         self._action_lookup = {name.lower(): i for i, name in enumerate(self.action_names)}
         self._action_regex = self._compile_action_pattern(field("action_pattern", str, optional=True) or None)
         self.max_turns = field("max_turns", int, optional=True)
+        self.raw_replies = bool(field("raw_replies", bool, optional=True))
         return self._observation, field("info", dict)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
@@ -244,7 +252,10 @@ class RemoteTextEnv(TextEnv):
         return self._observation, reward, terminated, field("truncated", bool), info
 
     def canonical_action(self, text: str) -> str | None:
-        """Checked here, as the served environment checks it: an action name, or a move matching its syntax."""
+        """Checked here, as the served environment checks it: an action name, or a move matching its syntax; an
+        environment that reads raw replies gets any non-empty one, as written."""
+        if self.raw_replies:
+            return text if isinstance(text, str) and text.strip() else None
         if self.action_names:
             return super().canonical_action(text)
         try:  # a served pattern may backtrack for ages on some answers: each match is bounded in time

@@ -20,9 +20,16 @@ _REPLY = "@@REPLY@@"
 _USER = "@@USER@@"
 
 
-def format_hint(enable_thinking: bool, max_actions_per_turn: int, separator: str | None = "||") -> str:
+RAW_REPLY_HINT = "Your whole reply goes to the environment as written: follow its instructions."
+
+
+def format_hint(enable_thinking: bool, max_actions_per_turn: int, separator: str | None = "||",
+                raw_reply: bool = False) -> str:
     """The one-line reminder of the answer format that ends every observation message. ``separator``: what stands
-    between actions in the answer (None: the answer is one action, whatever it holds)."""
+    between actions in the answer (None: the answer is one action, whatever it holds). ``raw_reply``: the
+    environment reads the whole reply itself (``TextEnv.raw_replies``), in the format its instructions give."""
+    if raw_reply:
+        return RAW_REPLY_HINT
     answer = f"<answer>action {separator} action</answer>" if separator else "<answer>action</answer>"
     template = f"<think>your reasoning</think>{answer}" if enable_thinking else answer
     if not separator:
@@ -31,11 +38,12 @@ def format_hint(enable_thinking: bool, max_actions_per_turn: int, separator: str
 
 
 def turn_message(observation: str, *, turn: int, actions_left: int, reward: float | None = None,
-                 enable_thinking: bool = True, max_actions_per_turn: int = 5, separator: str | None = "||") -> str:
+                 enable_thinking: bool = True, max_actions_per_turn: int = 5, separator: str | None = "||",
+                 raw_reply: bool = False) -> str:
     """The user message of one turn: last reward (after the first turn), state, action budget and format."""
     reward_line = "" if reward is None else f"Reward: {reward:g}\n"
     return (f"{reward_line}Turn {turn}. State:\n{observation}\nYou have {actions_left} actions left. "
-            f"{format_hint(enable_thinking, max_actions_per_turn, separator)}")
+            f"{format_hint(enable_thinking, max_actions_per_turn, separator, raw_reply)}")
 
 
 # What turn_message writes, read back: the parser and the writer above change together.

@@ -119,6 +119,7 @@ class _Episode:
         self.messages: list[str] = []
         self.exchanges: list[list[int]] = []
         self.prompt_ids: list[int] = []  # what the next reply reads
+        self.raw_reply = False  # the environment reads each whole reply itself (TextEnv.raw_replies)
 
     def append(self, ids: list[int], logprobs: list[float] | None = None, regions: list[int] | None = None) -> None:
         t = self.trajectory
@@ -187,11 +188,12 @@ class RolloutEngine:
                 text = text.replace(control, control[:1] + " " + control[1:])
         return text
 
-    def _user_message(self, observation: str, turn: int, actions_left: int, reward: float | None) -> str:
+    def _user_message(self, observation: str, turn: int, actions_left: int, reward: float | None,
+                      raw_reply: bool) -> str:
         c = self.config
         return turn_message(observation, turn=turn, actions_left=actions_left, reward=reward,
                             enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn,
-                            separator=c.action_separator)
+                            separator=c.action_separator, raw_reply=raw_reply)
 
     def _token_text(self, token: int) -> str:
         """One token's decoded text, memoised (every sampled token is looked up to find its reply region)."""
@@ -226,7 +228,7 @@ class RolloutEngine:
         counts: Counter = Counter()
         first = (self._plain(env.unwrapped.describe(), counts) + "\n"
                  + self._user_message(self._plain(_observation_text(env.unwrapped, observation, "reset"), counts), 1,
-                                      self.config.max_actions_per_episode, None))
+                                      self.config.max_actions_per_episode, None, _takes_raw_replies(env.unwrapped)))
         return len(self.chat.prompt_ids(first))
 
     def rollout(self, seeds: Sequence[Start], group_size: int, sampling: SamplingParams,
@@ -261,11 +263,12 @@ class RolloutEngine:
             observation, description = value
             observation = self._plain(_observation_text(text_env, observation, "reset"), counts)
             instructions = self._plain(description, counts)
-            message = self._user_message(observation, 1, c.max_actions_per_episode, None)
+            raw_reply = _takes_raw_replies(text_env)
+            message = self._user_message(observation, 1, c.max_actions_per_episode, None, raw_reply)
             env_name = start_env(start) or getattr(env.spec, "id", None) or type(text_env).__name__
             trajectory = Trajectory(env_name, group, seed, [], [], [])
             episode = _Episode(env, trajectory, self.chat.prompt_ids(instructions + "\n" + message))
-            episode.instructions, episode.messages = instructions, [message]
+            episode.instructions, episode.messages, episode.raw_reply = instructions, [message], raw_reply
             episode.prompt_ids = list(trajectory.token_ids)
             if self._reply_room(trajectory.token_ids) < 1:
                 # Nothing could be sampled: playing it would only feed the learner a prompt with no reply.
@@ -332,9 +335,12 @@ class RolloutEngine:
         if c.window_turns is not None:
             t.turn_samples.append(self._turn_sample(episode.prompt_ids, generation, regions))
         t.turn_states.append(episode.state_key)
-        return parse_reply(self.tokenizer.decode(generation.token_ids, skip_special_tokens=True),
-                           enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn,
-                           separator=c.action_separator)
+        text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        reply = parse_reply(text, enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn,
+                            separator=c.action_separator)
+        if episode.raw_reply:  # the environment parses the reply itself: it is one action, thinking and all
+            return ParsedReply(format_ok=True, thinking=reply.thinking, actions=(text,) if text.strip() else ())
+        return reply
 
     def _turn_call(self, episode: _Episode, reply: ParsedReply):
         """Executing one parsed reply in its episode's environment, as a call for :func:`call_each`."""
@@ -381,7 +387,7 @@ class RolloutEngine:
         if episode.done:
             episode.append(self.chat.encode(self.chat.reply_end_text(generation.token_ids)))
             return
-        message = self._user_message(observation, turn + 1, episode.actions_left, result.reward)
+        message = self._user_message(observation, turn + 1, episode.actions_left, result.reward, episode.raw_reply)
         continuation = self.chat.encode(self.chat.next_turn_text(generation.token_ids, message))
         if c.window_turns is None:
             next_length = len(t.token_ids) + len(continuation)
@@ -406,6 +412,14 @@ class RolloutEngine:
                           behaviour_logprobs=[0.0] * start + list(generation.logprobs) + [0.0] * len(close),
                           token_regions=[REGION_OTHER] * start + list(regions) + [REGION_OTHER] * len(close),
                           reply_span=(start, end))
+
+
+def _takes_raw_replies(text_env) -> bool:
+    """Whether an environment reads each whole reply itself (``TextEnv.raw_replies``), checked to be a bool."""
+    raw = getattr(text_env, "raw_replies", False)
+    if not isinstance(raw, bool):
+        raise TypeError(f"{type(text_env).__name__}.raw_replies is {raw!r}: it must be True or False.")
+    return raw
 
 
 _WARNED_NONFINITE: set[str] = set()  # environments already warned about, once per process

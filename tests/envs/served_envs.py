@@ -34,3 +34,27 @@ class ServedFaults(TextEnv):
 
 
 rllib_ragen.register_text_env("tests/ServedFaults-v0", ServedFaults)
+
+
+class ServedRawEcho(TextEnv):
+    """Reads whole replies (``raw_replies``): each step shows the reply it got, as it got it; the third ends it."""
+
+    raw_replies = True
+    instructions = "Write anything."
+
+    def _reset_state(self):
+        self.text, self.steps = "(nothing yet)", 0
+
+    def canonical_action(self, text):
+        return text if text.strip() else None
+
+    def step(self, action):
+        self.text, self.steps = action, self.steps + 1
+        return self.text, 1.0, self.steps >= 3, False, {"success": False, "action_is_valid": True,
+                                                        "action_is_effective": True}
+
+    def _render_text(self):
+        return self.text
+
+
+rllib_ragen.register_text_env("tests/ServedRawEcho-v0", ServedRawEcho)

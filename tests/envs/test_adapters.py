@@ -330,3 +330,37 @@ def test_a_rollout_counts_a_right_reasoning_gym_answer_as_success():
     assert [t.success for t in trajectories] == [seed % 2 == 0 for seed in range(8)]
     assert [t.turn_rewards for t in trajectories] == [[1.0] if seed % 2 == 0 else [0.0] for seed in range(8)]
     assert metrics["rollout/format_error_rate"] == 0
+
+
+@pytest.mark.parametrize("env_id, replies", [
+    ("gem/game.GuessTheNumber-v0-easy", ["<think>halve</think> My guess: \\boxed{5}.", "\\boxed{7} <- seven",
+                                         "no number", "\\boxed{8}\\boxed{9}"]),
+    ("textarena/GuessTheNumber-v0-train", ["<think>halve</think> I say [10].", "[15], surely", "no number", "[12]"]),
+])
+def test_with_raw_replies_the_package_reads_each_whole_reply_as_its_own_agents_do(env_id, replies):
+    adapter = make_text_env(env_id, raw_replies=True)
+    if env_id.startswith("gem/"):
+        direct = gem.make(env_id[4:].replace(".", ":", 1))
+        direct_reset, direct_step = (lambda seed: direct.reset(seed=seed)), (lambda text: direct.step(text)[:4])
+    else:
+        direct = ta.make(env_id[10:])
+        direct_reset = lambda seed: direct.reset(num_players=1, seed=seed)  # noqa: E731
+        direct_step = lambda text: (direct.step(text), direct.get_observation()[1])  # noqa: E731
+    adapter.reset(seed=3)
+    direct_reset(3)
+    assert "<answer>" not in adapter.unwrapped.describe()  # the package's instructions alone: they say the format
+    for reply in replies:
+        assert adapter.unwrapped.canonical_action(reply) == reply  # as written, no syntax check
+        observation, *_ = adapter.step(reply)
+        expected = direct_step(reply)
+        text = expected[0] if env_id.startswith("gem/") else expected[1]
+        assert observation.split("\n")[0] in text  # the package saw the same text and answered the same
+    assert adapter.unwrapped.canonical_action("  ") is None
+
+
+def test_raw_replies_must_be_a_bool_and_reasoning_gym_refuses_them():
+    with pytest.raises(ValueError, match="raw_replies='yes' must be True or False"):
+        make_text_env("gem/game.GuessTheNumber-v0-easy", raw_replies="yes")
+    pytest.importorskip("reasoning_gym")
+    with pytest.raises(ValueError, match="reasoning-gym's verifiers read the answer alone"):
+        make_text_env("reasoning_gym/basic_arithmetic", raw_replies=True)

@@ -179,3 +179,29 @@ def test_a_server_of_the_other_protocol_or_none_fails_with_one_clear_error(env_s
 def test_bad_remote_settings_fail_when_the_environment_is_built(settings, message):
     with pytest.raises(ValueError, match=message):
         make_text_env(REMOTE, url="http://127.0.0.1:8000", **settings)
+
+
+RAW_REPLY = "<think>a || b</think>\n  two lines,\nkept as written  "
+
+
+@pytest.mark.parametrize("protocol", ["rllib_ragen", "openenv"])
+def test_a_served_environment_that_reads_raw_replies_gets_them_whole_over_either_protocol(protocol, env_server):
+    flags = ("--protocol", "openenv") if protocol == "openenv" else ()
+    with env_server("tests/ServedRawEcho-v0", *flags) as server:
+        env = make_text_env(REMOTE, url=server.url, protocol=protocol)
+        env.reset(seed=0)
+        assert env.unwrapped.raw_replies is True  # the server says so
+        assert env.unwrapped.canonical_action(RAW_REPLY) == RAW_REPLY and env.unwrapped.canonical_action(" ") is None
+        assert env.step(RAW_REPLY)[0] == RAW_REPLY
+        env.close()
+
+
+def test_raw_replies_fill_a_foreign_servers_action_field_as_written(echo_game, guess_game):
+    env = make_text_env(REMOTE, url=echo_game, protocol="openenv", raw_replies=True)
+    env.reset(seed=0)
+    assert env.unwrapped.canonical_action(RAW_REPLY) == RAW_REPLY
+    assert env.step(RAW_REPLY)[0] == RAW_REPLY
+    with pytest.raises(RemoteEnvError, match=r"raw_replies=True, but .* is not one string field \(\['guess'\]\)"):
+        make_text_env(REMOTE, url=guess_game, protocol="openenv", raw_replies=True).reset(seed=0)
+    with pytest.raises(ValueError, match="raw_replies=True applies to OpenEnv servers only"):
+        make_text_env(REMOTE, url=echo_game, raw_replies=True)

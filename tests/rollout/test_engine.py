@@ -8,6 +8,7 @@ import torch
 from rllib_ragen.envs import TRANSITION_SEED, SokobanLevel, TextEnv, solve_level
 from rllib_ragen.envs.sokoban_levels import move_effects
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBackend
+from rllib_ragen.rollout.context import RAW_REPLY_HINT
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.trajectory import SeedSchedule
 from rllib_ragen.rollout.models import load_policy
@@ -412,3 +413,41 @@ def test_without_a_separator_the_whole_answer_is_one_action(tiny, separator, act
     # The format hint tells the policy what the answer holds.
     hint = "the answer is one action" if separator is None else "<answer>action || action</answer> with at most 5"
     assert hint in prompts[0]
+
+
+class _RawQueryEnv(_QueryEnv):
+    """Parses the model's text itself, as SkyRL-Gym's text2sql does: the query in <sql></sql>, thinking allowed."""
+
+    raw_replies = True
+    instructions = "Think in <think></think>, then write the query in <sql></sql>."
+
+    def step(self, action):
+        self.received.append(action)
+        query = action.split("<sql>")[-1].split("</sql>")[0] if "<sql>" in action else None
+        self._success = query == self.ANSWER
+        return "done", float(self._success), True, False, {"success": self._success, "action_is_valid": True,
+                                                            "action_is_effective": True}
+
+
+@pytest.mark.parametrize("reply, success, format_error", [
+    (f"<think>concatenate, with || between</think><sql>{_QueryEnv.ANSWER}</sql>", True, 0),
+    (f"<think>x</think><answer>{_QueryEnv.ANSWER}</answer>", False, 0),  # our template means nothing to it
+    ("   ", False, 1),  # nothing to hand over: a format error, and the environment is not called
+])
+def test_an_environment_that_reads_raw_replies_gets_each_whole_reply(tiny, reply, success, format_error):
+    _, tokenizer = tiny
+    prompts = []
+
+    def policy(prompt):
+        prompts.append(prompt)
+        return reply
+
+    config = RolloutConfig(env=_RawQueryEnv, max_turns=1, max_context_tokens=100_000)  # separator and 5 actions on
+    engine = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer)
+    (trajectory,), metrics = engine.rollout([0], group_size=1, sampling=SamplingParams())
+    envs = [env.unwrapped for env in engine._envs[None]]
+    # Special tokens aside (the reply's end-of-sequence), the text as sampled, || and tags included.
+    assert envs[0].received == ([] if format_error else [reply])
+    assert bool(trajectory.success) is success and trajectory.format_errors == format_error
+    assert RAW_REPLY_HINT in prompts[0] and "<answer>" not in prompts[0]
+    assert metrics["rollout/format_error_rate"] == format_error
