@@ -4,6 +4,7 @@ OpenEnv servers written with ``create_app`` (``openenv_games.py``) and against o
 
 import contextlib
 import json
+import os
 import pathlib
 import random
 import re
@@ -169,6 +170,21 @@ def test_a_server_of_the_other_protocol_or_none_fails_with_one_clear_error(env_s
         make_text_env(REMOTE, url=echo_game, connect_retries=0).reset(seed=0)
     with pytest.raises(RemoteEnvError, match="cannot reach the OpenEnv server at http://127.0.0.1:9"):
         make_text_env(REMOTE, url="http://127.0.0.1:9", protocol="openenv").reset(seed=0)
+
+
+def test_a_web_page_where_an_openenv_server_should_be_is_named_not_parsed(tmp_path):
+    (tmp_path / "schema").write_text("<html><body>Welcome!</body></html>")
+    page = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # its "Serving HTTP on ... port N" line
+    try:
+        port = re.search(r"port (\d+)", page.stdout.readline()).group(1)
+        with pytest.raises(RemoteEnvError, match=rf"http://127.0.0.1:{port}/schema answered something that is not "
+                                                 r"JSON: b'<html><body>Welcome!"):
+            make_text_env(REMOTE, url=f"http://127.0.0.1:{port}", protocol="openenv").reset(seed=0)
+    finally:
+        page.kill()
+        page.wait()
 
 
 @pytest.mark.parametrize("settings, message", [
