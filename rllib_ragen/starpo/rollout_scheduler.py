@@ -32,7 +32,7 @@ class RolloutScheduler:
 
     Args:
         algorithm: the algorithm whose env runners play (its ``restore_env_runners`` restarts dead ones, its
-            ``_sync_rollout_weights`` sends the learner's weights).
+            ``sync_rollout_weights`` sends the learner's weights).
     """
 
     def __init__(self, algorithm: "StarPO"):
@@ -58,7 +58,7 @@ class RolloutScheduler:
             trajectories, results = self.collect()
             played_by, self._pending = self._pending["played_by"], None
             with self.algorithm._timer(M.TIME_SYNC):
-                self.algorithm._sync_rollout_weights()  # the runners were busy during the update
+                self.algorithm.sync_rollout_weights()  # the runners were busy during the update
             return trajectories, results, played_by
         trajectories, results = self.play(self._training_starts(), self.config.group_size,
                                           self.config.sampling_params(), self.sample_seed("train", iteration))
@@ -102,7 +102,7 @@ class RolloutScheduler:
         """Off-policy: let the runners finish the rollout in flight, then give them the learner's weights."""
         if self._pending is not None:
             self.collect()
-            self.algorithm._sync_rollout_weights()
+            self.algorithm.sync_rollout_weights()
 
     def sample_seed(self, purpose: str, iteration: int) -> int:
         words = [self.config.seed or 0, iteration, 0 if purpose == "train" else 1]

@@ -13,6 +13,7 @@ import tempfile
 from typing import TYPE_CHECKING
 
 import torch
+from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
@@ -25,16 +26,22 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class SentinelActions:
-    """The sentinel's actions on one algorithm, after each iteration (:meth:`after_iteration`), and its rollback
-    points: every ``sentinel_snapshot_interval``-th healthy iteration, the last ``sentinel_rollback_depth`` kept in
-    a temporary folder (with a rollback rule only)."""
+class SentinelActions(RLlibCallback):
+    """The sentinel's actions on one algorithm, as an RLlib callback: after each iteration (RLlib's
+    ``on_train_result``, so they see and extend the result Tune records), and its rollback points: every
+    ``sentinel_snapshot_interval``-th healthy iteration, the last ``sentinel_rollback_depth`` kept in a temporary
+    folder (with a rollback rule only). StarPO puts it first among the algorithm's callbacks."""
 
     def __init__(self, algorithm: "StarPO"):
+        super().__init__()
         self.algorithm = algorithm
         self.sentinel = algorithm.sentinel
         rollback = any(rule.action == "rollback" for rule in self.sentinel.rules)
         self.snapshot_dir = tempfile.mkdtemp(prefix="rllib_ragen_sentinel_") if rollback else None
+
+    def on_train_result(self, *, algorithm, metrics_logger=None, result: dict, **kwargs) -> None:
+        if algorithm is self.algorithm and self.sentinel.rules:
+            self.after_iteration(algorithm.iteration, result)  # Tune counted the iteration before this hook
 
     def after_iteration(self, iteration: int, result: dict) -> None:
         """Observe ``result`` (iteration ``iteration``'s), act on what fired, and add the sentinel's metrics."""
@@ -106,7 +113,7 @@ class SentinelActions:
         rule = next(r for r in self.sentinel.rules if r.label == firing.rule)
         words += [f"{knob} -> {value:g}" if knob != "lr_factor" else f"learning rates x{value:g} (now x"
                   f"{self.sentinel.lr_factor:g})" for knob, value in rule.knobs.items()]
-        algorithm._sync_rollout_weights()
+        algorithm.sync_rollout_weights()
         return "; ".join(words)
 
     def apply_lr_factor(self) -> None:

@@ -36,6 +36,7 @@ from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.callbacks.utils import make_callback
 from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+from ray.rllib.utils import force_list
 from ray.rllib.utils.annotations import override
 from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEARNER_RESULTS,
                                      NUM_ENV_STEPS_SAMPLED_LIFETIME, WEIGHTS_SEQ_NO)
@@ -107,7 +108,9 @@ class StarPO(Algorithm):
         self.engine_actors = start_engines_for(self) if config.inference_backend == "vllm" else None
         self._empty_filter_steps = 0  # iterations in a row whose rollout filter kept nothing
         self.sentinel = Sentinel(config.sentinel_rules, config.sentinel_max_rollbacks)
+        # An RLlib callback on each iteration's result, ahead of the user's (a job's outputs see its metrics).
         self.sentinel_actions = SentinelActions(self)
+        self.callbacks = [self.sentinel_actions, *force_list(self.callbacks)]
 
     # ---- one iteration: rollout -> prepare -> update -> sync ----------------------------------------------------
     @override(Algorithm)
@@ -152,7 +155,7 @@ class StarPO(Algorithm):
 
         if not config.max_policy_lag:  # off-policy: the next iteration syncs, once its rollout is in
             with self._timer(M.TIME_SYNC):
-                self._sync_rollout_weights()
+                self.sync_rollout_weights()
         if config.validation_interval and (iteration + 1) % config.validation_interval == 0:
             self._validate(iteration + 1)
 
@@ -281,13 +284,11 @@ class StarPO(Algorithm):
                       kwargs=dict(algorithm=self, metrics_logger=self.metrics, evaluation_metrics=results))
         return results
 
-    # ---- after each iteration: RAGEN's early stop, the sentinel (sentinel_actions.py) -----------------------------
+    # ---- after each iteration: RAGEN's early stop; the sentinel is a callback (sentinel_actions.py) ---------------
     @override(Algorithm)
     def step(self) -> dict:
         result = super().step()
         self._stop_when_nothing_is_kept(result)
-        if self.sentinel.rules:
-            self.sentinel_actions.after_iteration(self.iteration + 1, result)  # RLlib counts it after step()
         return result
 
     def _stop_when_nothing_is_kept(self, result: dict) -> None:
@@ -298,8 +299,8 @@ class StarPO(Algorithm):
                            self._empty_filter_steps)
             result["done"] = True
 
-    def _sync_rollout_weights(self) -> None:
-        """The learner's current policy to whatever plays the rollouts."""
+    def sync_rollout_weights(self) -> None:
+        """The learner's current policy to whatever plays the rollouts (after an update, a restore or a rollback)."""
         if self.engine_actors is not None:
             # Env runners only route prompts to the engines: the new weights go to the engines alone.
             self._log({M.TIME_WEIGHT_LOAD: load_policy_into_engines(self)})
@@ -419,7 +420,7 @@ class StarPO(Algorithm):
         check_checkpoint_fits(self.config, path)
         super().restore_from_path(path, **kwargs)
         if self.engine_actors is None:  # (engines: set_state loaded them) RLlib's own sync here can be dropped or
-            self._sync_rollout_weights()  # refused by the runners: see _push_weights_to_env_runners
+            self.sync_rollout_weights()  # refused by the runners: see _push_weights_to_env_runners
 
     @classmethod
     def from_checkpoint(cls, path, filesystem=None, **kwargs) -> "StarPO":

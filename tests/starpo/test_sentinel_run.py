@@ -4,10 +4,12 @@ import json
 
 import pytest
 import torch
+from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from rllib_ragen import StarPO
 from rllib_ragen import metrics as M
 from rllib_ragen.sentinel import Rule
+from rllib_ragen.starpo.sentinel_actions import SentinelActions
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -114,3 +116,24 @@ def test_probe_and_rollback_with_a_remote_learner_and_a_remote_env_runner(small_
         assert next(iter(lrs)).get() == pytest.approx([0.5e-3, 0.5e-3])
     finally:
         algo.stop()
+
+
+class _SeesTheSentinel(RLlibCallback):
+    """A user's callback: what the sentinel had added to each result when this one saw it."""
+
+    firings: list = []
+
+    def on_train_result(self, *, algorithm, result, **kwargs):
+        _SeesTheSentinel.firings.append(result.get(M.SENTINEL_FIRINGS))
+
+
+def test_the_sentinel_is_an_rllib_callback_ahead_of_the_users_own(small_config):
+    rule = Rule(**ALWAYS, patience=1, action="warn", name="warn at once")
+    config = small_config(sentinel_rules=[rule], validation_interval=0, collapse_diagnostics_interval=0)
+    algo = config.callbacks(_SeesTheSentinel).build_algo()
+    try:
+        results = [algo.train(), algo.train()]  # warm-up, then it fires
+        assert isinstance(algo.callbacks[0], SentinelActions)
+    finally:
+        algo.stop()
+    assert _SeesTheSentinel.firings == [0.0, 1.0] == [r[M.SENTINEL_FIRINGS] for r in results]

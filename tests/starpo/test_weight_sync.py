@@ -50,7 +50,7 @@ def test_the_sampler_does_not_keep_a_kv_cache_of_old_weights(ray_session, small_
         assert not backend._caches  # train() ended with a sync after its update
         algo.play_validation_states(temperature=0.0)
         assert backend._caches  # the rollout's last turn left its keys and values
-        algo._sync_rollout_weights()
+        algo.sync_rollout_weights()
         assert not backend._caches
     finally:
         algo.stop()
