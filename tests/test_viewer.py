@@ -101,16 +101,32 @@ def test_filters_list_the_expected_episodes(run_dir):
     solved_training = dom(page, "source=training&success=1")
     assert len(rows(solved_training)) == sum(t.success for t in training) > 0
     assert len(rows(dom(page, "source=training&success=0"))) == sum(not t.success for t in training) > 0
+    # The list starts with the trained policy's validation episodes, and the page opens on the first of them.
     lake = dom(page, "env=rllib_ragen/FrozenLake-v0")
-    assert rows(lake) == [str(len(training) + i) for i in range(len(validation))]
-    assert rows(dom(page, "iteration=5")) == [str(i) for i in range(len(training))]
+    assert rows(lake) == rows(everything)[:len(validation)] == [str(i) for i in range(len(validation))]
+    assert rows(dom(page, "iteration=5")) == [str(len(validation) + i) for i in range(len(training))]
     assert f"0 of {len(training) + len(validation)} episodes" in dom(page, "iteration=99")
+    opened = everything.split('id="detail"')[1]
+    assert "validation after RL, iteration 10: rllib_ragen/FrozenLake-v0, seed 123" in opened
+    assert '<tr class="episode-row selected" data-id="0"' in everything
+
+
+def test_each_panel_of_the_curves_is_explained_in_one_line(run_dir):
+    from rllib_ragen.jobs.outputs import PANEL_EXPLANATIONS, drawn_panels, read_results
+
+    out, _, _ = run_dir
+    page = (out / "rollouts.html").read_text()
+    panels = drawn_panels(read_results(out), "rllib_ragen/Sokoban-v0")
+    explained = re.findall(r"<dt>([^<]*)</dt><dd>([^<]*)</dd>", page)
+    assert [name for name, _ in explained] == [name.replace("&", "&amp;") for _, name in panels]
+    assert all(len(line) < 200 and "\n" not in line for _, line in explained)
+    assert set(PANEL_EXPLANATIONS) >= {name for _, name in panels}
 
 
 def test_an_episode_shows_each_turn_with_its_board_and_tokens_shaded_by_advantage(run_dir):
-    out, training, _ = run_dir
+    out, training, validation = run_dir
     episode = training[0]
-    html = dom(out / "rollouts.html", "episode=0")
+    html = dom(out / "rollouts.html", f"episode={len(validation)}")
     assert html.count('class="turn"') == episode.num_turns >= 2
     # Every reply token is a span, shaded (green: advantage 0.5) with its value as a tooltip.
     tokens = re.findall(r'<span class="token" title="([^"]*)"', html)
@@ -120,7 +136,7 @@ def test_an_episode_shows_each_turn_with_its_board_and_tokens_shaded_by_advantag
     # The board before each turn, in a fixed-width block; the executed actions in the turn's heading.
     assert html.count('<pre class="board">') == episode.num_turns
     assert all(action in html for actions in episode.turn_actions for action in actions)
-    untrained = dom(out / "rollouts.html", "episode=2")  # no advantages for this one: not shaded
+    untrained = dom(out / "rollouts.html", f"episode={len(validation) + 2}")  # no advantages: not shaded
     detail = untrained.split('id="detail"')[1].split("<script")[0]
     assert "no advantage" in detail and "rgba(" not in detail
 

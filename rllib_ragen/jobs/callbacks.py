@@ -1,4 +1,4 @@
-"""The job's outputs, written by an RLlib callback into the trial's own folder.
+"""The job's outputs, written by an RLlib callback into the trial's own folder; its TensorBoard logs, by a Tune one.
 
 Any StarPO algorithm that carries :class:`JobOutputs` (``config.callbacks(...)``) writes, while it trains, what a
 person needs to judge the run: the validation episodes before RL and after the last iteration (sampled and
@@ -18,6 +18,7 @@ import json
 import pathlib
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.tune.logger import TBXLoggerCallback
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 
 from .. import metrics as M
@@ -99,3 +100,24 @@ class JobOutputs(RLlibCallback):
         write_rollouts(path, [algorithm.last_rollout[i] for i in chosen], algorithm.tokenizer,
                        iteration=algorithm.iteration,
                        advantages={new: advantages[old] for new, old in enumerate(chosen) if old in advantages})
+
+
+TENSORBOARD = "tensorboard"  # <output_dir>/tensorboard/<run>/<trial>: one TensorBoard run per trial
+
+
+class TensorBoardLogs(TBXLoggerCallback):
+    """Tune's TensorBoard logger, writing each trial's events to ``<output_dir>/tensorboard/<run>/<trial>`` instead of
+    the trial folder. TensorBoard follows folder links, so in the run folders, which ``<output_dir>/latest`` links
+    to, every run would be listed twice (``tensorboard --logdir outputs/``)."""
+
+    def __init__(self, folder: pathlib.Path):
+        super().__init__()
+        self.folder = pathlib.Path(folder)
+
+    def log_trial_start(self, trial) -> None:
+        if trial in self._trial_writer:
+            self._trial_writer[trial].close()
+        path = self.folder / pathlib.Path(trial.local_path).name
+        path.mkdir(parents=True, exist_ok=True)
+        self._trial_writer[trial] = self._summary_writer_cls(str(path), flush_secs=30)
+        self._trial_result[trial] = {}

@@ -378,6 +378,33 @@ ECHO_TRAP_PANELS = [
     (M.THINK_TOKENS_PER_TURN, "reasoning tokens per turn"),
 ]
 
+# One line on each panel, shown under the curves in the rollout viewer: what it measures, and what a bad sign is.
+PANEL_EXPLANATIONS = {
+    "success": "share of episodes solved: training (raw and smoothed) and the fixed validation states (red)",
+    "format-error rate": "share of replies off the <think>/<answer> template or naming no valid action",
+    "generated tokens per trajectory": "tokens the policy sampled in an episode, all turns together",
+    "in-group reward std": "spread of returns among episodes from one start; near 0 everywhere: nothing left to learn "
+                           "from (RAGEN's filter keeps the groups where it is highest)",
+    "entropy": "the policy's mean token entropy on the update's tokens; a fall to near 0 is collapse",
+    "actor grad norm": "size of the policy's gradient before clipping",
+    "reasoning entropy, first turn (nats)": "how varied the first turn's reasoning is across episodes; falling while "
+                                            "success does not rise: one template for every state",
+    "actions that changed the state": "share of executed actions that changed the environment's state",
+    "reasoning grounded (claims that hold)": "share of checkable claims in the reasoning (\"Up wall\") that are true",
+    ECHO_TRAP_PANELS[0][1]: "how much a reasoning tells about the state it answers (InfoNCE bound; at most log of the "
+                            "probe's size); near 0: the same reasoning for every state, the echo trap",
+    ECHO_TRAP_PANELS[1][1]: "how often a reasoning's own prompt explains it better than the other prompts do; at "
+                            "chance, the reasoning ignores the state",
+    ECHO_TRAP_PANELS[2][1]: "distinct token pairs over all pairs of the replies; falling: replies repeat each other",
+    ECHO_TRAP_PANELS[3][1]: "length of the <think> block; traces shrink before they vanish",
+}
+
+
+def drawn_panels(rows: list[dict], env: str) -> list[tuple[str, str]]:
+    """The learning curve's panels for these result rows: the nine, then the echo-trap probe's where logged."""
+    return learning_curve_panels(env) + [(key, name) for key, name in ECHO_TRAP_PANELS
+                                         if any(math.isfinite(r.get(key, math.nan)) for r in rows)]
+
 
 def validations_of(rows: list[dict]) -> list[dict]:
     """Each validation once, in order, as ``{evaluation/env_runners/...: value}`` (the one before RL first)."""
@@ -434,8 +461,7 @@ def plot_learning_curve(path, rows: list[dict], validations: list[dict], env: st
         print(f"(no {getattr(path, 'name', 'learning curve')}: pip install matplotlib, or rllib_ragen[plots])")
         return False
     steps = [r["training_iteration"] for r in rows]
-    panels = learning_curve_panels(env) + [(key, name) for key, name in ECHO_TRAP_PANELS
-                                           if any(math.isfinite(r.get(key, math.nan)) for r in rows)]
+    panels = drawn_panels(rows, env)
     columns = 3 if len(panels) <= 9 else 4
     lines = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(lines, columns, figsize=(5 * columns, 3.3 * lines), squeeze=False)

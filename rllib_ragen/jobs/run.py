@@ -44,7 +44,7 @@ import torch
 from ray.tune import Callback
 
 from .. import metrics as M
-from .callbacks import BEFORE_RL, JobOutputs
+from .callbacks import BEFORE_RL, TENSORBOARD, JobOutputs, TensorBoardLogs
 from .flags import JobSettings, parse_job_args, user_model_config
 from .outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED_AT, VALIDATION,
                                  baseline_file, close_run_log,
@@ -182,7 +182,7 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, know
                                                     checkpoint_at_end=job.checkpoint_interval > 0),
             failure_config=tune.FailureConfig(max_failures=job.max_failures),
             sync_config=tune.SyncConfig(sync_artifacts=True),  # outputs of trials whose storage is not local
-            callbacks=[console], verbose=0),
+            callbacks=[console, TensorBoardLogs(out.parent / TENSORBOARD / out.name)], verbose=0),
             tune_config=tune.TuneConfig(trial_dirname_creator=functools.partial(trial_dirname, list(grid))))
     with sigterm_as_ctrl_c(), restored_without_stale_decisions():
         results = tuner.fit()

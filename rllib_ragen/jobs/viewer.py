@@ -26,12 +26,13 @@ import math
 import pathlib
 
 from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
-                      LEARNING_CURVE, RUN_CONFIG, SENTINEL_FILE, TRAINING_ROLLOUTS, VIEWER_PAGE, plot_learning_curve,
-                      read_results, validations_of, write_text_atomically)
+                      LEARNING_CURVE, PANEL_EXPLANATIONS, RUN_CONFIG, SENTINEL_FILE, TRAINING_ROLLOUTS, VIEWER_PAGE,
+                      drawn_panels, plot_learning_curve, read_results, validations_of, write_text_atomically)
 
-SOURCES = ((TRAINING_ROLLOUTS, "training"), (BEFORE_ROLLOUTS, "validation before RL"),
-           (AFTER_ROLLOUTS, "validation after RL"), (BEFORE_GREEDY_ROLLOUTS, "greedy before RL"),
-           (AFTER_GREEDY_ROLLOUTS, "greedy after RL"))
+# In the list's order: the trained policy's validation episodes first (the page opens on the first of them).
+SOURCES = ((AFTER_ROLLOUTS, "validation after RL"), (AFTER_GREEDY_ROLLOUTS, "greedy after RL"),
+           (BEFORE_ROLLOUTS, "validation before RL"), (BEFORE_GREEDY_ROLLOUTS, "greedy before RL"),
+           (TRAINING_ROLLOUTS, "training"))
 EPISODE_COLUMNS = ("env", "seed", "group", "success", "return", "num_turns", "format_errors", "iteration", "turns")
 
 
@@ -105,8 +106,12 @@ def curves_html(run_dir: pathlib.Path, rows: list[dict], firings: list[dict], en
                                    validation_env=validation_env, firings=firings):
             return "<p>The curves need matplotlib: pip install 'rllib_ragen[plots]'.</p>"
         png = buffer.getvalue()
+    explained = "".join(f"<dt>{html.escape(name)}</dt><dd>{html.escape(PANEL_EXPLANATIONS[name])}</dd>"
+                        for _, name in drawn_panels(rows, env))
     return (f'<img class="curves" alt="learning curves: success, format errors, entropy and the echo-trap signals '
-            f'over iterations; sentinel firings in red" src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+            f'over iterations; sentinel firings in red" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+            f'<p>Each panel, over iterations; red vertical lines: the sentinel fired.</p><dl class="panels">{explained}'
+            '</dl>')
 
 
 def firings_table(firings: list[dict]) -> str:

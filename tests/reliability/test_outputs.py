@@ -150,6 +150,16 @@ def test_a_job_without_periodic_validation_still_measures_before_and_after_and_n
         raise AssertionError(f"summary.json holds {token}: not standard JSON")
 
     written = json.loads((pathlib.Path(summary["run_dir"]) / "summary.json").read_text(), parse_constant=no_nan)
+    # TensorBoard, over the whole output folder (which holds the "latest" link to the run folder), lists the one
+    # trial once, with its metrics. Events in the run folder were listed twice: TensorBoard follows folder links.
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    board = EventMultiplexer().AddRunsFromDirectory(str(tmp_path))
+    board.Reload()
+    trial = pathlib.Path(summary["run_dir"])  # <output_dir>/<run>/<trial>
+    run = f"tensorboard/{trial.parent.name}/{trial.name}"
+    assert list(board.Runs()) == [run] and "ray/tune/time/sample_s" in board.Runs()[run]["scalars"]
+    assert (tmp_path / "latest").is_symlink() and not list(tmp_path.glob("latest/**/events.out.tfevents.*"))
     assert written["validated_at"] == summary["validated_at"]
     if before_rl:
         assert math.isfinite(summary["before"]["success"]) and summary["paired"]["n"] == 4

@@ -91,7 +91,10 @@ function render() {
     body.appendChild(tr);
   }
   document.getElementById('count').textContent = `${shown.length} of ${EPISODES.length} episodes`;
-  renderDetail(EPISODES.find(e => String(e.id) === state.episode));
+  // No episode picked yet: the first one listed, the trained policy's first validation episode.
+  const picked = state.episode === undefined ? shown[0] : EPISODES.find(e => String(e.id) === state.episode);
+  if (picked && state.episode === undefined) body.firstChild.classList.add('selected');
+  renderDetail(picked);
 }
 for (const id of FILTERS) document.getElementById(id).onchange = () => {
   const state = readHash();
