@@ -73,6 +73,8 @@ TIME_SAMPLE = "time/sample_s"
 TIME_UPDATE = "time/update_s"
 TIME_SYNC = "time/sync_s"
 TIME_WEIGHT_LOAD = "time/weight_load_s"
+TIME_VALIDATE = "time/validate_s"  # seconds this iteration spent validating (the "before RL" one included)
+VALIDATIONS_IN_ITERATION = "time/validations"  # how many validations those seconds hold
 # Bytes the last weight sync moved: 0 when the env runner plays the learner's own tensors (one process, same device).
 SYNC_BYTES = "perf/sync_bytes"
 

@@ -167,8 +167,9 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     AutoModelForCausalLM.from_pretrained(run / "policy")
     assert pathlib.Path(summary["model"]).parent == tmp_path / "warm_starts"  # the cached warm start
     AutoModelForCausalLM.from_pretrained(summary["model"])
-    # TensorBoard events (Tune's logger): every iteration's scalars, the score before RL with the first.
-    scalars = read_tensorboard_scalars(run)
+    # TensorBoard events (Tune's logger, beside the run folders): every iteration's scalars, the score before RL
+    # with the first.
+    scalars = read_tensorboard_scalars(tmp_path / "tensorboard" / experiment.name / run.name)
     assert [step for step, _ in scalars["ray/tune/learners/default_policy/actor/entropy"]] == [1, 2]
     assert scalars[f"ray/tune/before_rl/env_runners/{env}/success"] == [
         (1, pytest.approx(summary["before"]["success"]))]
@@ -229,6 +230,19 @@ def test_flags_override_the_jobs_config_and_leave_it_unchanged(monkeypatch):
     assert config.env_config == {"reward": "shaped"} and sokoban["config"].env_config == {"reward": "success"}
     assert config.model_config["model"] == "smollm2-135m" and config.model_config["critic"] == "separate"
     assert config.dual_clip is None
+
+
+def test_quick_makes_a_trial_run_and_flags_given_beside_it_still_win():
+    sokoban = job_file("starpo_sokoban.py")
+    config, job = parse_job_args(sokoban["config"], sokoban["job"], ["--quick"])
+    assert (job.iterations, config.validation_interval, config.validation_size) == (3, 0, 32)
+    assert job.warm_start_steps == sokoban["job"].warm_start_steps == 500  # the job's own, shared through the cache
+    config, job = parse_job_args(sokoban["config"], sokoban["job"],
+                                 ["--quick", "--iterations", "5", "--validation-size", "64"])
+    assert (job.iterations, config.validation_size) == (5, 64)
+    bandit = job_file("starpo_bandit.py")  # validation environments of their own: their sizes stay
+    config, job = parse_job_args(bandit["config"], bandit["job"], ["--quick"])
+    assert job.iterations == 3 and config.validation_envs == bandit["config"].validation_envs
 
 
 def test_help_shows_the_first_flags_and_help_all_every_flag_once_with_the_jobs_default(capsys):
@@ -383,11 +397,11 @@ def test_a_sweep_is_the_job_with_a_grid_and_the_report_covers_every_trial(tmp_pa
     trials = sorted(p.name for p in experiment.glob("seed0_*"))
     assert trials == ["seed0_max_actions_per_turn=1", "seed0_max_actions_per_turn=5"]  # one trial per grid point
     assert "[seed0_max_actions_per_turn=5] iter   1/1" in done.stdout  # each line names its trial
-    # Every trial checkpointed its last iteration and wrote its own outputs and TensorBoard events.
+    # Every trial checkpointed its last iteration and wrote its own outputs, and has its TensorBoard events.
     for trial in trials:
         assert list((experiment / trial).glob("checkpoint_*/rllib_checkpoint.json"))
         assert (experiment / trial / "validation_greedy.parquet").is_file()
-        assert list((experiment / trial).glob("events.out.tfevents.*"))
+        assert list((tmp_path / "tensorboard" / "sweep" / trial).glob("events.out.tfevents.*"))
     assert len(tune.ExperimentAnalysis(str(experiment)).trials) == 2
     # The report of the finished sweep: each trial's summary and their spread, recomputed from the folders alone.
     written = json.loads((experiment / "summary.json").read_text())

@@ -122,6 +122,10 @@ class JobSettings:
                           "learning rates) or 'off'; --sentinel-rules (JSON) replaces them", default="warn")
     expected_minutes: float = _help("wall minutes this job took with its defaults on a 2-core CPU, printed at start "
                                     "as a guide (0: none)", default=0.0)
+    quick: bool = _help("a trial run, to see the job work end to end: 3 iterations, validation on at most 32 "
+                        "states, before and after only; the warm start is the job's own, so a full run started "
+                        "later reuses it from the cache. Its numbers say nothing about learning. Flags given beside "
+                        "it still win", default=False)
 
     def validate(self, config=None) -> None:
         """Raise ValueError naming each field of the wrong kind or out of range (against ``config``, the job's
@@ -251,6 +255,9 @@ SENTINEL_CHOICES = ("warn", "stop", "rollback", "off")
 
 # On a CUDA machine: RAGEN's run length, and no warm start (RAGEN starts from the instruct model).
 REFERENCE_GPU_JOB = {"iterations": 200, "warm_start_steps": 0}
+# --quick: each setting at most this (the config's validation too, and only before and after the run).
+QUICK_JOB = {"iterations": 3}
+QUICK_VALIDATION_SIZE = 32
 
 # RLlib's own fields (and the model's) that a job sets: flag -> (config setter, argument, help).
 RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
@@ -497,6 +504,8 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
     if gpu:
         job = dataclasses.replace(job, **REFERENCE_GPU_JOB)
     job = dataclasses.replace(job, **{k: v for k, v in given.items() if k in job_fields})
+    if job.quick:
+        job = dataclasses.replace(job, **{k: min(getattr(job, k), v) for k, v in QUICK_JOB.items() if k not in given})
     if job.verbose is False:  # RLlib's API-stack notice comes at validate(): hold it for the run's job.log
         keep_notices_off_the_console()
     grid_presets = (job.grid or {}).get(PRESET_LABEL, []) if isinstance(job.grid, dict) else []
@@ -509,6 +518,10 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
             config.preset(given["preset"])
         if gpu and gpu_config is not None:
             gpu_config(config)
+        if job.quick and "validation_interval" not in given:
+            set_config_value(config, "validation_interval", 0)
+        if job.quick and "validation_size" not in given and not config.validation_envs:
+            set_config_value(config, "validation_size", min(config.validation_size, QUICK_VALIDATION_SIZE))
         for name in config_flag_names():
             if name in given:
                 set_config_value(config, name, given[name])

@@ -9,13 +9,13 @@ bar); :func:`parse_job_args` lays the command-line flags over both; :func:`run_j
    its own folder, stopped at ``iterations``, checkpointed every ``checkpoint_interval`` iterations, restarted
    from its last checkpoint after a failure up to ``max_failures`` times; the trials write their outputs
    themselves (:class:`~rllib_ragen.jobs.callbacks.JobOutputs`), and Tune writes the metrics (``progress.csv``,
-   ``result.json``, TensorBoard events);
+   ``result.json``; TensorBoard events beside the run folders, ``<output_dir>/tensorboard/<run>/<trial>``);
 3. builds the report from the finished folders (:mod:`rllib_ragen.jobs.report`): ``summary.json``, the learning
    curve and the final table.
 
 The run folder is Tune's experiment folder, ``<output_dir>/<run_name>/`` (default ``<timestamp>_seed<seed>``),
 with ``<output_dir>/latest`` pointing at the newest: ``tune.ExperimentAnalysis`` opens it, ``Tuner.restore``
-continues it (``--resume``), ``tensorboard --logdir`` shows it.
+continues it (``--resume``), and ``tensorboard --logdir <output_dir>`` shows each trial once.
 
 Example::
 
@@ -379,7 +379,8 @@ class JobConsole(Callback):
         done = int(row["training_iteration"])
         clock = self.clocks.setdefault(trial.trial_id, _Clock(self.iterations, self.interval))
         validated = row.get(VALIDATED_AT) == done
-        clock.record(float(row.get("time_this_iter_s", math.nan)), validated)
+        clock.record(float(row.get("time_this_iter_s", math.nan)), validated, row.get(M.TIME_VALIDATE),
+                     int(row.get(M.VALIDATIONS_IN_ITERATION, 0)))
         rows = self.recent.setdefault(trial.trial_id, [])
         rows[:] = [*rows[-(SMOOTHING - 1):], row]
         success = TRAINING + M.env_metric(self.env, M.SUCCESS)
@@ -432,7 +433,9 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, 
                  "after the last iteration")
     # Measured with the job's defaults: flags (another model, more iterations) can change it a lot.
     estimate = (f"; with its default settings this job takes about {job.expected_minutes:g} min on a 2-core CPU"
-                if job.expected_minutes else "")
+                if job.expected_minutes and not job.quick else "")
+    if job.quick:
+        estimate = "; --quick: a trial run, whose numbers say nothing about learning"
     print(f"plan: {', '.join(steps)}{estimate}", flush=True)
     rules = [as_rule(r) for r in config.sentinel_rules]
     if rules:
@@ -449,16 +452,23 @@ class _Clock:
         self.iterations, self.interval = iterations, validation_interval
         self.plain: list[float] = []
         self.validating: list[float] = []
-        self.validation_s: float | None = None  # one validation's cost, when the driver timed one
+        self.validation_s: float | None = None  # one validation's cost, as StarPO timed the latest
         self.first_s: float | None = None
         self.last_s = math.nan
 
-    def record(self, seconds: float, validated: bool) -> None:
+    def record(self, seconds: float, validated: bool, validation_seconds: float | None = None,
+               validations: int = 0) -> None:
+        """One iteration's ``seconds``; ``validation_seconds``: what its ``validations`` took of them (StarPO times
+        them, ``time/validate_s``), so the iteration's own time and one validation's cost are known apart, from
+        the first iteration on (whose "before RL" validation is one)."""
+        self.last_s = seconds
+        if validations and validation_seconds is not None and math.isfinite(validation_seconds):
+            self.validation_s = validation_seconds / validations
+            seconds, validated = max(0.0, seconds - validation_seconds), False
         if self.first_s is None:
             self.first_s = seconds  # warm-up (first passes through the model, allocator growth): not typical
         else:
             (self.validating if validated else self.plain).append(seconds)
-        self.last_s = seconds
 
     def seconds_left(self, iteration: int) -> float:
         typical = statistics.median(self.plain or self.validating or [self.first_s])

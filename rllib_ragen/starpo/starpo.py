@@ -107,6 +107,7 @@ class StarPO(Algorithm):
         self.last_token_advantages: dict[int, list[float]] = {}
         self.engine_actors = start_engines_for(self) if config.inference_backend == "vllm" else None
         self._empty_filter_steps = 0  # iterations in a row whose rollout filter kept nothing
+        self._validation_time = [0.0, 0]  # this iteration's validations: seconds, count (time/validate_s)
         self.sentinel = Sentinel(config.sentinel_rules, config.sentinel_max_rollbacks)
         # An RLlib callback on each iteration's result, ahead of the user's (a job's outputs see its metrics).
         self.sentinel_actions = SentinelActions(self)
@@ -116,6 +117,8 @@ class StarPO(Algorithm):
     @override(Algorithm)
     def training_step(self) -> None:
         config, iteration = self.config, self.iteration
+        self._validation_time = [0.0, 0]  # seconds and validations of this iteration (a job's time-left estimate)
+        self._log({M.TIME_VALIDATE: 0.0, M.VALIDATIONS_IN_ITERATION: 0.0})
         if iteration == 0 and config.validate_before_training:  # whatever validation_interval says: a baseline
             self._validate(iteration)
 
@@ -270,7 +273,7 @@ class StarPO(Algorithm):
 
     def _validate(self, iteration: int) -> dict[str, float]:
         """Play the fixed validation set at the validation temperature; metrics under ``evaluation/env_runners``."""
-        config = self.config
+        config, start = self.config, time.perf_counter()
         self.rollouts.runners_on_current_weights()
         sampling = config.sampling_params(validation=True)
         trajectories, results = self.rollouts.play(config.validation_starts(), config.validation_group_size,
@@ -282,6 +285,9 @@ class StarPO(Algorithm):
         make_callback("on_evaluate_end", callbacks_objects=self.callbacks,
                       callbacks_functions=config.callbacks_on_evaluate_end,
                       kwargs=dict(algorithm=self, metrics_logger=self.metrics, evaluation_metrics=results))
+        spent = self._validation_time
+        spent[:] = [spent[0] + time.perf_counter() - start, spent[1] + 1]
+        self._log({M.TIME_VALIDATE: spent[0], M.VALIDATIONS_IN_ITERATION: float(spent[1])})
         return results
 
     # ---- after each iteration: RAGEN's early stop; the sentinel is a callback (sentinel_actions.py) ---------------
