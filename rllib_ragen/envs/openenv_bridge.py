@@ -33,6 +33,7 @@ from pydantic import Field
 from . import make_text_env
 from .base import TextEnv
 from .remote import RemoteEnvError, RemoteTextEnv, episode_start
+from .serve import EnvironmentErrorLog
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class TextState(State):
 
 
 # ---- serving: our environment behind OpenEnv's app -------------------------------------------------------------------
+SERVED_ERRORS = EnvironmentErrorLog(logger)  # the served environments' errors, once per kind with a count
 class ServedTextEnv(Environment):
     """A registered text environment as an OpenEnv ``Environment``: one instance per WebSocket session."""
 
@@ -115,9 +117,8 @@ class ServedTextEnv(Environment):
     def _call(self, what: str, call):
         try:
             return call()
-        except Exception as error:  # OpenEnv answers the client with an error frame; the log gets one line, no trace
-            logger.error("%s %s: the environment raised %s: %s", self.env_id, what, type(error).__name__,
-                         str(error).splitlines()[0] if str(error) else "")
+        except Exception as error:  # OpenEnv answers the client with an error frame; the log counts it by kind
+            SERVED_ERRORS.record(f"{self.env_id} {what}", error)
             raise
 
 

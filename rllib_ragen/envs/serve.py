@@ -14,8 +14,8 @@ episode, JSON over HTTP/1.1 with keep-alive:
 - ``GET /health`` returns ``{"status": "ok", "env": ID, "sessions": n}``.
 
 Errors come back as ``{"error": message}`` with status 400 (a bad request), 404 (an unknown session), 413 (a body
-over ``--max-body-bytes``), 503 (too many sessions) or 500 (the environment raised; logged as one line, its
-traceback at debug level). The client is :class:`rllib_ragen.envs.remote.RemoteTextEnv`.
+over ``--max-body-bytes``), 503 (too many sessions) or 500 (the environment raised; logged once per kind of
+error with a count, :class:`EnvironmentErrorLog`). The client is :class:`rllib_ragen.envs.remote.RemoteTextEnv`.
 
 What a client cannot do to the server: hold a thread with a request it never finishes (``--request-timeout-s``),
 make it read a body of any size, crash a request with a deeply nested body, or fill the session table with resets
@@ -40,6 +40,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import Counter
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -51,6 +52,28 @@ from . import make_text_env
 from .remote import PROTOCOLS, episode_start
 
 logger = logging.getLogger(__name__)
+
+
+class EnvironmentErrorLog:
+    """The environment's errors, logged once per kind (the route and the exception's type) with a count: the first
+    in full (one line, its traceback at debug level), then at the 10th, 100th, 1,000th, ... of the kind, so a client
+    that repeats a bad request cannot flood the log."""
+
+    def __init__(self, log: logging.Logger):
+        self.log, self.counts, self.lock = log, Counter(), threading.Lock()
+
+    def record(self, where: str, error: BaseException) -> None:
+        kind = (where, type(error).__name__)
+        with self.lock:
+            self.counts[kind] += 1
+            count = self.counts[kind]
+        if count == 1:
+            first = str(error).splitlines()[0] if str(error) else ""
+            self.log.error("%s: the environment raised %s: %s (repeats of this kind are counted, not logged)",
+                           where, kind[1], first)
+            self.log.debug("traceback:\n%s", traceback.format_exc())
+        elif math.log10(count).is_integer():
+            self.log.error("%s: the environment has raised %s %d times", where, kind[1], count)
 
 
 class _RequestError(Exception):
@@ -94,6 +117,7 @@ class TextEnvServer(ThreadingHTTPServer):
         self.sessions: dict[str, _Session] = {}
         self.sessions_lock = threading.Lock()
         self._idle_envs: list = []  # closed sessions' environments, reused by later resets
+        self.errors = EnvironmentErrorLog(logger)
         super().__init__(address, _Handler)
 
     def handle_error(self, request, client_address) -> None:
@@ -233,10 +257,8 @@ class _Handler(BaseHTTPRequestHandler):
             payload = compute()
         except _RequestError as error:
             self._reply(error.status, {"error": str(error)})
-        except Exception as error:  # the environment's bug: report it in one line, keep serving other sessions
-            logger.error("%s %s: the environment raised %s: %s", self.command, urlparse(self.path).path,
-                         type(error).__name__, str(error).splitlines()[0] if str(error) else "")
-            logger.debug("traceback:\n%s", traceback.format_exc())
+        except Exception as error:  # the environment's bug: logged once per kind, and the other sessions go on
+            self.server.errors.record(f"{self.command} {urlparse(self.path).path}", error)
             self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(error).__name__}: {error}"})
         else:
             self._reply(HTTPStatus.OK, payload)
