@@ -162,7 +162,7 @@ class JobSettings:
         if self.warm_start_precision not in WARM_START_PRECISIONS:
             errors.append(f"warm_start_precision={self.warm_start_precision!r}: choose one of "
                           f"{list(WARM_START_PRECISIONS)}.")
-        for name in ("resume", "verbose", "warm_start_group_by_length"):
+        for name in ("resume", "verbose", "warm_start_group_by_length", "quick"):
             if not isinstance(getattr(self, name), bool):
                 errors.append(f"{name}={getattr(self, name)!r} must be True or False.")
         if not isinstance(self.run_name, str) or "/" in self.run_name or self.run_name in (".", "..", "latest"):

@@ -80,6 +80,7 @@ def test_export_onto_a_file_raises(ray_session, small_config, tmp_path):
 @pytest.mark.parametrize("field, value", [("iterations", 0), ("threads", 1.5), ("warm_start_steps", -1),
                                           ("warm_start_lr", 0.0), ("pass_bar", float("nan")), ("iterations", True),
                                           ("run_name", "a/b"), ("run_name", "latest"), ("verbose", "no"),
+                                          ("quick", "yes"),
                                           ("expected_minutes", -1.0), ("threads", -1), ("max_failures", -1),
                                           ("max_failures", True), ("seeds", "0,x"), ("seeds", "1,1"), ("seeds", "-1"),
                                           ("grid", {"lr": []}), ("grid", {"lr": 1e-4})])
