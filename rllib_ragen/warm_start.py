@@ -69,8 +69,7 @@ WARM_START_PRECISIONS = ("float32", "bfloat16")
 
 def emulated_bfloat16(device: torch.device) -> bool:
     """Whether bfloat16 matrix products on ``device`` run emulated: a CPU with neither AVX512-BF16 nor AMX (torch's
-    own checks). There a bfloat16 warm start is far slower than float32 (12x for the tiny model on a 2-core AVX2
-    machine, measured), not faster."""
+    own checks). There a bfloat16 warm start is far slower than float32, not faster (the Benchmarks page)."""
     return device.type == "cpu" and not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
@@ -162,9 +161,9 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         raise ValueError(f"evaluate_every={evaluate_every!r} must be >= 0 (0: evaluate after the last step only).")
     device = next(model.parameters()).device
     if precision == "bfloat16" and emulated_bfloat16(device):
-        logger.warning("warm start: precision 'bfloat16' on this CPU (no AVX512-BF16 or AMX) runs emulated, about "
-                       "10x slower than 'float32' (--warm-start-precision float32), which trains the same "
-                       "float32 model")
+        logger.warning("warm start: precision 'bfloat16' on this CPU (no AVX512-BF16 or AMX) runs emulated, far "
+                       "slower than 'float32' (--warm-start-precision float32), which trains the same float32 "
+                       "model")
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     model.train()

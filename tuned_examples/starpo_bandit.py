@@ -5,7 +5,7 @@ preference), so whatever preference it ends with, RL taught it. Dragon pays 1.0 
 Phoenix 0.15 always: success is choosing Dragon.
 
 Command:  python tuned_examples/starpo_bandit.py [--seed 0] [--iterations 20] [--model smollm2-135m] [--help]
-Time:     about 2.5 minutes on 2 CPU cores (warm start included; 2.4-2.7 measured, benchmarks/main_jobs.py)
+Time:     about 2.5 minutes on 2 CPU cores (warm start included; benchmarks/main_jobs.py measures it)
 Expect:   the better-arm share on 128 validation states rises from about 0.6 to about 0.99, paired p < 1e-11 on
           each seed; docs/results/bandit.md
 """

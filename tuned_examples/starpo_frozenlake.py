@@ -8,8 +8,8 @@ map on every seed tried.
 
 Command:  python tuned_examples/starpo_frozenlake.py [--seed 0] [--iterations 25] [--env rllib_ragen/FrozenLake-v0]
 Time:     10-15 minutes on 2 CPU cores with native bfloat16 (AVX512-BF16 or AMX). Without it the job's bfloat16 warm
-          start runs emulated (12.5 s a step instead of about 0.5 on a 2-core AVX2 machine, measured; the job warns):
-          add --warm-start-precision float32 there (a float32 warm start: not the results page's exact numbers)
+          start runs emulated, an order of magnitude slower (docs/benchmarks.md; the job warns): add
+          --warm-start-precision float32 there (a float32 warm start: not the results page's exact numbers)
 Expect:   about 0.79 greedy success on 256 validation maps from the warm start; RL keeps it (no significant change);
           docs/results/frozenlake.md
 """
