@@ -237,7 +237,7 @@ class OpenEnvTextEnv(RemoteTextEnv):
         if client is not None:
             try:
                 client.close()
-            except Exception:
+            except Exception:  # its connection is already broken; the caller raises the failure that led here
                 pass
 
     # ---- TextEnv ----------------------------------------------------------------------------------------
