@@ -41,7 +41,13 @@ NONFINITE_REWARDS = "rollout/nonfinite_rewards"  # an environment paid NaN or in
 CONTROL_TEXTS = "rollout/control_texts_neutralised"  # a special token's text in env text; made ordinary text
 UNENCODABLE_TEXTS = "rollout/unencodable_texts"  # observation text UTF-8 cannot encode; the characters replaced
 PROMPTS_TOO_LONG = "rollout/prompts_too_long"  # a first prompt over max_context_tokens; the episode is not played
-ROLLOUT_COUNTERS = (ENV_ERRORS, ENV_TIMEOUTS, NONFINITE_REWARDS, UNENCODABLE_TEXTS, CONTROL_TEXTS, PROMPTS_TOO_LONG)
+# Tool mode (rollout/tools.py): calls read from replies; those that could not run (unknown tool, arguments the schema
+# refuses, over a limit) or whose tool failed; call blocks that could not be read.
+TOOL_CALLS = "rollout/tool_calls"
+TOOL_CALL_ERRORS = "rollout/tool_call_errors"
+MALFORMED_TOOL_CALLS = "rollout/malformed_tool_calls"
+ROLLOUT_COUNTERS = (ENV_ERRORS, ENV_TIMEOUTS, NONFINITE_REWARDS, UNENCODABLE_TEXTS, CONTROL_TEXTS, PROMPTS_TOO_LONG,
+                    TOOL_CALLS, TOOL_CALL_ERRORS, MALFORMED_TOOL_CALLS)
 ENV_RUNNER_RESTARTS = "rollout/env_runner_restarts"  # remote env runners that died mid-rollout and were restarted
 WEIGHTS_SEQ_NO = "perf/weights_seq_no"
 TIME_ROLLOUT = "time/rollout_s"

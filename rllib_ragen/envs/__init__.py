@@ -16,13 +16,15 @@ from .bandit import BanditEnv
 from .base import TRANSITION_SEED, TextEnv
 from .countdown import CountdownEnv
 from .frozen_lake import FrozenLakeTextEnv
+from .lookup import FactLookupEnv
 from .sokoban import SokobanEnv
 from .sokoban_levels import SokobanLevel, generate_level, solve_level
 from .sudoku import SudokuEnv
+from .tool_env import ToolTextEnv, TRLEnvironment
 
 __all__ = [
-    "BanditEnv", "CountdownEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "SudokuEnv", "TRANSITION_SEED",
-    "TextEnv", "ensure_registered", "generate_level", "make_text_env", "register_text_env", "registered_text_envs",
+    "BanditEnv", "CountdownEnv", "FactLookupEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "SudokuEnv", "TRANSITION_SEED",
+    "TextEnv", "ToolTextEnv", "TRLEnvironment", "ensure_registered", "generate_level", "make_text_env", "register_text_env", "registered_text_envs",
     "solve_level",
 ]
 
@@ -72,6 +74,8 @@ ADAPTED_NAMESPACES = {"gem/": "rllib_ragen.envs.gem_env:GemTextEnv",
 # An environment served over HTTP (rllib_ragen.envs.serve), played with env_config={"url": ...}; registered on first
 # use too, so that code iterating over the built-ins never builds it without a url.
 REMOTE_ENV_ID = "rllib_ragen/Remote-v0"
+# A class written for TRL's environment_factory, played with env_config={"environment": "pkg.module:Class", ...}.
+TRL_ENV_ID = "rllib_ragen/TRL-v0"
 
 
 def ensure_registered(env_id: Any) -> None:
@@ -82,6 +86,8 @@ def ensure_registered(env_id: Any) -> None:
         return
     if env_id == REMOTE_ENV_ID:
         register_text_env(env_id, "rllib_ragen.envs.remote:RemoteTextEnv", max_episode_steps=None)
+    if env_id == TRL_ENV_ID:
+        register_text_env(env_id, "rllib_ragen.envs.tool_env:TRLEnvironment", max_episode_steps=None)
     for namespace, entry_point in ADAPTED_NAMESPACES.items():
         if env_id.startswith(namespace) and len(env_id) > len(namespace):
             game_id = env_id[len(namespace):]
@@ -173,4 +179,6 @@ register_text_env(
 # Countdown (multi-turn) and 4x4 Sudoku, two of RAGEN's 2026 environments; the return of a solved game is 1.
 register_text_env("rllib_ragen/Countdown-v0", "rllib_ragen.envs.countdown:CountdownEnv", reward_threshold=1.0)
 register_text_env("rllib_ragen/Sudoku4x4-v0", "rllib_ragen.envs.sudoku:SudokuEnv", reward_threshold=1.0)
+# FactLookup: played with tools (search, then answer); a correct answer returns 1.
+register_text_env("rllib_ragen/FactLookup-v0", "rllib_ragen.envs.lookup:FactLookupEnv", reward_threshold=1.0)
 BUILT_IN_TEXT_ENVS = frozenset(_TEXT_ENV_IDS)

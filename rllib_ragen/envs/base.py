@@ -77,6 +77,11 @@ class TextEnv(gym.Env[str, str]):
     The rollout engine then hands it each whole reply, thinking and tags included, as the turn's one action
     (``canonical_action`` still decides whether it is one: None is a format error), and the turn message asks for
     the format of the environment's instructions instead of ``<answer>``.
+
+    ``tools``: function schemas (OpenAI's shape, as ``transformers.utils.get_json_schema`` writes them). An environment
+    with tools is played in tool mode (``rollout/tools.py``): each call reaches ``step`` as the JSON
+    ``{"name": ..., "arguments": {...}}`` and its result is the observation ``step`` returns. :class:`ToolTextEnv`
+    builds both from methods.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -86,6 +91,7 @@ class TextEnv(gym.Env[str, str]):
     instructions: str = ""
     max_turns: ClassVar[int | None] = None
     raw_replies: bool = False
+    tools: Sequence[Mapping] = ()
 
     def __init__(self, render_mode: str | None = "ansi", max_observation_chars: int = 4096):
         if render_mode not in (None, "ansi"):

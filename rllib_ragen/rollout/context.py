@@ -87,16 +87,33 @@ class ChatFormat:
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template.
         system_prompt: the system message opening every conversation (None for templates without one).
+        tools: function schemas of an environment played in tool mode (``rollout/tools.py``), given to the template
+            as ``tools=``. A template that ignores them gets them in the system message instead, in
+            ``tool_format``'s words, and a template that cannot render a ``tool`` message gets each result as a user
+            turn (``tool_format.response_text``).
+        tool_format: the tool-call format the policy writes (``tools.TOOL_CALL_FORMATS``).
 
     Raises:
         TemplateError: the template is missing or not append-only; the message says which check failed.
     """
 
-    def __init__(self, tokenizer, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT):
+    def __init__(self, tokenizer, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT, tools=None,
+                 tool_format=None):
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError(f"{type(tokenizer).__name__} has no chat_template; set tokenizer.chat_template.")
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.tools = list(tools) if tools else None
+        self.tool_format = tool_format
+        self._template_tools = None  # what the template is given as tools= (None: no tools, or it ignores them)
+        self.tools_in_template = self.tool_turns_in_template = False
+        if self.tools:
+            self._template_tools = self.tools
+            plain = self._render(self._messages(_USER), generation_prompt=True, tools=None)
+            self.tools_in_template = self._render(self._messages(_USER), generation_prompt=True) != plain
+            if not self.tools_in_template:  # the documented fallback: the tool list in the system message
+                self._template_tools = None
+                self.system_prompt = (system_prompt or "").rstrip() + tool_format.describe(self.tools)
         base = self._messages(_USER)
         prompt = self._render(base, generation_prompt=True)
         with_reply = self._render(base + [{"role": "assistant", "content": _REPLY}], generation_prompt=False)
@@ -111,8 +128,11 @@ class ChatFormat:
         if not after.startswith(with_reply):
             raise TemplateError("Adding a user turn changes the rendering of the turns before it.")
         self.user_prefix, _, self.user_suffix = after[len(with_reply):].partition(_USER)
+        self._with_reply_base = (base, with_reply)
         self.eos_token_id = tokenizer.eos_token_id
         self._eos_text = tokenizer.eos_token or ""
+        if self.tools:
+            self.tool_turns_in_template = self._renders_tool_turns()
         self._check_append_only()
 
     # ---- rendering --------------------------------------------------------------------------------------
@@ -120,8 +140,11 @@ class ChatFormat:
         system = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
         return system + [{"role": "user", "content": first_user}]
 
-    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    def _render(self, messages: list[dict], generation_prompt: bool, tools="template") -> str:
+        tools = self._template_tools if tools == "template" else tools
+        extra = {"tools": tools} if tools else {}
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
+                                                  **extra)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -147,7 +170,30 @@ class ChatFormat:
         """Everything between a reply and the next reply: close the turn, the user message, generation prompt."""
         return self.reply_end_text(reply_ids) + self.user_prefix + user_message + self.user_suffix
 
-    # ---- start-up check ---------------------------------------------------------------------------------
+    def tool_turn_text(self, reply_ids: list[int], results: list[tuple[str, str]]) -> str:
+        """Everything between a reply with tool calls and the next reply: close the turn, one ``tool`` message per
+        ``(tool name, result)`` as the template renders them (or user turns where it cannot), generation prompt."""
+        if not self.tool_turns_in_template:
+            message = "\n".join(self.tool_format.response_text(content) for _, content in results)
+            return self.next_turn_text(reply_ids, message)
+        base, with_reply = self._with_reply_base
+        messages = base + [{"role": "assistant", "content": _REPLY}] + _tool_messages(results)
+        after = self._render(messages, generation_prompt=True)
+        if not after.startswith(with_reply):
+            raise TemplateError("Adding tool messages changes the rendering of the turns before them.")
+        return self.reply_end_text(reply_ids) + after[len(with_reply):]
+
+    # ---- start-up checks --------------------------------------------------------------------------------
+    def _renders_tool_turns(self) -> bool:
+        """Whether the template renders a ``tool`` message's content after a reply, append-only."""
+        base, with_reply = self._with_reply_base
+        try:
+            after = self._render(base + [{"role": "assistant", "content": _REPLY}]
+                                 + _tool_messages([("probe", _USER)]), generation_prompt=True)
+        except Exception:  # a template that refuses the role (raise_exception): results go as user turns
+            return False
+        return after.startswith(with_reply) and _USER in after[len(with_reply):]
+
     def _check_append_only(self) -> None:
         users = ["Turn 1. State:\nP_O", "Reward: -0.1\nTurn 2. State:\n_PO", "Reward: 10\nTurn 3. State:\n__S"]
         replies = ["<think>Move right twice.</think><answer>Right || Right</answer>",
@@ -157,12 +203,31 @@ class ChatFormat:
         for reply, user in zip(replies, users[1:]):
             incremental += reply + self.next_turn_text([], user)
             messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": user}]
-        full = self._render(messages, generation_prompt=True)
+        self._compare(self._render(messages, generation_prompt=True), incremental, "multi-turn conversations")
+        if not self.tools:
+            return
+        name = self.tools[0]["function"]["name"]
+        call = f'{self.tool_format.open_tag}\n{{"name": "{name}", "arguments": {{}}}}\n{self.tool_format.close_tag}'
+        results = [[(name, "first result")], [(name, "second result"), (name, "third result")]]
+        messages = self._messages(users[0])
+        incremental = self.prompt_text(users[0])
+        for result in results:
+            incremental += call + self.tool_turn_text([], result)
+            messages += [{"role": "assistant", "content": call}]
+            messages += (_tool_messages(result) if self.tool_turns_in_template else
+                         [{"role": "user", "content": "\n".join(self.tool_format.response_text(c) for _, c in result)}])
+        self._compare(self._render(messages, generation_prompt=True), incremental, "tool calls and their results")
+
+    def _compare(self, full: str, incremental: str, what: str) -> None:
         if full != incremental:
             cut = next((i for i, (a, b) in enumerate(zip(full, incremental)) if a != b), min(len(full), len(incremental)))
             raise TemplateError(
-                "The chat template does not render multi-turn conversations append-only (it rewrites earlier turns, "
+                f"The chat template does not render {what} append-only (it rewrites earlier turns, "
                 f"e.g. strips <think> blocks); first difference at character {cut}: {full[cut:cut + 60]!r} vs "
                 f"{incremental[cut:cut + 60]!r}. Use a template that keeps earlier turns verbatim "
                 "(set tokenizer.chat_template)."
             )
+
+
+def _tool_messages(results: list[tuple[str, str]]) -> list[dict]:
+    return [{"role": "tool", "name": name, "content": content} for name, content in results]

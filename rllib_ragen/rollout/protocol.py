@@ -157,6 +157,11 @@ class TurnResult:
         observation: the state text after the turn.
         claims_checked, claims_true: the claims about the state the reasoning made that the environment can check
             (``TextEnv.reasoning_claims``, against the state the reply was written for), and how many hold.
+        tool_results: in tool mode, ``(tool name, result text)`` for each call read from the reply, in order, an
+            error message for each that could not run.
+        num_tool_errors: calls that ran but whose tool failed (the step's info says ``tool_error``).
+        num_malformed: call blocks that could not be read.
+        final: in tool mode, the reply made no call: it is the agent's final answer and ends the episode.
     """
 
     reward: float
@@ -172,6 +177,10 @@ class TurnResult:
     success: bool = False
     claims_checked: int = 0
     claims_true: int = 0
+    tool_results: list[tuple[str, str]] = field(default_factory=list)
+    num_tool_errors: int = 0
+    num_malformed: int = 0
+    final: bool = False
 
 
 def execute_turn(
@@ -218,6 +227,55 @@ def execute_turn(
                              "counted claim per action.")
     result.reward = (result.env_reward + (format_penalty if result.format_error else 0.0)
                      + ineffective_action_penalty * num_ineffective + ungrounded_reasoning_penalty * ungrounded)
+    return result
+
+
+def execute_tool_turn(env: gym.Env, reply, tools, *, actions_left: int, max_calls: int | None,
+                      format_penalty: float = DEFAULT_FORMAT_PENALTY) -> TurnResult:
+    """Run a tool-mode reply's calls in order (``rollout/tools.py``); each call that runs is one action.
+
+    A call to an unknown tool, with arguments its schema refuses, past ``max_calls`` or past the episode's action
+    budget runs nothing and is answered with an error (``num_invalid``); a block that could not be read is answered
+    likewise (``num_malformed``). Either costs the format penalty once; the episode goes on. Calls after one that ended
+    the episode are not run. A reply without any call is final (``TurnResult.final``).
+
+    Args:
+        env: a (possibly wrapped) text environment with tools; a call reaches its ``step`` as
+            ``ToolCall.as_action()``, and the observation ``step`` returns is the call's result.
+        reply: the parsed :class:`~rllib_ragen.rollout.tools.ToolReply`.
+        tools: the environment's :class:`~rllib_ragen.rollout.tools.ToolSet`, which checks each call.
+        actions_left: the episode's remaining action budget.
+        max_calls: calls run per reply (None: all).
+        format_penalty: added once to the turn reward when a call was malformed or could not run.
+    """
+    text_env = env.unwrapped
+    result = TurnResult(reward=0.0, env_reward=0.0, observation=text_env.observation, success=text_env.success,
+                        final=reply.is_final, num_malformed=len(reply.malformed))
+    result.tool_results = [("", f"Error: {why}.") for why in reply.malformed]
+    for index, call in enumerate(reply.calls):
+        if result.terminated or result.truncated:
+            break
+        error = tools.check(call)
+        if max_calls is not None and index >= max_calls:
+            error = f"at most {max_calls} tool calls run per reply; this one did not"
+        elif len(result.executed) >= actions_left:
+            error = "the episode has no tool calls left; this one did not run"
+        if error is not None:
+            result.num_invalid += 1
+            result.tool_results.append((call.name, f"Error: {error}."))
+            continue
+        action = call.as_action()
+        observation, reward, terminated, truncated, info = env.step(action)
+        result.num_valid += 1
+        result.env_reward += reward
+        result.executed.append(action)
+        result.num_effective += bool(info.get("action_is_effective", True))
+        result.num_tool_errors += bool(info.get("tool_error", False))
+        result.tool_results.append((call.name, observation))
+        result.observation, result.terminated, result.truncated = observation, terminated, truncated
+        result.success = bool(info.get("success", False))
+    result.format_error = bool(reply.malformed) or result.num_invalid > 0
+    result.reward = result.env_reward + (format_penalty if result.format_error else 0.0)
     return result
 
 

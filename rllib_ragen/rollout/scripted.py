@@ -211,3 +211,40 @@ def sudoku_solver_policy(max_actions_per_turn: int = 5, enable_thinking: bool = 
         return _reply(moves[:max_actions_per_turn] or ["1 1 1"], f"{len(moves)} cells to fill.", enable_thinking)
 
     return policy
+
+
+# FactLookup (rllib_ragen/FactLookup-v0): the question, and what a search returned.
+_LOOKUP_QUESTION = re.compile(r"Question: In which city does (\w+) live\?")
+_LOOKUP_FOUND = re.compile(r"(\w+) lives in (\w+)\.")
+
+
+def _tool_call(name: str, arguments: dict) -> str:
+    import json
+
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def fact_lookup_solver_policy():
+    """FactLookup played with its tools, as Hermes-style calls: search the person the question names, then answer
+    with the city the search returned."""
+
+    def policy(prompt: str) -> str:
+        person = _LOOKUP_QUESTION.findall(prompt)[-1]
+        found = dict(_LOOKUP_FOUND.findall(prompt.split("Question:")[-1]))
+        if person in found:
+            return _tool_call("answer", {"city": found[person]})
+        return _tool_call("search", {"name": person})
+
+    return policy
+
+
+def fact_lookup_guess_policy(seed: int = 0):
+    """FactLookup without its search tool: answer a city drawn at random (success 1 / len(CITIES)), the baseline
+    that shows what the tools are worth. Seeded by ``seed`` and the conversation so far."""
+    from ..envs.lookup import CITIES
+
+    def policy(prompt: str) -> str:
+        rng = random.Random(f"{seed}:{hashlib.sha256(prompt.encode()).hexdigest()}")
+        return _tool_call("answer", {"city": rng.choice(CITIES)})
+
+    return policy

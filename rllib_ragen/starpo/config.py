@@ -174,6 +174,9 @@ class StarPOConfig(AlgorithmConfig):
             action_separator: what stands between actions in an answer, ``"||"`` (RAGEN's); None: the whole answer
                 is one action, passed to the environment as written (a query or a sentence that may contain
                 ``||``), with ``max_actions_per_turn=1``. The format hint at the end of each observation says so.
+            tool_call_format: how the policy writes tool calls for an environment with tools (``TextEnv.tools``): a
+                name in ``rllib_ragen.rollout.tools.TOOL_CALL_FORMATS``, ``"hermes"`` (Qwen2.5/Qwen3's
+                ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``).
             inference_backend: a name in ``INFERENCE_BACKENDS`` (``starpo/inference_engines.py``): ``"hf"``
                 (batched KV-cached sampling in the env runner), ``"vllm"`` (vLLM engines as Ray actors, shared by
                 all env runners, new weights loaded after every update; needs vLLM), one you registered with

@@ -187,6 +187,14 @@ def _action_separator_error(separator) -> str | None:
     return None
 
 
+def _tool_call_format_error(name) -> str | None:
+    from ..rollout.tools import TOOL_CALL_FORMATS
+
+    return None if isinstance(name, str) and name in TOOL_CALL_FORMATS else \
+        (f"tool_call_format={name!r} is not a registered tool-call format; known: {sorted(TOOL_CALL_FORMATS)} "
+         "(rllib_ragen.rollout.tools.TOOL_CALL_FORMATS).")
+
+
 def _rules_list_error(rules) -> str | None:
     return None if isinstance(rules, (list, tuple)) else \
         f"sentinel_rules={rules!r} must be a list of rllib_ragen.sentinel.Rule."
@@ -238,6 +246,8 @@ KNOB_TABLE: tuple[Knob, ...] = (
         _knob("context_window_turns", None, INT, optional=True, into=(_R, "context_window_turns")),
         _knob("action_separator", None, OTHER, optional=True, check=_action_separator_error, check_is_kind=True,
               into=(_R, "action_separator")),
+        _knob("tool_call_format", None, OTHER, check=_tool_call_format_error, check_is_kind=True,
+              into=(_R, "tool_call_format")),
     ),
     *_section(
         "inference",

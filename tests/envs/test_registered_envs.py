@@ -1,5 +1,6 @@
 """Checks every registered text environment must pass: gymnasium's checker, determinism, pickling."""
 
+import json
 import pickle
 import re
 import warnings
@@ -29,7 +30,12 @@ def test_gymnasium_env_checker_passes_without_warnings(env_id):
 
 
 def _moves(env):
-    """Moves to try: the action names, or for an open action set (Countdown's expressions) a few of its moves."""
+    """Moves to try: the action names, for an open action set (Countdown's expressions) a few of its moves, for a
+    tool environment a call of each tool with each required argument a few names."""
+    tools = [tool["function"] for tool in env.unwrapped.tools]
+    if tools:
+        return [json.dumps({"name": tool["name"], "arguments": {p: value for p in tool["parameters"]["required"]}})
+                for value in ("Ada", "Ben", "Oslo") for tool in tools]
     return list(env.unwrapped.action_names) or ["1 + 2", "3 * 4 - 5", "(6 - 2) * 5"]
 
 
@@ -70,8 +76,12 @@ def test_step_info_and_unknown_action(env_id):
     env = gym.make(env_id)
     obs, _ = env.reset(seed=3)
     obs2, reward, terminated, truncated, info = env.step("definitely not an action")
-    assert (obs2, reward, terminated, truncated) == (obs, 0.0, False, False)
+    assert (reward, terminated, truncated) == (0.0, False, False)
     assert info == {"success": False, "action_is_valid": False, "action_is_effective": False}
+    if env.unwrapped.tools:  # a tool environment answers with an error; its state is as it was
+        assert obs2.startswith("Error:") and env.unwrapped.observation == obs
+        return
+    assert obs2 == obs
     # Lookup ignores case and surrounding whitespace.
     first = _moves(env)[0]
     _, _, _, _, info = env.step(f"  {first.upper()} ")
@@ -82,7 +92,9 @@ def test_step_info_and_unknown_action(env_id):
 def test_describe_lists_every_action_or_the_move_syntax(env_id):
     env = gym.make(env_id).unwrapped
     names, text = env.action_names, env.describe()
-    if 0 < len(names) <= 8:
+    if env.tools:  # the tools reach the policy through the chat template, each with a description
+        assert all(tool["function"]["description"] for tool in env.tools) and text
+    elif 0 < len(names) <= 8:
         assert all(name in text for name in names)
     else:  # Sudoku's 64 moves, Countdown's expressions: the instructions give the syntax, with an example
         assert re.search(r"\d \d \d|\(6 - 2\) \* 5", text), text
