@@ -19,7 +19,8 @@ from rllib_ragen.envs.sudoku import MOVES as SUDOKU_MOVES
 from rllib_ragen.rollout import RolloutConfig, RolloutEngine, SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.context import last_turn_message
 from rllib_ragen.rollout.models import build_tiny_tokenizer
-from rllib_ragen.rollout.scripted import (countdown_solver_policy, frozen_lake_optimal_policy,
+from rllib_ragen.rollout.scripted import (countdown_solver_policy, fact_lookup_guess_policy, fact_lookup_solver_policy,
+                                          frozen_lake_optimal_policy,
                                           guess_the_number_bisection_policy, guess_the_number_random_policy,
                                           random_moves_policy, sokoban_solver_policy, sudoku_solver_policy)
 
@@ -58,6 +59,8 @@ def table() -> list[tuple[str, dict, dict]]:
                                           countdown_random_policy()}),
         ("rllib_ragen/Sudoku4x4-v0", {}, {"solver": sudoku_solver_policy(1), "random moves": random_moves_policy(
             SUDOKU_MOVES, enable_thinking=False)}),
+        ("rllib_ragen/FactLookup-v0", {}, {"solver": fact_lookup_solver_policy(),
+                                           "random city, no search": fact_lookup_guess_policy()}),
     ]
     if importlib.util.find_spec("gem"):
         rows += [(f"gem/game.GuessTheNumber-v0-{level}", {}, {"bisection": guess_the_number_bisection_policy(),

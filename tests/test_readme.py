@@ -98,6 +98,26 @@ def test_openenv_examples_run_against_a_real_server(env_server):
     assert namespace["config"].env_config == {"url": server.url, "protocol": "openenv"}
 
 
+def test_tool_examples_run():
+    namespace = {}
+    printed = _run_block("tool-rollout", namespace)
+    first, search = printed.split("\n", 1)
+    assert first == "1.0 2.0" and '"name": "search"' in search and "<|im_start|>tool\n" in search
+    assert "lives in" in search
+    printed = _run_block("tool-env", {})
+    tools, result = printed.strip().splitlines()
+    assert tools == "['ask_guard', 'enter']" and re.fullmatch(r"The code is \d{4}\.", result)
+    namespace = {}
+    _run_block("trl-env", namespace)
+    config = namespace["config"]
+    config.validate()
+    env = make_text_env(config.env, **config.env_config)
+    observation, _ = env.reset(seed=1)
+    assert observation == "Bring the counter to its target.\nThe counter is at 0; the target is 7."
+    _, reward, *_ = env.step('{"name": "add", "arguments": {"amount": 7}}')
+    assert reward == 1.0 and env.unwrapped.success
+
+
 def test_rollout_example_runs():
     block = _python_block_after("rollout")
     namespace = {}

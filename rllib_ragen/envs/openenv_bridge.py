@@ -58,6 +58,8 @@ class TextObservation(Observation):
     success: bool = Field(default=False, description="Whether the episode's goal is reached.")
     truncated: bool = Field(default=False, description="Whether the episode ended by a time limit, not the game.")
     raw_replies: bool = Field(default=False, description="The environment reads a model's whole reply itself.")
+    tools: list[dict[str, Any]] = Field(default_factory=list, description="Function schemas of the environment's "
+                                        "tools: each action is then a call, {\"name\": ..., \"arguments\": {...}}.")
     info: dict[str, Any] = Field(default_factory=dict, description="The environment's step info.")
 
 
@@ -163,6 +165,9 @@ class OpenEnvTextEnv(RemoteTextEnv):
       ``raw_replies=True`` the whole reply fills ``action_field`` as written, for servers that parse model text
       themselves. The episode ends when ``done``; a reward of null is 0; success is the observation's ``success``
       field or metadata when sent, else a final reward of at least ``success_reward`` (None: never).
+    - an MCP tool server (an ``MCPEnvironment``, whose action is OpenEnv's ``CallToolAction``) is played in tool
+      mode: after each reset its ``list_tools`` become ``tools``, each call of the policy is a ``call_tool`` step,
+      and the call's result (or its error) is the observation; reward, ``done`` and success as above.
     """
 
     def _connect(self) -> None:
@@ -176,9 +181,10 @@ class OpenEnvTextEnv(RemoteTextEnv):
             raise RemoteEnvError(f"{self.url}/schema answered without action and observation schemas: "
                                  f"{json.dumps(schema)[:120]}")
         self._ours = OUR_FIELDS <= set(observation.get("properties", {}))
+        self._mcp = not self._ours and {"tool_name", "arguments"} <= set(action.get("properties", {}))
         self._action_schema = action
         self._server_description = str(metadata.get("description") or "")
-        if not self._ours:
+        if not self._ours and not self._mcp:
             self._choose_action_field(action)
             fields = set(observation.get("properties", {})) - _OPENENV_RESERVED
             if self.observation_field is not None and self.observation_field not in fields:
@@ -260,17 +266,54 @@ class OpenEnvTextEnv(RemoteTextEnv):
             self._action_regex = self._compile_action_pattern(reply("action_pattern", str, optional=True) or None)
             self.max_turns = reply("max_turns", int, optional=True)
             self.raw_replies = reply("raw_replies", bool)
+            self.tools = reply("tools", list, optional=True) or []
             return self._observation, reply("info", dict)
         self.action_names, self._action_lookup, self.max_turns = (), {}, None
         self._observation = self._foreign_text(observation)
         self._state_key, self._description = self._observation, self._foreign_description()
+        if self._mcp:
+            self.tools = self._list_tools()
         return self._observation, {"success": False}
+
+    def _list_tools(self) -> list[dict]:
+        """The MCP server's tools as function schemas (``list_tools``, one step that changes nothing)."""
+        listed = self._checked_observation(self._send("list_tools", lambda: self._client.step(
+            {"type": "list_tools"})).observation, "list_tools").get("tools")
+        if not isinstance(listed, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                                   for t in listed):
+            raise RemoteEnvError(f"{self.url} answered list_tools with tools={listed!r:.120}: expected a list of "
+                                 "tools with names.")
+        return [{"type": "function", "function": {
+            "name": tool["name"], "description": str(tool.get("description") or ""),
+            "parameters": tool.get("input_schema") or tool.get("inputSchema") or {"type": "object",
+                                                                                  "properties": {}}}}
+                for tool in listed]
+
+    def _tool_result_text(self, observation: dict) -> tuple[str, bool]:
+        """An MCP call's observation as the text the policy reads, and whether the call failed."""
+        error = observation.get("error")
+        if error:
+            message = error.get("message") if isinstance(error, dict) else error
+            return f"Error: {message}", True
+        result = observation.get("result")
+        if isinstance(result, dict):
+            texts = [part.get("text") for part in result.get("content") or () if isinstance(part, dict)
+                     and isinstance(part.get("text"), str)]
+            failed = bool(result.get("is_error"))
+            if texts:
+                return "\n".join(texts), failed
+            result = result.get("data", result)
+        return (result if isinstance(result, str) else json.dumps(result, sort_keys=True, default=str)), False
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if self._client is None:
             raise RemoteEnvError(f"step() without an open episode on {self.url}: reset() first.")
-        payload = {"message": action} if self._ours else (
-            {self.action_field: action} if self.action_field else json.loads(action))
+        if self._mcp:
+            call = json.loads(action)
+            payload = {"type": "call_tool", "tool_name": call["name"], "arguments": call.get("arguments") or {}}
+        else:
+            payload = {"message": action} if self._ours else (
+                {self.action_field: action} if self.action_field else json.loads(action))
         result = self._send("step", lambda: self._client.step(payload))
         self._steps += 1
         observation = self._checked_observation(result.observation, "step")
@@ -285,14 +328,25 @@ class OpenEnvTextEnv(RemoteTextEnv):
             reward = float(info.pop("nonfinite_reward", reward))
             self._success, truncated = reply("success", bool), reply("truncated", bool)
             return self._observation, reward, done and not truncated, truncated, info
-        self._observation = self._state_key = self._foreign_text(observation)
+        tool_error = False
+        if self._mcp:
+            text, tool_error = self._tool_result_text(observation)
+            if len(text) > self.max_observation_chars:
+                raise RemoteEnvError(f"{self.url} sent a tool result of {len(text):,} characters; this client takes at "
+                                     f"most max_observation_chars={self.max_observation_chars}.")
+            self._observation = text
+            self._state_key = f"{self._state_key}\n{action}"  # the task and the calls so far
+        else:
+            self._observation = self._state_key = self._foreign_text(observation)
         metadata = result.metadata if isinstance(result.metadata, dict) else {}
         said = observation.get("success", metadata.get("success"))
         if isinstance(said, bool):
             self._success = said
         elif done and self.success_reward is not None:
             self._success = reward >= self.success_reward
-        info = {"success": self._success, "action_is_valid": True, "action_is_effective": True}
+        info = {"success": self._success, "action_is_valid": True, "action_is_effective": not tool_error}
+        if self._mcp:
+            info["tool_error"] = tool_error
         return self._observation, reward, done, False, info
 
     def canonical_action(self, text: str) -> str | None:
@@ -340,7 +394,10 @@ class OpenEnvTextEnv(RemoteTextEnv):
         return text
 
     def _foreign_description(self) -> str:
-        """The server's own description, and how to act: the field the answer fills, or the JSON schema."""
+        """The server's own description, and how to act: the field the answer fills, or the JSON schema (an MCP
+        server's tools reach the policy through the chat template instead)."""
+        if self._mcp:
+            return self._server_description.strip()
         if self.action_field is not None:
             about = self._action_schema.get("properties", {}).get(self.action_field, {}).get("description")
             how = f"Answer with the action's {self.action_field!r}" + (f" ({about})." if about else ".")

@@ -50,7 +50,8 @@ def episode_start(text_env: TextEnv) -> dict[str, Any]:
     return {"description": text_env.describe(), "action_names": list(text_env.action_names),
             "action_pattern": getattr(text_env, "action_pattern", None),
             "max_turns": getattr(text_env, "max_turns", None), "state_key": text_env.state_key(),
-            "raw_replies": bool(getattr(text_env, "raw_replies", False))}
+            "raw_replies": bool(getattr(text_env, "raw_replies", False)),
+            "tools": [dict(tool) for tool in getattr(text_env, "tools", None) or ()]}
 
 
 class RemoteTextEnv(TextEnv):
@@ -132,6 +133,7 @@ class RemoteTextEnv(TextEnv):
         self._connection: http.client.HTTPConnection | None = None
         self._client = None  # OpenEnv's client, with protocol="openenv"
         self._ours, self._action_schema, self._server_description = True, {}, ""
+        self._mcp = False  # an OpenEnv MCP tool server (openenv_bridge)
         self._session: str | None = None
         self._steps = 0
         self._description, self._observation, self._state_key = "", "", ""
@@ -237,6 +239,7 @@ class RemoteTextEnv(TextEnv):
         self._action_regex = self._compile_action_pattern(field("action_pattern", str, optional=True) or None)
         self.max_turns = field("max_turns", int, optional=True)
         self.raw_replies = bool(field("raw_replies", bool, optional=True))
+        self.tools = field("tools", list, optional=True) or []
         return self._observation, field("info", dict)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:

@@ -413,6 +413,8 @@ class RolloutEngine:
         episode.actions_left -= len(result.executed)
         t.turn_rewards.append(result.reward)
         t.turn_actions.append(list(result.executed))
+        if episode.tools is not None:
+            t.turn_tool_results.append([{"tool": name, "result": content} for name, content in tool_results])
         t.num_actions += len(result.executed)
         t.num_valid += result.num_valid
         t.num_invalid += result.num_invalid

@@ -42,7 +42,10 @@ class Trajectory:
         turn_states: per turn, the key of the state the policy saw before replying (``TextEnv.state_key``).
         token_regions: (T,) the part of its reply each sampled token belongs to (``protocol.REGION_THINK``,
             ``REGION_ANSWER``, else ``REGION_OTHER``, as is every token not sampled).
-        turn_actions: per turn, the canonical names of the actions the environment executed.
+        turn_actions: per turn, the canonical names of the actions the environment executed (in tool mode, the
+            calls that ran, as JSON).
+        turn_tool_results: in tool mode, per turn, ``{"tool": name, "result": text}`` for each call the reply made,
+            in order (an error for one that could not run; the name is "" for a block that could not be read).
         env_name: the environment's name: its registered id, or its name in ``RolloutConfig.environments``.
         group: index of the group (initial state) within the rollout; seed: that state's reset seed.
         turn_samples: with a limited context window, each turn as the policy read and played it (the learner's
@@ -60,6 +63,7 @@ class Trajectory:
     turn_states: list[str] = field(default_factory=list)
     token_regions: list[int] = field(default_factory=list)
     turn_actions: list[list[str]] = field(default_factory=list)
+    turn_tool_results: list[list[dict]] = field(default_factory=list)
     success: bool = False
     num_actions: int = 0
     num_valid: int = 0
@@ -88,7 +92,7 @@ class Trajectory:
 
     def turns(self, tokenizer, advantages: Sequence[float] | None = None) -> list[dict]:
         """The episode turn by turn, as the rollout viewer shows it: the observation before each reply, the reply
-        with its reasoning and answer, the actions executed, the reward, the number of tokens the policy read
+        with its reasoning and answer, the actions executed (and in tool mode each call's result), the reward, the number of tokens the policy read
         before the reply (``context_tokens``; ``windowed``: its context window's), and the reply's tokens with
         their ``advantages`` (per token of ``token_ids``) where given."""
         turns, previous_end = [], 0
@@ -100,6 +104,7 @@ class Trajectory:
                 "observation": tokenizer.decode(self.token_ids[previous_end:start]),
                 "reply": reply, "think": think, "answer": answer,
                 "actions": self.turn_actions[turn] if turn < len(self.turn_actions) else [],
+                "tool_results": self.turn_tool_results[turn] if turn < len(self.turn_tool_results) else [],
                 "reward": self.turn_rewards[turn] if turn < len(self.turn_rewards) else 0.0,
                 "tokens": [tokenizer.decode([i]) for i in ids],
                 "context_tokens": self.turn_samples[turn].reply_span[0] if self.turn_samples else start,

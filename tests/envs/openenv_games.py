@@ -7,6 +7,9 @@
   4 guesses. Its observation has two fields (feedback and guesses left), so the client renders them as JSON.
 - ``echo``: the action is ``{"message": str}``, the observation ``{"echoed": str}``; ``done`` after 3 messages,
   reward the message's length. No seed, no success.
+- ``lookup``: an MCP tool environment (``MCPEnvironment`` with FastMCP tools, OpenEnv's RFC 003): a directory of
+  people drawn from the reset's seed; ``search(name)`` tells where one lives, ``answer(city)`` ends the episode with
+  reward 1 when right. Its reset observation says whom to find.
 """
 
 import random
@@ -14,7 +17,10 @@ import socket
 import sys
 
 import uvicorn
+from fastmcp import FastMCP
 from openenv.core.env_server import Action, Environment, Observation, State, create_app
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from pydantic import Field
 
 
@@ -82,7 +88,62 @@ class EchoEnv(Environment):
         return self._state
 
 
-GAMES = {"guess": (GuessEnv, GuessAction, GuessObservation), "echo": (EchoEnv, EchoAction, EchoObservation)}
+class LookupObservation(Observation):
+    question: str = Field(default="", description="whom to find")
+
+
+class LookupEnv(MCPEnvironment):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self):
+        mcp = FastMCP("lookup")
+        self.directory, self.person, self.answered = {}, "", None
+
+        @mcp.tool()
+        def search(name: str) -> str:
+            """Look a person up in the directory."""
+            city = self.directory.get(name)
+            return f"{name} lives in {city}." if city else f"No one called {name}."
+
+        @mcp.tool()
+        def answer(city: str) -> str:
+            """Give the final answer."""
+            self.answered = city
+            return "Noted."
+
+        super().__init__(mcp)
+        self._state = State()
+
+    def reset(self, seed=None, episode_id=None, **kwargs):
+        rng = random.Random(seed)
+        self.directory = {name: rng.choice(["Oslo", "Lima", "Rome"]) for name in ("Ada", "Ben", "Cleo")}
+        self.person, self.answered = rng.choice(sorted(self.directory)), None
+        self._state = State(episode_id=episode_id, step_count=0)
+        return LookupObservation(question=f"Where does {self.person} live?")
+
+    # The WebSocket session steps through step_async (MCPEnvironment's own), HTTP through step: score both.
+    def step(self, action, timeout_s=None, **kwargs):
+        return self._scored(action, super().step(action, timeout_s=timeout_s, **kwargs))
+
+    async def step_async(self, action, timeout_s=None, **kwargs):
+        return self._scored(action, await super().step_async(action, timeout_s=timeout_s, **kwargs))
+
+    def _scored(self, action, observation):
+        if isinstance(action, CallToolAction) and action.tool_name == "answer":
+            observation.done = True
+            observation.reward = float(self.answered == self.directory[self.person])
+        return observation
+
+    def _step_impl(self, action, timeout_s=None, **kwargs):
+        return Observation(done=False, reward=0.0, metadata={"error": "call a tool"})
+
+    @property
+    def state(self):
+        return self._state
+
+
+GAMES = {"guess": (GuessEnv, GuessAction, GuessObservation), "echo": (EchoEnv, EchoAction, EchoObservation),
+         "lookup": (LookupEnv, CallToolAction, CallToolObservation)}
 
 if __name__ == "__main__":
     name = sys.argv[1]

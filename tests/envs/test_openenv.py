@@ -221,3 +221,40 @@ def test_raw_replies_fill_a_foreign_servers_action_field_as_written(echo_game, g
         make_text_env(REMOTE, url=guess_game, protocol="openenv", raw_replies=True).reset(seed=0)
     with pytest.raises(ValueError, match="raw_replies=True applies to OpenEnv servers only"):
         make_text_env(REMOTE, url=echo_game, raw_replies=True)
+
+
+@pytest.fixture(scope="module")
+def lookup_mcp_game():
+    with openenv_game("lookup") as url:
+        yield url
+
+
+def test_an_openenv_mcp_tool_server_is_played_in_tool_mode(lookup_mcp_game):
+    """An ``MCPEnvironment`` written as an OpenEnv user writes it (``openenv_games.py``): its tools are listed after
+    each reset and handed to the policy; each call is a ``call_tool`` step; its reward and ``done`` end the episode."""
+    env = make_text_env(REMOTE, url=lookup_mcp_game, protocol="openenv", success_reward=1.0)
+    observation, _ = env.reset(seed=3)
+    assert observation == "Where does Ada live?"  # the one text field of its reset observation
+    assert [(t["function"]["name"], t["function"]["parameters"]["required"]) for t in env.unwrapped.tools] == [
+        ("search", ["name"]), ("answer", ["city"])]
+    env.close()
+    tokenizer = build_tiny_tokenizer(seed=0)
+
+    def solver(prompt):
+        person = re.findall(r"Where does (\w+) live", prompt)[-1]
+        found = re.findall(rf"{person} lives in (\w+)\.", prompt)
+        if found:
+            return f'<tool_call>{{"name": "answer", "arguments": {{"city": "{found[-1]}"}}}}</tool_call>'
+        return (f'<tool_call>{{"name": "lookup", "arguments": {{}}}}</tool_call>'  # refused here: no such tool
+                f'<tool_call>{{"name": "search", "arguments": {{"name": "{person}"}}}}</tool_call>')
+
+    engine = RolloutEngine(RolloutConfig(env=REMOTE, env_config={"url": lookup_mcp_game, "protocol": "openenv",
+                                                                 "success_reward": 1.0}, max_turns=3),
+                           ScriptedBackend(solver, tokenizer), tokenizer)
+    trajectories, metrics = engine.rollout([0, 1, 2, 3], group_size=2, sampling=SamplingParams())
+    assert metrics["rollout/success"] == 1.0 and metrics["rollout/env_errors"] == 0
+    assert metrics["rollout/tool_call_errors"] == 8  # the unknown tool, once per episode, answered before any request
+    t = trajectories[0]
+    assert t.turn_rewards == [-0.1, 1.0] and t.num_turns == 2
+    assert re.search(r"<\|im_start\|>tool\nError: there is no tool 'lookup'.*<\|im_end\|>\n<\|im_start\|>tool\n"
+                     r"\w+ lives in \w+\.<\|im_end\|>", t.text, re.DOTALL)

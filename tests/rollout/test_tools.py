@@ -259,3 +259,25 @@ def test_smollm2s_template_gets_the_tools_in_the_system_message_and_plays_fact_l
     t = trajectories[0]
     assert "<|im_end|>\n<|im_start|>tool\n" in t.text and t.turn_rewards == [0.0, 1.0]
     assert t.token_ids == tokenizer(t.text, add_special_tokens=False)["input_ids"]  # appended ids = the render's
+
+
+# ---- served over HTTP, both protocols -------------------------------------------------------------------------
+@pytest.mark.parametrize("protocol", ["rllib_ragen", "openenv"])
+def test_a_served_tool_environment_plays_token_for_token_as_in_process(tiny, env_server, protocol):
+    if protocol == "openenv":
+        pytest.importorskip("openenv")
+    _, tokenizer = tiny
+    backend = ScriptedBackend(fact_lookup_solver_policy(), tokenizer)
+
+    def play(env, env_config):
+        engine = RolloutEngine(RolloutConfig(env=env, env_config=env_config, max_turns=4), backend, tokenizer)
+        return engine.rollout([123, 124, 125], 2, SamplingParams(), sample_seed=0)
+
+    with env_server(LOOKUP, "--protocol", protocol) as server:
+        (remote, remote_metrics) = play("rllib_ragen/Remote-v0", {"url": server.url, "protocol": protocol})
+    local, local_metrics = play(LOOKUP, {})
+    assert [t.token_ids for t in remote] == [t.token_ids for t in local]
+    assert [t.turn_rewards for t in remote] == [t.turn_rewards for t in local]
+    assert [t.turn_states for t in remote] == [t.turn_states for t in local]
+    assert remote_metrics[f"{LOOKUP}/success"] == 0 and remote_metrics["rollout/success"] == 1.0 == \
+        local_metrics["rollout/success"]

@@ -55,7 +55,12 @@ function renderDetail(ep) {
        (turn.windowed ? ' (its context window)' : ''))));
     box.appendChild(el('pre', 'board', turn.observation));
     box.appendChild(el('div', 'think', 'thinking: ' + (turn.think || '(none)')));
-    box.appendChild(el('div', 'answer', 'answer: ' + (turn.answer || '(none)')));
+    if (turn.tool_results && turn.tool_results.length) {  // tool mode: each call and what it returned
+      turn.tool_results.forEach(r => box.appendChild(
+        el('pre', 'tool', `tool call ${r.tool || '(unreadable)'} returned: ${r.result}`)));
+    } else {
+      box.appendChild(el('div', 'answer', 'answer: ' + (turn.answer || '(none)')));
+    }
     const tokens = el('div', 'tokens');
     tokens.appendChild(el('span', '', turn.advantages ? 'reply tokens by advantage: ' :
       'reply tokens (not trained on: no advantages): '));
