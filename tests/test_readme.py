@@ -192,7 +192,7 @@ def test_the_job_file_shown_in_the_readme_is_the_bandit_job():
     assert {k: getattr(shown["config"], k) for k in knobs} == {k: getattr(real["config"], k) for k in knobs}
 
 
-MAIN_JOBS = ("starpo_bandit.py", "starpo_frozenlake.py", "starpo_sokoban.py", "starpo_gem.py")
+MAIN_JOBS = ("starpo_bandit.py", "starpo_frozenlake.py", "starpo_sokoban.py", "starpo_gem.py", "starpo_tools.py")
 
 
 def readme_job_commands() -> list[tuple[str, list[str]]]:

@@ -211,6 +211,23 @@ def read_tensorboard_scalars(folder) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
+@pytest.mark.slow
+def test_the_tool_job_runs_and_its_outputs_keep_each_turns_tool_results(tmp_path):
+    import pyarrow.parquet as pq
+
+    # A demonstrated call takes up to 58 tokens: the job refuses replies longer than the policy may write.
+    done = run_example("starpo_tools.py", *TINY_BUDGET, "--max-new-tokens-per-turn", "64", "--output-dir",
+                       str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "against the baseline 'no-tool guess'" in done.stdout
+    run = (tmp_path / "latest").resolve() / "seed0"
+    # Five warm-start steps teach no call syntax: every turn is there, with the results of whatever calls it made.
+    turns = [turn for record in pq.read_table(run / "validation_before.parquet").to_pylist()
+             for turn in record["turns"]]
+    assert turns and all(isinstance(turn["tool_results"], list) for turn in turns)
+    assert all(set(result) == {"tool", "result"} for turn in turns for result in turn["tool_results"])
+
+
 def test_flags_override_the_jobs_config_and_leave_it_unchanged(monkeypatch):
     import torch
 

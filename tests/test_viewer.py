@@ -169,3 +169,19 @@ def test_a_hostile_environment_name_is_shown_as_text_never_run_as_markup(tmp_pat
     assert not re.search(r"<body[^>]*data-pwned", html)  # the handler never ran (it would mark the body)
     assert "<img" not in html.split("<script")[0]  # no element was made from the name
     assert re.search(r"<option[^>]*>&lt;img src=x", html)  # it is there, as the filter's text
+
+
+def test_a_tool_episode_shows_each_call_and_what_it_returned(tmp_path):
+    from rllib_ragen.rollout.scripted import fact_lookup_solver_policy
+
+    _, tokenizer = load_policy("tiny", seed=0)
+    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/FactLookup-v0", max_turns=3),
+                           ScriptedBackend(fact_lookup_solver_policy(), tokenizer), tokenizer)
+    (episode,), _ = engine.rollout([123], 1, SamplingParams())
+    write_rollouts(tmp_path / AFTER_ROLLOUTS, [episode], tokenizer, iteration=1)
+    viewer_main([str(tmp_path)])
+    html = dom(tmp_path / "rollouts.html", "episode=0")
+    shown = re.findall(r'<pre class="tool">tool call (\w+) returned: ([^<]*)</pre>', html)
+    (found,), (verdict,) = episode.turn_tool_results
+    assert shown == [("search", found["result"]), ("answer", "Correct.")] and verdict["result"] == "Correct."
+    assert 'class="answer"' not in html.split('id="detail"')[1]  # a tool turn has calls, not an <answer>

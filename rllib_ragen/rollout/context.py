@@ -113,7 +113,8 @@ class ChatFormat:
             self.tools_in_template = self._render(self._messages(_USER), generation_prompt=True) != plain
             if not self.tools_in_template:  # the documented fallback: the tool list in the system message
                 self._template_tools = None
-                self.system_prompt = (system_prompt or "").rstrip() + tool_format.describe(self.tools)
+                prefix = (system_prompt or "").rstrip()
+                self.system_prompt = (prefix + tool_format.describe(self.tools)).lstrip()
         base = self._messages(_USER)
         prompt = self._render(base, generation_prompt=True)
         with_reply = self._render(base + [{"role": "assistant", "content": _REPLY}], generation_prompt=False)

@@ -8,6 +8,7 @@ import copy
 import torch
 
 from ..envs.base import checks_reasoning_claims
+from ..envs.tool_env import ToolTextEnv
 from ..objectives import RAGEN_STRATEGIES
 from ..rollout.lora import PEFT_MISSING, lora_settings, peft_available
 from ..rollout.vllm_backend import VLLM_LORA_RANKS, VLLM_MISSING, vllm_available
@@ -25,6 +26,7 @@ def rule_errors(config):
     yield from _filter_strategy_errors(config)
     yield from _context_window_errors(config)
     yield from _action_separator_errors(config)
+    yield from _tool_environment_errors(config)
     yield from batch_shape_errors(config)
     yield from _off_policy_errors(config)
     yield from _sentinel_errors(config)
@@ -57,6 +59,21 @@ def _reasoning_penalty_errors(config):
         yield (f"ungrounded_reasoning_penalty={penalty}, but training environment(s) {silent} check no claims "
                "about their state (TextEnv.reasoning_claims), so every turn would be charged in full: train on "
                "ones that do (Sokoban, FrozenLake) or set the penalty to 0.")
+
+
+def _tool_environment_errors(config):
+    """Tool episodes (``rollout/tools.py``) keep the whole conversation in view and have no ``<answer>`` block. Known
+    here for the tool environments whose class says so (``ToolTextEnv``); a served one is known once it answers."""
+    with_tools = [e.name for e in config.training_environments() if is_known_env(e.env)
+                  and issubclass(env_class(e.env), ToolTextEnv)]
+    if not with_tools:
+        return
+    if config.context_window != "full":
+        yield (f"context_window={config.context_window!r}, but training environment(s) {with_tools} are played with "
+               "tools, whose episodes keep the whole conversation in view: set context_window='full'.")
+    if config.loss_mask == "answer":
+        yield (f"loss_mask='answer' trains the <answer> block, and the tool-call replies of {with_tools} have none: "
+               "set loss_mask='all' or 'no_think'.")
 
 
 _STRATEGY_KNOBS = ("rollout_filter_value", "rollout_filter_type", "rollout_filter_include_zero",

@@ -3,6 +3,7 @@ token-exact (the tiny model, SmolLM2's template), with the built-in FactLookup a
 
 import importlib.util
 import json
+import re
 import pathlib
 import sys
 
@@ -281,3 +282,16 @@ def test_a_served_tool_environment_plays_token_for_token_as_in_process(tiny, env
     assert [t.turn_states for t in remote] == [t.turn_states for t in local]
     assert remote_metrics[f"{LOOKUP}/success"] == 0 and remote_metrics["rollout/success"] == 1.0 == \
         local_metrics["rollout/success"]
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"context_window": "single_turn"}, "set context_window='full'"),
+    ({"loss_mask": "answer"}, "set loss_mask='all' or 'no_think'"),
+])
+def test_settings_a_tool_environment_cannot_train_with_fail_at_validate(setting, message):
+    from rllib_ragen import StarPOConfig
+
+    config = StarPOConfig().environment(LOOKUP).training(**setting)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config.validate()
+    StarPOConfig().environment("rllib_ragen/Sokoban-v0").training(**setting).validate()  # fine without tools

@@ -51,6 +51,26 @@ def test_first_update_has_ratio_one_and_rollout_logprobs_match_the_learner(small
         algo.stop()
 
 
+def test_tool_episodes_train_with_the_learners_logprobs_equal_to_the_samplers(small_config):
+    """FactLookup in tool mode, with a call format the untrained tiny model writes (a block between spaces), so its
+    episodes run several turns with tool turns between the replies: the learner scores every sampled token as the
+    sampler did, and the tool turns are not trained on."""
+    from rllib_ragen.rollout.tools import TOOL_CALL_FORMATS, HermesToolCalls
+
+    TOOL_CALL_FORMATS["spaces"] = HermesToolCalls(name="spaces", open_tag=" ", close_tag=" ")
+    algo = small_config("rllib_ragen/FactLookup-v0", tool_call_format="spaces", max_turns=3).build_algo()
+    try:
+        result = algo.train()
+        learner = result["learners"][DEFAULT_MODULE_ID]
+        assert learner["actor/first_step_logprob_deviation"] == 0.0
+        assert learner["rollout/logprob_gap_max"] < 1e-4
+        rollout = result["env_runners"]
+        assert rollout["rollout/malformed_tool_calls"] > 0 and rollout["episode_len_mean"] > 1
+    finally:
+        algo.stop()
+        del TOOL_CALL_FORMATS["spaces"]
+
+
 def test_a_single_step_update_reads_the_batch_once_and_changes_nothing(small_config, monkeypatch):
     """One optimizer step: the step's forward passes are the score, so the batch goes through the model once, and
     the update is the two-pass update bit for bit (GAE with its critic, whitened and not, in one micro-batch; GRPO
