@@ -13,6 +13,7 @@ public methods as tools, and ``get_reward()`` as the environment's reward.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import json
@@ -89,6 +90,8 @@ class ToolTextEnv(TextEnv):
         failed = False
         try:
             result = function(**arguments)
+            if inspect.isawaitable(result):  # an async tool (TRL takes them too): run it to its end here
+                result = asyncio.run(_awaited(result))
         except Exception as error:  # the tool's own failure is the policy's to see, as in TRL's tool loop
             result, failed = f"Error: {type(error).__name__}: {error}", True
         info = {"success": self._success, "action_is_valid": True, "action_is_effective": not failed,
@@ -97,6 +100,10 @@ class ToolTextEnv(TextEnv):
 
     def _apply(self, action_index: int) -> tuple[float, bool, bool]:
         raise NotImplementedError("tool environments act through step(); they have no action list")
+
+
+async def _awaited(awaitable):
+    return await awaitable
 
 
 def _result_text(result: Any) -> str:

@@ -40,7 +40,7 @@ def tokenizer():
 
 def test_the_class_is_read_as_trl_reads_it():
     env = make_text_env(TRL, **CONFIG).unwrapped
-    assert [tool["function"]["name"] for tool in env.tools] == ["add"]
+    assert [tool["function"]["name"] for tool in env.tools] == ["add", "double"]
     assert env.tools[0]["function"]["parameters"] == {
         "type": "object", "properties": {"amount": {"type": "integer", "description": "how much to add (1 to 9)."}},
         "required": ["amount"]}
@@ -101,3 +101,11 @@ def test_what_the_contract_needs_is_checked_when_the_environment_is_built():
         make_text_env(TRL, environment=CounterEnv, tasks=[3])
     with pytest.raises(ValueError, match="must be an import path"):
         make_text_env(TRL, environment="trl_games.CounterEnv")
+
+
+def test_an_async_tool_runs_to_its_end(tokenizer):
+    replies = iter([_call("add", amount=6), _call("double"), "Done."])
+    engine = RolloutEngine(RolloutConfig(env=TRL, env_config=CONFIG, max_turns=4),
+                           ScriptedBackend(lambda prompt: next(replies), tokenizer), tokenizer)
+    (t,), _ = engine.rollout([1], group_size=1, sampling=SamplingParams())  # target 12: 6, then doubled
+    assert t.turn_rewards == [0.0, 1.0, 0.0] and "The counter is at 12." in t.text

@@ -26,6 +26,12 @@ class CounterEnv:
         self.counter += amount
         return f"The counter is at {self.counter}."
 
+    async def double(self) -> str:
+        """Double the counter (an async tool, as TRL allows).
+        """
+        self.counter *= 2
+        return f"The counter is at {self.counter}."
+
     def get_reward(self) -> float:
         return 1.0 if self.counter == self.target else 0.0
 
