@@ -266,7 +266,7 @@ class OpenEnvTextEnv(RemoteTextEnv):
             self._action_regex = self._compile_action_pattern(reply("action_pattern", str, optional=True) or None)
             self.max_turns = reply("max_turns", int, optional=True)
             self.raw_replies = reply("raw_replies", bool)
-            self.tools = reply("tools", list, optional=True) or []
+            self.tools = self._served_tools(observation, "/ws reset")
             return self._observation, reply("info", dict)
         self.action_names, self._action_lookup, self.max_turns = (), {}, None
         self._observation = self._foreign_text(observation)

@@ -204,6 +204,16 @@ class RemoteTextEnv(TextEnv):
                                  f"takes at most max_observation_chars={self.max_observation_chars}.")
         return value
 
+    def _served_tools(self, reply: dict, path: str) -> list[dict]:
+        """``reply["tools"]``: function schemas, each ``{"type": "function", "function": {"name": ..., ...}}``, or none."""
+        tools = reply.get("tools") or []
+        if not isinstance(tools, list) or not all(
+                isinstance(tool, dict) and isinstance(tool.get("function"), dict)
+                and isinstance(tool["function"].get("name"), str) for tool in tools):
+            raise RemoteEnvError(f"{self.url}{path} sent tools={tools!r:.80}: expected a list of function schemas "
+                                 "({'type': 'function', 'function': {'name': ..., 'parameters': ...}}) or null.")
+        return tools
+
     def _compile_action_pattern(self, pattern: str | None):
         if pattern is None:
             return None
@@ -239,7 +249,7 @@ class RemoteTextEnv(TextEnv):
         self._action_regex = self._compile_action_pattern(field("action_pattern", str, optional=True) or None)
         self.max_turns = field("max_turns", int, optional=True)
         self.raw_replies = bool(field("raw_replies", bool, optional=True))
-        self.tools = field("tools", list, optional=True) or []
+        self.tools = self._served_tools(reply, "/reset")
         return self._observation, field("info", dict)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:

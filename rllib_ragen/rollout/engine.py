@@ -235,17 +235,20 @@ class RolloutEngine:
         observation, _ = env.reset(seed=start_seed(start))
         counts: Counter = Counter()
         observation = self._plain(_observation_text(env.unwrapped, observation, "reset"), counts)
-        chat, _, first = self._first_message(env.unwrapped, observation, self._plain(env.unwrapped.describe(), counts))
+        chat, _, first, _ = self._first_message(env.unwrapped, observation,
+                                                self._plain(env.unwrapped.describe(), counts))
         return len(chat.prompt_ids(first))
 
-    def _first_message(self, text_env, observation: str, instructions: str) -> tuple[ChatFormat, ToolSet | None, str]:
-        """The chat format an episode of ``text_env`` is played in, its tools (None: not in tool mode), and its first
-        user message: the instructions, then the first turn's message (or, in tool mode, the task and how to call)."""
+    def _first_message(self, text_env, observation: str,
+                       instructions: str) -> tuple[ChatFormat, ToolSet | None, str, str]:
+        """The chat format an episode of ``text_env`` is played in, its tools (None: not in tool mode), its first user
+        message (the instructions, then the first turn's message or, in tool mode, the task and how to call), and that
+        turn message alone."""
         tools = _tools_of(text_env)
         if not tools:
             message = self._user_message(observation, 1, self.config.max_actions_per_episode, None,
                                          _takes_raw_replies(text_env))
-            return self.chat, None, instructions + "\n" + message
+            return self.chat, None, instructions + "\n" + message, message
         if self.config.window_turns is not None:
             raise ValueError(f"{type(text_env).__name__} has tools, and tool episodes are played with the whole "
                              f"conversation in view: set context_window='full' (not {self.config.context_window!r}).")
@@ -254,7 +257,8 @@ class RolloutEngine:
         if chat is None:
             chat = self._tool_chats[key] = ChatFormat(self.tokenizer, self.config.system_prompt, tools=tools,
                                                       tool_format=tool_call_format(self.config.tool_call_format))
-        return chat, ToolSet(tools), "\n".join(part for part in (instructions, observation, TOOL_HINT) if part)
+        message = "\n".join(part for part in (observation, TOOL_HINT) if part)
+        return chat, ToolSet(tools), "\n".join(part for part in (instructions, message) if part), message
 
     def rollout(self, seeds: Sequence[Start], group_size: int, sampling: SamplingParams,
                 sample_seed: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
@@ -288,12 +292,12 @@ class RolloutEngine:
             observation, description = value
             observation = self._plain(_observation_text(text_env, observation, "reset"), counts)
             instructions = self._plain(description, counts)
-            chat, tools, first = self._first_message(text_env, observation, instructions)
+            chat, tools, first, message = self._first_message(text_env, observation, instructions)
             env_name = start_env(start) or getattr(env.spec, "id", None) or type(text_env).__name__
             trajectory = Trajectory(env_name, group, seed, [], [], [])
             episode = _Episode(env, trajectory, chat.prompt_ids(first))
             episode.chat, episode.tools, episode.raw_reply = chat, tools, _takes_raw_replies(text_env)
-            episode.instructions, episode.messages = instructions, [first[len(instructions) + 1:]]
+            episode.instructions, episode.messages = instructions, [message]
             episode.prompt_ids = list(trajectory.token_ids)
             if self._reply_room(trajectory.token_ids) < 1:
                 # Nothing could be sampled: playing it would only feed the learner a prompt with no reply.

@@ -280,8 +280,8 @@ def test_a_served_tool_environment_plays_token_for_token_as_in_process(tiny, env
     assert [t.token_ids for t in remote] == [t.token_ids for t in local]
     assert [t.turn_rewards for t in remote] == [t.turn_rewards for t in local]
     assert [t.turn_states for t in remote] == [t.turn_states for t in local]
-    assert remote_metrics[f"{LOOKUP}/success"] == 0 and remote_metrics["rollout/success"] == 1.0 == \
-        local_metrics["rollout/success"]
+    assert remote_metrics["rollout/success"] == 1.0 == local_metrics["rollout/success"]
+    assert remote_metrics["rollout/tool_calls"] == local_metrics["rollout/tool_calls"] == 12
 
 
 @pytest.mark.parametrize("setting, message", [
