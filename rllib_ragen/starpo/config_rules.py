@@ -64,6 +64,10 @@ def _reasoning_penalty_errors(config):
 def _tool_environment_errors(config):
     """Tool episodes (``rollout/tools.py``) keep the whole conversation in view and have no ``<answer>`` block. Known
     here for the tool environments whose class says so (``ToolTextEnv``); a served one is known once it answers."""
+    if config.context_window == "full" and config.loss_mask != "answer":
+        return
+    if next(mixture_errors(config), None):
+        return  # malformed train_envs: reported by environment_errors, and no list of environments to read
     with_tools = [e.name for e in config.training_environments() if is_known_env(e.env)
                   and issubclass(env_class(e.env), ToolTextEnv)]
     if not with_tools:
