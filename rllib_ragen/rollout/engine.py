@@ -148,7 +148,8 @@ class RolloutEngine:
     def __init__(self, config: RolloutConfig, backend: InferenceBackend, tokenizer):
         self.config, self.backend, self.tokenizer = config, backend, tokenizer
         self.chat = ChatFormat(tokenizer, config.system_prompt)
-        self._tool_chats: dict[str, ChatFormat] = {}  # by the tools' JSON: one checked format per tool set
+        # By the tools' JSON: one chat format (checked append-only) and one schema checker per tool set.
+        self._tool_modes: dict[str, tuple[ChatFormat, ToolSet]] = {}
         # Kept free after every reply: the longest text that can close it (a reply cut short lacks its eos).
         self.reply_reserve = len(self.chat.encode(self.chat.close))
         self._token_texts: dict[int, str] = {}
@@ -253,12 +254,13 @@ class RolloutEngine:
             raise ValueError(f"{type(text_env).__name__} has tools, and tool episodes are played with the whole "
                              f"conversation in view: set context_window='full' (not {self.config.context_window!r}).")
         key = json.dumps(tools, sort_keys=True)
-        chat = self._tool_chats.get(key)
-        if chat is None:
-            chat = self._tool_chats[key] = ChatFormat(self.tokenizer, self.config.system_prompt, tools=tools,
-                                                      tool_format=tool_call_format(self.config.tool_call_format))
+        if key not in self._tool_modes:
+            self._tool_modes[key] = (ChatFormat(self.tokenizer, self.config.system_prompt, tools=tools,
+                                                tool_format=tool_call_format(self.config.tool_call_format)),
+                                     ToolSet(tools))
+        chat, tool_set = self._tool_modes[key]
         message = "\n".join(part for part in (observation, TOOL_HINT) if part)
-        return chat, ToolSet(tools), "\n".join(part for part in (instructions, message) if part), message
+        return chat, tool_set, "\n".join(part for part in (instructions, message) if part), message
 
     def rollout(self, seeds: Sequence[Start], group_size: int, sampling: SamplingParams,
                 sample_seed: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
