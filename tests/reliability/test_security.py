@@ -78,3 +78,24 @@ def test_a_missing_or_broken_params_json_is_named_not_replaced_by_the_pickle(tmp
     with pytest.raises(ValueError, match="holds a list"):
         report.trial_config(trial)
     assert not marker.exists()
+
+
+def test_the_report_finds_trials_without_tunes_experiment_state_which_runs_the_pickle_it_holds(tmp_path):
+    """Why the report reads trial folders itself rather than through ``tune.ExperimentAnalysis`` (issue 64 asked
+    for it): Tune's reader expands the cloudpickle payloads of ``experiment_state-*.json``, so opening a folder
+    someone sent runs their code (checked on Ray's own class below; if Ray stops doing so, this test fails and the
+    report can move to it). The report never opens that file."""
+    from ray import cloudpickle
+    import pytest
+    from ray import tune
+
+    trial, marker = _trial_folder(tmp_path, "tune")
+    (trial / "result.json").write_text("")
+    blob = {"_type": "CLOUDPICKLE_FALLBACK", "value": cloudpickle.dumps(_Payload(marker)).hex()}
+    (tmp_path / "experiment_state-2026-11-28_00-00-00.json").write_text(json.dumps({"trial_data": blob}))
+    assert report.trial_folders(tmp_path) == [trial]
+    report.trial_config(trial)
+    assert not marker.exists()
+    with pytest.raises(Exception):  # the payload is not trial data: Tune fails, after running it
+        tune.ExperimentAnalysis(str(tmp_path))
+    assert marker.exists()
