@@ -7,13 +7,12 @@ imported, so ``gymnasium.make("rllib_ragen/Sokoban-v0", dim=8, num_boxes=2)`` wo
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
 import gymnasium as gym
 
 from .bandit import BanditEnv
-from .base import TRANSITION_SEED, TextEnv
+from .base import TRANSITION_SEED, TextEnv, load_import_path
 from .countdown import CountdownEnv
 from .frozen_lake import FrozenLakeTextEnv
 from .lookup import FactLookupEnv
@@ -51,7 +50,7 @@ def register_text_env(
         reward_threshold: the return at which the env counts as solved, if known.
         **kwargs: default constructor arguments; ``gymnasium.make(env_id, **overrides)`` overrides them.
     """
-    cls = _load_entry_point(entry_point)
+    cls = entry_point if not isinstance(entry_point, str) else load_import_path(entry_point, "entry_point")
     if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
         raise TypeError(f"{env_id}: entry_point {entry_point!r} must be a subclass of rllib_ragen.envs.TextEnv.")
     if env_id in gym.registry:
@@ -134,14 +133,6 @@ def make_text_env(env: str | type[TextEnv] | Callable[..., gym.Env], **config: A
         )
     return built
 
-
-def _load_entry_point(entry_point: type | str) -> Any:
-    if not isinstance(entry_point, str):
-        return entry_point
-    module_name, _, attr = entry_point.partition(":")
-    if not attr:
-        raise ValueError(f"entry_point {entry_point!r} must look like 'package.module:ClassName'.")
-    return getattr(importlib.import_module(module_name), attr)
 
 
 # ---- built-ins: one id per variant, like gymnasium's own registrations ---------------------------------------

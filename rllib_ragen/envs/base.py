@@ -7,6 +7,7 @@ language models: the agent's reply is turned into these action strings by :mod:`
 
 from __future__ import annotations
 
+import importlib
 import re
 import string
 from typing import Any, ClassVar, Mapping, Sequence
@@ -14,6 +15,18 @@ from typing import Any, ClassVar, Mapping, Sequence
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+
+def load_import_path(path: str, what: str = "an import path") -> Any:
+    """The object an import path ``"package.module:Name"`` (``Name`` may be dotted: ``"module:Class.attr"``) names;
+    gymnasium's entry points and TRL's factories are written so. A path of another shape fails naming ``what``."""
+    module, _, name = path.partition(":")
+    if not module or not name:
+        raise ValueError(f"{what} {path!r} must be an import path 'package.module:Name'.")
+    value = importlib.import_module(module)
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
 
 # Observations may contain any printable ASCII plus the few non-ASCII symbols our grids use.
 OBSERVATION_CHARSET = frozenset(string.printable) | frozenset("√")

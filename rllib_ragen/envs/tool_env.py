@@ -14,13 +14,12 @@ public methods as tools, and ``get_reward()`` as the environment's reward.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import math
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
-from .base import TextEnv
+from .base import TextEnv, load_import_path
 
 
 def method_schema(method: Callable) -> dict:
@@ -115,16 +114,6 @@ def _result_text(result: Any) -> str:
     return str(result)
 
 
-def _load(path: str) -> Any:
-    module, _, name = path.partition(":")
-    if not module or not name:
-        raise ValueError(f"{path!r} must be an import path 'package.module:Name'.")
-    value = importlib.import_module(module)
-    for part in name.split("."):
-        value = getattr(value, part)
-    return value
-
-
 class TRLEnvironment(ToolTextEnv):
     """A class written for TRL's ``environment_factory``, played as a text environment in tool mode.
 
@@ -147,9 +136,11 @@ class TRLEnvironment(ToolTextEnv):
     def __init__(self, environment: Any, tasks: Any = None, success_reward: float | None = None,
                  render_mode: str | None = "ansi", max_observation_chars: int = 4096):
         super().__init__(render_mode, max_observation_chars)
-        factory = _load(environment) if isinstance(environment, str) else environment
+        factory = load_import_path(environment, "environment") if isinstance(environment, str) else environment
         self.environment = factory()
-        self.tasks = list(_load(tasks) if isinstance(tasks, str) else tasks) if tasks is not None else None
+        if isinstance(tasks, str):
+            tasks = load_import_path(tasks, "tasks")
+        self.tasks = list(tasks) if tasks is not None else None
         if self.tasks is not None and not all(isinstance(task, Mapping) for task in self.tasks):
             raise TypeError("tasks must be a list of dicts: the keyword arguments of each episode's reset().")
         if self.tasks == []:

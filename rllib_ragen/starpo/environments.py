@@ -9,8 +9,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from ..envs import (BUILT_IN_TEXT_ENVS, REMOTE_ENV_ID, _load_entry_point, ensure_registered, make_text_env,
-                    registered_text_envs)
+from ..envs import BUILT_IN_TEXT_ENVS, REMOTE_ENV_ID, ensure_registered, make_text_env, registered_text_envs
+from ..envs.base import load_import_path
 from .knobs import is_int
 
 # Keys of one entry of ``train_envs`` / ``validation_envs`` (``StarPOConfig.environment``); the count key is required
@@ -37,7 +37,7 @@ def env_name(env) -> str:
 
 def env_class(env) -> type:
     """The class a registered id (or a TextEnv class) builds."""
-    return env if isinstance(env, type) else _load_entry_point(gym.spec(env).entry_point)
+    return env if isinstance(env, type) else load_import_path(gym.spec(env).entry_point, "entry_point")
 
 
 def env_arguments(env) -> set[str] | None:
