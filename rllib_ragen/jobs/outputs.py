@@ -286,6 +286,12 @@ def baseline_file(name: str) -> str:
     return f"{BASELINES}/{slug}.parquet"
 
 
+def baseline_name(file: pathlib.Path) -> str:
+    """A baseline's name as the job gave it (recorded beside its episodes, ``names.json``), else the file's stem."""
+    names = file.parent / "names.json"
+    return json.loads(names.read_text()).get(file.name, file.stem) if names.is_file() else file.stem
+
+
 def outcomes_by_state(episodes) -> dict[str, float]:
     """Success per validation state, keyed ``"<env>:<seed>"`` (two environments' same seed stay apart): the mean
     over the state's episodes when validation plays several (``validation_group_size``). The state, not the

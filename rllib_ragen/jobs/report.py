@@ -26,7 +26,7 @@ from .. import metrics as M
 from .callbacks import NEXT_TRAINING_SEED
 from ..collapse import reasoning_entropy
 from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER,
-                      LEARNING_CURVE, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
+                      LEARNING_CURVE, baseline_name, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
                       read_first_reasonings, read_outcomes, read_reasoning_claims, read_results, state_of,
                       validations_of, write_text_atomically)
 from .validation_states import demonstrated_seeds, initial_states, trained_seeds_by_env
@@ -348,14 +348,8 @@ def _against_baselines(trial: pathlib.Path, files: list[pathlib.Path], headline:
         for when, agent in (("warm_start", BEFORE_GREEDY_ROLLOUTS), ("after_rl", AFTER_GREEDY_ROLLOUTS)):
             pair = _outcome_pair((file, trial / agent), {headline})
             entry[when] = None if pair is None else paired_comparison(*pair).as_dict()
-        result[_baseline_name(file)] = entry
+        result[baseline_name(file)] = entry
     return result
-
-
-def _baseline_name(file: pathlib.Path) -> str:
-    """The baseline's name as the job gave it (recorded beside its episodes), else the file's stem."""
-    names = file.parent / "names.json"
-    return json.loads(names.read_text()).get(file.name, file.stem) if names.is_file() else file.stem
 
 
 def _validation_splits(config, trial: pathlib.Path, trained: dict[str, list[int]]) -> dict | None:

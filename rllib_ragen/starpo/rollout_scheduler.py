@@ -27,6 +27,17 @@ MAX_ROLLOUT_ATTEMPTS = 3  # a rollout played again after env runners died in it,
 ROLLOUT_THREAD = "rllib_ragen_rollout"  # the thread that plays the next rollout beside the update (max_policy_lag)
 
 
+
+def sample_seed(seed: int | None, purpose: str, iteration: int) -> int:
+    """The sampling seed of a run of ``seed`` for ``purpose`` ("train" or "validation") at ``iteration``."""
+    words = [seed or 0, iteration, 0 if purpose == "train" else 1]
+    return int(np.random.SeedSequence(words).generate_state(1)[0])
+
+
+def validation_sample_seed(config) -> int:
+    """The sampling seed every validation of a run plays with (the same states, the same seed: paired)."""
+    return sample_seed(config.seed, "validation", 0)
+
 class RolloutScheduler:
     """The rollouts of one :class:`StarPO` algorithm, and their state: the seed schedule and the rollout in flight.
 
@@ -105,8 +116,7 @@ class RolloutScheduler:
             self.algorithm.sync_rollout_weights()
 
     def sample_seed(self, purpose: str, iteration: int) -> int:
-        words = [self.config.seed or 0, iteration, 0 if purpose == "train" else 1]
-        return int(np.random.SeedSequence(words).generate_state(1)[0])
+        return sample_seed(self.config.seed, purpose, iteration)
 
     # ---- the fan-out over env runners ---------------------------------------------------------------------------
     def play(self, seeds: list[Start], group_size: int, sampling: SamplingParams,

@@ -50,7 +50,7 @@ from .checkpoints import check_checkpoint_fits, recover_interrupted_save, remove
 from .config import StarPOConfig
 from .inference_engines import load_policy_into_engines, start_engines_for
 from .llm_rl_module import PLACEHOLDER_SPACE, CausalLMRLModule
-from .rollout_scheduler import RolloutScheduler
+from .rollout_scheduler import RolloutScheduler, validation_sample_seed
 from .sentinel_actions import SentinelActions
 from .weight_sync import state_bytes
 
@@ -244,21 +244,25 @@ class StarPO(Algorithm):
         self.rollouts.runners_on_current_weights()
         sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
         trajectories, _ = self.rollouts.play(config.validation_starts(), config.validation_group_size, sampling,
-                                             self.rollouts.sample_seed("validation", 0))
+                                             validation_sample_seed(config))
         return trajectories
 
     @staticmethod
     def play_validation_states_with(config, policy, tokenizer=None, *, temperature: float = 0.0,
                                     env_name: str | None = None) -> list[Trajectory]:
         """The validation states of ``env_name`` (None: all) played without a built algorithm, in the agent's own
-        loop (prompts, budgets, transition seeds, as many episodes per state as validation plays), by ``policy``:
-        a scripted one (prompt text -> reply), the baselines a job pairs its agent against; or a model as it is, at
-        ``temperature`` with the validation's settings (the warm start's validation curve). ``tokenizer``: the
-        policy model's (None: the config's model's)."""
+        loop (prompts, budgets, transition seeds, sampling seed, as many episodes per state as validation plays),
+        by ``policy``: a scripted one (prompt text -> reply), the baselines a job pairs its agent against; a model
+        as it is, at ``temperature`` with the validation's settings (the warm start's validation curve); or a saved
+        model's folder, loaded in the config's dtype with its own tokenizer (``rllib_ragen.jobs.evaluate``).
+        ``tokenizer``: the policy model's (None: the config's model's, or the folder's)."""
         from ..rollout.backends import ScriptedBackend
         from ..rollout.engine import RolloutEngine
+        from ..rollout.models import load_policy
         from .inference_engines import make_backend
 
+        if isinstance(policy, (str, os.PathLike)):
+            policy, tokenizer = load_policy(str(policy), dtype=config.model_config.get("dtype", "float32"))
         tokenizer = tokenizer or config.policy_tokenizer()
         if isinstance(policy, torch.nn.Module):  # a fresh backend: the weights may have changed in place
             backend = make_backend("hf", policy, tokenizer, config)
@@ -268,7 +272,7 @@ class StarPO(Algorithm):
                   if env_name is None or not isinstance(s, tuple) or s[0] == env_name]
         sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
         trajectories, _ = RolloutEngine(config.rollout_config(), backend, tokenizer).rollout(
-            starts, config.validation_group_size, sampling, sample_seed=0)
+            starts, config.validation_group_size, sampling, sample_seed=validation_sample_seed(config))
         return trajectories
 
     def _validate(self, iteration: int) -> dict[str, float]:
@@ -277,7 +281,7 @@ class StarPO(Algorithm):
         self.rollouts.runners_on_current_weights()
         sampling = config.sampling_params(validation=True)
         trajectories, results = self.rollouts.play(config.validation_starts(), config.validation_group_size,
-                                                   sampling, self.rollouts.sample_seed("validation", 0))
+                                                   sampling, validation_sample_seed(config))
         self.last_validation = trajectories
         results[M.VALIDATION_ITERATION] = float(iteration)
         self._log(results, EVALUATION_RESULTS, ENV_RUNNER_RESULTS)

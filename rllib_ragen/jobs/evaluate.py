@@ -1,0 +1,154 @@
+"""Saved policies played on fixed validation states: ``python -m rllib_ragen.jobs.evaluate POLICY [POLICY ...]``.
+
+A policy is a folder ``transformers`` loads: a job's exported ``policy/``, a warm start, any checkpoint of the same
+model. Each is played on the same states, greedily and sampled, the way the job's validation plays them (its
+prompts, turn and token budgets, transition seeds, validation temperature and sampling seed), so evaluating a run's
+``policy/`` with the run's own settings gives back its ``summary.json`` figures "after RL". Each later policy is
+paired against the first (the interval and exact McNemar p of :mod:`~rllib_ragen.jobs.paired_stats`), and each
+policy's greedy play against the run's scripted baselines where they played the same states.
+
+The settings come from the trial folder the first policy sits in (``RUN/seed0/policy`` -> ``RUN/seed0``: Tune's
+``params.json``, never a pickle) or from ``--run``; ``--env``, ``--env-config``, ``--states`` and ``--seed-start``
+choose other states. ``--output FILE`` writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+from .outputs import (BASELINES, baseline_name, json_ready, read_outcomes, state_of, trajectory_outcomes,
+                      write_text_atomically)
+from .paired_stats import PairedComparison, paired_comparison
+
+__all__ = ["evaluate", "evaluation_config", "main"]
+
+MODES = ("greedy", "sampled")
+
+
+def evaluation_config(run: pathlib.Path, env: str | None = None, env_config: dict | None = None,
+                      states: int | None = None, seed_start: int | None = None):
+    """The trial ``run``'s config (its ``params.json``), validating on ``env`` (with ``env_config``) instead of its
+    own validation environments where given, ``states`` states from ``seed_start``."""
+    from .report import trial_config
+
+    config = trial_config(run)
+    if env is not None or env_config is not None:
+        config.environment(env or config.env, env_config=env_config if env_config is not None else config.env_config,
+                           train_envs=None, validation_envs=None)
+    elif states is not None and config.validation_envs:  # each of several validation environments gets ``states``
+        config.environment(validation_envs=[{**entry, "states": states} for entry in config.validation_envs])
+    config.training(**{k: v for k, v in (("validation_size", states), ("validation_seed_start", seed_start))
+                       if v is not None})
+    config.validate()
+    return config
+
+
+def evaluate(policies: list[str], config, modes=MODES, baselines_dir: pathlib.Path | None = None) -> dict:
+    """Play every policy on ``config``'s validation states in each mode; per validation environment, pair each
+    later policy against the first, and each policy's greedy play against every baseline of ``baselines_dir`` that
+    played states of it. Returns the figures and each state's outcome (``"<env>:<seed>"`` keys)."""
+    from ..starpo import StarPO
+
+    temperatures = {"greedy": 0.0, "sampled": config.validation_temperature}
+    outcomes = {policy: {mode: trajectory_outcomes(StarPO.play_validation_states_with(
+        config, str(policy), temperature=temperatures[mode]))
+        for mode in modes} for policy in policies}
+    first = policies[0]
+    envs = [e.name for e in config.validation_environments()]
+    result = {"temperatures": {m: temperatures[m] for m in modes}, "environments": {}}
+    for env in envs:
+        played = {p: {m: _of_env(o, env) for m, o in by_mode.items()} for p, by_mode in outcomes.items()}
+        entry = {"states": len(played[first][modes[0]]),
+                 "success": {p: {m: _mean(o) for m, o in by_mode.items()} for p, by_mode in played.items()},
+                 "paired": {p: {m: paired_comparison(played[first][m], played[p][m]).as_dict() for m in modes}
+                            for p in policies[1:]},
+                 "baselines": {}}
+        for file in sorted(baselines_dir.glob("*.parquet")) if baselines_dir and baselines_dir.is_dir() else []:
+            baseline = _of_env(read_outcomes(file), env)
+            if not baseline:
+                continue
+            greedy = {p: by_mode.get("greedy") for p, by_mode in played.items()}
+            same = all(g is not None and set(baseline) <= set(g) for g in greedy.values())  # all its states played
+            entry["baselines"][baseline_name(file)] = {
+                "success": _mean(baseline), "states": len(baseline),
+                "paired_greedy": {p: paired_comparison(baseline, {k: g[k] for k in baseline}).as_dict()
+                                  for p, g in greedy.items()} if same else None}
+        result["environments"][env] = entry
+    result["outcomes"] = outcomes
+    return result
+
+
+def _of_env(outcomes: dict[str, float], env: str) -> dict[str, float]:
+    return {key: value for key, value in outcomes.items() if state_of(key)[0] == env}
+
+
+def _mean(outcomes: dict[str, float]) -> float:
+    return sum(outcomes.values()) / len(outcomes)
+
+
+def print_evaluation(result: dict, policies: list[str]) -> None:
+    modes = list(result["temperatures"])
+    heads = [f"{m} (T={result['temperatures'][m]:g})" for m in modes]
+    width = max(len(p) for p in policies)
+    for env, entry in result["environments"].items():
+        print(f"\n{env}: success on {entry['states']} validation states\n{'policy':{width}s}  " + "  ".join(heads))
+        for policy in policies:
+            print(f"{policy:{width}s}  " + "  ".join(f"{entry['success'][policy][m]:<{len(h)}.3f}"
+                                                     for m, h in zip(modes, heads)))
+        for policy, by_mode in entry["paired"].items():
+            print(f"{policy} against {policies[0]}, paired on the same states:")
+            for mode, pair in by_mode.items():
+                print(f"  {mode:8s}{PairedComparison(**pair).describe()}")
+        for name, baseline in entry["baselines"].items():
+            print(f"baseline {name}: {baseline['success']:.3f} on its {baseline['states']} states"
+                  + ("; not paired: it played states these are not" if baseline["paired_greedy"] is None else ""))
+            for policy, pair in (baseline["paired_greedy"] or {}).items():
+                print(f"  {policy}, greedy, against it: {PairedComparison(**pair).describe()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rllib_ragen.jobs.evaluate",
+                                     description=__doc__.split("\n\n")[1].replace("\n", " "))
+    parser.add_argument("policies", nargs="+", metavar="POLICY",
+                        help="policy folders; every policy after the first is paired against the first")
+    parser.add_argument("--run", type=pathlib.Path, default=None,
+                        help="the trial folder whose settings to play with (default: the first policy's parent)")
+    parser.add_argument("--env", default=None, help="validate on this environment id instead of the run's")
+    parser.add_argument("--env-config", type=json.loads, default=None, help="its arguments, as a JSON object")
+    parser.add_argument("--states", type=int, default=None, help="how many states (default: the run's)")
+    parser.add_argument("--seed-start", type=int, default=None,
+                        help="the first state's reset seed (default: the run's)")
+    parser.add_argument("--modes", default=",".join(MODES), help="greedy, sampled or both (default: both)")
+    parser.add_argument("--output", type=pathlib.Path, default=None, help="write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes {args.modes!r}: choose from {', '.join(MODES)}")
+    if args.env_config is not None and not isinstance(args.env_config, dict):
+        parser.error(f"--env-config must be a JSON object, not {args.env_config!r}")
+    missing = [p for p in args.policies if not (pathlib.Path(p) / "config.json").is_file()]
+    if missing:
+        parser.error(f"{missing[0]} holds no config.json: a policy is a folder saved with save_pretrained (a job's "
+                     "RUN/seed0/policy)")
+    run = args.run or pathlib.Path(args.policies[0]).resolve().parent
+    if not (run / "params.json").is_file():
+        parser.error(f"{run} holds no params.json, the settings to play with: give the trial folder with --run "
+                     "(a job's RUN/seed0)")
+    try:
+        config = evaluation_config(run, args.env, args.env_config, args.states, args.seed_start)
+    except ValueError as error:
+        parser.error(str(error).splitlines()[0])
+    experiment_baselines = run.parent / BASELINES
+    result = evaluate(args.policies, config, modes, experiment_baselines)
+    print_evaluation(result, args.policies)
+    if args.output:
+        write_text_atomically(args.output, json.dumps(json_ready(result), indent=2, allow_nan=False))
+        print(f"\nwrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""``python -m rllib_ragen.jobs.evaluate``: a saved policy played on the run's validation states gives back what the
+run's own validation measured, state by state; bad inputs exit 2 with one line."""
+
+import json
+
+import pytest
+
+from rllib_ragen.jobs import evaluate
+
+
+def _trial_folder(tmp_path, config):
+    """A trial folder as Tune leaves it, as far as evaluate reads one: its settings in ``params.json``."""
+    from ray.tune.utils.util import SafeFallbackEncoder
+
+    trial = tmp_path / "seed0"
+    trial.mkdir()
+    (trial / "params.json").write_text(json.dumps(config.to_dict(), cls=SafeFallbackEncoder))
+    return trial
+
+
+def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_session, small_config, tmp_path, capsys):
+    """The algorithm validates after one update; its exported policy, evaluated from the folder, scores each state
+    as that validation did, sampled (the validation's temperature and sampling seed) and greedy; the untrained
+    policy beside it is paired against it on the same states."""
+    from rllib_ragen.jobs.outputs import trajectory_outcomes
+
+    config = small_config("rllib_ragen/Bandit-v0", validation_size=6, validation_interval=1, num_groups=2,
+                          max_turns=1)
+    algo = config.build_algo()
+    try:
+        algo.train()
+        sampled = trajectory_outcomes(algo.last_validation)
+        greedy = trajectory_outcomes(algo.play_validation_states(0.0))
+        trial = _trial_folder(tmp_path, algo.config)
+        algo.export_pretrained(trial / "policy")
+    finally:
+        algo.stop()
+    untrained = tmp_path / "untrained"
+    from rllib_ragen.rollout.models import load_policy
+
+    model, tokenizer = load_policy("tiny")
+    model.save_pretrained(untrained)
+    tokenizer.save_pretrained(untrained)
+
+    output = tmp_path / "evaluation.json"
+    assert evaluate.main([str(trial / "policy"), str(untrained), "--output", str(output)]) == 0
+    result = json.loads(output.read_text())
+    played = result["outcomes"][str(trial / "policy")]
+    assert played["sampled"] == sampled and played["greedy"] == greedy
+    entry = result["environments"]["rllib_ragen/Bandit-v0"]
+    assert entry["states"] == 6
+    assert entry["success"][str(trial / "policy")]["sampled"] == pytest.approx(sum(sampled.values()) / 6)
+    pair = entry["paired"][str(untrained)]["greedy"]
+    assert pair["before"] == pytest.approx(sum(greedy.values()) / 6) and pair["n"] == 6
+    printed = capsys.readouterr().out
+    assert "success on 6 validation states" in printed and f"{untrained} against {trial / 'policy'}" in printed
+
+    # Other states: --states and --seed-start choose them, and the run's folder stays the settings' source.
+    assert evaluate.main([str(trial / "policy"), "--states", "3", "--seed-start", "500", "--modes", "greedy",
+                          "--output", str(output)]) == 0
+    result = json.loads(output.read_text())
+    assert sorted(result["outcomes"][str(trial / "policy")]["greedy"]) == [
+        f"rllib_ragen/Bandit-v0:{seed}" for seed in (500, 501, 502)]
+    assert list(result["temperatures"]) == ["greedy"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--modes", "fast"], "--modes 'fast': choose from greedy, sampled"),
+    (["--env-config", "[1]"], "--env-config must be a JSON object"),
+])
+def test_bad_flags_exit_2_naming_the_flag(flags, message, tmp_path, capsys):
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main([str(policy), *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_folder_without_a_model_or_without_settings_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main([str(tmp_path)])
+    assert exit_info.value.code == 2 and "holds no config.json" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main([str(tmp_path)])
+    assert exit_info.value.code == 2 and "holds no params.json" in capsys.readouterr().err
