@@ -39,9 +39,7 @@ def demonstration_policy(config):
 
 
 # ---- the main jobs' stated times, measured -------------------------------------------------------------------------
-# Every tuned example that states a time, as its stated command. The FrozenLake-based studies and jobs are timed as
-# their docstrings tell a machine without native bfloat16 to run them (an emulated bfloat16 warm start there takes
-# an order of magnitude longer: docs/benchmarks.md).
+# Every tuned example that states a time, as its docstring's command with no flags.
 STATED_COMMANDS = ("starpo_bandit.py", "starpo_frozenlake.py", "starpo_sokoban.py", "starpo_gem.py", "starpo_tools.py",
                    "generalization.py", "tune_sokoban.py", "echo_trap.py", "filter_study.py", "estimator_study.py")
 TOLERANCE = 0.25  # a stated time holds within 25% (issue 68)
