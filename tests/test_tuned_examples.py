@@ -452,10 +452,16 @@ def test_a_grid_over_presets_gives_each_trial_its_presets_fields_and_the_studies
         for field in ("kl_coeff", "clip_ratio_high", "rollout_filter", "rollout_filter_ratio"):
             assert getattr(built, field) == getattr(expected, field), (trial["preset"], field)
         assert built.lr == 5e-3 and callable(built.preset)  # the label set nothing, and hid no method
-    _, study, study_job = job_file("estimator_study.py")["study"]("starpo_frozenlake")
-    frozenlake = job_file("starpo_frozenlake.py")
-    assert study_job.warm_start_lr == frozenlake["job"].warm_start_lr and study.lr == frozenlake["config"].lr
+    estimator_study = job_file("estimator_study.py")
+    _, study, study_job = estimator_study["study"]("starpo_frozenlake")
+    # FrozenLake's study: the results page's short warm start and RL rate, the job's settings otherwise.
+    assert (study_job.warm_start_steps, study_job.warm_start_episodes, study_job.warm_start_lr,
+            study_job.warm_start_average_decay, study.lr) == (300, 1000, 2e-3, 0.0, 3e-4)
     assert study.turn_level_rewards and study_job.grid["advantage_estimator"][0] == "gae"
+    assert study.num_groups == job_file("starpo_frozenlake.py")["config"].num_groups
+    sokoban = job_file("starpo_sokoban.py")
+    _, study, study_job = estimator_study["study"]("starpo_sokoban")
+    assert study_job.warm_start_steps == sokoban["job"].warm_start_steps and study.lr == sokoban["config"].lr
 
 
 @pytest.mark.parametrize("flags, message", [

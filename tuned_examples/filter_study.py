@@ -43,9 +43,6 @@ FILTERS = {
     "min_p": {"rollout_filter": "min_p", "rollout_filter_value": 0.5},
     "snr_adaptive": {"rollout_filter": "snr_adaptive"},
 }
-# The estimator study's FrozenLake warm start (the job's earlier one), which leaves RL room to gain.
-WARM_START_FLAGS = ["--warm-start-steps", "300", "--warm-start-episodes", "1000", "--warm-start-lr", "2e-3",
-                    "--warm-start-average-decay", "0", "--warm-start-precision", "float32", "--lr", "3e-4"]
 
 
 def filter_table(summary: dict, filters: list[str]) -> dict:
@@ -78,11 +75,12 @@ if __name__ == "__main__":
         chooser.error(f"--filters: {unknown} are not among {list(FILTERS)}")
     estimator_study = runpy.run_path(str(pathlib.Path(__file__).with_name("estimator_study.py")), run_name="imported")
     main_job, base_config, base_job = estimator_study["study"]("starpo_frozenlake")
-    base_job = dataclasses.replace(base_job, output_dir="outputs/filter_study",
+    # A short study: 8 iterations, 128 validation maps (the results page's runs).
+    base_job = dataclasses.replace(base_job, output_dir="outputs/filter_study", iterations=8,
                                    grid={"variant": {name: FILTERS[name] for name in names}})
-    base_config.training(advantage_estimator="gae")
+    base_config.training(advantage_estimator="gae", validation_size=128)
     config, job, demonstrations, baselines = main_job["parse_args"](
-        base_config, base_job, WARM_START_FLAGS + flags, description=__doc__.splitlines()[0])
+        base_config, base_job, flags, description=__doc__.splitlines()[0])
     summary = run_job(config, job, demonstrations, baselines=baselines)
     table = filter_table(summary, names)
     run_dir = pathlib.Path(next(iter(summary["trials"].values()))["run_dir"]).parent
