@@ -1,9 +1,10 @@
 """Which rollout filter? The estimator study's FrozenLake setting with one trial per filter, from one warm start.
 
 One Tune experiment whose grid's variants are the filters (``{"variant": {name: settings}}``): the trials share the
-main job (``--job``, as in ``estimator_study.py``: FrozenLake by default, up to 10 turns of one move, ``gae``, the
-reward on the turn that earned it), its seed and its warm start (trained once), and play the same validation states
-before and after RL. The report pairs each trial before and after RL, and each filter against ``std`` (StarPO-S's
+estimator study's FrozenLake job (up to 10 turns of one move, ``gae``, the reward on the turn that earned it, its
+short warm start), its seed and its warm start (trained once), and play the same validation states before and after
+RL: a short study, 8 iterations and 128 validation maps unless ``--iterations`` and ``--validation-size`` say
+otherwise. The report pairs each trial before and after RL, and each filter against ``std`` (StarPO-S's
 top share by reward std, the first listed) after RL, sampled and greedy (95% interval, exact McNemar p:
 ``summary.json``'s ``versus_control``). The study then adds what each filter kept, and prints one table;
 ``filter_study.json`` in the run folder keeps it.
@@ -13,12 +14,12 @@ top share by reward std, the first listed) after RL, sampled and greedy (95% int
   ``top_k_abs`` 2 groups, ``min_p`` 0.5 of the best score; ``snr_adaptive`` (RAGEN-2: linear top-p 0.9 over the
   groups with reward variance).
 
-Every flag of the chosen job works and applies to every filter (``--iterations``, ``--seed``, ``--resume``,
+Every flag of the FrozenLake job works and applies to every filter (``--iterations``, ``--seed``, ``--resume``,
 ``--help``); ``--filters std,snr_adaptive`` runs a subset (``std`` first for the pairing). A stopped study continues
 with ``--resume``: finished trials are not run again.
 
 Command:  python tuned_examples/filter_study.py [--filters std,top_p] [--iterations 8] [--validation-size 128]
-Time:     about 15-20 minutes on 2 CPU cores at 8 iterations and 128 states (a few minutes a filter)
+Time:     about 28 minutes on 2 CPU cores for the seven filters (benchmarks/main_jobs.py measures it)
 Expect:   docs/results/filters.md
 """
 
@@ -76,7 +77,7 @@ if __name__ == "__main__":
     estimator_study = runpy.run_path(str(pathlib.Path(__file__).with_name("estimator_study.py")), run_name="imported")
     main_job, base_config, base_job = estimator_study["study"]("starpo_frozenlake")
     # A short study: 8 iterations, 128 validation maps (the results page's runs).
-    base_job = dataclasses.replace(base_job, output_dir="outputs/filter_study", iterations=8,
+    base_job = dataclasses.replace(base_job, output_dir="outputs/filter_study", iterations=8, expected_minutes=28,
                                    grid={"variant": {name: FILTERS[name] for name in names}})
     base_config.training(advantage_estimator="gae", validation_size=128)
     config, job, demonstrations, baselines = main_job["parse_args"](
