@@ -12,8 +12,8 @@ one) and ``echo_trap.md`` (the table), beside each trial's usual outputs. Every 
 default learning rate is ten times the bandit job's: the point is to see a collapse, and what comes first.
 
 Command:  python tuned_examples/echo_trap.py [--job starpo_sokoban] [--iterations 20] [--lr 5e-3] [--fall 0.1]
-Time:     about 5 minutes on 2 CPU cores for the bandit (4.7 measured); --job starpo_sokoban runs for hours here
-          (80 iterations, each validated and probed: vanilla StarPO took 150-175 s an iteration): give it a GPU
+Time:     about 5 minutes on 2 CPU cores for the bandit; --job starpo_sokoban runs for hours there (80 iterations,
+          each validated and probed): give it a GPU (docs/benchmarks.md)
 Expect:   the figure and table of the two trials; docs/results/echo-trap.md
 """
 

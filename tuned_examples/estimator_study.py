@@ -8,16 +8,16 @@ exact McNemar p) and each estimator against ``gae``, the grid's first value, on 
 
 - ``--job starpo_frozenlake`` (the default): the solid-ice 4x4 lake, up to 10 turns of one move each; reward 1 on
   reaching the goal; 25 iterations from the job's earlier, shorter warm start (300 steps at lr 2e-3 on 1,000
-  demonstrations, no weight averaging) at RL rate 3e-4, which leaves RL room to gain (the job's own warm start
-  starts near 0.79 and RL keeps it).
+  demonstrations, no weight averaging) at RL rate 3e-4, which leaves RL room to gain (from the job's own warm
+  start RL has little to add).
 - ``--job starpo_sokoban``: 6x6 one-box Sokoban, RAGEN's shaped reward (-0.1 per move, +1 box on target,
   +10 solved) on the turn that earned it; 40 iterations from the Sokoban job's warm start.
 
 Every flag of the chosen job works (``--iterations``, ``--seeds``, ``--resume``, ``--help``).
 
 Command:  python tuned_examples/estimator_study.py [--job starpo_sokoban] [--grid '{"advantage_estimator": ["gae", "grpo"]}']
-Time:     about 44 minutes on 2 CPU cores for FrozenLake (benchmarks/main_jobs.py measures it); Sokoban's not timed
-Expect:   on FrozenLake every estimator gains (about 0.47 -> 0.54-0.57 sampled), within a few points of each other;
+Time:     about 44 minutes on 2 CPU cores for FrozenLake (docs/benchmarks.md); Sokoban's not timed
+Expect:   on FrozenLake every estimator gains from the warm start, within a few points of each other;
           docs/results/estimators.md
 """
 
@@ -29,8 +29,8 @@ import runpy
 from rllib_ragen.jobs.run import run_job
 
 ESTIMATORS = ["gae", "bi_level_gae", "turn_gae", "gigpo", "grpo"]  # gae first: the others are paired against it
-# FrozenLake's study starts from the job's earlier, shorter warm start (0.52 and 0.47 in its two runs), which
-# leaves RL room to gain; the job's own (about 0.79) leaves the estimators little to tell apart.
+# FrozenLake's study starts from the job's earlier, shorter warm start, which leaves RL room to gain; the job's
+# own leaves the estimators little to tell apart (docs/results/estimators.md).
 FROZEN_LAKE_WARM_START = {"warm_start_steps": 300, "warm_start_episodes": 1000, "warm_start_lr": 2e-3,
                           "warm_start_average_decay": 0.0, "warm_start_precision": "float32"}
 # main job -> (its environment's arguments, iterations, its warm start's settings changed, its RL rate changed,

@@ -19,7 +19,7 @@ Every flag of the FrozenLake job works and applies to every filter (``--iteratio
 with ``--resume``: finished trials are not run again.
 
 Command:  python tuned_examples/filter_study.py [--filters std,top_p] [--iterations 8] [--validation-size 128]
-Time:     about 28 minutes on 2 CPU cores for the seven filters (benchmarks/main_jobs.py measures it)
+Time:     about 28 minutes on 2 CPU cores for the seven filters (docs/benchmarks.md)
 Expect:   docs/results/filters.md
 """
 
