@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import inspect
 import json
-import math
 import os
 import pathlib
 import re
@@ -28,10 +27,7 @@ from typing import Any
 from .outputs import LATEST, keep_notices_off_the_console
 from ..warm_start import LR_SCHEDULES, WARM_START_PRECISIONS
 from ..starpo.config import PRESET_LABEL, PRESETS, VARIANT_LABEL, preset_flags
-
-
-def _help(text: str, **kwargs):
-    return field(metadata={"help": text}, **kwargs)
+from ..starpo.knobs import BOOL, CHOICE, INT, NUMBER, OTHER, Knob, is_int
 
 
 def cuda_devices_seen() -> int:
@@ -64,123 +60,124 @@ def _experiment_state_errors(run: pathlib.Path) -> list[str]:
     return errors
 
 
+def _setting(help: str, default: Any, kind: str, range: str | None = None, **details) -> Any:
+    """A job setting's one declaration: its help, default, and the kind and range its value is checked against
+    (a :class:`~rllib_ragen.starpo.knobs.Knob` row, as StarPO's knobs are)."""
+    return field(default=default, metadata={"help": help, "row": dict(kind=kind, range=range, **details)})
+
+
+def _warm_start_device_error(device) -> str | None:
+    if isinstance(device, str) and re.fullmatch(r"learner|cpu|cuda(:\d+)?", device):
+        return None
+    return f"warm_start_device={device!r}: choose 'learner', 'cpu', 'cuda' or 'cuda:N'."
+
+
+def _run_name_error(name) -> str | None:
+    if isinstance(name, str) and "/" not in name and name not in (".", "..", "latest"):
+        return None
+    return f"run_name={name!r} must be a plain folder name (not 'latest'), or empty."
+
+
+def _output_dir_error(path) -> str | None:
+    return None if isinstance(path, str) and path else f"output_dir={path!r} must be a folder path."
+
+
+SENTINEL_CHOICES = ("warn", "stop", "rollback", "off")
+
+
 @dataclass
 class JobSettings:
-    """What the driver itself needs; the method's settings are the job's ``StarPOConfig``."""
+    """What the driver itself needs; the method's settings are the job's ``StarPOConfig``. Each field is declared
+    once, with its help, default, kind and range (:func:`job_setting_rows`); ``validate()`` adds the rules that
+    read the config, the machine or the disk."""
 
-    output_dir: str = _help("the job's folder: each run writes its metrics, plots, rollouts and model to a folder of "
-                            "its own inside it", default="outputs/starpo")
-    iterations: int = _help("StarPO training iterations (one rollout batch and update each)", default=20)
-    threads: int = _help("torch threads (and CPUs) of each trial and of the warm start (0: the warm start, which runs "
-                         "alone first, takes every CPU; the trials then share them)", default=0)
-    seeds: str = _help("run one trial per seed, e.g. '0,1,2', and report their spread (empty: the config's seed); "
-                       "the trials share one warm start and run side by side where the CPUs allow", default="")
-    grid: dict = _help("a sweep: one trial per combination of these config values, as JSON, e.g. "
-                       "'{\"lr\": [1e-4, 3e-4]}', of presets, '{\"preset\": [\"starpo\", \"starpo-s\"]}', or of "
-                       "named settings, '{\"variant\": {\"small\": {\"lr\": 1e-4}, \"large\": {\"lr\": 3e-4}}}'; "
-                       "the report pairs each trial against the trial of the grid's first values (null: none)",
-                       default=None)
-    max_failures: int = _help("restart a failed trial from its last checkpoint up to this many times (Tune's "
-                              "FailureConfig)", default=0)
-    warm_start_episodes: int = _help("demonstration episodes for the supervised warm start (0: none)", default=512)
-    warm_start_steps: int = _help("supervised warm-start steps (0: start RL from the model as loaded)", default=200)
-    warm_start_lr: float = _help("warm-start learning rate", default=2e-3)
-    warm_start_batch_size: int = _help("warm-start batch size (episodes)", default=16)
-    warm_start_average_decay: float = _help("end the warm start on an exponential moving average of its weights "
-                                            "with this decay per step, e.g. 0.98 (0: the last step's weights)",
-                                            default=0.0)
-    warm_start_lr_schedule: str = _help("warm-start learning rate over the steps: 'constant' or 'cosine' (from "
-                                        "--warm-start-lr down towards 0)", default="constant")
-    warm_start_max_turns: int = _help("turns a demonstration episode may run, at most the config's max_turns "
-                                      "(0: max_turns); fewer keeps the demonstrations short when RL gets more turns "
-                                      "than the warm start should show", default=0)
-    warm_start_group_by_length: bool = _help("batch warm-start demonstrations of similar length together: less "
-                                             "padding, up to half the time per step; judge it by validation success",
-                                             default=False)
-    warm_start_precision: str = _help("the warm start's forward pass: 'float32', or 'bfloat16' autocast (weights, "
-                                      "optimizer and loss stay float32; ~1.4x faster per step on a CPU with "
-                                      "AVX-512 BF16, and on GPUs)", default="float32")
-    warm_start_device: str = _help("where the warm start trains: 'learner' (the learner's device: its GPU with "
-                                   "--num-gpus-per-learner 1 when this process sees one, else the CPU), 'cpu', or "
-                                   "'cuda' / 'cuda:N'", default="learner")
-    warm_start_eval_interval: int = _help("every N warm-start steps and after the last, play the validation states "
-                                          "greedily (last weights, and averaged ones with averaging) and write "
-                                          "warm_start_curve.csv: see how long the warm start should run (0: off)",
-                                          default=0)
-    pass_bar: float = _help("least rise of validation success over the warm start that counts as learning",
-                            default=0.05)
-    checkpoint_interval: int = _help("checkpoint each trial (Tune's checkpoint_<n>/ in its folder) every N iterations and after "
-                                     "the last (0: never)", default=5)
-    run_name: str = _help("the run's folder inside output_dir (empty: <timestamp>_seed<seed>); with --resume, the "
-                          "run to continue (empty: the one output_dir/latest points at)", default="")
-    resume: bool = _help("continue a run's unfinished trials from their last checkpoints (Tune's Tuner.restore), "
-                         "iterations after that checkpoint are trained again", default=False)
-    verbose: bool = _help("show library notices (RLlib, Ray, transformers) and loading bars on the console; "
-                          "otherwise they go to the run folder's job.log", default=False)
-    sentinel: str = _help("the built-in echo-trap rules (rllib_ragen.sentinel.echo_trap_rules) and what they do when "
-                          "they fire: 'warn', 'stop', 'rollback' (restore the last healthy weights, halve the "
-                          "learning rates) or 'off'; --sentinel-rules (JSON) replaces them", default="warn")
-    expected_minutes: float = _help("wall minutes this job took with its defaults on a 2-core CPU, printed at start "
-                                    "as a guide (0: none)", default=0.0)
-    quick: bool = _help("a trial run, to see the job work end to end: 3 iterations, validation on at most 32 "
-                        "states, before and after only; the warm start is the job's own, so a full run started "
-                        "later reuses it from the cache. Its numbers say nothing about learning. Flags given beside "
-                        "it still win", default=False)
+    output_dir: str = _setting("the job's folder: each run writes its metrics, plots, rollouts and model to a folder "
+                               "of its own inside it", "outputs/starpo", OTHER, check=_output_dir_error,
+                               check_is_kind=True)
+    iterations: int = _setting("StarPO training iterations (one rollout batch and update each)", 20, INT, ">= 1")
+    threads: int = _setting("torch threads (and CPUs) of each trial and of the warm start (0: the warm start, which "
+                            "runs alone first, takes every CPU; the trials then share them)", 0, INT, ">= 0")
+    seeds: str = _setting("run one trial per seed, e.g. '0,1,2', and report their spread (empty: the config's "
+                          "seed); the trials share one warm start and run side by side where the CPUs allow", "",
+                          OTHER)  # checked by seed_list
+    grid: dict = _setting("a sweep: one trial per combination of these config values, as JSON, e.g. "
+                          "'{\"lr\": [1e-4, 3e-4]}', of presets, '{\"preset\": [\"starpo\", \"starpo-s\"]}', or of "
+                          "named settings, '{\"variant\": {\"small\": {\"lr\": 1e-4}, \"large\": {\"lr\": 3e-4}}}'; "
+                          "the report pairs each trial against the trial of the grid's first values (null: none)",
+                          None, OTHER)  # checked by _grid_errors, point by point against the config
+    max_failures: int = _setting("restart a failed trial from its last checkpoint up to this many times (Tune's "
+                                 "FailureConfig)", 0, INT, ">= 0")
+    warm_start_episodes: int = _setting("demonstration episodes for the supervised warm start (0: none)", 512, INT,
+                                        ">= 0")
+    warm_start_steps: int = _setting("supervised warm-start steps (0: start RL from the model as loaded)", 200, INT,
+                                     ">= 0")
+    warm_start_lr: float = _setting("warm-start learning rate", 2e-3, NUMBER, "> 0")
+    warm_start_batch_size: int = _setting("warm-start batch size (episodes)", 16, INT, ">= 1")
+    warm_start_average_decay: float = _setting("end the warm start on an exponential moving average of its weights "
+                                               "with this decay per step, e.g. 0.98 (0: the last step's weights)",
+                                               0.0, NUMBER, "[0, 1)", why=" (0: no averaging)")
+    warm_start_lr_schedule: str = _setting("warm-start learning rate over the steps: 'constant' or 'cosine' (from "
+                                           "--warm-start-lr down towards 0)", "constant", CHOICE,
+                                           options=LR_SCHEDULES)
+    warm_start_max_turns: int = _setting("turns a demonstration episode may run, at most the config's max_turns "
+                                         "(0: max_turns); fewer keeps the demonstrations short when RL gets more "
+                                         "turns than the warm start should show", 0, INT, ">= 0")
+    warm_start_group_by_length: bool = _setting("batch warm-start demonstrations of similar length together: less "
+                                                "padding, up to half the time per step; judge it by validation "
+                                                "success", False, BOOL)
+    warm_start_precision: str = _setting("the warm start's forward pass: 'float32', or 'bfloat16' autocast "
+                                         "(weights, optimizer and loss stay float32; ~1.4x faster per step on a CPU "
+                                         "with AVX-512 BF16, and on GPUs)", "float32", CHOICE,
+                                         options=WARM_START_PRECISIONS)
+    warm_start_device: str = _setting("where the warm start trains: 'learner' (the learner's device: its GPU with "
+                                      "--num-gpus-per-learner 1 when this process sees one, else the CPU), 'cpu', "
+                                      "or 'cuda' / 'cuda:N'", "learner", OTHER, check=_warm_start_device_error,
+                                      check_is_kind=True)
+    warm_start_eval_interval: int = _setting("every N warm-start steps and after the last, play the validation "
+                                             "states greedily (last weights, and averaged ones with averaging) and "
+                                             "write warm_start_curve.csv: see how long the warm start should run "
+                                             "(0: off)", 0, INT, ">= 0")
+    pass_bar: float = _setting("least rise of validation success over the warm start that counts as learning",
+                               0.05, NUMBER)
+    checkpoint_interval: int = _setting("checkpoint each trial (Tune's checkpoint_<n>/ in its folder) every N "
+                                        "iterations and after the last (0: never)", 5, INT, ">= 0")
+    run_name: str = _setting("the run's folder inside output_dir (empty: <timestamp>_seed<seed>); with --resume, "
+                             "the run to continue (empty: the one output_dir/latest points at)", "", OTHER,
+                             check=_run_name_error, check_is_kind=True)
+    resume: bool = _setting("continue a run's unfinished trials from their last checkpoints (Tune's "
+                            "Tuner.restore), iterations after that checkpoint are trained again", False, BOOL)
+    verbose: bool = _setting("show library notices (RLlib, Ray, transformers) and loading bars on the console; "
+                             "otherwise they go to the run folder's job.log", False, BOOL)
+    sentinel: str = _setting("the built-in echo-trap rules (rllib_ragen.sentinel.echo_trap_rules) and what they do "
+                             "when they fire: 'warn', 'stop', 'rollback' (restore the last healthy weights, halve "
+                             "the learning rates) or 'off'; --sentinel-rules (JSON) replaces them", "warn", CHOICE,
+                             options=SENTINEL_CHOICES)
+    expected_minutes: float = _setting("wall minutes this job took with its defaults on a 2-core CPU, printed at "
+                                       "start as a guide (0: none)", 0.0, NUMBER, ">= 0")
+    quick: bool = _setting("a trial run, to see the job work end to end: 3 iterations, validation on at most 32 "
+                           "states, before and after only; the warm start is the job's own, so a full run started "
+                           "later reuses it from the cache. Its numbers say nothing about learning. Flags given "
+                           "beside it still win", False, BOOL)
 
     def validate(self, config=None) -> None:
-        """Raise ValueError naming each field of the wrong kind or out of range (against ``config``, the job's
-        ``StarPOConfig``, where a setting depends on it)."""
-        errors = []
-        least_values = {"iterations": 1, "threads": 0, "max_failures": 0, "warm_start_batch_size": 1, "warm_start_episodes": 0,
-                        "warm_start_steps": 0, "checkpoint_interval": 0,  # 0: no warm start / no checkpoints
-                        "warm_start_max_turns": 0,  # 0: the config's max_turns
-                        "warm_start_eval_interval": 0}  # 0: no validation curve
-        for name, least in least_values.items():
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                errors.append(f"{name}={value!r} must be an integer >= {least}.")
-        for name, positive in (("warm_start_lr", True), ("pass_bar", False)):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or (
-                    positive and value <= 0):
-                errors.append(f"{name}={value!r} must be a finite number{' > 0' * positive}.")
-        decay = self.warm_start_average_decay
-        if not isinstance(decay, (int, float)) or isinstance(decay, bool) or not 0 <= decay < 1:  # NaN fails too
-            errors.append(f"warm_start_average_decay={decay!r} must be a number in [0, 1) (0: no averaging).")
-        if self.warm_start_lr_schedule not in LR_SCHEDULES:
-            errors.append(f"warm_start_lr_schedule={self.warm_start_lr_schedule!r}: choose one of "
-                          f"{list(LR_SCHEDULES)}.")
-        if not isinstance(self.warm_start_device, str) or not re.fullmatch(r"learner|cpu|cuda(:\d+)?",
-                                                                             self.warm_start_device):
-            errors.append(f"warm_start_device={self.warm_start_device!r}: choose 'learner', 'cpu', 'cuda' or "
-                          "'cuda:N'.")
-        elif self.warm_start_device.startswith("cuda") and \
-                int(self.warm_start_device.partition(":")[2] or 0) >= cuda_devices_seen():
-            errors.append(f"warm_start_device={self.warm_start_device!r}, but torch sees {cuda_devices_seen()} CUDA "
+        """Raise ValueError naming each field of the wrong kind or out of range, and each setting that does not fit
+        ``config`` (the job's ``StarPOConfig``), the machine or the disk."""
+        errors = [error for row in job_setting_rows()
+                  if (error := row.kind_error(getattr(self, row.name))
+                      or row.value_error(getattr(self, row.name))) is not None]
+        device = self.warm_start_device
+        if isinstance(device, str) and not _warm_start_device_error(device) and device.startswith("cuda") and \
+                int(device.partition(":")[2] or 0) >= cuda_devices_seen():
+            errors.append(f"warm_start_device={device!r}, but torch sees {cuda_devices_seen()} CUDA "
                           "device(s) in this process (the warm start runs here): choose 'cpu', 'learner' or one "
                           "it sees.")
-        if self.warm_start_precision not in WARM_START_PRECISIONS:
-            errors.append(f"warm_start_precision={self.warm_start_precision!r}: choose one of "
-                          f"{list(WARM_START_PRECISIONS)}.")
-        for name in ("resume", "verbose", "warm_start_group_by_length", "quick"):
-            if not isinstance(getattr(self, name), bool):
-                errors.append(f"{name}={getattr(self, name)!r} must be True or False.")
-        if not isinstance(self.run_name, str) or "/" in self.run_name or self.run_name in (".", "..", "latest"):
-            errors.append(f"run_name={self.run_name!r} must be a plain folder name (not 'latest'), or empty.")
-        if (not isinstance(self.expected_minutes, (int, float)) or isinstance(self.expected_minutes, bool)
-                or not math.isfinite(self.expected_minutes) or self.expected_minutes < 0):
-            errors.append(f"expected_minutes={self.expected_minutes!r} must be a finite number >= 0.")
-        if self.sentinel not in SENTINEL_CHOICES:
-            errors.append(f"sentinel={self.sentinel!r}: choose one of {list(SENTINEL_CHOICES)}.")
-        if not isinstance(self.output_dir, str) or not self.output_dir:
-            errors.append(f"output_dir={self.output_dir!r} must be a folder path.")
         if config is not None and config.model_load_error():  # the driver loads the model (the warm start)
             errors.append(config.model_load_error())
         turns = self.warm_start_max_turns
-        if config is not None and isinstance(turns, int) and turns > config.max_turns:
+        if config is not None and is_int(turns) and turns > config.max_turns:
             errors.append(f"warm_start_max_turns={turns} exceeds max_turns={config.max_turns}: demonstrations would "
                           "show turns the agent never plays. Lower it, or raise --max-turns.")
-        if isinstance(self.output_dir, str) and self.output_dir and isinstance(self.run_name, str):
+        if not _output_dir_error(self.output_dir) and isinstance(self.run_name, str):
             errors += self._run_folder_errors()
         try:
             self.seed_list(config)
@@ -235,6 +232,13 @@ class JobSettings:
         return seeds
 
 
+def job_setting_rows() -> list[Knob]:
+    """Each :class:`JobSettings` field as a knob row: its flag section ('warm start' or 'job'), default, kind and
+    range, from its one declaration."""
+    return [Knob(f.name, "warm start" if f.name.startswith("warm_start") else "job", f.default, **f.metadata["row"])
+            for f in dataclasses.fields(JobSettings)]
+
+
 def _folder_creation_error(path: pathlib.Path) -> str | None:
     """Why the folder ``path`` (which does not exist) could not be created, or None: its nearest existing ancestor
     is a file, or refuses new folders (a read-only or virtual file system). Probed with a folder made and removed
@@ -250,8 +254,6 @@ def _folder_creation_error(path: pathlib.Path) -> str | None:
         return f"no folder can be created in {ancestor} ({error.strerror or error})"
     return None
 
-
-SENTINEL_CHOICES = ("warn", "stop", "rollback", "off")
 
 # On a CUDA machine: RAGEN's run length, and no warm start (RAGEN starts from the instruct model).
 REFERENCE_GPU_JOB = {"iterations": 200, "warm_start_steps": 0}
@@ -481,9 +483,9 @@ def job_parser(config, job: JobSettings, description: str | None = None) -> argp
         "--preset", default=argparse.SUPPRESS,
         help="named settings applied before the other flags: 'starpo-s' (the library's defaults: filter, critic, no "
              "KL, clip-higher), 'starpo' (vanilla) or 'ragen-gpu' (the job's GPU settings); none by default")
-    for f in dataclasses.fields(JobSettings):
-        title = "warm start" if f.name.startswith("warm_start") else "job"
-        _add_flag(group(title, f.name), f.name, getattr(job, f.name), f.metadata["help"])
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(JobSettings)}
+    for row in job_setting_rows():
+        _add_flag(group(row.section, row.name), row.name, getattr(job, row.name), helps[row.name])
     for name, (setter, _, text) in RLLIB_FLAGS.items():
         _add_flag(group(RLLIB_SECTIONS[setter], name), name, config_value(config, name), text)
     for section, knobs in KNOB_SECTIONS.items():

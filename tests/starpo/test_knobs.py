@@ -1,5 +1,6 @@
 """Each knob is declared once (``starpo/knobs.py``): its default, kind and range live in its row, its description in
-``StarPOConfig.training``'s docstring, and nothing else in the package states them again."""
+``StarPOConfig.training``'s docstring, and nothing else in the package states them again. A job's own settings
+(``JobSettings``) are rows of the same kind, declared in their dataclass fields."""
 
 import ast
 import inspect
@@ -10,7 +11,7 @@ import pytest
 
 import rllib_ragen
 from rllib_ragen import StarPOConfig
-from rllib_ragen.jobs.flags import config_flag_names, training_knob_help
+from rllib_ragen.jobs.flags import JobSettings, config_flag_names, job_setting_rows, training_knob_help
 from rllib_ragen.rollout import RolloutConfig
 from rllib_ragen.starpo.knobs import (BOOL, INT, KNOB_SECTIONS, KNOB_TABLE, KNOBS, NUMBER, RLLIB_DEFAULT,
                                       RLLIB_FIELDS, Knob, _knob)
@@ -138,3 +139,28 @@ def test_no_other_module_checks_a_knobs_kind_or_range_again():
             if constant == float(bound) and isinstance(node.ops[0], (_NEGATION[operator], _SAME[operator])):
                 restated.append(f"{path.relative_to(PACKAGE)}:{node.lineno} range of {knob.name}")
     assert restated == []
+
+
+JOB_ROWS = job_setting_rows()
+
+
+def test_every_job_setting_is_one_row_with_help():
+    assert [row.name for row in JOB_ROWS] == list(JobSettings.__dataclass_fields__)
+    assert [row.name for row in JOB_ROWS if len(JobSettings.__dataclass_fields__[row.name].metadata["help"]) < 10] \
+        == []
+    assert all(getattr(JobSettings(), row.name) == row.default for row in JOB_ROWS)
+
+
+@pytest.mark.parametrize("row", [r for r in JOB_ROWS if r.range], ids=lambda r: r.name)
+def test_each_job_settings_range_is_enforced_at_validate_and_its_edge_passes(row, tmp_path):
+    outside, edge = _outside_and_edge(row)
+    JobSettings(output_dir=str(tmp_path), **{row.name: edge}).validate()
+    with pytest.raises(ValueError, match=f"{row.name}={outside} must"):
+        JobSettings(output_dir=str(tmp_path), **{row.name: outside}).validate()
+
+
+@pytest.mark.parametrize("row", [r for r in JOB_ROWS if r.kind in (INT, NUMBER, BOOL)], ids=lambda r: r.name)
+def test_each_job_settings_kind_is_enforced_at_validate(row, tmp_path):
+    wrong = "1" if row.kind != BOOL else 1
+    with pytest.raises(ValueError, match=f"{row.name}={wrong!r} must be"):
+        JobSettings(output_dir=str(tmp_path), **{row.name: wrong}).validate()
