@@ -44,6 +44,14 @@ class SokobanEnv(TextEnv):
     ``reward="success"``: 1 for the move that solves the level, 0 otherwise. With a small model and few groups
     the shaped terms mostly add noise to the advantages; the solved/not-solved signal is what RL should raise.
     An unknown action pays 0 in both.
+    ``distance_shaping=w`` (off at 0) adds potential-based shaping (Ng, Harada and Russell, 1999) to either:
+    ``w * (phi(after) - phi(before))`` per move, where ``-phi`` is the boxes' Manhattan distances to their nearest
+    targets plus the player's distance to the nearest box off a target (0 when solved). A push towards a target or
+    a step towards a box pays ``+w``, one away ``-w``. An episode's shaping adds up to ``w * (phi(end) -
+    phi(start))``: a solved level always earns ``w`` times its start distance, whatever the path, and a failed one
+    is paid for how close it ended. With ``gamma=1`` it leaves the best policy unchanged; in a group of the same
+    level the start term is shared, so it tells apart episodes that all failed, which the solved/not-solved
+    reward cannot.
 
     ## Episode End
     Terminates when every box is on a target. Registered ids truncate after 100 steps.
@@ -53,7 +61,8 @@ class SokobanEnv(TextEnv):
     gives longer solutions. ``symbols`` ("default" or "alternate", or a dict with the keys of
     ``SYMBOL_SETS["default"]``). ``reward`` ("shaped" or "success", see Rewards). ``render`` ("grid", or
     "coordinates": the cells as zero-indexed (row, column) lists, RAGEN's CoordSokoban,
-    :meth:`~rllib_ragen.envs.sokoban_levels.SokobanLevel.to_coordinates`).
+    :meth:`~rllib_ragen.envs.sokoban_levels.SokobanLevel.to_coordinates`). ``distance_shaping`` (0.0: off; see
+    Rewards).
 
     ## Version History
     v0: initial release. Variants: ``Sokoban8x8TwoBoxes-v0``, ``SokobanAltSymbols-v0`` and
@@ -75,6 +84,7 @@ class SokobanEnv(TextEnv):
         symbols: str | Mapping[str, str] = "default",
         reward: str = "shaped",
         render: str = "grid",
+        distance_shaping: float = 0.0,
         render_mode: str | None = "ansi",
     ):
         for name, value, low, high in (("dim", dim, 4, MAX_DIM), ("num_boxes", num_boxes, 1, MAX_DIM),
@@ -85,7 +95,10 @@ class SokobanEnv(TextEnv):
             raise ValueError(f"reward={reward!r}: choose one of {REWARDS}.")
         if render not in RENDERINGS:
             raise ValueError(f"render={render!r}: choose one of {RENDERINGS}.")
-        self.reward, self.render_as = reward, render
+        if isinstance(distance_shaping, bool) or not isinstance(distance_shaping, (int, float)) \
+                or not 0 <= distance_shaping < float("inf"):  # NaN fails too
+            raise ValueError(f"distance_shaping={distance_shaping!r} must be a finite number >= 0 (0: off).")
+        self.reward, self.render_as, self.distance_shaping = reward, render, float(distance_shaping)
         if isinstance(symbols, str):
             if symbols not in SYMBOL_SETS:
                 raise ValueError(f"symbols={symbols!r}: choose one of {sorted(SYMBOL_SETS)} or pass a dict.")
@@ -130,11 +143,25 @@ class SokobanEnv(TextEnv):
         return check_effect_claims(reasoning, truth, EFFECT_WORDS)
 
     def _apply(self, action_index: int) -> tuple[float, bool, bool]:
+        before = self.distance_potential() if self.distance_shaping else 0.0
         shaped, effective = self._move(action_index)
         self._success = self.boxes == self.level.targets
-        if self.reward == "success":
-            return float(self._success), self._success, effective
-        return shaped + (SOLVED_BONUS if self._success else 0.0), self._success, effective
+        reward = float(self._success) if self.reward == "success" else shaped + SOLVED_BONUS * self._success
+        if self.distance_shaping:
+            reward += self.distance_shaping * (self.distance_potential() - before)
+        return reward, self._success, effective
+
+    def distance_potential(self) -> float:
+        """The shaping potential now: minus the boxes' Manhattan distances to their nearest targets and the
+        player's to the nearest box off a target (0 when solved)."""
+        def cells_apart(a: int, b: int) -> int:
+            (ar, ac), (br, bc) = divmod(a, self.dim), divmod(b, self.dim)
+            return abs(ar - br) + abs(ac - bc)
+
+        off_target = self.boxes - self.level.targets
+        boxes = sum(min(cells_apart(box, t) for t in self.level.targets) for box in off_target)
+        player = min((cells_apart(self.player, box) for box in off_target), default=0)
+        return -float(boxes + player)
 
     def _move(self, action_index: int) -> tuple[float, bool]:
         """Walk or push one step; returns the shaped reward (without the solved bonus) and whether it moved."""

@@ -72,6 +72,44 @@ def test_success_reward_pays_only_the_solving_move():
         gym.make("rllib_ragen/Sokoban-v0", reward="sparse")
 
 
+def test_distance_shaping_pays_each_cell_of_progress_and_adds_up_to_the_potential_difference():
+    # LINE: the box 2 cells from its target, the player 1 from the box: phi = -3. Hand-derived, w = 0.5:
+    # Up bumps the wall (phi stays); Down walks away from the box (phi -4, -w); Up walks back (+w); Right
+    # pushes the box 1 cell closer, the player stays next to it (phi -2, +w); Right solves it (phi 0, +2w and 1).
+    env, _ = _env_with(LINE, reward="success", distance_shaping=0.5)
+    assert env.unwrapped.distance_potential() == -3.0
+    rewards = [env.step(a)[1] for a in ("Up", "Down", "Up", "Right", "Right")]
+    assert rewards == [0.0, -0.5, 0.5, 0.5, 2.0]
+    assert env.unwrapped.distance_potential() == 0.0
+    # Beside RAGEN's shaped reward the same terms add on: the solving push pays -0.1 + 1 + 10 + 2w.
+    env, _ = _env_with(LINE, distance_shaping=0.5)
+    assert [env.step(a)[1] for a in ("Right", "Right")] == pytest.approx([-0.1 + 0.5, 10.9 + 1.0])
+    # Off by default: the rewards of the test above.
+    env, _ = _env_with(LINE, reward="success")
+    assert [env.step(a)[1] for a in ("Down", "Up", "Right", "Right")] == [0.0, 0.0, 0.0, 1.0]
+    for bad in (-0.1, float("nan"), float("inf"), True, "0.1"):
+        with pytest.raises(ValueError, match="distance_shaping=.* must be a finite number >= 0"):
+            gym.make("rllib_ragen/Sokoban-v0", distance_shaping=bad)
+
+
+def test_distance_shaping_of_an_episode_telescopes_on_generated_levels():
+    """Whatever the moves, an episode's shaping is w * (phi(end) - phi(start)): potential-based."""
+    rng = np.random.default_rng(0)
+    for seed in range(20):
+        plain = gym.make("rllib_ragen/Sokoban8x8TwoBoxes-v0", reward="success")
+        shaped = gym.make("rllib_ragen/Sokoban8x8TwoBoxes-v0", reward="success", distance_shaping=0.25)
+        plain.reset(seed=seed)
+        shaped.reset(seed=seed)
+        start, extra = shaped.unwrapped.distance_potential(), 0.0
+        for move in rng.choice(["Up", "Down", "Left", "Right"], size=30):
+            _, r_plain, term, trunc, _ = plain.step(str(move))
+            _, r_shaped, *_ = shaped.step(str(move))
+            extra += r_shaped - r_plain
+            if term or trunc:
+                break
+        assert extra == pytest.approx(0.25 * (shaped.unwrapped.distance_potential() - start))
+
+
 def test_alternate_symbols_draw_the_same_level():
     default = gym.make("rllib_ragen/Sokoban-v0").reset(seed=11)[0]
     alternate = gym.make("rllib_ragen/SokobanAltSymbols-v0").reset(seed=11)[0]
