@@ -104,7 +104,8 @@ def main() -> None:
 
     base = (job_module("starpo_sokoban.py").config.copy(copy_frozen=False)
             .rl_module(model_config={"model": args.model})
-            .training(validation_interval=0, validate_before_training=False, collapse_diagnostics_interval=1)
+            .training(validation_interval=0, validate_before_training=False, collapse_diagnostics_interval=1,
+                      gradient_analysis_interval=1)
             .learners(num_gpus_per_learner=1 if gpu else 0)
             .env_runners(num_gpus_per_env_runner=1 if gpu else 0))
     before = base.copy(copy_frozen=False).training(inference_backend="hf_growing_cache")
@@ -122,7 +123,8 @@ def main() -> None:
         ray.shutdown()
 
     print(f"\n{device}, {args.model}, median of {args.iterations} iterations (after: autocast "
-          f"{args.autocast_dtype}; the probe runs every iteration here, every 5th in the job)")
+          f"{args.autocast_dtype}; the whole probe runs every iteration here; in the job every 5th, its gradient "
+          "norms every 50th)")
     print(f"{'':28s} {'before':>12s} {'after':>12s} {'after/before':>13s}")
     for key, label in [("iteration", "iteration s"), ("sample", "sample s"), ("sync", "weight sync s"),
                        ("update", "update s"), ("probe", "echo-trap probe s"),
@@ -134,7 +136,8 @@ def main() -> None:
         print(f"{label:28s} {b:12.4g} {a:12.4g} {ratio}")
     for name, r in results.items():
         shares = ", ".join(f"{phase} {r[phase] / r['iteration']:.0%}" for phase in PHASES)
-        print(f"{name}: shares of the iteration: {shares}; 80 iterations with the probe every 5th: "
+        print(f"{name}: shares of the iteration: {shares}; 80 iterations with the whole probe every 5th (an "
+              "upper bound): "
               f"{80 * (r['iteration'] - 0.8 * r['probe']) / 60:.1f} min of RL")
     if args.json:
         with open(args.json, "w") as f:

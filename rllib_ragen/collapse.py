@@ -13,8 +13,10 @@ Two kinds (RAGEN, arXiv 2504.20073 sec. 4; RAGEN-2, arXiv 2604.06268):
   Each of m first-turn reasoning traces is scored under its own prompt and under the other m - 1 prompts; when
   the reasoning stops depending on the state, its own prompt no longer explains it best. Retrieval accuracy is how
   often it does; the MI estimate is the InfoNCE bound ``mean_i [s_ii - logmeanexp_j s_ij]`` (nats, at most
-  log m). The same probe measures the policy-gradient norm of each reward-variance bucket of groups
-  (:func:`variance_buckets`): low-variance groups carry no signal, and RAGEN-2 sees their share grow.
+  log m). The same probe gives each reward-variance bucket's share of groups (:func:`variance_buckets`):
+  low-variance groups carry no signal, and RAGEN-2 sees their share grow. Every ``gradient_analysis_interval``
+  iterations it also measures each bucket's policy-gradient norm, a backward pass over the batch that costs about
+  as much again as the rest of the probe.
 """
 
 from __future__ import annotations

@@ -441,7 +441,8 @@ def test_a_grid_over_presets_gives_each_trial_its_presets_fields_and_the_studies
     main_job, config, job = job_file("echo_trap.py")["study"]("starpo_bandit")
     bandit = job_file("starpo_bandit.py")
     assert (job.warm_start_steps, config.critic_lr) == (bandit["job"].warm_start_steps, bandit["config"].critic_lr)
-    assert (config.lr, config.collapse_diagnostics_interval, config.validation_interval) == (5e-3, 1, 1)
+    assert (config.lr, config.collapse_diagnostics_interval, config.gradient_analysis_interval,
+            config.validation_interval) == (5e-3, 1, 1, 1)
     space = _param_space(config, [0, 1], job.grid)
     trials = [spec for _, spec in generate_variants(space)]  # Tune's own resolution of the search space
     assert sorted((t["preset"], t["seed"]) for t in trials) == [("starpo", 0), ("starpo", 1), ("starpo-s", 0),

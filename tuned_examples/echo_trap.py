@@ -3,7 +3,7 @@ validation success, and the sentinel's firings.
 
 A main job (``--job``: the bandit's by default, or ``starpo_sokoban``) with two trials of one Tune experiment,
 ``--grid '{"preset": ["starpo", "starpo-s"]}'``, from one shared warm start, validated and probed for collapse
-(``collapse_diagnostics_interval``) every iteration, the sentinel watching (``--sentinel warn``; ``rollback`` or
+(``collapse_diagnostics_interval`` and ``gradient_analysis_interval``) every iteration, the sentinel watching (``--sentinel warn``; ``rollback`` or
 ``stop`` let it act). A trial "collapses" at the first validation from which its success stays ``--fall`` below
 its best so far to the end of the run; the sentinel's lead time is that iteration minus its first firing's. When
 the trials end, the run folder gets ``echo_trap.png`` (a column per trial: validation success, in-group reward
@@ -44,7 +44,7 @@ def study(job_name: str):
     main_job = runpy.run_path(str(pathlib.Path(__file__).with_name(f"{job_name}.py")), run_name="imported")
     config = main_job["config"].copy(copy_frozen=False)
     config.environment(validation_envs=None).training(  # validate on the training environment alone
-        lr=5e-3, validation_interval=1, collapse_diagnostics_interval=1)
+        lr=5e-3, validation_interval=1, collapse_diagnostics_interval=1, gradient_analysis_interval=1)
     job = dataclasses.replace(main_job["job"], output_dir=f"outputs/echo_trap/{job_name}",
                               grid={"preset": ["starpo", "starpo-s"]}, pass_bar=0.0,
                               expected_minutes=STUDY_MINUTES[job_name])

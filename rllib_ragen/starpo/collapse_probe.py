@@ -1,5 +1,6 @@
 """The echo-trap probe on the learner (``rllib_ragen/collapse.py`` defines its measures): every
-``collapse_diagnostics_interval`` iterations, before the update, on the update's own batch and weights.
+``collapse_diagnostics_interval`` iterations (cross-scoring) and every ``gradient_analysis_interval`` iterations
+(the buckets' gradient norms), before the update, on the update's own batch and weights.
 
 :class:`CollapseProbe` is a part of :class:`~rllib_ragen.starpo.starpo_learner.StarPOTorchLearner`: it scores with
 the learner's own preparation of a batch (``_prepare``), precision and device, and leaves weights, optimizer state
@@ -25,9 +26,10 @@ class CollapseProbe:
     """The learner's echo-trap probe: cross-scoring of reasonings under prompts, and the policy-gradient norm of
     each reward-variance bucket."""
 
-    def collapse_probe(self, batch: dict[str, np.ndarray],
-                       pairs: CrossScoringPairs | None) -> tuple[dict[str, float], np.ndarray]:
-        """Cross-scoring and the policy-gradient norm per reward-variance bucket, on the current weights.
+    def collapse_probe(self, batch: dict[str, np.ndarray], pairs: CrossScoringPairs | None, *,
+                       gradient_norms: bool = True) -> tuple[dict[str, float], np.ndarray]:
+        """Cross-scoring, each reward-variance bucket's share of groups and (``gradient_norms``) its
+        policy-gradient norm, on the current weights.
 
         Leaves weights, optimizer state and gradients as they were. ``batch`` is the update's (kept) batch;
         ``pairs`` the first-turn prompts and reasonings to cross-score (None: skip). Returns the metrics and the
@@ -49,7 +51,7 @@ class CollapseProbe:
         for name in VARIANCE_BUCKETS:
             in_bucket = torch.as_tensor(buckets.get(name, np.zeros(0, dtype=np.int64)))
             results[M.BUCKET_SHARE.format(bucket=name)] = len(torch.unique(data["group"][in_bucket])) / num_groups
-            if len(in_bucket):
+            if gradient_norms and len(in_bucket):
                 results[M.GRAD_NORM_BUCKET.format(bucket=name)] = self._policy_gradient_norm(
                     data, in_bucket, module, config, micro_size)
         return results, (data["token_advantages"] * data["response_mask"]).cpu().numpy()

@@ -288,8 +288,11 @@ class StarPOConfig(AlgorithmConfig):
             train_seed_start, validation_seed_start: first training and validation reset seeds. Training seeds
                 advance by ``num_groups`` each step and never repeat.
             collapse_diagnostics_interval: run the learner's echo-trap probe (cross-scoring: retrieval accuracy and
-                MI estimate; the policy-gradient norm per reward-variance bucket) every k iterations, on the
-                current rollout before its update (0: never). The cheap reply diagnostics run every iteration.
+                MI estimate; each reward-variance bucket's share of groups) every k iterations, on the current
+                rollout before its update (0: never). The cheap reply diagnostics run every iteration.
+            gradient_analysis_interval: every k iterations, also measure the policy-gradient norm of each
+                reward-variance bucket (a backward pass over the kept batch, about as long again as the rest of
+                the probe; RAGEN's ``gradient_analysis_every`` is 50 too) (0: never).
             collapse_subsample: first-turn reasonings cross-scored by the probe (m; m x m scoring passes).
             sentinel_rules: :class:`~rllib_ragen.sentinel.Rule` objects watched after every iteration; see ``rllib_ragen/sentinel.py``.
             sentinel_max_rollbacks: rollbacks allowed per run; a rollback rule firing after that stops the run.

@@ -323,6 +323,7 @@ KNOB_TABLE: tuple[Knob, ...] = (
     *_section(
         "echo-trap diagnostics and the sentinel",  # collapse.py, sentinel.py
         _knob("collapse_diagnostics_interval", 5, INT, ">= 0", why=" (0 switches the probe off)"),
+        _knob("gradient_analysis_interval", 50, INT, ">= 0", why=" (0 switches it off)"),
         _knob("collapse_subsample", 8, INT, ">= 2", why=": cross-scoring compares prompts"),
         _knob("sentinel_rules", [], OTHER, check=_rules_list_error, check_is_kind=True),
         _knob("sentinel_max_rollbacks", 3, INT, ">= 0"),

@@ -28,7 +28,8 @@ def policy_after(config, iterations: int) -> dict[str, torch.Tensor]:
 
 
 def test_the_probe_reports_every_signal_and_leaves_training_unchanged(small_config):
-    probed, result = policy_after(small_config(collapse_diagnostics_interval=1, validation_interval=0), 2)
+    probed, result = policy_after(small_config(collapse_diagnostics_interval=1, gradient_analysis_interval=1,
+                                               validation_interval=0), 2)
     plain, plain_result = policy_after(small_config(collapse_diagnostics_interval=0, validation_interval=0), 2)
     assert all(torch.equal(probed[k], plain[k]) for k in plain)  # weights, optimizer and RNG untouched by the probe
     for name in (M.RETRIEVAL_ACCURACY, M.MI_ESTIMATE, M.CROSS_SCORE_MARGIN, M.TIME_COLLAPSE_PROBE,
@@ -39,6 +40,30 @@ def test_the_probe_reports_every_signal_and_leaves_training_unchanged(small_conf
     # Shares of the groups in the three reward-variance buckets sum to one.
     assert sum(result[M.BUCKET_SHARE.format(bucket=b)] for b in ("zero", "low", "high")) == pytest.approx(1.0)
     assert M.MI_ESTIMATE not in plain_result and M.DISTINCT_2 in plain_result  # the cheap ones run always
+
+
+def test_cross_scoring_and_the_gradient_analysis_keep_their_own_intervals(small_config):
+    """Iterations 0-4 with collapse_diagnostics_interval=2 and gradient_analysis_interval=3: the probe runs at 0,
+    2, 3 and 4, cross-scoring at 0, 2 and 4, the buckets' gradient norms at 0 and 3."""
+    algo = small_config(collapse_diagnostics_interval=2, gradient_analysis_interval=3,
+                        validation_interval=0).build_algo()
+    calls, probe = [], algo._collapse_probe
+
+    def recorded(columns, trajectories, cross_scoring, gradient_norms):
+        calls.append((algo.iteration, cross_scoring, gradient_norms))
+        metrics = probe(columns, trajectories, cross_scoring, gradient_norms)
+        assert (M.RETRIEVAL_ACCURACY in metrics) == cross_scoring
+        assert any(k.startswith("collapse/grad_norm_") for k in metrics) == gradient_norms
+        assert sum(metrics[M.BUCKET_SHARE.format(bucket=b)] for b in ("zero", "low", "high")) == pytest.approx(1)
+        return metrics
+
+    algo._collapse_probe = recorded
+    try:
+        for _ in range(5):
+            algo.train()
+    finally:
+        algo.stop()
+    assert calls == [(0, True, True), (2, True, False), (3, False, True), (4, True, False)]
 
 
 def test_a_rollback_restores_the_last_healthy_weights_lowers_the_lr_and_survives_a_checkpoint(tmp_path, small_config):
