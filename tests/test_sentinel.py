@@ -116,7 +116,7 @@ def test_a_rollback_knob_that_would_break_the_batch_shape_fails_validate(small_c
 
 
 def test_replay_tries_rules_offline_on_a_finished_runs_flat_rows():
-    # metrics.csv rows are flat: "learners/default_policy/actor/grad_norm" is one key there.
+    # Rows of a trial's progress.csv (Tune's) are flat: "learners/default_policy/actor/grad_norm" is one key there.
     rows = [{"training_iteration": i, "rollout_filter/reward_std": 0.3 if i < 6 else 0.0,
              "learners/default_policy/actor/entropy": 1.0, "learners/default_policy/actor/grad_norm": 1.0}
             for i in range(1, 13)]
@@ -128,7 +128,7 @@ def test_replay_tries_rules_offline_on_a_finished_runs_flat_rows():
 
 
 def test_the_built_in_reasoning_rule_fires_on_template_collapse_and_not_without_reasoning():
-    # First-turn reasoning entropy (nats) as metrics.csv rows. Peak 1.2 at iteration 2; the rule holds under
+    # First-turn reasoning entropy (nats) as progress.csv rows. Peak 1.2 at iteration 2; the rule holds under
     # (1 - 0.4) x 1.2 = 0.72 after 3 values of warmup: 0.70 at 4, 5, 6 -> fires at 6; 0.73 at 7 breaks the streak.
     entropies = [1.0, 1.2, 1.1, 0.70, 0.70, 0.70, 0.73, 0.5, 0.5]
     rows = [{"training_iteration": i, "collapse/reasoning_entropy": h} for i, h in enumerate(entropies, 1)]
