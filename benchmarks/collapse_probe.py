@@ -55,7 +55,8 @@ def main() -> None:
 
     config = (job_module("starpo_sokoban.py").config.copy(copy_frozen=False)
               .rl_module(model_config={"model": args.model})
-              .training(validation_interval=0, collapse_diagnostics_interval=0, collapse_subsample=args.subsample))
+              .training(validation_interval=0, collapse_diagnostics_interval=0, gradient_analysis_interval=0,
+                        collapse_subsample=args.subsample))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = config.build_algo()
     iteration_s, cross_s, both_s = [], [], []

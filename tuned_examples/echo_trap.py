@@ -3,8 +3,8 @@ validation success, and the sentinel's firings.
 
 A main job (``--job``: the bandit's by default, or ``starpo_sokoban``) with two trials of one Tune experiment,
 ``--grid '{"preset": ["starpo", "starpo-s"]}'``, from one shared warm start, validated and probed for collapse
-(``collapse_diagnostics_interval`` and ``gradient_analysis_interval``) every iteration, the sentinel watching (``--sentinel warn``; ``rollback`` or
-``stop`` let it act). A trial "collapses" at the first validation from which its success stays ``--fall`` below
+(``collapse_diagnostics_interval``, ``gradient_analysis_interval``) every iteration, the sentinel watching
+(``--sentinel warn``; ``rollback`` or ``stop`` let it act). A trial "collapses" at the first validation from which its success stays ``--fall`` below
 its best so far to the end of the run; the sentinel's lead time is that iteration minus its first firing's. When
 the trials end, the run folder gets ``echo_trap.png`` (a column per trial: validation success, in-group reward
 std, entropy, grad norm, MI estimate, repeat rate; sentinel firings as red lines, the collapse as a black dashed
