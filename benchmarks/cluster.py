@@ -32,8 +32,8 @@ from rllib_ragen import metrics as M  # noqa: E402
 def base_config(groups: int) -> StarPOConfig:
     return (StarPOConfig().environment("rllib_ragen/Sokoban-v0").rl_module(model_config={"model": "tiny"})
             .training(num_groups=groups, group_size=4, max_turns=2, max_new_tokens_per_turn=24, validation_interval=0,
-                      validate_before_training=False, collapse_diagnostics_interval=0, gradient_analysis_interval=0,
-                      rollout_filter_ratio=1.0, lr=1e-4, critic_lr=1e-4)
+                      validate_before_training=False, collapse_diagnostics_interval=0, rollout_filter_ratio=1.0,
+                      lr=1e-4, critic_lr=1e-4)
             .debugging(seed=0))
 
 

@@ -55,8 +55,7 @@ def main() -> None:
 
     config = (job_module("starpo_sokoban.py").config.copy(copy_frozen=False)
               .rl_module(model_config={"model": args.model})
-              .training(validation_interval=0, collapse_diagnostics_interval=0, gradient_analysis_interval=0,
-                        collapse_subsample=args.subsample))
+              .training(validation_interval=0, collapse_diagnostics_interval=0, collapse_subsample=args.subsample))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = config.build_algo()
     iteration_s, cross_s, both_s = [], [], []
@@ -67,10 +66,10 @@ def main() -> None:
             iteration_s.append(time.perf_counter() - t0)
             columns, _ = prepare_update_batch(algo.last_rollout, algo.config, algo._pad_token_id())
             t0 = time.perf_counter()
-            probe = algo._collapse_probe(columns, algo.last_rollout, cross_scoring=True, gradient_norms=False)
+            probe = algo._collapse_probe(columns, algo.last_rollout, gradient_norms=False)
             cross_s.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            algo._collapse_probe(columns, algo.last_rollout, cross_scoring=True, gradient_norms=True)
+            algo._collapse_probe(columns, algo.last_rollout, gradient_norms=True)
             both_s.append(time.perf_counter() - t0)
             print(f"iteration {i + 1}: {iteration_s[-1]:.1f} s; probe {cross_s[-1]:.2f} s, with the gradient norms "
                   f"{both_s[-1]:.2f} s (retrieval accuracy {probe.get('collapse/retrieval_accuracy', math.nan):.2f}, "
@@ -80,11 +79,12 @@ def main() -> None:
         ray.shutdown()
     # The first iteration carries one-off warm-up; leave it out when there are others.
     iteration, cross, both = (statistics.median(s[1:] or s) for s in (iteration_s, cross_s, both_s))
-    # The schedule over one full cycle of both intervals: which probe each iteration runs.
-    cycle = math.lcm(*(n for n in (args.interval, args.gradient_interval) if n)) if args.interval or \
-        args.gradient_interval else 1
-    probe_seconds = sum(both if args.gradient_interval and i % args.gradient_interval == 0 else
-                        cross if args.interval and i % args.interval == 0 else 0.0 for i in range(cycle))
+    # The schedule over one full cycle of both intervals, as StarPO runs it: the probe every `interval`
+    # iterations, with the gradient norms on its first run in each window of `gradient_interval`.
+    probe, gradients = args.interval, args.gradient_interval
+    cycle = math.lcm(probe, gradients) if probe and gradients else max(probe, 1)
+    probe_seconds = sum((both if gradients and (i == 0 or i // gradients != (i - probe) // gradients) else cross)
+                        for i in range(0, cycle, probe)) if probe else 0.0
     print(f"\nmodel {args.model}, {config.num_groups} x {config.group_size} episodes, subsample {args.subsample}")
     print(f"training iteration (median, without the probe): {iteration:.2f} s")
     print(f"probe (median):                                 {cross:.2f} s = {cross / iteration:.1%} of an iteration")

@@ -43,7 +43,7 @@ def measure(mode: str, iterations: int, model: str) -> dict:
               .training(num_groups=8, group_size=4, rollout_filter="none", rollout_filter_ratio=1.0,
                         max_turns=10, max_actions_per_turn=1, max_actions_per_episode=10, max_new_tokens_per_turn=48,
                         max_context_tokens=8192, lr=1e-4, critic_lr=1e-3, validation_interval=0,
-                        validate_before_training=False, collapse_diagnostics_interval=0, gradient_analysis_interval=0,
+                        validate_before_training=False, collapse_diagnostics_interval=0,
                         context_window=window, context_window_turns=int(turns) if turns else None)
               .debugging(seed=0))
     algo = config.build_algo()

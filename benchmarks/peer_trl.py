@@ -53,7 +53,7 @@ def starpo_side(args, model_dir: str) -> tuple[dict, list[str]]:
                         max_turns=1, max_new_tokens_per_turn=args.max_new_tokens, temperature=1.0,
                         rollout_filter="none", kl_coeff=0.0, entropy_coeff=0.0, lr=1e-5,
                         loss_aggregation="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.28, dual_clip=None,
-                        validation_interval=0, collapse_diagnostics_interval=0, gradient_analysis_interval=0)
+                        validation_interval=0, collapse_diagnostics_interval=0)
               .debugging(seed=0))
     algo = config.build_algo()
     rows = []

@@ -129,7 +129,7 @@ REASONING_ENTROPY = "collapse/reasoning_entropy"  # nats, of the first turn's <t
 RETRIEVAL_ACCURACY = "collapse/retrieval_accuracy"  # a reasoning's own prompt explains it best (chance 1/m)
 MI_ESTIMATE = "collapse/mi_estimate"  # InfoNCE bound on I(prompt; reasoning), nats, at most log m
 CROSS_SCORE_MARGIN = "collapse/cross_score_margin"  # own prompt's log-likelihood minus the best other's, nats
-# Every gradient_analysis_interval iterations, with the probe (top level).
+# With the probe's first run in every window of gradient_analysis_interval iterations (top level).
 GRAD_NORM_BUCKET = "collapse/grad_norm_{bucket}"  # the policy gradient's norm on one reward-variance bucket
 BUCKET_SHARE = "collapse/groups_{bucket}"  # share of the rollout's groups in that bucket
 TIME_COLLAPSE_PROBE = "time/collapse_probe_s"  # the probe's seconds (top level)

@@ -31,13 +31,12 @@ def small_config():
 
 def make_small_config(env="rllib_ragen/Sokoban-v0", **training):
     """A StarPO config sized for a 2-core CPU test: 2 groups x 4 episodes, short replies, tiny model. The echo-trap
-    probe and its gradient analysis are off (they would run at every algorithm's first iteration); their tests
-    switch them on."""
+    probe is off (it would run at every algorithm's first iteration); its tests switch it on."""
     from rllib_ragen import StarPOConfig
 
     knobs = dict(num_groups=2, group_size=4, max_new_tokens_per_turn=12, max_turns=2, validation_size=4,
                  validation_interval=2, lr=1e-3, critic_lr=1e-3, rollout_filter_ratio=0.5,
-                 collapse_diagnostics_interval=0, gradient_analysis_interval=0)
+                 collapse_diagnostics_interval=0)
     knobs.update(training)
     return (StarPOConfig().environment(env).rl_module(model_config={"model": "tiny"}).training(**knobs)
             .debugging(seed=7))

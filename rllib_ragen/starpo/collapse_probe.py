@@ -1,6 +1,6 @@
 """The echo-trap probe on the learner (``rllib_ragen/collapse.py`` defines its measures): every
-``collapse_diagnostics_interval`` iterations (cross-scoring) and every ``gradient_analysis_interval`` iterations
-(the buckets' gradient norms), before the update, on the update's own batch and weights.
+``collapse_diagnostics_interval`` iterations (the buckets' gradient norms with the first run in every window of
+``gradient_analysis_interval`` iterations), before the update, on the update's own batch and weights.
 
 :class:`CollapseProbe` is a part of :class:`~rllib_ragen.starpo.starpo_learner.StarPOTorchLearner`: it scores with
 the learner's own preparation of a batch (``_prepare``), precision and device, and leaves weights, optimizer state

@@ -290,9 +290,10 @@ class StarPOConfig(AlgorithmConfig):
             collapse_diagnostics_interval: run the learner's echo-trap probe (cross-scoring: retrieval accuracy and
                 MI estimate; each reward-variance bucket's share of groups) every k iterations, on the current
                 rollout before its update (0: never). The cheap reply diagnostics run every iteration.
-            gradient_analysis_interval: every k iterations, also measure the policy-gradient norm of each
-                reward-variance bucket (a backward pass over the kept batch, about as long again as the rest of
-                the probe; RAGEN's ``gradient_analysis_every`` is 50 too) (0: never).
+            gradient_analysis_interval: with the probe's first run in every window of k iterations, also measure
+                the policy-gradient norm of each reward-variance bucket (a backward pass over the kept batch, about
+                as long again as the rest of the probe; RAGEN's ``gradient_analysis_every`` is 50 too). 0, or
+                ``collapse_diagnostics_interval=0``, switches it off.
             collapse_subsample: first-turn reasonings cross-scored by the probe (m; m x m scoring passes).
             sentinel_rules: :class:`~rllib_ragen.sentinel.Rule` objects watched after every iteration; see ``rllib_ragen/sentinel.py``.
             sentinel_max_rollbacks: rollbacks allowed per run; a rollback rule firing after that stops the run.

@@ -140,11 +140,14 @@ class StarPO(Algorithm):
         if columns is None:
             self._skip_update(iteration, played_by)
             return
-        cross_scoring, gradient_norms = (bool(interval) and iteration % interval == 0 for interval in (
-            config.collapse_diagnostics_interval, config.gradient_analysis_interval))
-        if cross_scoring or gradient_norms:
+        probe, gradients = config.collapse_diagnostics_interval, config.gradient_analysis_interval
+        if probe and iteration % probe == 0:
+            # The gradient norms ride on the first probe of each window of `gradients` iterations, so that
+            # collapse_diagnostics_interval=0 switches every part of the probe off.
+            gradient_norms = bool(gradients) and (iteration == 0 or iteration // gradients != (iteration - probe)
+                                                  // gradients)
             with self._timer(M.TIME_COLLAPSE_PROBE):
-                self._log(self._collapse_probe(columns, trajectories, cross_scoring, gradient_norms))
+                self._log(self._collapse_probe(columns, trajectories, gradient_norms))
 
         lag = iteration - played_by  # updates the learner made since the rollout's policy
         if not 0 <= lag <= config.max_policy_lag:
@@ -186,11 +189,11 @@ class StarPO(Algorithm):
         return super().restore_env_runners(env_runner_group)
 
     def _collapse_probe(self, columns: dict[str, np.ndarray], trajectories: list[Trajectory],
-                        cross_scoring: bool = True, gradient_norms: bool = True) -> dict[str, float]:
-        """The learner's echo-trap probe on this rollout, before its update (``collapse.py``): cross-scoring and
-        the buckets' shares, and/or the buckets' gradient norms. With several learners the first one probes the
-        whole batch (outside DDP's gradient sync)."""
-        pairs = cross_scoring_pairs(trajectories, self.config.collapse_subsample) if cross_scoring else None
+                        gradient_norms: bool = True) -> dict[str, float]:
+        """The learner's echo-trap probe on this rollout, before its update (``collapse.py``): cross-scoring, the
+        buckets' shares and, with ``gradient_norms``, their policy-gradient norms. With several learners the first
+        one probes the whole batch (outside DDP's gradient sync)."""
+        pairs = cross_scoring_pairs(trajectories, self.config.collapse_subsample)
         metrics, advantages = self._on_first_learner(
             lambda learner: learner.collapse_probe(columns, pairs, gradient_norms=gradient_norms))
         self.last_token_advantages = token_advantages_by_trajectory(columns, advantages, trajectories)

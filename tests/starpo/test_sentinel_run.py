@@ -42,17 +42,18 @@ def test_the_probe_reports_every_signal_and_leaves_training_unchanged(small_conf
     assert M.MI_ESTIMATE not in plain_result and M.DISTINCT_2 in plain_result  # the cheap ones run always
 
 
-def test_cross_scoring_and_the_gradient_analysis_keep_their_own_intervals(small_config):
-    """Iterations 0-4 with collapse_diagnostics_interval=2 and gradient_analysis_interval=3: the probe runs at 0,
-    2, 3 and 4, cross-scoring at 0, 2 and 4, the buckets' gradient norms at 0 and 3."""
+def test_the_gradient_analysis_rides_on_the_first_probe_of_each_window(small_config):
+    """Iterations 0-4 with collapse_diagnostics_interval=2 and gradient_analysis_interval=3: the probe runs at 0, 2
+    and 4; the buckets' gradient norms with its first run in each window of 3 iterations, at 0 and 4 (3 has no
+    probe). With the probe off nothing of it runs (the default gradient interval does not switch it back on)."""
     algo = small_config(collapse_diagnostics_interval=2, gradient_analysis_interval=3,
                         validation_interval=0).build_algo()
     calls, probe = [], algo._collapse_probe
 
-    def recorded(columns, trajectories, cross_scoring, gradient_norms):
-        calls.append((algo.iteration, cross_scoring, gradient_norms))
-        metrics = probe(columns, trajectories, cross_scoring, gradient_norms)
-        assert (M.RETRIEVAL_ACCURACY in metrics) == cross_scoring
+    def recorded(columns, trajectories, gradient_norms):
+        calls.append((algo.iteration, gradient_norms))
+        metrics = probe(columns, trajectories, gradient_norms)
+        assert M.RETRIEVAL_ACCURACY in metrics
         assert any(k.startswith("collapse/grad_norm_") for k in metrics) == gradient_norms
         assert sum(metrics[M.BUCKET_SHARE.format(bucket=b)] for b in ("zero", "low", "high")) == pytest.approx(1)
         return metrics
@@ -63,7 +64,13 @@ def test_cross_scoring_and_the_gradient_analysis_keep_their_own_intervals(small_
             algo.train()
     finally:
         algo.stop()
-    assert calls == [(0, True, True), (2, True, False), (3, False, True), (4, True, False)]
+    assert calls == [(0, True), (2, False), (4, True)]
+    off = small_config(collapse_diagnostics_interval=0, validation_interval=0).build_algo()
+    off._collapse_probe = lambda *args: pytest.fail("the probe ran with collapse_diagnostics_interval=0")
+    try:
+        off.train()
+    finally:
+        off.stop()
 
 
 def test_a_rollback_restores_the_last_healthy_weights_lowers_the_lr_and_survives_a_checkpoint(tmp_path, small_config):
