@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 from rllib_ragen.starpo.update_batch import prepare_update_batch  # noqa: E402
 
+from rllib_ragen.collapse import probe_schedule  # noqa: E402
 from rllib_ragen.warm_start import WARM_STARTS  # noqa: E402
 
 from main_jobs import ROOT, job_module  # noqa: E402  (benchmarks/)
@@ -79,12 +80,10 @@ def main() -> None:
         ray.shutdown()
     # The first iteration carries one-off warm-up; leave it out when there are others.
     iteration, cross, both = (statistics.median(s[1:] or s) for s in (iteration_s, cross_s, both_s))
-    # The schedule over one full cycle of both intervals, as StarPO runs it: the probe every `interval`
-    # iterations, with the gradient norms on its first run in each window of `gradient_interval`.
-    probe, gradients = args.interval, args.gradient_interval
-    cycle = math.lcm(probe, gradients) if probe and gradients else max(probe, 1)
-    probe_seconds = sum((both if gradients and (i == 0 or i // gradients != (i - probe) // gradients) else cross)
-                        for i in range(0, cycle, probe)) if probe else 0.0
+    # The schedule over one full cycle of both intervals, as StarPO runs it.
+    cycle = math.lcm(args.interval or 1, args.gradient_interval or 1)
+    runs = [probe_schedule(i, args.interval, args.gradient_interval) for i in range(cycle)]
+    probe_seconds = sum(both if gradients else cross for probe, gradients in runs if probe)
     print(f"\nmodel {args.model}, {config.num_groups} x {config.group_size} episodes, subsample {args.subsample}")
     print(f"training iteration (median, without the probe): {iteration:.2f} s")
     print(f"probe (median):                                 {cross:.2f} s = {cross / iteration:.1%} of an iteration")

@@ -34,6 +34,17 @@ from .rollout.protocol import REGION_ANSWER, REGION_THINK
 VARIANCE_BUCKETS = ("zero", "low", "high")  # in-group reward std: 0, at most the median of the rest, above it
 
 
+def probe_schedule(iteration: int, probe_interval: int, gradient_interval: int) -> tuple[bool, bool]:
+    """Whether the learner's probe runs at ``iteration``, and whether with the buckets' gradient norms: the probe
+    every ``probe_interval`` iterations (0: never), the gradient norms with its first run in each window of
+    ``gradient_interval`` iterations (0: never), so that switching the probe off switches them off too."""
+    if not probe_interval or iteration % probe_interval:
+        return False, False
+    if not gradient_interval:
+        return True, False
+    return True, iteration == 0 or iteration // gradient_interval != (iteration - probe_interval) // gradient_interval
+
+
 def reply_diagnostics(trajectories: Sequence) -> dict[str, float]:
     """The cheap collapse signals of one rollout (``Trajectory`` objects), keyed by their metric names.
 

@@ -8,7 +8,7 @@ import pytest
 
 from rllib_ragen import StarPOConfig
 from rllib_ragen import metrics as M
-from rllib_ragen.collapse import (cross_scoring, cross_scoring_pairs, distinct_n, reasoning_entropy,
+from rllib_ragen.collapse import (cross_scoring, cross_scoring_pairs, probe_schedule, distinct_n, reasoning_entropy,
                                   reply_diagnostics, variance_buckets)
 from rllib_ragen.rollout.trajectory import Trajectory
 from rllib_ragen.rollout.protocol import REGION_ANSWER, REGION_OTHER, REGION_THINK
@@ -167,3 +167,15 @@ def test_jobs_report_the_reasoning_entropy_of_the_validation_episodes(tmp_path, 
     _print_paired({"reasoning_entropy": entropy}, StarPOConfig())
     assert f"reasoning entropy, greedy   {expected_before:.3f} -> 0.000 nats over 12 first turns (at most 2.48)" in \
         capsys.readouterr().out
+
+
+def test_the_probe_schedule_puts_the_gradient_norms_on_the_first_probe_of_each_window():
+    def runs(probe, gradients, n):
+        schedule = [probe_schedule(i, probe, gradients) for i in range(n)]
+        return [i for i, (p, _) in enumerate(schedule) if p], [i for i, (_, g) in enumerate(schedule) if g]
+
+    assert runs(5, 50, 110) == (list(range(0, 110, 5)), [0, 50, 100])
+    assert runs(3, 50, 110) == (list(range(0, 110, 3)), [0, 51, 102])  # 50 and 100 have no probe
+    assert runs(1, 1, 4) == ([0, 1, 2, 3], [0, 1, 2, 3])
+    assert runs(5, 0, 20) == ([0, 5, 10, 15], [])
+    assert runs(0, 50, 120) == ([], [])  # the probe off switches the gradient norms off too

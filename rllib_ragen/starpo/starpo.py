@@ -42,7 +42,7 @@ from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEA
                                      NUM_ENV_STEPS_SAMPLED_LIFETIME, WEIGHTS_SEQ_NO)
 
 from .. import metrics as M
-from ..collapse import cross_scoring_pairs, reply_diagnostics
+from ..collapse import cross_scoring_pairs, probe_schedule, reply_diagnostics
 from ..rollout.trajectory import Trajectory
 from ..sentinel import Sentinel
 from .update_batch import prepare_update_batch, shard_by_groups, token_advantages_by_trajectory
@@ -140,12 +140,9 @@ class StarPO(Algorithm):
         if columns is None:
             self._skip_update(iteration, played_by)
             return
-        probe, gradients = config.collapse_diagnostics_interval, config.gradient_analysis_interval
-        if probe and iteration % probe == 0:
-            # The gradient norms ride on the first probe of each window of `gradients` iterations, so that
-            # collapse_diagnostics_interval=0 switches every part of the probe off.
-            gradient_norms = bool(gradients) and (iteration == 0 or iteration // gradients != (iteration - probe)
-                                                  // gradients)
+        probe, gradient_norms = probe_schedule(iteration, config.collapse_diagnostics_interval,
+                                               config.gradient_analysis_interval)
+        if probe:
             with self._timer(M.TIME_COLLAPSE_PROBE):
                 self._log(self._collapse_probe(columns, trajectories, gradient_norms))
 
