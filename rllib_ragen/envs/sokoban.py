@@ -19,6 +19,7 @@ RENDERINGS = ("grid", "coordinates")
 
 
 MAX_DIM = 20  # the largest room: a level is drawn by search, and its text grows with dim squared
+MAX_LEVEL_DRAWS = 1000  # levels drawn for one reset before max_solution_moves is judged too low for the room
 
 
 class SokobanEnv(TextEnv):
@@ -62,7 +63,10 @@ class SokobanEnv(TextEnv):
     ``SYMBOL_SETS["default"]``). ``reward`` ("shaped" or "success", see Rewards). ``render`` ("grid", or
     "coordinates": the cells as zero-indexed (row, column) lists, RAGEN's CoordSokoban,
     :meth:`~rllib_ragen.envs.sokoban_levels.SokobanLevel.to_coordinates`). ``distance_shaping`` (0.0: off; see
-    Rewards).
+    Rewards). ``max_solution_moves`` (None: off): easy levels only. A drawn level whose fewest-moves solution is
+    longer is drawn again from the same seeded generator, so a seed still fixes the level, and a seed whose first
+    draw is short enough gives the same level as without the bound. A curriculum (``StarPOConfig.environment(
+    curriculum=...)``) raises it over training.
 
     ## Version History
     v0: initial release. Variants: ``Sokoban8x8TwoBoxes-v0``, ``SokobanAltSymbols-v0`` and
@@ -85,6 +89,7 @@ class SokobanEnv(TextEnv):
         reward: str = "shaped",
         render: str = "grid",
         distance_shaping: float = 0.0,
+        max_solution_moves: int | None = None,
         render_mode: str | None = "ansi",
     ):
         for name, value, low, high in (("dim", dim, 4, MAX_DIM), ("num_boxes", num_boxes, 1, MAX_DIM),
@@ -98,6 +103,10 @@ class SokobanEnv(TextEnv):
         if isinstance(distance_shaping, bool) or not isinstance(distance_shaping, (int, float)) \
                 or not 0 <= distance_shaping < float("inf"):  # NaN fails too
             raise ValueError(f"distance_shaping={distance_shaping!r} must be a finite number >= 0 (0: off).")
+        if max_solution_moves is not None and (isinstance(max_solution_moves, bool)
+                                               or not isinstance(max_solution_moves, int) or max_solution_moves < 1):
+            raise ValueError(f"max_solution_moves={max_solution_moves!r} must be a whole number >= 1 (None: off).")
+        self.max_solution_moves = max_solution_moves
         self.reward, self.render_as, self.distance_shaping = reward, render, float(distance_shaping)
         if isinstance(symbols, str):
             if symbols not in SYMBOL_SETS:
@@ -121,10 +130,23 @@ class SokobanEnv(TextEnv):
     def _reset_state(self) -> None:
         level = self.reset_options.get("level")
         if level is None:
-            level = generate_level(self.np_random, self.dim, self.num_boxes, self.search_depth)
+            level = self._draw_level()
         elif level.dim != self.dim:
             raise ValueError(f"options['level'] is {level.dim}x{level.dim} but this env was made with dim={self.dim}.")
         self.level, self.boxes, self.player = level, set(level.boxes), level.player
+
+    def _draw_level(self) -> SokobanLevel:
+        """A level from the seeded generator; with ``max_solution_moves``, the first one solved in that many moves."""
+        for _ in range(MAX_LEVEL_DRAWS):
+            level = generate_level(self.np_random, self.dim, self.num_boxes, self.search_depth)
+            if self.max_solution_moves is None:
+                return level
+            solution = solve_level(level)
+            if solution is not None and len(solution) <= self.max_solution_moves:
+                return level
+        raise RuntimeError(f"no level of {MAX_LEVEL_DRAWS} drawn (dim={self.dim}, num_boxes={self.num_boxes}, "
+                           f"search_depth={self.search_depth}) is solved in max_solution_moves="
+                           f"{self.max_solution_moves} moves: raise it, or lower num_boxes.")
 
     def _current_level(self) -> SokobanLevel:
         """The level as it stands now (boxes and player moved)."""

@@ -229,3 +229,41 @@ def test_reasoning_claims_are_checked_against_the_board_the_reply_was_written_fo
     # After one push the same words are checked against the new board: the box now sits next to the target.
     env.step("Right")
     assert text_env.reasoning_claims("Right push to target, Left walk") == (2, 2)
+
+
+def test_max_solution_moves_redraws_long_levels_from_the_seeded_generator():
+    """Each level is the first draw of the seed's generator solved in <= 2 moves: a seed whose first draw already
+    is gives the unbounded env's level, the others a later draw (replayed here from gymnasium's seeding)."""
+    plain = gym.make("rllib_ragen/Sokoban-v0").unwrapped
+    easy = gym.make("rllib_ragen/Sokoban-v0", max_solution_moves=2).unwrapped
+    kept = redrawn = 0
+    for seed in range(123, 163):
+        plain.reset(seed=seed)
+        easy.reset(seed=seed)
+        rng = gym.utils.seeding.np_random(seed)[0]
+        draws = 0
+        while True:
+            draws += 1
+            expected = generate_level(rng, 6, 1, 50)
+            if len(solve_level(expected)) <= 2:
+                break
+        assert (easy.level.boxes, easy.level.player, easy.level.targets) == \
+            (expected.boxes, expected.player, expected.targets)
+        assert easy.optimal_solution_length() <= 2
+        if draws == 1:
+            kept += 1
+            assert easy.level.boxes == plain.level.boxes and easy.level.player == plain.level.player
+        else:
+            redrawn += 1
+            assert plain.optimal_solution_length() > 2
+    assert kept and redrawn  # both cases were met
+
+
+def test_max_solution_moves_refuses_bad_values_and_says_when_no_level_is_short_enough():
+    for bad in (0, -1, 2.0, True, "3"):
+        with pytest.raises(ValueError, match="max_solution_moves=.* must be a whole number >= 1"):
+            gym.make("rllib_ragen/Sokoban-v0", max_solution_moves=bad)
+    # Two boxes can never both be on their targets after one move.
+    env = gym.make("rllib_ragen/Sokoban8x8TwoBoxes-v0", max_solution_moves=1)
+    with pytest.raises(RuntimeError, match="max_solution_moves=1 moves: raise it"):
+        env.reset(seed=0)
