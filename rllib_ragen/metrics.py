@@ -48,6 +48,7 @@ TOOL_CALL_ERRORS = "rollout/tool_call_errors"
 MALFORMED_TOOL_CALLS = "rollout/malformed_tool_calls"
 ROLLOUT_COUNTERS = (ENV_ERRORS, ENV_TIMEOUTS, NONFINITE_REWARDS, UNENCODABLE_TEXTS, CONTROL_TEXTS, PROMPTS_TOO_LONG,
                     TOOL_CALLS, TOOL_CALL_ERRORS, MALFORMED_TOOL_CALLS)
+CURRICULUM_STAGE = "curriculum/stage"  # the training rollout's curriculum stage; the stage count once they are over
 ENV_RUNNER_RESTARTS = "rollout/env_runner_restarts"  # remote env runners that died mid-rollout and were restarted
 WEIGHTS_SEQ_NO = "perf/weights_seq_no"
 TIME_ROLLOUT = "time/rollout_s"

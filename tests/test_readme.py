@@ -265,6 +265,11 @@ def test_mixture_example_trains_on_two_environments_and_validates_on_three(ray_s
 
 
 @pytest.mark.slow
+def test_curriculum_example_plays_each_stage_then_the_environment_as_given():
+    assert _run_block("curriculum-example", {}).strip() == "[0.0, 1.0, 2.0]"
+
+
+@pytest.mark.slow
 def test_context_window_example_trains_each_turn_as_a_row(ray_session):
     kept, rows = (float(x) for x in _run_block("context-window-example", {}).split())
     assert kept == 2.0 and kept <= rows <= 6 * kept  # one row per turn of each kept episode, at most six turns

@@ -37,7 +37,7 @@ def evaluation_config(run: pathlib.Path, env: str | None = None, env_config: dic
     config = trial_config(run)
     if env is not None or env_config is not None:
         config.environment(env or config.env, env_config=env_config if env_config is not None else config.env_config,
-                           train_envs=None, validation_envs=None)
+                           train_envs=None, validation_envs=None, curriculum=None)
     elif states is not None and config.validation_envs:  # each of several validation environments gets ``states``
         config.environment(validation_envs=[{**entry, "states": states} for entry in config.validation_envs])
     config.training(**{k: v for k, v in (("validation_size", states), ("validation_seed_start", seed_start))

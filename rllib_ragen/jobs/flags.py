@@ -271,6 +271,9 @@ RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
     "validation_envs": ("environment", "validation_envs",
                         "validate on these environments, as JSON: '[{\"env\": \"rllib_ragen/FrozenLake-v0\", "
                         "\"states\": 64}]' (null: the training ones)"),
+    "curriculum": ("environment", "curriculum", "easier training settings first, as JSON stages: '[{\"iterations\": 20, "
+                                                "\"env_config\": {\"max_solution_moves\": 2}}]' updates env_config for "
+                                                "the first 20 iterations' rollouts (null: none)"),
     "env": ("environment", "env", "registered text-environment id"),
     "env_config": ("environment", "env_config", "environment constructor arguments as JSON, e.g. "
                                                 "'{\"reward\": \"success\"}'"),

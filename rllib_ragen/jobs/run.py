@@ -424,7 +424,7 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, 
     groups = " + ".join(f"{e.count} {e.name}" for e in config.training_environments()) \
         if config.train_envs else f"{config.num_groups}"
     steps.append(f"{job.iterations} StarPO iterations of {groups} groups x {config.group_size} episodes"
-                 + (f" in each of {trials} trials" if trials > 1 else ""))
+                 + (f" in each of {trials} trials" if trials > 1 else "") + _curriculum_plan(config, job.iterations))
     states = ", ".join(f"{e.count} of {e.name}" for e in config.validation_environments()) \
         if config.is_mixture else f"{config.validation_size}"
     when = [*(["before RL"] if config.validate_before_training and not job.resume else []),
@@ -440,6 +440,20 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, 
     rules = [as_rule(r) for r in config.sentinel_rules]
     if rules:
         print(f"sentinel: {len(rules)} rules ({', '.join(f'{r.label}: {r.action}' for r in rules)})", flush=True)
+
+
+def _curriculum_plan(config, iterations: int) -> str:
+    """The curriculum's stages as the plan line states them, 1-based like the progress lines."""
+    if not config.curriculum:
+        return ""
+    parts, first = [], 1
+    for stage in config.curriculum:
+        last = first + stage["iterations"] - 1
+        parts.append(f"{first}-{last} on {json.dumps(stage['env_config'])}")
+        first = last + 1
+    ending = ("then env_config as given" if first <= iterations else
+              f"the run's {iterations} iterations end before env_config as given is ever trained on")
+    return f" (curriculum: iterations {', '.join(parts)}; {ending})"
 
 
 class _Clock:

@@ -159,22 +159,30 @@ class RolloutEngine:
         specials = {token.content for token in tokenizer.added_tokens_decoder.values() if token.special}
         self._control_texts = sorted((specials | set(tokenizer.all_special_tokens)) - {""}, key=len, reverse=True)
 
-    def _env_pool(self, name: str | None, size: int) -> list:
-        """``size`` environments of the one named ``name`` (None: ``config.env``), built once and reused."""
+    def _env_pool(self, name: str | None, size: int, env_config: dict | None = None) -> list:
+        """``size`` environments of the one named ``name`` (None: ``config.env``, built with ``env_config`` when
+        given instead of ``config.env_config``: a curriculum stage's), built once and reused."""
         if name is not None and name not in self._named:
             raise KeyError(f"no environment named {name!r} in this rollout's environments {sorted(self._named)}.")
-        env, env_config = (self.config.env, self.config.env_config) if name is None else self._named[name]
-        pool = self._envs[name]
+        env, config = (self.config.env, self.config.env_config) if name is None else self._named[name]
+        key = name
+        if env_config is not None:
+            config, key = env_config, (name, json.dumps(env_config, sort_keys=True, default=repr))
+            for past in [k for k in self._envs if isinstance(k, tuple) and k != key]:
+                del self._envs[past]  # a past stage's environments: no later rollout plays them
+        pool = self._envs[key]
         pool[:] = [e for e in pool if not e.stuck]  # one that timed out may still be running its call
         while len(pool) < size:
-            pool.append(TimedEnv(make_text_env(env, **env_config), self.config.env_reset_timeout_s,
+            pool.append(TimedEnv(make_text_env(env, **config), self.config.env_reset_timeout_s,
                                  self.config.env_step_timeout_s))
         return pool[:size]
 
-    def _pools(self, starts: Sequence[Start], group_size: int) -> list:
-        """One environment per episode of ``starts``' groups, each from the pool of its start's environment."""
+    def _pools(self, starts: Sequence[Start], group_size: int, env_config: dict | None = None) -> list:
+        """One environment per episode of ``starts``' groups, each from the pool of its start's environment
+        (``env_config``, when given, builds ``config.env``'s)."""
         needed = Counter(start_env(start) for start in starts)
-        pools = {name: iter(self._env_pool(name, count * group_size)) for name, count in needed.items()}
+        pools = {name: iter(self._env_pool(name, count * group_size, env_config if name is None else None))
+                 for name, count in needed.items()}
         return [next(pools[start_env(start)]) for start in starts for _ in range(group_size)]
 
     def _reset_options(self, seed: int, member: int) -> dict | None:
@@ -263,7 +271,8 @@ class RolloutEngine:
         return chat, tool_set, "\n".join(part for part in (instructions, message) if part), message
 
     def rollout(self, seeds: Sequence[Start], group_size: int, sampling: SamplingParams,
-                sample_seed: int | None = None) -> tuple[list[Trajectory], dict[str, float]]:
+                sample_seed: int | None = None, env_config: dict | None = None
+                ) -> tuple[list[Trajectory], dict[str, float]]:
         """Play ``len(seeds)`` groups of ``group_size`` environments; group g starts every env from ``seeds[g]``.
 
         Args:
@@ -272,6 +281,8 @@ class RolloutEngine:
             group_size: environments per group (N rollouts of the same initial state).
             sampling: sampling parameters for every turn.
             sample_seed: seeds the backend's sampling; with the same seeds the rollout repeats exactly.
+            env_config: builds the bare seeds' ``config.env`` with these arguments instead of ``config.env_config``
+                (a curriculum stage's, ``StarPOConfig.training_env_config``); the metrics keep its name.
 
         Returns:
             The trajectories (those whose environment raised are dropped) and metrics.
@@ -282,7 +293,7 @@ class RolloutEngine:
         episodes: list[_Episode] = []
         too_long: list[int] = []  # lengths of first prompts that leave no room for a reply
         members = [(g, j, s) for g, s in enumerate(seeds) for j in range(group_size)]
-        envs = self._pools(seeds, group_size)
+        envs = self._pools(seeds, group_size, env_config)
         # Every reset at once: environments that hang together cost one deadline (rollout/deadlines.py).
         resets = call_each([self._reset_call(env, start_seed(start), member)
                             for (_, member, start), env in zip(members, envs)])

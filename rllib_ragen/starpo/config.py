@@ -84,13 +84,15 @@ class StarPOConfig(AlgorithmConfig):
         # Environment mixtures (see environment()): None trains and validates on env alone.
         self.train_envs: list[dict] | None = None
         self.validation_envs: list[dict] | None = None
+        # Training stages of env_config changes (see environment()): None trains on env_config throughout.
+        self.curriculum: list[dict] | None = None
         # The user's environment registrations, carried to Ray's workers (rllib_ragen.envs.registrations_of).
         self.text_env_registrations: dict = {}
         self._model_config = dict(DEFAULT_MODEL_CONFIG)
 
     @override(AlgorithmConfig)
     def environment(self, env=NotProvided, *, train_envs=NotProvided, validation_envs=NotProvided,
-                    **kwargs) -> "StarPOConfig":
+                    curriculum=NotProvided, **kwargs) -> "StarPOConfig":
         """RLlib's ``environment()``, plus environment mixtures (RAGEN's environment tags).
 
         Args:
@@ -104,6 +106,11 @@ class StarPOConfig(AlgorithmConfig):
                 "states": n, "env_config": {...}, "name": str}``, ``n`` validation states each (default
                 ``validation_size``, seeds from ``validation_seed_start``). None: each training environment,
                 ``validation_size`` states.
+            curriculum: train on easier settings first: a list of stages ``{"iterations": n, "env_config":
+                {...}}``; the training rollouts of a stage's ``n`` iterations play ``env`` with ``env_config``
+                updated by the stage's, in order, and every later one with ``env_config`` as given (with one
+                environment only, not ``train_envs``). Validation always plays ``env_config`` as given.
+                ``curriculum/stage`` in the results counts the stages passed. None: no stages.
         """
         if train_envs is not NotProvided:
             self.train_envs = copy.deepcopy(train_envs)
@@ -113,6 +120,8 @@ class StarPOConfig(AlgorithmConfig):
                 kwargs.setdefault("env_config", dict(first.get("env_config") or {}))
         if validation_envs is not NotProvided:
             self.validation_envs = copy.deepcopy(validation_envs)
+        if curriculum is not NotProvided:
+            self.curriculum = copy.deepcopy(curriculum)
         super().environment(env, **kwargs)
         named = [self.env, *(entry.get("env") for entry in [*(self.train_envs or []), *(self.validation_envs or [])]
                              if isinstance(entry, dict))]
@@ -430,6 +439,24 @@ class StarPOConfig(AlgorithmConfig):
             return [int(s) for s in seeds]
         names = [e.name for e in self.training_environments() for _ in range(e.count)]
         return [(name, int(seed)) for name, seed in zip(names, seeds, strict=True)]
+
+    def curriculum_stage(self, iteration: int) -> int:
+        """The curriculum stage of training iteration ``iteration`` (0-based): the index of its stage, or the
+        number of stages once they are over (0 without a curriculum)."""
+        end = 0
+        for stage, item in enumerate(self.curriculum or []):
+            end += item["iterations"]
+            if iteration < end:
+                return stage
+        return len(self.curriculum or [])
+
+    def training_env_config(self, iteration: int) -> dict | None:
+        """What the training rollout of ``iteration`` passes ``env``: ``env_config`` updated by its curriculum
+        stage's, or None when it plays ``env_config`` as given."""
+        stage = self.curriculum_stage(iteration)
+        if stage == len(self.curriculum or []):
+            return None
+        return {**self.env_config, **self.curriculum[stage]["env_config"]}
 
     def validation_starts(self) -> list[Start]:
         """The fixed validation starts: ``states`` seeds from ``validation_seed_start`` per validation environment."""

@@ -106,6 +106,33 @@ def environment_errors(config):
                "or register yours with rllib_ragen.register_text_env.")
     yield from env_config_errors("env_config", config.env, config.env_config)
     yield from mixture_errors(config)
+    yield from curriculum_errors(config)
+
+
+def curriculum_errors(config):
+    """Each stage's keys, length, and ``env_config`` (checked as ``env`` will be built with it); one environment."""
+    stages = config.curriculum
+    if stages is None:
+        return
+    if not isinstance(stages, (list, tuple)) or not stages:
+        yield (f"curriculum={stages!r} must be a non-empty list of stages {{\"iterations\": n, \"env_config\": "
+               "{...}}, or None.")
+        return
+    if config.train_envs is not None:
+        yield ("curriculum changes env's env_config, but train_envs trains on several environments: give the "
+               "easier settings as a train_envs entry of their own instead, or drop train_envs.")
+    for i, stage in enumerate(stages):
+        where = f"curriculum[{i}]"
+        if not isinstance(stage, dict) or set(stage) != {"iterations", "env_config"}:
+            yield f"{where}={stage!r} must be a dict with exactly the keys ['iterations', 'env_config']."
+            continue
+        if not is_int(stage["iterations"]) or stage["iterations"] < 1:
+            yield f"{where}['iterations']={stage['iterations']!r} must be a positive integer: the stage's length."
+        if not isinstance(stage["env_config"], dict) or not stage["env_config"]:
+            yield f"{where}['env_config']={stage['env_config']!r} must be a non-empty dict of settings to change."
+        elif not next(env_config_errors("env_config", config.env, config.env_config), None):  # (reported above)
+            yield from env_config_errors(f"{where}['env_config']", config.env,
+                                         {**config.env_config, **stage["env_config"]})
 
 
 def mixture_errors(config):

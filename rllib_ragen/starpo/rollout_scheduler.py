@@ -71,20 +71,28 @@ class RolloutScheduler:
             with self.algorithm._timer(M.TIME_SYNC):
                 self.algorithm.sync_rollout_weights()  # the runners were busy during the update
             return trajectories, results, played_by
-        trajectories, results = self.play(self._training_starts(), self.config.group_size,
-                                          self.config.sampling_params(), self.sample_seed("train", iteration))
+        trajectories, results = self._play_training(*self._training_rollout_args(iteration))
         return trajectories, results, iteration
 
     def start_next(self, iteration: int) -> None:
         """Start iteration ``iteration``'s rollout on the env runners, in the rollout thread, with their current
         weights (the update about to run is not in them)."""
-        args = (self._training_starts(), self.config.group_size, self.config.sampling_params(),
-                self.sample_seed("train", iteration))
-        self._pending = {"future": self._thread.submit(self.play, *args), "played_by": iteration - 1}
+        args = self._training_rollout_args(iteration)  # here, not in the thread: it takes the next seeds
+        self._pending = {"future": self._thread.submit(self._play_training, *args), "played_by": iteration - 1}
 
-    def _training_starts(self) -> list[Start]:
-        """The next ``num_groups`` fresh seeds, as starts of the training environment(s)."""
-        return self.config.training_starts(self.seed_schedule.train(self.config.num_groups))
+    def _training_rollout_args(self, iteration: int) -> tuple:
+        """What iteration ``iteration``'s training rollout plays: the next ``num_groups`` fresh seeds as starts of
+        the training environment(s), its sampling and sampling seed, and its curriculum stage."""
+        starts = self.config.training_starts(self.seed_schedule.train(self.config.num_groups))
+        return (starts, self.config.group_size, self.config.sampling_params(), self.sample_seed("train", iteration),
+                self.config.curriculum_stage(iteration) if self.config.curriculum else None,
+                self.config.training_env_config(iteration))
+
+    def _play_training(self, starts, group_size, sampling, sample_seed, stage, env_config):
+        trajectories, results = self.play(starts, group_size, sampling, sample_seed, env_config)
+        if stage is not None:
+            results[M.CURRICULUM_STAGE] = float(stage)
+        return trajectories, results
 
     def collect(self) -> tuple[list[Trajectory], dict[str, float]]:
         """Wait for the rollout in flight and keep its result; the env runners are idle afterwards."""
@@ -119,17 +127,19 @@ class RolloutScheduler:
         return sample_seed(self.config.seed, purpose, iteration)
 
     # ---- the fan-out over env runners ---------------------------------------------------------------------------
-    def play(self, seeds: list[Start], group_size: int, sampling: SamplingParams,
-             sample_seed: int) -> tuple[list[Trajectory], dict[str, float]]:
-        """Split the groups over the env runners, play them, and pool trajectories and metrics."""
+    def play(self, seeds: list[Start], group_size: int, sampling: SamplingParams, sample_seed: int,
+             env_config: dict | None = None) -> tuple[list[Trajectory], dict[str, float]]:
+        """Split the groups over the env runners, play them, and pool trajectories and metrics (``env_config``:
+        the arguments a curriculum stage builds ``config.env`` with)."""
         algorithm, restarts = self.algorithm, 0
         if not algorithm.env_runner_group.num_remote_env_runners():
             chunks = {0: list(seeds)}
             runner = algorithm.env_runner
-            parts = [(0, runner.sample(seeds=seeds, group_size=group_size, sampling=sampling, sample_seed=sample_seed),
-                      runner.get_metrics())]
+            parts = [(0, runner.sample(seeds=seeds, group_size=group_size, sampling=sampling, sample_seed=sample_seed,
+                                       env_config=env_config), runner.get_metrics())]
         else:
-            chunks, parts, restarts = self._play_on_remote_runners(seeds, group_size, sampling, sample_seed)
+            chunks, parts, restarts = self._play_on_remote_runners(seeds, group_size, sampling, sample_seed,
+                                                                   env_config)
         # Runners number their groups from 0; make the ids global, in seed order.
         offsets = dict(zip(chunks, np.cumsum([0] + [len(c) for c in chunks.values()]).tolist()))
         trajectories = []
@@ -147,7 +157,7 @@ class RolloutScheduler:
         return trajectories, metrics
 
     def _play_on_remote_runners(self, seeds: list[Start], group_size: int, sampling: SamplingParams,
-                                sample_seed: int):
+                                sample_seed: int, env_config: dict | None):
         """Play the groups on the healthy remote env runners; returns (chunks, parts, restarted runners).
 
         A runner that dies mid-rollout fails its part: RLlib's fault tolerance restarts it
@@ -166,7 +176,8 @@ class RolloutScheduler:
             def play(runner, chunks=chunks):
                 index = runner.worker_index
                 return index, runner.sample(seeds=chunks[index], group_size=group_size, sampling=sampling,
-                                            sample_seed=sample_seed + index), runner.get_metrics()
+                                            sample_seed=sample_seed + index, env_config=env_config), \
+                    runner.get_metrics()
 
             parts = group.foreach_env_runner(play, local_env_runner=False, remote_worker_ids=remote)
             if len(parts) == len(remote):

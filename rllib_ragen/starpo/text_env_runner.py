@@ -101,9 +101,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
 
     @override(EnvRunner)
     def sample(self, *, seeds: Sequence[Start], group_size: int, sampling: SamplingParams,
-               sample_seed: int | None = None, **kwargs) -> list[Trajectory]:
-        """Play ``len(seeds)`` groups of ``group_size`` episodes; metrics go to :meth:`get_metrics`."""
-        trajectories, self._metrics = self.engine.rollout(seeds, group_size, sampling, sample_seed)
+               sample_seed: int | None = None, env_config: dict | None = None, **kwargs) -> list[Trajectory]:
+        """Play ``len(seeds)`` groups of ``group_size`` episodes (``env_config``: a curriculum stage's arguments
+        for ``config.env``); metrics go to :meth:`get_metrics`."""
+        trajectories, self._metrics = self.engine.rollout(seeds, group_size, sampling, sample_seed, env_config)
         self._metrics[M.WEIGHTS_SEQ_NO] = float(self._weights_seq_no)
         return trajectories
 
