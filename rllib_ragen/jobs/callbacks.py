@@ -1,8 +1,8 @@
 """The job's outputs, written by an RLlib callback into the trial's own folder; its TensorBoard logs, by a Tune one.
 
 Any StarPO algorithm that carries :class:`JobOutputs` (``config.callbacks(...)``) writes, while it trains, what a
-person needs to judge the run: the validation episodes before RL and after the last iteration (sampled and
-greedy), a sample of training episodes with their token advantages at every probe iteration, the sentinel's
+person needs to judge the run: the machine it ran on, the validation episodes before RL and after the last
+iteration (sampled and greedy), a sample of training episodes with their token advantages at every probe iteration, the sentinel's
 firings, and the trained policy (``policy/``, loadable by plain transformers). The report writes the viewer from them. A main job, every
 trial of a Tune sweep and a cluster run get them alike, because the trial writes them itself.
 
@@ -14,8 +14,14 @@ directory, which Tune copies to the storage with ``SyncConfig(sync_artifacts=Tru
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
+import os
 import pathlib
+import platform
+import sys
+
+import torch
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.tune.logger import TBXLoggerCallback
@@ -24,9 +30,40 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 from .. import metrics as M
 from .storage import is_local_storage
 from .outputs import (BEFORE_RL, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
-                                 POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
+                      MACHINE, POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
 
 NEXT_TRAINING_SEED = "job/next_training_seed"  # which training states the run has shown so far (validation splits)
+MACHINE_PACKAGES = ("torch", "transformers", "tokenizers", "ray", "numpy")
+
+
+def machine_record() -> dict:
+    """What a run's numbers depend on besides its code, settings and seeds: the same commit gives another model
+    after hundreds of steps where float kernels round differently (another CPU instruction set, a GPU), so each
+    trial records where it ran."""
+    cpu = platform.processor() or platform.machine()
+    try:  # Linux names the CPU model here; platform.processor() often gives only the architecture
+        cpu = next(line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    packages = {}
+    for name in MACHINE_PACKAGES:
+        try:
+            packages[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            packages[name] = None
+    return {"cpu": cpu, "cpu_kernels": torch.backends.cpu.get_cpu_capability(), "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            "python": platform.python_version(), "platform": sys.platform, "packages": packages}
+
+
+def record_machine(folder: pathlib.Path) -> None:
+    """Add this session's machine to the trial's ``machine.json`` (a list: a resumed trial may run elsewhere)."""
+    path, record = folder / MACHINE, machine_record()
+    sessions = json.loads(path.read_text()) if path.is_file() else []
+    if not sessions or sessions[-1] != record:
+        write_text_atomically(path, json.dumps([*sessions, record], indent=1))
 
 
 def trial_folder(algorithm) -> pathlib.Path:
@@ -55,6 +92,9 @@ class JobOutputs(RLlibCallback):
         super().__init__()
         self.iterations, self.training_sample = iterations, training_sample
         self._before: dict | None = None
+
+    def on_algorithm_init(self, *, algorithm, **kwargs) -> None:
+        record_machine(trial_folder(algorithm))
 
     def on_evaluate_end(self, *, algorithm, evaluation_metrics: dict, **kwargs) -> None:
         folder, iteration = trial_folder(algorithm), int(evaluation_metrics[M.VALIDATION_ITERATION])

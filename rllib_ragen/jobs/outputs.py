@@ -7,7 +7,7 @@ config and settings it ran with, and the command), ``job.log`` (library notices 
 ``progress.csv``, ``result.json``, TensorBoard events and ``checkpoint_<n>/``, and the job's outputs
 (:mod:`rllib_ragen.jobs.callbacks`, :mod:`rllib_ragen.jobs.report`): ``validation_before.parquet`` and
 ``validation_rollouts.parquet`` (the validation episodes before and after RL, with their text), their greedy
-twins, ``training_rollouts/``, ``sentinel.json``, ``policy/``, ``rollouts.html``, ``summary.json`` and
+twins, ``training_rollouts/``, ``sentinel.json``, ``machine.json``, ``policy/``, ``rollouts.html``, ``summary.json`` and
 ``learning_curve.png``.
 """
 
@@ -47,6 +47,7 @@ LEARNING_CURVE = "learning_curve.png"  # the report's curves, which the rollout 
 WARM_START_CURVE = "warm_start_curve.csv"  # greedy validation success during the warm start (warm_start_eval_interval)
 VIEWER_PAGE = "rollouts.html"
 SENTINEL_FILE = "sentinel.json"  # the sentinel's firings over the run
+MACHINE = "machine.json"  # where each session of a trial ran: its CPU and kernels, GPUs, threads, packages
 
 # Where the driver reads its numbers in a flattened result row (paths in Algorithm.train()'s result).
 TRAINING = "env_runners/"

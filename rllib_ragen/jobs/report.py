@@ -26,7 +26,7 @@ from .. import metrics as M
 from .callbacks import NEXT_TRAINING_SEED
 from ..collapse import reasoning_entropy
 from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER,
-                      LEARNING_CURVE, baseline_name, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
+                      MACHINE, LEARNING_CURVE, baseline_name, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
                       read_first_reasonings, read_outcomes, read_reasoning_claims, read_results, state_of,
                       validations_of, write_text_atomically)
 from .validation_states import demonstrated_seeds, initial_states, trained_seeds_by_env
@@ -101,6 +101,8 @@ def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, known_scores: dict
     summary["validation_splits"] = _validation_splits(config, trial, trained)
     sentinel = trial / "sentinel.json"
     summary["sentinel_firings"] = json.loads(sentinel.read_text()) if sentinel.is_file() else []
+    machine = trial / MACHINE
+    summary["machine"] = json.loads(machine.read_text()) if machine.is_file() else []  # one entry per session
     summary["run_dir"] = str(trial)
     write_text_atomically(trial / "summary.json", json.dumps(json_ready(summary), indent=2, allow_nan=False))
     title = (f"{config.env_name} | model {pathlib.Path(str(summary['model'])).name} | seed {config.seed} | "
@@ -276,6 +278,15 @@ def _summary(config, rows: list[dict], validations: list[dict], headline: str) -
     }
 
 
+def describe_machine(machine: dict) -> str:
+    """One session's machine (``machine.json``) on one line."""
+    gpus = f", {', '.join(machine['gpus'])}" if machine.get("gpus") else ""
+    packages = ", ".join(f"{name} {version}" for name, version in machine.get("packages", {}).items()
+                         if name in ("torch", "transformers") and version)
+    return (f"{machine.get('cpu')} ({machine.get('cpu_kernels')} kernels, {machine.get('torch_threads')} torch "
+            f"threads){gpus}; {packages}")
+
+
 def _outcome_pair(paths: tuple[pathlib.Path, pathlib.Path], envs: set[str] | None = None):
     """Each validation state's success in two rollout files, of the environments ``envs`` (None: all); None without
     both files, with different states, or with fewer than two."""
@@ -393,6 +404,8 @@ def print_table(summary: dict, config) -> None:
     print(f"{'rollout tokens/s':28s}{summary['rollout_tokens_per_s']:20,.0f}")
     print(f"{'update tokens/s':28s}{summary['update_tokens_per_s']:20,.0f}")
     print(f"{'wall time':28s}{summary['wall_time_s'] / 60:17.1f} min")
+    for machine in summary.get("machine", []):
+        print(f"{'machine':28s}{describe_machine(machine)}")
     _print_paired(summary, config)
     gain, bar = summary["success_gain"], summary["pass_bar"]
     if math.isfinite(gain):

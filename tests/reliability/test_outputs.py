@@ -162,6 +162,16 @@ def test_a_job_without_periodic_validation_still_measures_before_and_after_and_n
     assert list(board.Runs()) == [run] and "ray/tune/time/sample_s" in board.Runs()[run]["scalars"]
     assert (tmp_path / "latest").is_symlink() and not list(tmp_path.glob("latest/**/events.out.tfevents.*"))
     assert written["validated_at"] == summary["validated_at"]
+    # Where the trial ran, as the trial's own process saw it (one torch thread: threads=1), in its summary and table.
+    import torch
+
+    from rllib_ragen.jobs.callbacks import machine_record
+    from rllib_ragen.jobs.report import describe_machine
+
+    (machine,) = json.loads((trial / "machine.json").read_text())
+    assert machine == {**machine_record(), "torch_threads": 1} and written["machine"] == [machine]
+    assert machine["packages"]["torch"] == torch.__version__ and machine["cpu_kernels"] in ("DEFAULT", "AVX2", "AVX512")
+    assert f"{'machine':28s}{describe_machine(machine)}" in printed and torch.__version__ in describe_machine(machine)
     if before_rl:
         assert math.isfinite(summary["before"]["success"]) and summary["paired"]["n"] == 4
         assert summary["success_gain"] == summary["after"]["success"] - summary["before"]["success"]
