@@ -85,3 +85,23 @@ def test_a_folder_without_a_model_or_without_settings_is_named(tmp_path, capsys)
     with pytest.raises(SystemExit) as exit_info:
         evaluate.main([str(tmp_path)])
     assert exit_info.value.code == 2 and "holds no params.json" in capsys.readouterr().err
+
+
+def test_a_runs_sentinel_rules_read_back_as_data_and_rule_objects_reprs_are_left_out(tmp_path):
+    """Tune stores a setting it cannot write as JSON by its repr. A main job gives its rules as dicts, which come
+    back; a user's Rule objects come back as reprs, never read as code: the restored config has no rules and still
+    validates (evaluate and the report need none)."""
+    import dataclasses
+
+    from rllib_ragen import StarPOConfig
+    from rllib_ragen.sentinel import echo_trap_rules
+
+    rules = echo_trap_rules("warn")
+    for name in ("data", "objects"):
+        (tmp_path / name).mkdir()
+    as_data = _trial_folder(tmp_path / "data", StarPOConfig().training(
+        sentinel_rules=[dataclasses.asdict(rule) for rule in rules]))
+    assert evaluate.evaluation_config(as_data).sentinel_rules == [dataclasses.asdict(rule) for rule in rules]
+    as_objects = _trial_folder(tmp_path / "objects", StarPOConfig().training(sentinel_rules=rules))
+    assert json.loads((as_objects / "params.json").read_text())["sentinel_rules"][0].startswith("Rule(")
+    assert evaluate.evaluation_config(as_objects).sentinel_rules == []

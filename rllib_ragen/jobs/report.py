@@ -201,7 +201,9 @@ def _trial_params(trial: pathlib.Path) -> dict:
     """The trial's settings from Tune's ``params.json``: plain JSON, never its pickle (``params.pkl``), so that a
     report on a folder from elsewhere runs none of that folder's code. A setting whose default is no plain value (a
     class, a function) comes back as its repr: it keeps the library's default, except ``env``, whose text names the
-    environment (a ``TextEnv`` class given as ``env`` is shown by its repr)."""
+    environment (a ``TextEnv`` class given as ``env`` is shown by its repr). Sentinel rules given as ``Rule`` objects
+    are stored as their reprs too, which are not read back as code: the restored config has none (the firings are in
+    the trial's ``sentinel.json``); rules given as dicts, as a main job gives them, come back."""
     from ..starpo.config import StarPOConfig
 
     path = trial / "params.json"
@@ -220,6 +222,8 @@ def _trial_params(trial: pathlib.Path) -> dict:
     for key, value in params.items():
         default = defaults.get(key)
         if key in _NOT_DATA or not (key == "env" or _plain(default)):
+            continue
+        if key == "sentinel_rules" and not all(isinstance(rule, dict) for rule in value or []):
             continue
         kept[key] = tuple(value) if isinstance(default, tuple) and isinstance(value, list) else value
     return kept

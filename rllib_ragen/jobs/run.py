@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -84,7 +85,10 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     if not job.verbose:
         keep_notices_off_the_console()
     if not config.sentinel_rules and job.sentinel != "off":  # custom rules (--sentinel-rules) replace the built-in
-        config = config.copy(copy_frozen=False).training(sentinel_rules=echo_trap_rules(job.sentinel))
+        # As plain data: Tune's params.json then holds the rules themselves, not their repr, so the trial's settings
+        # read back whole (python -m rllib_ragen.jobs.evaluate validates them).
+        rules = [dataclasses.asdict(rule) for rule in echo_trap_rules(job.sentinel)]
+        config = config.copy(copy_frozen=False).training(sentinel_rules=rules)
     out = claim_run_folder(job, config.seed or 0)
     start_run_folder(out, config, job)
     try:

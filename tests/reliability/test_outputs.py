@@ -172,6 +172,11 @@ def test_a_job_without_periodic_validation_still_measures_before_and_after_and_n
     assert machine == {**machine_record(), "torch_threads": 1} and written["machine"] == [machine]
     assert machine["packages"]["torch"] == torch.__version__ and machine["cpu_kernels"] in ("DEFAULT", "AVX2", "AVX512")
     assert f"{'machine':28s}{describe_machine(machine)}" in printed and torch.__version__ in describe_machine(machine)
+    # The trial's settings read back whole from Tune's params.json, the job's sentinel rules included.
+    from rllib_ragen.jobs.evaluate import evaluation_config
+
+    assert [rule["name"] for rule in evaluation_config(trial).sentinel_rules] == [
+        "reward std vanished", "entropy collapsed", "grad-norm spike", "reasoning collapsed"]
     if before_rl:
         assert math.isfinite(summary["before"]["success"]) and summary["paired"]["n"] == 4
         assert summary["success_gain"] == summary["after"]["success"] - summary["before"]["success"]
