@@ -9,7 +9,7 @@ restores them.
 
 Command:  python tuned_examples/starpo_sokoban.py [--seed 0] [--iterations 80] [--model smollm2-135m] [--help]
 Time:     about 21.5 minutes on 2 CPU cores (warm start included; benchmarks/main_jobs.py measures it)
-Expect:   sampled success (T = 0.5) gains on seeds 1 and 2 but not on seed 0 with this code, where greedy play
+Expect:   sampled success (T = 0.5) gains on seeds 1 and 2 but not on seed 0 on a 2-core AVX2 CPU, where greedy play
           falls below ten random moves; the final table's last lines compare greedy play with them. The figures,
           the flags whose greedy play learns, and the history: docs/results/sokoban.md
 """
