@@ -31,3 +31,47 @@ def test_a_resumed_run_infers_the_validation_cost_and_counts_the_closing_validat
     # No timed validation: it costs what a validating iteration takes beyond a typical one (15 - 8). Left after
     # iteration 5: 20 iterations, validations at 10 and 20, and the closing one after 25.
     assert clock.seconds_left(5) == pytest.approx(20 * 8 + 3 * 7)
+
+
+# ---- the time budget (--max-minutes) ------------------------------------------------------------------------------
+def test_the_time_budget_ends_a_trial_when_one_more_iteration_and_the_ending_would_not_fit():
+    from rllib_ragen.jobs.callbacks import out_of_time
+
+    # Iteration 1: 40 s, 10 of them the "before RL" validation (with its greedy play): its own time is 30 s.
+    first = {"time_this_iter_s": 40.0, "time_total_s": 40.0, "time/validate_s": 10.0}
+    # 40 spent + 30 for the next iteration + 10 to end = 80 s.
+    assert not out_of_time(first, budget_s=80.0, ending_s=10.0)
+    assert out_of_time(first, budget_s=79.9, ending_s=10.0)
+    # A later iteration without validation: 100 s spent, 25 s its own; the ending measured earlier, 10 s.
+    later = {"time_this_iter_s": 25.0, "time_total_s": 100.0}
+    assert not out_of_time(later, budget_s=135.0, ending_s=10.0) and out_of_time(later, budget_s=134.9, ending_s=10.0)
+    # Nothing validated in this session yet (a resumed trial): the iteration's own time stands in for the ending.
+    assert out_of_time(later, budget_s=149.9, ending_s=0.0) and not out_of_time(later, budget_s=150.0, ending_s=0.0)
+
+
+def test_a_job_with_a_time_budget_ends_early_validated_exported_and_says_so(ray_session, small_config, tmp_path,
+                                                                             capsys):
+    import json
+    import pathlib
+
+    import pandas as pd
+
+    from rllib_ragen.jobs.run import JobSettings, run_job
+
+    # A budget no iteration fits (0.6 ms): the trial ends after its first iteration, not its fifth, the way a last
+    # iteration ends: validated (not a scheduled validation: interval 4), played greedily, its policy exported.
+    job = JobSettings(output_dir=str(tmp_path), run_name="budget", iterations=5, max_minutes=1e-5,
+                      warm_start_steps=0, threads=1)
+    summary = run_job(small_config(validation_interval=4), job)
+    printed = capsys.readouterr().out
+    trial = pathlib.Path(summary["run_dir"])
+    assert summary["iterations"] == 1 and summary["ended_by_time_budget"] is True
+    assert summary["validated_at"] == [0, 1] and summary["paired_greedy"] is not None
+    assert (trial / "policy" / "config.json").is_file()
+    assert json.loads((trial / "summary.json").read_text())["ended_by_time_budget"] is True
+    progress = pd.read_csv(trial / "progress.csv")
+    assert progress["job/time_budget_stop"].tolist() == [1.0]
+    assert "(or fewer: each trial ends within 1e-05 min of training)" in printed
+    assert "time budget: the trial ends after iteration 1" in printed
+    assert "the trial's time budget (max_minutes) ended it after iteration 1" in printed
+    assert "validation at iteration 1" in printed and "interrupted" not in printed

@@ -33,6 +33,7 @@ from .outputs import (BEFORE_RL, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_G
                       MACHINE, POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
 
 NEXT_TRAINING_SEED = "job/next_training_seed"  # which training states the run has shown so far (validation splits)
+TIME_BUDGET_STOP = "time_budget_stop"  # in result["job"] (job/time_budget_stop): 1.0 when the time budget ended the trial (max_minutes)
 MACHINE_PACKAGES = ("torch", "transformers", "tokenizers", "ray", "numpy")
 
 
@@ -78,6 +79,15 @@ def trial_folder(algorithm) -> pathlib.Path:
     return folder
 
 
+def out_of_time(result: dict, budget_s: float, ending_s: float) -> bool:
+    """Whether a trial with this iteration's ``result`` must end now to stay within ``budget_s`` seconds of
+    training (Tune's ``time_total_s``, which a restored trial carries on): the next iteration is expected to take
+    as long as this one did without its validations, and ending takes ``ending_s`` (a validation and the greedy
+    play; unknown, 0, until the trial has validated in this session: then the iteration's own time stands in)."""
+    own_s = float(result["time_this_iter_s"]) - float(result.get(M.TIME_VALIDATE, 0.0))
+    return float(result["time_total_s"]) + own_s + (ending_s or own_s) > budget_s
+
+
 class JobOutputs(RLlibCallback):
     """Writes a main job's outputs into the trial folder (see the module docstring).
 
@@ -85,13 +95,19 @@ class JobOutputs(RLlibCallback):
         iterations: the iteration the job stops at; after it the trained policy is validated (unless that
             iteration validated already), played greedily and exported. A run the sentinel
             stops (``result["done"]``) ends the same way.
+        max_minutes: the trial's time budget (0: none): the trial ends the same way, earlier, after the first
+            iteration past which one more iteration and that ending would not fit (:func:`out_of_time`); its result
+            then says so (``job/time_budget_stop``).
         training_sample: episodes the rollout filter left out, kept beside the trained ones in the training sample.
     """
 
-    def __init__(self, iterations: int, training_sample: int = 8):
+    def __init__(self, iterations: int, max_minutes: float = 0.0, training_sample: int = 8):
         super().__init__()
-        self.iterations, self.training_sample = iterations, training_sample
+        self.iterations, self.max_minutes, self.training_sample = iterations, max_minutes, training_sample
         self._before: dict | None = None
+        # What ending the trial costs, as measured in this session: the most any iteration spent validating (the
+        # first one's "before RL" validation includes the greedy play an ending also does).
+        self._ending_s = 0.0
 
     def on_algorithm_init(self, *, algorithm, **kwargs) -> None:
         record_machine(trial_folder(algorithm))
@@ -113,11 +129,17 @@ class JobOutputs(RLlibCallback):
             result[BEFORE_RL] = {ENV_RUNNER_RESULTS: self._before}  # replaces it under "evaluation"
             self._before = None
         result.setdefault("job", {})["next_training_seed"] = algorithm.rollouts.seed_schedule.next_train
+        result["job"][TIME_BUDGET_STOP] = 0.0  # in every result: progress.csv keeps the first result's columns
         if algorithm.last_token_advantages:  # the probe ran: one file per iteration, so a replayed one replaces it
             self._write_training_sample(algorithm, folder / TRAINING_ROLLOUTS / f"iteration_{iteration:06d}.parquet")
         if algorithm.sentinel.rules:
             write_text_atomically(folder / SENTINEL_FILE, json.dumps(
                 [dataclasses.asdict(f) for f in algorithm.sentinel.firings], indent=2))
+        self._ending_s = max(self._ending_s, float(result.get(M.TIME_VALIDATE, 0.0)))
+        if self.max_minutes and iteration < self.iterations and not result.get("done") and out_of_time(
+                result, self.max_minutes * 60, self._ending_s):
+            result["done"] = True  # ends the Tune trial, as the sentinel's stop does
+            result["job"][TIME_BUDGET_STOP] = 1.0
         if iteration >= self.iterations or result.get("done"):
             self._finish(algorithm, folder, result)
 

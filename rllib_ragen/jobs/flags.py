@@ -137,6 +137,10 @@ class JobSettings:
                                              "states greedily (last weights, and averaged ones with averaging) and "
                                              "write warm_start_curve.csv: see how long the warm start should run "
                                              "(0: off)", 0, INT, ">= 0")
+    max_minutes: float = _setting("end each trial early once one more iteration would run past this many minutes "
+                                  "of its training time (Tune's time_total_s: iterations and validations; not the "
+                                  "warm start or model loading), validated and exported as after its last "
+                                  "iteration (0: no limit; --iterations still caps it)", 0.0, NUMBER, ">= 0")
     pass_bar: float = _setting("least rise of validation success over the warm start that counts as learning",
                                0.05, NUMBER)
     checkpoint_interval: int = _setting("checkpoint each trial (Tune's checkpoint_<n>/ in its folder) every N "
@@ -407,7 +411,7 @@ def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, g
 
 
 # What ``--help`` shows: the flags a user changes first. ``--help-all`` adds every other flag, by section.
-FIRST_FLAGS = ("preset", "output_dir", "iterations", "seeds", "grid", "resume", "run_name", "verbose", "model",
+FIRST_FLAGS = ("preset", "output_dir", "iterations", "max_minutes", "seeds", "grid", "resume", "run_name", "verbose", "model",
                "env", "lr", "seed", "num_groups", "group_size", "max_turns", "validation_size",
                "validation_interval", "advantage_estimator")
 # The sections of RLlib's own fields, by the config setter they go through.

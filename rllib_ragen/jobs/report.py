@@ -23,7 +23,7 @@ import statistics
 import sys
 
 from .. import metrics as M
-from .callbacks import NEXT_TRAINING_SEED
+from .callbacks import NEXT_TRAINING_SEED, TIME_BUDGET_STOP
 from ..collapse import reasoning_entropy
 from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER,
                       MACHINE, LEARNING_CURVE, baseline_name, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
@@ -269,6 +269,7 @@ def _summary(config, rows: list[dict], validations: list[dict], headline: str) -
     return {
         "env": headline, "model": config.model_config["model"], "seed": config.seed,
         "iterations": int(rows[-1]["training_iteration"]) if rows else 0,
+        "ended_by_time_budget": bool(rows[-1].get("job/" + TIME_BUDGET_STOP, 0.0)) if rows else False,
         "validation_episodes": int(val(-1, M.NUM_TRAJECTORIES)) if validations else 0,
         "validation_temperature": config.validation_temperature,
         # NaN, not the first later validation, when nothing was measured before RL
@@ -398,6 +399,8 @@ def print_table(summary: dict, config) -> None:
     """The final table, the paired lines (every validation environment's), the baselines and the verdict."""
     print(f"\n{summary['env']}, model {summary['model']}, {summary['iterations']} iterations, validation on "
           f"{summary['validation_episodes']} validation initial states (temperature {config.validation_temperature})")
+    if summary.get("ended_by_time_budget"):
+        print(f"the trial's time budget (max_minutes) ended it after iteration {summary['iterations']}")
     print(f"{'':28s}{'before':>10s}{'after':>10s}")
 
     def cell(value: float) -> str:

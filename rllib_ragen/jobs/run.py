@@ -45,7 +45,7 @@ import torch
 from ray.tune import Callback
 
 from .. import metrics as M
-from .callbacks import BEFORE_RL, TENSORBOARD, JobOutputs, TensorBoardLogs
+from .callbacks import BEFORE_RL, TENSORBOARD, TIME_BUDGET_STOP, JobOutputs, TensorBoardLogs
 from .flags import JobSettings, parse_job_args, user_model_config
 from .outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED_AT, VALIDATION,
                                  baseline_file, close_run_log,
@@ -169,12 +169,13 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, know
     headline = headline_environment(config)
     config = config.copy(copy_frozen=False).resources(num_cpus_for_main_process=threads).callbacks(
         [*_as_list(config.callbacks_class),
-         functools.partial(JobOutputs, iterations=job.iterations)])
+         functools.partial(JobOutputs, iterations=job.iterations, max_minutes=job.max_minutes)])
     if baselines and not job.resume:  # played first (seconds): a baseline that cannot play the states fails now
         _play_baselines(config, baselines, out / BASELINES, headline.name)
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's banner and trial table: JobConsole prints instead
-    console = JobConsole(job.iterations, config.validation_interval, config.env_name, headline.name, trials)
+    console = JobConsole(job.iterations, config.validation_interval, config.env_name, headline.name, trials,
+                         job.max_minutes)
     if job.resume:
         tuner = restore_tuner(out)
         print(f"resuming {out}: every unfinished trial continues from its last checkpoint", flush=True)
@@ -360,8 +361,10 @@ class JobConsole(Callback):
     iteration with an honest time left (:class:`_Clock`), each validation. With several trials each line starts
     with the trial's folder name."""
 
-    def __init__(self, iterations: int, validation_interval: int, env: str, headline: str, trials: int):
+    def __init__(self, iterations: int, validation_interval: int, env: str, headline: str, trials: int,
+                 max_minutes: float = 0.0):
         self.iterations, self.interval, self.env, self.headline = iterations, validation_interval, env, headline
+        self.max_minutes = max_minutes
         super().__init__()
         self.several = trials > 1
         self.clocks: dict[str, _Clock] = {}
@@ -389,16 +392,24 @@ class JobConsole(Callback):
         rows[:] = [*rows[-(SMOOTHING - 1):], row]
         success = TRAINING + M.env_metric(self.env, M.SUCCESS)
         smoothed = statistics.fmean([r.get(success, math.nan) for r in rows])
+        left_s = clock.seconds_left(done)
+        if self.max_minutes:  # the time budget ends the trial sooner than its iterations would
+            left_s = min(left_s, max(0.0, self.max_minutes * 60 - float(row.get("time_total_s", 0.0))))
+        out_of_time = bool(row.get(f"job/{TIME_BUDGET_STOP}"))
         print(f"{label}iter {done:3d}/{self.iterations} | success {row.get(success, math.nan):.2f} "
               f"({SMOOTHING}-it mean {smoothed:.2f}) "
               f"| reward {row.get(TRAINING + M.EPISODE_RETURN_MEAN, math.nan):+.3f} "
               f"(in-group std {row.get(M.FILTER_REWARD_STD, math.nan):.3f}) "
               f"| entropy {row.get(LEARNER + M.ENTROPY, math.nan):.3f} "
               f"| format errors {row.get(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), math.nan):.2f} "
-              f"| {clock.last_s:.1f} s/it | left ~{clock.seconds_left(done) / 60:.1f} min"
+              f"| {clock.last_s:.1f} s/it | left ~{0.0 if out_of_time else left_s / 60:.1f} min"
               + (" | no update: the rollout filter kept no group" if row.get(M.FILTER_EMPTY_STEPS, 0) > 0 else ""),
               flush=True)
-        if validated or (done >= self.iterations and key in row):
+        if out_of_time:
+            print(f"{label}time budget: the trial ends after iteration {done} ({row['time_total_s'] / 60:.1f} of "
+                  f"{self.max_minutes:g} min of training; one more iteration and the closing validation would not "
+                  "fit)", flush=True)
+        if validated or ((done >= self.iterations or out_of_time) and key in row):
             before = self.before.get(trial.trial_id)
             print(f"{label}  validation at iteration {done}: success {row.get(key, math.nan):.3f}"
                   + (f" (before RL {before:.3f})" if before is not None else ""), flush=True)
@@ -427,7 +438,8 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, 
         steps.append(f"warm start {job.warm_start_steps} steps on {job.warm_start_episodes} demonstrations{cut}")
     groups = " + ".join(f"{e.count} {e.name}" for e in config.training_environments()) \
         if config.train_envs else f"{config.num_groups}"
-    steps.append(f"{job.iterations} StarPO iterations of {groups} groups x {config.group_size} episodes"
+    budget = f" (or fewer: each trial ends within {job.max_minutes:g} min of training)" if job.max_minutes else ""
+    steps.append(f"{job.iterations} StarPO iterations{budget} of {groups} groups x {config.group_size} episodes"
                  + (f" in each of {trials} trials" if trials > 1 else "") + _curriculum_plan(config, job.iterations))
     states = ", ".join(f"{e.count} of {e.name}" for e in config.validation_environments()) \
         if config.is_mixture else f"{config.validation_size}"

@@ -145,7 +145,7 @@ def test_a_job_without_periodic_validation_still_measures_before_and_after_and_n
     config = small_config(validation_interval=0, validate_before_training=before_rl)
     summary = run_job(config, JobSettings(output_dir=str(tmp_path), iterations=1, warm_start_steps=0, threads=1))
     printed = capsys.readouterr().out
-    assert summary["validated_at"] == ([0, 1] if before_rl else [1])
+    assert summary["validated_at"] == ([0, 1] if before_rl else [1]) and summary["ended_by_time_budget"] is False
     assert math.isfinite(summary["after"]["success"])
     def no_nan(token):
         raise AssertionError(f"summary.json holds {token}: not standard JSON")
