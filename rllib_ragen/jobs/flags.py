@@ -5,8 +5,9 @@ help text of its entry in ``StarPOConfig.training``'s docstring and the job's ow
 RLlib fields a job needs (learning rate, environment, model, seed, resources) and the driver's settings. There is
 no second list of knobs to keep in step: a row in the table, documented in ``training``, is a flag.
 
-Precedence, lowest first: the job's config, then with ``--preset ragen-gpu`` the job's own GPU settings and
-run length, then ``--preset``, then every other flag given. A visible GPU changes nothing by itself. The result is validated; a bad value exits
+Precedence, lowest first: the job's config; ``--preset``; with a GPU preset (``ragen-gpu``, ``smollm2-gpu``) its
+job settings (``GPU_PRESET_JOBS``) and the job's own settings for it (``gpu_presets``); then every other flag given.
+A visible GPU changes nothing by itself. The result is validated; a bad value exits
 with code 2 and ``validate()``'s message, which names the field.
 """
 
@@ -259,8 +260,14 @@ def _folder_creation_error(path: pathlib.Path) -> str | None:
     return None
 
 
-# On a CUDA machine: RAGEN's run length, and no warm start (RAGEN starts from the instruct model).
-REFERENCE_GPU_JOB = {"iterations": 200, "warm_start_steps": 0}
+# The GPU presets (of PRESETS) and their job settings, laid over the job's own. ragen-gpu: RAGEN's run length, and
+# no warm start (RAGEN starts from the instruct model). smollm2-gpu: the warm start in bfloat16, validation before and
+# after RL only (512 states are costly), and a trial that ends within 5 minutes of training, so that a whole run
+# (Ray, warm start, report) stays under 9 minutes on one GPU; the iterations are a cap the budget meets first.
+GPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
+    "ragen-gpu": {"iterations": 200, "warm_start_steps": 0},
+    "smollm2-gpu": {"iterations": 200, "max_minutes": 5.0, "warm_start_precision": "bfloat16"},
+}
 # --quick: each setting at most this (the config's validation too, and only before and after the run).
 QUICK_JOB = {"iterations": 3}
 QUICK_VALIDATION_SIZE = 32
@@ -394,7 +401,7 @@ def config_flag_names() -> list[str]:
     return list(RLLIB_FLAGS) + list(KNOBS)
 
 
-def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, gpu_config=None,
+def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, gpu_presets: dict | None = None,
                    description: str | None = None):
     """Flags over the job's ``config`` and ``job`` settings; returns ``(config, job)``, validated, both new objects.
 
@@ -402,12 +409,13 @@ def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, g
         config: the job's ``StarPOConfig`` (not modified).
         job: the job's :class:`JobSettings` (not modified).
         argv: the flags (default: ``sys.argv[1:]``).
-        gpu_config: with ``--preset ragen-gpu``, called as ``gpu_config(config)`` after the preset: the
-            job's own GPU settings (e.g. a harder environment variant).
+        gpu_presets: the job's own settings under a GPU preset (``GPU_PRESET_JOBS``), by preset name: with
+            ``--preset NAME``, ``gpu_presets[NAME](config)`` is called after the preset; it changes ``config``
+            (e.g. a harder environment variant) and returns the job settings it changes (a dict, or None).
         description: the ``--help`` headline.
     """
     parser = job_parser(config, job, description)
-    return apply_job_args(parser, parser.parse_args(argv), config, job, gpu_config=gpu_config)
+    return apply_job_args(parser, parser.parse_args(argv), config, job, gpu_presets=gpu_presets)
 
 
 # What ``--help`` shows: the flags a user changes first. ``--help-all`` adds every other flag, by section.
@@ -489,7 +497,8 @@ def job_parser(config, job: JobSettings, description: str | None = None) -> argp
     group("presets", "preset").add_argument(
         "--preset", default=argparse.SUPPRESS,
         help="named settings applied before the other flags: 'starpo-s' (the library's defaults: filter, critic, no "
-             "KL, clip-higher), 'starpo' (vanilla) or 'ragen-gpu' (the job's GPU settings); none by default")
+             "KL, clip-higher), 'starpo' (vanilla), or on one GPU 'ragen-gpu' (RAGEN's model and scale) or "
+             "'smollm2-gpu' (SmolLM2-135M-Instruct, runs of a few minutes); none by default")
     helps = {f.name: f.metadata["help"] for f in dataclasses.fields(JobSettings)}
     for row in job_setting_rows():
         _add_flag(group(row.section, row.name), row.name, getattr(job, row.name), helps[row.name])
@@ -502,16 +511,25 @@ def job_parser(config, job: JobSettings, description: str | None = None) -> argp
 
 
 def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespace, config, job: JobSettings, *,
-                   gpu_config=None):
+                   gpu_presets: dict | None = None):
     """Lay the parsed flags over copies of ``config`` and ``job`` (see the module docstring for the order) and
-    validate; a bad value exits through ``parser.error`` with ``validate()``'s message."""
+    validate; a bad value exits through ``parser.error`` with ``validate()``'s message. ``gpu_presets``: the
+    job's own settings under each GPU preset (:func:`parse_job_args`)."""
     config = config.copy(copy_frozen=False)
     job_fields = {f.name for f in dataclasses.fields(JobSettings)}
     given = vars(namespace)  # flags not given are absent (SUPPRESS): a given null is a value, None
-    # GPU settings come only from an explicit --preset ragen-gpu: a visible GPU changes nothing by itself.
-    gpu = given.get("preset") == "ragen-gpu"
-    if gpu:
-        job = dataclasses.replace(job, **REFERENCE_GPU_JOB)
+    # GPU settings come only from an explicit GPU preset: a visible GPU changes nothing by itself.
+    preset = given.get("preset")
+    gpu = preset in GPU_PRESET_JOBS
+    try:
+        if preset is not None:
+            config.preset(preset)
+        job_settings = dict(GPU_PRESET_JOBS.get(preset, {}))
+        if gpu and preset in (gpu_presets or {}):
+            job_settings.update(gpu_presets[preset](config) or {})
+    except ValueError as error:
+        parser.error(str(error))
+    job = dataclasses.replace(job, **job_settings)
     job = dataclasses.replace(job, **{k: v for k, v in given.items() if k in job_fields})
     if job.quick:
         job = dataclasses.replace(job, **{k: min(getattr(job, k), v) for k, v in QUICK_JOB.items() if k not in given})
@@ -523,10 +541,6 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
         parser.error(f"--grid varies the preset, which sets {overlap or ['every preset field']}; drop "
                      f"--{(overlap or ['preset'])[0].replace('_', '-')} or take that preset out of the grid.")
     try:
-        if "preset" in given:
-            config.preset(given["preset"])
-        if gpu and gpu_config is not None:
-            gpu_config(config)
         if job.quick and "validation_interval" not in given:
             set_config_value(config, "validation_interval", 0)
         if job.quick and "validation_size" not in given and not config.validation_envs:

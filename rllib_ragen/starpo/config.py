@@ -50,6 +50,16 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "rl_module": {"model_config": {"model": "Qwen/Qwen2.5-0.5B-Instruct"}},
         "learners": {"num_gpus_per_learner": 1},
     },
+    # SmolLM2-135M-Instruct fully fine-tuned on one GPU (a main job adds its warm start and a time budget): bf16
+    # autocast updates, 512 validation states (a 5-point change needs that many, or pairing), validation before and
+    # after RL only. Learning rates 1e-5 / 1e-4: the CPU jobs' 1e-4 / 1e-3 are for a 1M-parameter model trained
+    # from scratch; RAGEN's 1e-6 / 1e-5 are for 200 steps of a 0.5B model, too small a step for a run of minutes.
+    "smollm2-gpu": {
+        "training": {"lr": 1e-5, "critic_lr": 1e-4, "autocast_dtype": "bfloat16", "validation_size": 512,
+                     "validation_interval": 0},
+        "rl_module": {"model_config": {"model": "smollm2-135m"}},
+        "learners": {"num_gpus_per_learner": 1},
+    },
 }
 
 
@@ -348,7 +358,8 @@ class StarPOConfig(AlgorithmConfig):
 
     def preset(self, name: str) -> "StarPOConfig":
         """Apply the named settings of ``PRESETS``: ``"starpo-s"`` (the defaults), ``"starpo"`` (vanilla: KL 0.001,
-        clip 0.2/0.2, no filter) or ``"ragen-gpu"`` (RAGEN's model and scale, on GPUs)."""
+        clip 0.2/0.2, no filter), ``"ragen-gpu"`` (RAGEN's model and scale, on GPUs) or ``"smollm2-gpu"``
+        (SmolLM2-135M-Instruct on one GPU)."""
         if name not in PRESETS:
             raise ValueError(f"preset {name!r}: choose one of {sorted(PRESETS)}.")
         for setter, arguments in PRESETS[name].items():
