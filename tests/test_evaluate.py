@@ -57,7 +57,7 @@ def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_sessio
 
     # Other states: --states and --seed-start choose them, and the run's folder stays the settings' source.
     assert evaluate.main([str(trial / "policy"), "--states", "3", "--seed-start", "500", "--modes", "greedy",
-                          "--output", str(output)]) == 0
+                          "--output", str(output), "--device", "cpu"]) == 0
     result = json.loads(output.read_text())
     assert sorted(result["outcomes"][str(trial / "policy")]["greedy"]) == [
         f"rllib_ragen/Bandit-v0:{seed}" for seed in (500, 501, 502)]
@@ -67,6 +67,9 @@ def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_sessio
 @pytest.mark.parametrize("flags, message", [
     (["--modes", "fast"], "--modes 'fast': choose from greedy, sampled"),
     (["--env-config", "[1]"], "--env-config must be a JSON object"),
+    (["--device", "gpu0"], "--device 'gpu0': not a torch device; choose 'cpu', 'cuda' or 'cuda:N'"),
+    (["--device", "meta"], "--device 'meta': choose 'cpu', 'cuda' or 'cuda:N'"),
+    (["--device", "cuda:64"], "--device 'cuda:64': this process sees"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(flags, message, tmp_path, capsys):
     policy = tmp_path / "policy"

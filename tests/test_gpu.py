@@ -199,3 +199,24 @@ def test_a_bf16_autocast_update_on_the_gpu_keeps_a_first_ratio_of_one(small_conf
         assert optimizer.defaults.get("fused") is True
     finally:
         algo.stop()
+
+
+def test_an_exported_policy_evaluated_on_the_gpu_plays_the_runs_validation_state_for_state(small_config, ray_session,
+                                                                                           tmp_path):
+    # python -m rllib_ragen.jobs.evaluate --device cuda: a run that sampled on the GPU is reproduced there.
+    from rllib_ragen import StarPO
+    from rllib_ragen.jobs.outputs import trajectory_outcomes
+
+    config = small_config(validation_size=8).learners(num_gpus_per_learner=1).env_runners(num_gpus_per_env_runner=1)
+    algo = config.build_algo()
+    try:
+        algo.train()
+        played = {t: algo.play_validation_states(t) for t in (0.0, config.validation_temperature)}
+        algo.export_pretrained(tmp_path / "policy")
+    finally:
+        algo.stop()
+    for temperature, trajectories in played.items():
+        again = StarPO.play_validation_states_with(config, str(tmp_path / "policy"), temperature=temperature,
+                                                   device="cuda")
+        assert trajectory_outcomes(again) == trajectory_outcomes(trajectories)
+        assert [t.token_ids for t in again] == [t.token_ids for t in trajectories]

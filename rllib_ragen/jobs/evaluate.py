@@ -46,15 +46,17 @@ def evaluation_config(run: pathlib.Path, env: str | None = None, env_config: dic
     return config
 
 
-def evaluate(policies: list[str], config, modes=MODES, baselines_dir: pathlib.Path | None = None) -> dict:
-    """Play every policy on ``config``'s validation states in each mode; per validation environment, pair each
-    later policy against the first, and each policy's greedy play against every baseline of ``baselines_dir`` that
-    played states of it. Returns the figures and each state's outcome (``"<env>:<seed>"`` keys)."""
+def evaluate(policies: list[str], config, modes=MODES, baselines_dir: pathlib.Path | None = None,
+             device: str = "cpu") -> dict:
+    """Play every policy on ``config``'s validation states in each mode, on ``device``; per validation environment,
+    pair each later policy against the first, and each policy's greedy play against every baseline of
+    ``baselines_dir`` that played states of it. Returns the figures and each state's outcome (``"<env>:<seed>"``
+    keys)."""
     from ..starpo import StarPO
 
     temperatures = {"greedy": 0.0, "sampled": config.validation_temperature}
     outcomes = {policy: {mode: trajectory_outcomes(StarPO.play_validation_states_with(
-        config, str(policy), temperature=temperatures[mode]))
+        config, str(policy), temperature=temperatures[mode], device=device))
         for mode in modes} for policy in policies}
     first = policies[0]
     envs = [e.name for e in config.validation_environments()]
@@ -79,6 +81,21 @@ def evaluate(policies: list[str], config, modes=MODES, baselines_dir: pathlib.Pa
         result["environments"][env] = entry
     result["outcomes"] = outcomes
     return result
+
+
+def _device_error(device: str) -> str | None:
+    """Why torch cannot play on ``device`` in this process, or None."""
+    import torch
+
+    try:
+        kind = torch.device(device)
+    except (RuntimeError, ValueError):
+        return "not a torch device; choose 'cpu', 'cuda' or 'cuda:N'"
+    if kind.type not in ("cpu", "cuda"):
+        return "choose 'cpu', 'cuda' or 'cuda:N'"
+    if kind.type == "cuda" and (kind.index or 0) >= torch.cuda.device_count():
+        return f"this process sees {torch.cuda.device_count()} CUDA device(s); choose 'cpu' or one it sees"
+    return None
 
 
 def _of_env(outcomes: dict[str, float], env: str) -> dict[str, float]:
@@ -123,12 +140,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="the first state's reset seed (default: the run's)")
     parser.add_argument("--modes", default=",".join(MODES), help="greedy, sampled or both (default: both)")
     parser.add_argument("--output", type=pathlib.Path, default=None, help="write the figures to this JSON file")
+    parser.add_argument("--device", default="cpu",
+                        help="where the policies play: 'cpu' (default) or 'cuda' / 'cuda:N'; a run sampled on a GPU "
+                             "is reproduced there (float kernels round differently on each)")
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
         parser.error(f"--modes {args.modes!r}: choose from {', '.join(MODES)}")
     if args.env_config is not None and not isinstance(args.env_config, dict):
         parser.error(f"--env-config must be a JSON object, not {args.env_config!r}")
+    device_error = _device_error(args.device)
+    if device_error:
+        parser.error(f"--device {args.device!r}: {device_error}")
     missing = [p for p in args.policies if not (pathlib.Path(p) / "config.json").is_file()]
     if missing:
         parser.error(f"{missing[0]} holds no config.json: a policy is a folder saved with save_pretrained (a job's "
@@ -142,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error).splitlines()[0])
     experiment_baselines = run.parent / BASELINES
-    result = evaluate(args.policies, config, modes, experiment_baselines)
+    result = evaluate(args.policies, config, modes, experiment_baselines, device=args.device)
     print_evaluation(result, args.policies)
     if args.output:
         write_text_atomically(args.output, json.dumps(json_ready(result), indent=2, allow_nan=False))

@@ -254,12 +254,13 @@ class StarPO(Algorithm):
 
     @staticmethod
     def play_validation_states_with(config, policy, tokenizer=None, *, temperature: float = 0.0,
-                                    env_name: str | None = None) -> list[Trajectory]:
+                                    env_name: str | None = None, device: str = "cpu") -> list[Trajectory]:
         """The validation states of ``env_name`` (None: all) played without a built algorithm, in the agent's own
         loop (prompts, budgets, transition seeds, sampling seed, as many episodes per state as validation plays),
         by ``policy``: a scripted one (prompt text -> reply), the baselines a job pairs its agent against; a model
         as it is, at ``temperature`` with the validation's settings (the warm start's validation curve); or a saved
-        model's folder, loaded in the config's dtype with its own tokenizer (``rllib_ragen.jobs.evaluate``).
+        model's folder, loaded in the config's dtype with its own tokenizer onto ``device``
+        (``rllib_ragen.jobs.evaluate``).
         ``tokenizer``: the policy model's (None: the config's model's, or the folder's)."""
         from ..rollout.backends import ScriptedBackend
         from ..rollout.engine import RolloutEngine
@@ -268,6 +269,7 @@ class StarPO(Algorithm):
 
         if isinstance(policy, (str, os.PathLike)):
             policy, tokenizer = load_policy(str(policy), dtype=config.model_config.get("dtype", "float32"))
+            policy = policy.to(device)
         tokenizer = tokenizer or config.policy_tokenizer()
         if isinstance(policy, torch.nn.Module):  # a fresh backend: the weights may have changed in place
             backend = make_backend("hf", policy, tokenizer, config)
