@@ -453,15 +453,22 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, 
     if job.quick:
         estimate = "; --quick: a trial run, whose numbers say nothing about learning"
     print(f"plan: {', '.join(steps)}{estimate}", flush=True)
+    for line in _variant_curriculum_plans(config, job):
+        print(line, flush=True)
     rules = [as_rule(r) for r in config.sentinel_rules]
     if rules:
         print(f"sentinel: {len(rules)} rules ({', '.join(f'{r.label}: {r.action}' for r in rules)})", flush=True)
 
 
 def _curriculum_plan(config, iterations: int) -> str:
-    """The curriculum's stages as the plan line states them, 1-based like the progress lines."""
+    """The curriculum's stages as the plan line states them, in parentheses ("" without a curriculum)."""
+    return f" ({_curriculum_stages(config, iterations)})" if config.curriculum else ""
+
+
+def _curriculum_stages(config, iterations: int) -> str:
+    """The curriculum's stages in words, 1-based like the progress lines."""
     if not config.curriculum:
-        return ""
+        return "no curriculum"
     parts, first = [], 1
     for stage in config.curriculum:
         last = first + stage["iterations"] - 1
@@ -469,7 +476,19 @@ def _curriculum_plan(config, iterations: int) -> str:
         first = last + 1
     ending = ("then env_config as given" if first <= iterations else
               f"the run's {iterations} iterations end before env_config as given is ever trained on")
-    return f" (curriculum: iterations {', '.join(parts)}; {ending})"
+    return f"curriculum: iterations {', '.join(parts)}; {ending}"
+
+
+def _variant_curriculum_plans(config, job: JobSettings) -> list[str]:
+    """One plan line per named grid variant whose curriculum differs from the config's (the plan line above
+    describes the config itself)."""
+    variants = (job.grid or {}).get(VARIANT_LABEL) or {}
+    lines = []
+    for name, settings in variants.items():
+        variant = config.copy(copy_frozen=False).update_from_dict(settings)
+        if variant.curriculum != config.curriculum:
+            lines.append(f"grid variant {name}: {_curriculum_stages(variant, job.iterations)}")
+    return lines
 
 
 class _Clock:

@@ -141,5 +141,14 @@ def test_the_job_flag_sets_the_stages_and_the_plan_line_states_them():
     assert _curriculum_plan(config, 30).endswith(
         "; the run's 30 iterations end before env_config as given is ever trained on)")
     assert _curriculum_plan(StarPOConfig(), 30) == ""
+    # A curriculum given in a grid variant gets its own plan line; a variant with the config's own gets none.
+    from rllib_ragen.jobs.run import _variant_curriculum_plans
+
+    grid = {"variant": {"plain": {}, "easy_first": {"curriculum": [{"iterations": 40, "env_config": {
+        "max_solution_moves": 3}}]}}}
+    assert _variant_curriculum_plans(StarPOConfig().environment(SOKOBAN), JobSettings(iterations=80, grid=grid)) == [
+        'grid variant easy_first: curriculum: iterations 1-40 on {"max_solution_moves": 3}; then env_config as given']
+    assert _variant_curriculum_plans(config, JobSettings(iterations=80, grid={"variant": {"none": {"curriculum": None}}})) == [
+        "grid variant none: no curriculum"]
     with pytest.raises(SystemExit):  # a bad stage exits at parse time, naming it (validate()'s message)
         parse_job_args(StarPOConfig().environment(SOKOBAN), JobSettings(), ["--curriculum", '[{"iterations": 0}]'])
