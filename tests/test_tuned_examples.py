@@ -490,6 +490,30 @@ def test_a_grid_over_presets_gives_each_trial_its_presets_fields_and_the_studies
     assert study_job.warm_start_steps == sokoban["job"].warm_start_steps and study.lr == sokoban["config"].lr
 
 
+def test_a_setting_every_grid_variant_gives_alike_reaches_every_trial():
+    # It was dropped: only fields in which the variants differed from each other were set, so a study of two
+    # variants both with rollout_filter_ratio=1.0 trained both at the job's 0.25, and said nothing.
+    from ray.tune.search.variant_generator import generate_variants
+
+    from rllib_ragen.jobs.run import _param_space
+    from rllib_ragen.starpo.config import StarPOConfig
+
+    sokoban = job_file("starpo_sokoban.py")
+    grid = {"variant": {"all_groups": {"rollout_filter_ratio": 1.0},
+                        "all_groups_shaped": {"rollout_filter_ratio": 1.0,
+                                              "env_config": {"reward": "success", "distance_shaping": 0.1}}}}
+    trials = [spec for _, spec in generate_variants(_param_space(sokoban["config"], [0], grid))]
+    built = {t["variant"]: StarPOConfig().update_from_dict(t) for t in trials}
+    assert {name: c.rollout_filter_ratio for name, c in built.items()} == {"all_groups": 1.0, "all_groups_shaped": 1.0}
+    assert built["all_groups"].env_config == {"reward": "success"}
+    assert built["all_groups_shaped"].env_config == {"reward": "success", "distance_shaping": 0.1}
+    assert {c.num_groups for c in built.values()} == {sokoban["config"].num_groups}  # untouched fields: the job's
+    # A grid of one preset (over seeds): every field it sets, it sets alike.
+    config = sokoban["config"].copy(copy_frozen=False).training(kl_coeff=0.5)
+    trials = [spec for _, spec in generate_variants(_param_space(config, [0, 1], {"preset": ["starpo"]}))]
+    assert [StarPOConfig().update_from_dict(t).kl_coeff for t in trials] == [0.001, 0.001]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--kl-coeff", "0.01"], "--grid varies the preset, which sets ['kl_coeff']; drop --kl-coeff"),
     (["--preset", "starpo"], "drop --preset"),

@@ -311,10 +311,11 @@ def _param_space(config, seeds: list[int], grid: dict[str, list]):
     grid = dict(grid)
     if PRESET_LABEL in grid:
         space.update(named_grid(PRESET_LABEL, {name: config.copy(copy_frozen=False).preset(name)
-                                               for name in grid.pop(PRESET_LABEL)}))
+                                               for name in grid.pop(PRESET_LABEL)}, config.to_dict()))
     if VARIANT_LABEL in grid:
         space.update(named_grid(VARIANT_LABEL, {name: config.copy(copy_frozen=False).update_from_dict(settings)
-                                                for name, settings in grid.pop(VARIANT_LABEL).items()}))
+                                                for name, settings in grid.pop(VARIANT_LABEL).items()},
+                                config.to_dict()))
     for name, values in {**grid, **({"seed": seeds} if len(seeds) > 1 else {})}.items():
         space[name] = tune.grid_search(list(values))
     if len(seeds) == 1:
@@ -322,15 +323,16 @@ def _param_space(config, seeds: list[int], grid: dict[str, list]):
     return space
 
 
-def named_grid(label: str, variants: dict) -> dict:
+def named_grid(label: str, variants: dict, base: dict) -> dict:
     """One trial per named config of ``variants`` (a preset's, or a grid's named variant), each with the fields
     its config sets: ``label`` is the grid, and every such field a ``tune.sample_from`` that reads the trial's name
-    (Tune's conditional search space). Fields no variant changes keep the config's value."""
+    (Tune's conditional search space). Fields no variant changes keep ``base``'s value (the config's dict); a field
+    every variant sets alike is one they change too."""
     from ray import tune
 
     as_dicts = {name: config.to_dict() for name, config in variants.items()}
     first = next(iter(as_dicts.values()))
-    varied = [key for key in first if any(repr(v[key]) != repr(first[key]) for v in as_dicts.values())]
+    varied = [key for key in first if any(repr(v[key]) != repr(base.get(key)) for v in as_dicts.values())]
     return {label: tune.grid_search(list(as_dicts)),
             **{key: tune.sample_from(lambda spec, key=key: as_dicts[spec.config[label]][key]) for key in varied}}
 
