@@ -33,7 +33,8 @@ from .outputs import (BEFORE_RL, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_G
                       MACHINE, POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
 
 NEXT_TRAINING_SEED = "job/next_training_seed"  # which training states the run has shown so far (validation splits)
-TIME_BUDGET_STOP = "time_budget_stop"  # in result["job"] (job/time_budget_stop): 1.0 when the time budget ended the trial (max_minutes)
+# In result["job"] (progress.csv: job/time_budget_stop): 1.0 when the time budget (max_minutes) ended the trial.
+TIME_BUDGET_STOP = "time_budget_stop"
 MACHINE_PACKAGES = ("torch", "transformers", "tokenizers", "ray", "numpy")
 
 

@@ -261,9 +261,9 @@ def _folder_creation_error(path: pathlib.Path) -> str | None:
 
 
 # The GPU presets (of PRESETS) and their job settings, laid over the job's own. ragen-gpu: RAGEN's run length, and
-# no warm start (RAGEN starts from the instruct model). smollm2-gpu: the warm start in bfloat16, validation before and
-# after RL only (512 states are costly), and a trial that ends within 5 minutes of training, so that a whole run
-# (Ray, warm start, report) stays under 9 minutes on one GPU; the iterations are a cap the budget meets first.
+# no warm start (RAGEN starts from the instruct model). smollm2-gpu: the warm start in bfloat16, and a trial that ends
+# within 5 minutes of training, so that a whole run (Ray, warm start, report) stays under 9 minutes on one GPU; the
+# iterations are a cap the budget meets first.
 GPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
     "ragen-gpu": {"iterations": 200, "warm_start_steps": 0},
     "smollm2-gpu": {"iterations": 200, "max_minutes": 5.0, "warm_start_precision": "bfloat16"},
@@ -419,8 +419,8 @@ def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, g
 
 
 # What ``--help`` shows: the flags a user changes first. ``--help-all`` adds every other flag, by section.
-FIRST_FLAGS = ("preset", "output_dir", "iterations", "max_minutes", "seeds", "grid", "resume", "run_name", "verbose", "model",
-               "env", "lr", "seed", "num_groups", "group_size", "max_turns", "validation_size",
+FIRST_FLAGS = ("preset", "output_dir", "iterations", "max_minutes", "seeds", "grid", "resume", "run_name", "verbose",
+               "model", "env", "lr", "seed", "num_groups", "group_size", "max_turns", "validation_size",
                "validation_interval", "advantage_estimator")
 # The sections of RLlib's own fields, by the config setter they go through.
 RLLIB_SECTIONS = {"environment": "environment and model", "rl_module": "environment and model",
