@@ -36,8 +36,12 @@ def env_name(env) -> str:
 
 
 def env_class(env) -> type:
-    """The class a registered id (or a TextEnv class) builds."""
-    return env if isinstance(env, type) else load_import_path(gym.spec(env).entry_point, "entry_point")
+    """The class a registered id (or a TextEnv class) builds. A registration's entry point is the class itself or its
+    import path (``register_text_env`` takes both); only a path is imported."""
+    if isinstance(env, type):
+        return env
+    entry_point = gym.spec(env).entry_point
+    return load_import_path(entry_point, "entry_point") if isinstance(entry_point, str) else entry_point
 
 
 def env_arguments(env) -> set[str] | None:
