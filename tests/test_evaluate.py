@@ -108,3 +108,54 @@ def test_a_runs_sentinel_rules_read_back_as_data_and_rule_objects_reprs_are_left
     as_objects = _trial_folder(tmp_path / "objects", StarPOConfig().training(sentinel_rules=rules))
     assert json.loads((as_objects / "params.json").read_text())["sentinel_rules"][0].startswith("Rule(")
     assert evaluate.evaluation_config(as_objects).sentinel_rules == []
+
+
+def _tiny_policy(folder):
+    from rllib_ragen.rollout.models import load_policy
+
+    model, tokenizer = load_policy("tiny")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"validation_size": "x"}, "validation_size='x' must be an integer"),
+    ({"validation_size": -4}, "validation_size=-4 must lie in [1, 10000]"),
+    ({"validation_size": 1_000_000_000}, "validation_size=1000000000 must lie in [1, 10000]"),
+    ({"env": "no_such/Env-v0"}, "env='no_such/Env-v0' is not a registered text environment"),
+    ({"env_config": {"bogus": 1}}, "env_config has unknown keys ['bogus']"),
+])
+def test_a_bad_setting_in_params_json_exits_2_with_its_reason(params, message, tmp_path, capsys):
+    trial = tmp_path / "seed0"
+    trial.mkdir()
+    (trial / "params.json").write_text(json.dumps({"env": "rllib_ragen/Bandit-v0", **params}))
+    policy = _tiny_policy(trial / "policy")
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main([str(policy)])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and message in error and "params.json" in error
+
+
+@pytest.mark.parametrize("states", ["0", "-3"])
+def test_states_below_one_exit_2_naming_the_flag(states, tmp_path, capsys):
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main([str(policy), "--states", states])
+    assert exit_info.value.code == 2 and f"--states {states}: give a positive number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cut", ["first", "second"])
+def test_cut_weights_exit_2_naming_the_file_before_anything_plays(cut, tmp_path, capsys):
+    trial = tmp_path / "seed0"
+    trial.mkdir()
+    (trial / "params.json").write_text(json.dumps({"env": "rllib_ragen/Bandit-v0", "validation_size": 2}))
+    policies = [_tiny_policy(trial / "policy"), _tiny_policy(tmp_path / "other")]
+    weights = policies[0 if cut == "first" else 1] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main([str(p) for p in policies])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and str(weights) in error[-1] and "cut short" in error[-1]

@@ -95,6 +95,10 @@ class TextEnv(gym.Env[str, str]):
     with tools is played in tool mode (``rollout/tools.py``): each call reaches ``step`` as the JSON
     ``{"name": ..., "arguments": {...}}`` and its result is the observation ``step`` returns. :class:`ToolTextEnv`
     builds both from methods.
+
+    ``import_path_arguments``: the constructor arguments this environment imports when given as text (an import path
+    ``"package.module:Name"``; importing a module runs its code). A run folder's settings that name one are refused
+    by the readers unless the user allows it (``rllib_ragen.jobs.report.trial_config``).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
@@ -105,6 +109,7 @@ class TextEnv(gym.Env[str, str]):
     max_turns: ClassVar[int | None] = None
     raw_replies: bool = False
     tools: Sequence[Mapping] = ()
+    import_path_arguments: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, render_mode: str | None = "ansi", max_observation_chars: int = 4096):
         if render_mode not in (None, "ansi"):

@@ -132,6 +132,7 @@ class TRLEnvironment(ToolTextEnv):
     """
 
     instructions = ""
+    import_path_arguments = ("environment", "tasks")
 
     def __init__(self, environment: Any, tasks: Any = None, success_reward: float | None = None,
                  render_mode: str | None = "ansi", max_observation_chars: int = 4096):

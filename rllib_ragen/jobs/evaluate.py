@@ -15,6 +15,7 @@ choose other states. ``--output FILE`` writes the figures as JSON.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import pathlib
 import sys
@@ -22,6 +23,7 @@ import sys
 from .outputs import (BASELINES, baseline_name, json_ready, read_outcomes, state_of, trajectory_outcomes,
                       write_text_atomically)
 from .paired_stats import PairedComparison, paired_comparison
+from .report import RunFolderImportError, trial_config
 
 __all__ = ["evaluate", "evaluation_config", "main"]
 
@@ -29,12 +31,11 @@ MODES = ("greedy", "sampled")
 
 
 def evaluation_config(run: pathlib.Path, env: str | None = None, env_config: dict | None = None,
-                      states: int | None = None, seed_start: int | None = None):
+                      states: int | None = None, seed_start: int | None = None, allow_imports: bool = False):
     """The trial ``run``'s config (its ``params.json``), validating on ``env`` (with ``env_config``) instead of its
-    own validation environments where given, ``states`` states from ``seed_start``."""
-    from .report import trial_config
-
-    config = trial_config(run)
+    own validation environments where given, ``states`` states from ``seed_start``. ``allow_imports``: import the
+    modules the run's settings name (``report.trial_config``); else such a setting is refused."""
+    config = trial_config(run, allow_imports)
     if env is not None or env_config is not None:
         config.environment(env or config.env, env_config=env_config if env_config is not None else config.env_config,
                            train_envs=None, validation_envs=None, curriculum=None)
@@ -98,6 +99,26 @@ def _device_error(device: str) -> str | None:
     return None
 
 
+def _weights_error(policy: str) -> str | None:
+    """Why a policy folder's weights cannot be read, found from each safetensors file's header (cheap: no tensor is
+    read), so that a cut file is named before minutes of play, not after the first policy's; None if they can."""
+    from safetensors import safe_open
+
+    for file in sorted(pathlib.Path(policy).glob("*.safetensors")):
+        try:
+            with safe_open(str(file), "pt"):
+                pass
+        except Exception as error:  # safetensors' own error type (SafetensorError), or the OS's
+            return f"{file} cannot be read ({type(error).__name__}: {error}); was it cut short?"
+    return None
+
+
+def one_line(error: Exception) -> str:
+    """A validation error as one line: its header and each reason, joined."""
+    head, *reasons = [line.strip().removeprefix("- ") for line in str(error).strip().splitlines() if line.strip()]
+    return f"{head} {'; '.join(reasons)}" if reasons else head
+
+
 def _of_env(outcomes: dict[str, float], env: str) -> dict[str, float]:
     return {key: value for key, value in outcomes.items() if state_of(key)[0] == env}
 
@@ -140,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the first state's reset seed (default: the run's)")
     parser.add_argument("--modes", default=",".join(MODES), help="greedy, sampled or both (default: both)")
     parser.add_argument("--output", type=pathlib.Path, default=None, help="write the figures to this JSON file")
+    parser.add_argument("--register", default=None, metavar="MODULE",
+                        help="import this module first (one that calls register_text_env for the run's environment)")
+    parser.add_argument("--allow-run-imports", action="store_true",
+                        help="import the modules the run's settings name (a TRL environment's import path): that "
+                             "runs their code, so only for a run you trust")
     parser.add_argument("--device", default="cpu",
                         help="where the policies play: 'cpu' (default) or 'cuda' / 'cuda:N'; a run sampled on a GPU "
                              "is reproduced there (float kernels round differently on each)")
@@ -149,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--modes {args.modes!r}: choose from {', '.join(MODES)}")
     if args.env_config is not None and not isinstance(args.env_config, dict):
         parser.error(f"--env-config must be a JSON object, not {args.env_config!r}")
+    if args.states is not None and args.states < 1:
+        parser.error(f"--states {args.states}: give a positive number of validation states")
     device_error = _device_error(args.device)
     if device_error:
         parser.error(f"--device {args.device!r}: {device_error}")
@@ -156,16 +184,27 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"{missing[0]} holds no config.json: a policy is a folder saved with save_pretrained (a job's "
                      "RUN/seed0/policy)")
+    unreadable = next(filter(None, map(_weights_error, args.policies)), None)
+    if unreadable:
+        parser.error(unreadable)
     run = args.run or pathlib.Path(args.policies[0]).resolve().parent
     if not (run / "params.json").is_file():
         parser.error(f"{run} holds no params.json, the settings to play with: give the trial folder with --run "
                      "(a job's RUN/seed0)")
+    if args.register:
+        importlib.import_module(args.register)
     try:
-        config = evaluation_config(run, args.env, args.env_config, args.states, args.seed_start)
+        config = evaluation_config(run, args.env, args.env_config, args.states, args.seed_start,
+                                   allow_imports=args.allow_run_imports)
+    except RunFolderImportError as error:  # names params.json itself
+        parser.error(str(error))
     except ValueError as error:
-        parser.error(str(error).splitlines()[0])
+        parser.error(f"{run / 'params.json'}: {one_line(error)}")
     experiment_baselines = run.parent / BASELINES
-    result = evaluate(args.policies, config, modes, experiment_baselines, device=args.device)
+    try:
+        result = evaluate(args.policies, config, modes, experiment_baselines, device=args.device)
+    except OSError as error:  # a policy folder that does not load (load_policy names the folder and the cause)
+        parser.error(one_line(error))
     print_evaluation(result, args.policies)
     if args.output:
         write_text_atomically(args.output, json.dumps(json_ready(result), indent=2, allow_nan=False))

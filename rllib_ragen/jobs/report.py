@@ -49,11 +49,28 @@ def trial_folders(run_dir: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p.parent for p in run_dir.glob("*/result.json"))
 
 
-def trial_config(trial: pathlib.Path):
-    """The trial's ``StarPOConfig``, from the parameters Tune stored (``params.json``)."""
-    from ..starpo.config import StarPOConfig
+class RunFolderImportError(ValueError):
+    """A run folder's settings name an import path: playing them would import that module and run its code."""
 
-    return StarPOConfig.from_dict(_trial_params(trial))
+
+def trial_config(trial: pathlib.Path, allow_imports: bool = False):
+    """The trial's ``StarPOConfig``, from the parameters Tune stored (``params.json``).
+
+    A run folder is data: an environment argument that is an import path (TRL-v0's ``environment`` and ``tasks``;
+    ``TextEnv.import_path_arguments``) raises :class:`RunFolderImportError` naming the setting, unless
+    ``allow_imports`` (the user's own run, or ``--allow-run-imports``)."""
+    from ..starpo.config import StarPOConfig
+    from ..starpo.environments import import_paths
+
+    config = StarPOConfig.from_dict(_trial_params(trial))
+    found = [] if allow_imports else import_paths(config)
+    if found:
+        where, path = found[0]
+        raise RunFolderImportError(
+            f"{trial / 'params.json'}: {where}={path!r} is an import path; playing this run would import "
+            f"{path.partition(':')[0]!r} and run its code. A run folder is data: pass --allow-run-imports only for a "
+            "run you trust.")
+    return config
 
 
 def headline_environment(config):
@@ -68,11 +85,11 @@ def headline_environment(config):
 
 # ---- the report ---------------------------------------------------------------------------------------------------
 def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, known_scores: dict[str, float] | None = None,
-                 baselines_dir: pathlib.Path | None = None, quiet: bool = False) -> dict:
+                 baselines_dir: pathlib.Path | None = None, quiet: bool = False, allow_imports: bool = False) -> dict:
     """Write the trial's ``summary.json`` and ``learning_curve.png``; print its table unless ``quiet``; return the
     summary. ``baselines_dir``: the folder of scripted baselines' episodes (default: the experiment's)."""
     trial = pathlib.Path(trial)
-    config = trial_config(trial)
+    config = trial_config(trial, allow_imports)
     rows = read_results(trial)
     validations = validations_of(rows)
     headline = headline_environment(config)
@@ -121,9 +138,10 @@ def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, known_scores: dict
 
 
 def report_experiment(run_dir: pathlib.Path, pass_bar: float = 0.05,
-                      known_scores: dict[str, float] | None = None) -> dict:
+                      known_scores: dict[str, float] | None = None, allow_imports: bool = False) -> dict:
     """Report every trial of the experiment folder ``run_dir`` and, with several, their spread; writes the
-    experiment's ``summary.json`` and returns it (``{"trials": {name: summary}, "spread": ...}``)."""
+    experiment's ``summary.json`` and returns it (``{"trials": {name: summary}, "spread": ...}``).
+    ``allow_imports``: see :func:`trial_config`."""
     run_dir = pathlib.Path(run_dir)
     trials = trial_folders(run_dir)
     if not trials:
@@ -133,9 +151,10 @@ def report_experiment(run_dir: pathlib.Path, pass_bar: float = 0.05,
     for trial in trials:
         if several:
             print(f"\n== trial {trial.name}")
-        summaries[trial.name] = report_trial(trial, pass_bar, known_scores, run_dir / BASELINES)
+        summaries[trial.name] = report_trial(trial, pass_bar, known_scores, run_dir / BASELINES,
+                                             allow_imports=allow_imports)
     report = {"trials": summaries, "spread": spread(summaries.values()) if several else None,
-              "versus_control": versus_control(run_dir, trials) if several else {}}
+              "versus_control": versus_control(run_dir, trials, allow_imports) if several else {}}
     if several:
         print_spread(report["spread"])
         print_versus(report["versus_control"])
@@ -159,7 +178,7 @@ def spread(summaries) -> dict:
     return result
 
 
-def versus_control(run_dir: pathlib.Path, trials: list[pathlib.Path]) -> dict:
+def versus_control(run_dir: pathlib.Path, trials: list[pathlib.Path], allow_imports: bool = False) -> dict:
     """In a sweep (the run's ``--grid``), each trial paired against its control: the trial of the same seed with
     every grid field at its first listed value (or the first named variant), on the same validation states after
     RL, sampled and greedy ("before" is the control, "after" the trial). ``{}`` without a grid."""
@@ -179,22 +198,24 @@ def versus_control(run_dir: pathlib.Path, trials: list[pathlib.Path]) -> dict:
         control = controls.get(p.get("seed"))
         if control is None or control == trial:
             continue
-        result[trial.name] = {"control": control.name, **paired_after_rl(control, trial)}
+        result[trial.name] = {"control": control.name, **paired_after_rl(control, trial, allow_imports)}
     return result
 
 
-def paired_after_rl(control: pathlib.Path, trial: pathlib.Path) -> dict:
+def paired_after_rl(control: pathlib.Path, trial: pathlib.Path, allow_imports: bool = False) -> dict:
     """Two trials' policies after RL on the same validation states, sampled and greedy: ``{mode: comparison}``
     ("before" is ``control``, "after" ``trial``; None where the states differ), on the headline environment."""
-    config = trial_config(trial)
+    config = trial_config(trial, allow_imports)
     scored = {headline_environment(config).name} if config.is_mixture else None
     return {mode: _paired((control / files[1], trial / files[1]), scored)
             for mode, files in SAMPLED_AND_GREEDY.items()}
 
 
 # Settings Tune writes to params.json only as their repr (classes, functions, gymnasium specs): the report keeps the
-# library's defaults for them, and needs none of them.
-_NOT_DATA = frozenset({"text_env_registrations"})
+# library's defaults for them, and needs none of them. Besides, the keys RLlib's update_from_dict resolves as import
+# paths (deserialize_type: a run folder's text there would import a module); StarPO reads none of them.
+_NOT_DATA = frozenset({"text_env_registrations", "callbacks_class", "exploration_config", "model",
+                       "replay_buffer_config", "sample_collector", "multiagent"})
 
 
 def _trial_params(trial: pathlib.Path) -> dict:
@@ -204,7 +225,7 @@ def _trial_params(trial: pathlib.Path) -> dict:
     environment (a ``TextEnv`` class given as ``env`` is shown by its repr). Sentinel rules given as ``Rule`` objects
     are stored as their reprs too, which are not read back as code: the restored config has none (the firings are in
     the trial's ``sentinel.json``); rules given as dicts, as a main job gives them, come back."""
-    from ..starpo.config import StarPOConfig
+    from ..starpo.config import PRESET_LABEL, VARIANT_LABEL, StarPOConfig
 
     path = trial / "params.json"
     try:
@@ -221,7 +242,12 @@ def _trial_params(trial: pathlib.Path) -> dict:
     kept = {}
     for key, value in params.items():
         default = defaults.get(key)
-        if key in _NOT_DATA or not (key == "env" or _plain(default)):
+        # Only settings this version has (an unknown key would be set as an attribute nothing reads), and a grid's
+        # labels (the sweep's trials are told apart by them).
+        if key in (PRESET_LABEL, VARIANT_LABEL):
+            kept[key] = value
+            continue
+        if key in _NOT_DATA or key not in defaults or not (key == "env" or _plain(default)):
             continue
         if key == "sentinel_rules" and not all(isinstance(rule, dict) for rule in value or []):
             continue
@@ -479,13 +505,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rllib_ragen.jobs.report", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=pathlib.Path, help="a job's run folder (a Tune experiment) or one trial's")
     parser.add_argument("--pass-bar", type=float, default=0.05, help="least success gain that counts as learning")
+    parser.add_argument("--allow-run-imports", action="store_true",
+                        help="import the modules the run's settings name (a TRL environment's import path): that "
+                             "runs their code, so only for a run you trust")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         parser.error(f"{args.run_dir} is not a folder")
     try:
-        report_experiment(args.run_dir.resolve(), args.pass_bar)
-    except FileNotFoundError as error:
-        print(error, file=sys.stderr)
+        report_experiment(args.run_dir.resolve(), args.pass_bar, allow_imports=args.allow_run_imports)
+    except (FileNotFoundError, RunFolderImportError) as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
 

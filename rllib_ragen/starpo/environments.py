@@ -11,7 +11,7 @@ import gymnasium as gym
 
 from ..envs import BUILT_IN_TEXT_ENVS, REMOTE_ENV_ID, ensure_registered, make_text_env, registered_text_envs
 from ..envs.base import load_import_path
-from .knobs import is_int
+from .knobs import MAX_VALIDATION_STATES, is_int
 
 # Keys of one entry of ``train_envs`` / ``validation_envs`` (``StarPOConfig.environment``); the count key is required
 # in training entries and defaults to ``validation_size`` in validation ones.
@@ -50,6 +50,26 @@ def env_arguments(env) -> set[str] | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
     return {p.name for p in parameters if p.name != "self"}
+
+
+def import_paths(config) -> list[tuple[str, str]]:
+    """``(setting, path)`` for each import path that building ``config``'s environments would import: an argument the
+    environment's class lists in ``TextEnv.import_path_arguments``, given as text (TRL-v0's ``environment`` and
+    ``tasks``). Importing a module runs its code, so the readers of a run folder refuse them unless allowed."""
+    entries = [("env_config", config.env, config.env_config)]
+    for field in ("train_envs", "validation_envs"):
+        entries += [(f"{field}[{i}]['env_config']", item.get("env"), item.get("env_config") or {})
+                    for i, item in enumerate(getattr(config, field) or []) if isinstance(item, dict)]
+    entries += [(f"curriculum[{i}]['env_config']", config.env, stage.get("env_config") or {})
+                for i, stage in enumerate(config.curriculum or []) if isinstance(stage, dict)]
+    found = []
+    for where, env, env_config in entries:
+        if not isinstance(env_config, dict) or not is_known_env(env):
+            continue
+        for name in getattr(env_class(env), "import_path_arguments", ()):
+            if isinstance(env_config.get(name), str):
+                found.append((f"{where}[{name!r}]", env_config[name]))
+    return found
 
 
 def is_known_env(env) -> bool:
@@ -100,6 +120,9 @@ def _entry_errors(where: str, item, count_key: str, required: bool):
         yield f"{where} needs {count_key!r}: the groups of this environment in each training step."
     elif count_key in item and (not is_int(item[count_key]) or item[count_key] < 1):
         yield f"{where}[{count_key!r}]={item[count_key]!r} must be a positive integer."
+    elif count_key == "states" and item.get(count_key, 0) > MAX_VALIDATION_STATES:
+        yield (f"{where}['states']={item[count_key]} must be at most {MAX_VALIDATION_STATES} (a validation plays its "
+               "states in one rollout, held in memory: play more in parts, each from its own validation_seed_start).")
 
 
 def environment_errors(config):

@@ -28,6 +28,7 @@ from .inference_engines import INFERENCE_BACKENDS
 INT, NUMBER, BOOL, CHOICE, OTHER = "integer", "number", "boolean", "choice", "other"  # a knob's kind
 RLLIB_DEFAULT = object()  # an RLlib field whose default stays RLlib's
 AUTOCAST_DTYPES = (None, "bfloat16")  # the learner's forward passes (autocast_dtype)
+MAX_VALIDATION_STATES = 10_000  # per validation environment: every state's episode is held at once
 VLLM_ENGINE_OPTIONS = {"tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager",
                        "num_gpus_per_engine"}
 
@@ -314,7 +315,9 @@ KNOB_TABLE: tuple[Knob, ...] = (
     *_section(
         "validation and seeds",
         _knob("validation_interval", 10, INT, ">= 0", why=" (0 switches validation off)"),
-        _knob("validation_size", 256, INT, ">= 1"),
+        _knob("validation_size", 256, INT, f"[1, {MAX_VALIDATION_STATES}]",
+              why=" (a validation plays its states in one rollout, held in memory: play more in parts, each from "
+                  "its own validation_seed_start)"),
         _knob("validation_group_size", 1, INT, ">= 1"),
         _knob("validate_before_training", True, BOOL),
         _knob("train_seed_start", None, INT, ">= 0", why=" (a reset seed)", into=(SeedSchedule, "next_train")),

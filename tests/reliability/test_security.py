@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from rllib_ragen.jobs import report
 
 
@@ -99,3 +101,72 @@ def test_the_report_finds_trials_without_tunes_experiment_state_which_runs_the_p
     with pytest.raises(Exception):  # the payload is not trial data: Tune fails, after running it
         tune.ExperimentAnalysis(str(tmp_path))
     assert marker.exists()
+
+
+# ---- a run folder's params.json names code: nothing is imported unless the user says so ---------------------------
+EVIL_MODULE = "import pathlib\npathlib.Path(__file__).with_name('imported').write_text('ran')\nclass E:\n    pass\n"
+
+
+def _policy_and_trial(tmp_path, params: dict):
+    """A trial folder whose params.json is ``params`` (over the defaults of a TRL-v0 config), a tiny policy in it,
+    and, in the working folder, ``evil_mod.py``, which leaves ``imported`` beside itself when imported."""
+    from rllib_ragen.rollout.models import load_policy
+
+    trial = tmp_path / "run" / "seed0"
+    trial.mkdir(parents=True)
+    model, tokenizer = load_policy("tiny")
+    model.save_pretrained(trial / "policy")
+    tokenizer.save_pretrained(trial / "policy")
+    (trial / "params.json").write_text(json.dumps({"env": "rllib_ragen/TRL-v0", "validation_size": 2,
+                                                   "rl_module_spec": None, **params}))
+    (tmp_path / "evil_mod.py").write_text(EVIL_MODULE)
+    return trial
+
+
+def _evaluate_in(folder, *args):
+    """``python -m rllib_ragen.jobs.evaluate`` run from ``folder`` (which Python then puts first on sys.path)."""
+    return subprocess.run([sys.executable, "-m", "rllib_ragen.jobs.evaluate", *map(str, args)], cwd=folder,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("params, named", [
+    ({"env_config": {"environment": "evil_mod:E"}}, "env_config['environment']='evil_mod:E' is an import path"),
+    ({"env_config": {"environment": "tempfile:mkdtemp", "tasks": "evil_mod:E"}},
+     "env_config['environment']='tempfile:mkdtemp' is an import path"),
+    ({"env": "rllib_ragen/Bandit-v0", "validation_envs": [
+        {"env": "rllib_ragen/TRL-v0", "env_config": {"environment": "evil_mod:E"}, "states": 2}]},
+     "validation_envs[0]['env_config']['environment']='evil_mod:E'"),
+])
+def test_evaluate_refuses_a_run_folder_that_names_an_import_path(tmp_path, params, named):
+    trial = _policy_and_trial(tmp_path, params)
+    done = _evaluate_in(tmp_path, trial / "policy")
+    assert done.returncode == 2, done.stderr[-2000:]
+    error = done.stderr.strip().splitlines()[-1]
+    assert named in error and "--allow-run-imports" in error and "params.json" in error
+    assert not (tmp_path / "imported").exists()
+
+
+def test_rllibs_own_import_paths_in_a_run_folder_are_never_resolved(tmp_path):
+    """RLlib's update_from_dict imports the class paths of a few of its keys (deserialize_type); a run folder's text
+    there must not reach it, and neither must keys this version has no setting for."""
+    trial = tmp_path / "seed0"
+    trial.mkdir()
+    (trial / "params.json").write_text(json.dumps({
+        "env": "rllib_ragen/Bandit-v0", "exploration_config": {"type": "evil_mod.E"},
+        "model": {"custom_model": "evil_mod.E"}, "replay_buffer_config": {"type": "evil_mod.E"},
+        "sample_collector": "evil_mod.E", "callbacks_class": "evil_mod.E", "not_a_setting": "evil_mod.E"}))
+    (tmp_path / "evil_mod.py").write_text(EVIL_MODULE)
+    script = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+              "from rllib_ragen.jobs.report import trial_config\n"
+              f"config = trial_config(__import__('pathlib').Path({str(trial)!r}))\n"
+              "print(config.env, 'evil_mod' in sys.modules, hasattr(config, 'not_a_setting'))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["rllib_ragen/Bandit-v0", "False", "False"]
+    assert not (tmp_path / "imported").exists()
+
+
+def test_the_import_paths_of_a_trusted_run_are_read_when_allowed(tmp_path):
+    trial = _policy_and_trial(tmp_path, {"env_config": {"environment": "evil_mod:E"}})
+    config = report.trial_config(trial, allow_imports=True)
+    assert config.env_config == {"environment": "evil_mod:E"}  # read; importing waits for the environment's build
