@@ -327,9 +327,44 @@ def main(argv: list[str] | None = None) -> None:
         server.server_close()
 
 
+PENDING_CONNECTIONS = 1024  # the OpenEnv server's connections beyond --max-sessions (uvicorn answers 503 past them)
+
+
+def head_deadline_protocol(timeout_s: float):
+    """uvicorn's h11 protocol, with a deadline on each request's arrival: a connection whose request head and body
+    have not arrived whole within ``timeout_s`` of its start (or of the previous answer) is closed. uvicorn times out
+    only an idle keep-alive connection, so a client that sends half a head and then a byte now and then would hold
+    its connection for ever, and enough of them would fill ``limit_concurrency``."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadDeadlineH11(H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._arm_request_deadline()
+
+        def on_response_complete(self):
+            super().on_response_complete()
+            self._arm_request_deadline()
+
+        def _arm_request_deadline(self):
+            self._request_number = getattr(self, "_request_number", 0) + 1  # an earlier request's deadline is void
+            self.loop.call_later(timeout_s, self._request_deadline, self._request_number)
+
+        def _request_deadline(self, number):
+            upgraded = self.transport.get_protocol() is not self  # a WebSocket now: its own limits apply
+            if (number == self._request_number and not upgraded and not self.transport.is_closing()
+                    and self.conn.their_state in (h11.IDLE, h11.SEND_BODY)):
+                self.transport.close()  # the request has not arrived whole in time
+
+    return HeadDeadlineH11
+
+
 def _serve_openenv(parser: argparse.ArgumentParser, args: argparse.Namespace, env_config: dict) -> None:
-    """OpenEnv's app (``openenv_bridge.openenv_app``) under uvicorn, with this server's limits: a WebSocket message
-    or request head over ``--max-body-bytes`` is refused, an idle connection closed after ``--request-timeout-s``."""
+    """OpenEnv's app (``openenv_bridge.openenv_app``) under uvicorn, with this server's limits: a WebSocket message,
+    request head or body over ``--max-body-bytes`` is refused; a connection whose request has not arrived whole within
+    ``--request-timeout-s`` is closed (``HeadDeadlineH11``), and so is an idle keep-alive one; an idle WebSocket
+    session ends after ``--session-ttl-s``."""
     try:
         import uvicorn
 
@@ -337,15 +372,18 @@ def _serve_openenv(parser: argparse.ArgumentParser, args: argparse.Namespace, en
     except ImportError as error:
         parser.error(f"--protocol openenv needs the openenv package ({error}): pip install \"rllib_ragen[openenv]\"")
     try:
-        app = openenv_app(args.env, env_config, args.max_sessions, args.session_ttl_s)
+        app = openenv_app(args.env, env_config, args.max_sessions, args.session_ttl_s, args.max_body_bytes)
         listening = socket.create_server((args.host, args.port), backlog=TextEnvServer.request_queue_size)
     except (gym.error.Error, ValueError, TypeError, OSError) as error:
         parser.error(f"cannot serve --env {args.env} with --env-config {args.env_config} on {args.host}:{args.port}: "
                      f"{type(error).__name__}: {error}")
+    # Connections beyond the sessions: requests being read or answered. A client that stops sending part-way loses
+    # its connection at --request-timeout-s, so only as many as arrive in that time can wait at once.
     config = uvicorn.Config(app, log_level="warning", ws_max_size=max(args.max_body_bytes, 1),
                             h11_max_incomplete_event_size=max(args.max_body_bytes, 1),
                             timeout_keep_alive=max(1, round(args.request_timeout_s)),
-                            limit_concurrency=args.max_sessions + TextEnvServer.request_queue_size)
+                            http=head_deadline_protocol(args.request_timeout_s),
+                            limit_concurrency=args.max_sessions + PENDING_CONNECTIONS)
     host, port = listening.getsockname()[:2]
     print(f"serving {args.env} on http://{host}:{port} (OpenEnv)", flush=True)
     uvicorn.Server(config).run(sockets=[listening])
