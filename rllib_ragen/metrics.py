@@ -41,13 +41,18 @@ NONFINITE_REWARDS = "rollout/nonfinite_rewards"  # an environment paid NaN or in
 CONTROL_TEXTS = "rollout/control_texts_neutralised"  # a special token's text in env text; made ordinary text
 UNENCODABLE_TEXTS = "rollout/unencodable_texts"  # observation text UTF-8 cannot encode; the characters replaced
 PROMPTS_TOO_LONG = "rollout/prompts_too_long"  # a first prompt over max_context_tokens; the episode is not played
+# An observation longer than max_context_tokens tokens could spell: not tokenized; its episode ends there, truncated.
+OBSERVATIONS_TOO_LONG = "rollout/observations_too_long"
+TOOL_RESULTS_CUT = "rollout/tool_results_cut"  # an in-process tool's result over max_observation_chars, cut to it
+# Not a metric: the first failed environment call of a rollout, as text (its cause, should every episode fail).
+FIRST_ENV_ERROR = "first_env_error"
 # Tool mode (rollout/tools.py): calls read from replies; those that could not run (unknown tool, arguments the schema
 # refuses, over a limit) or whose tool failed; call blocks that could not be read.
 TOOL_CALLS = "rollout/tool_calls"
 TOOL_CALL_ERRORS = "rollout/tool_call_errors"
 MALFORMED_TOOL_CALLS = "rollout/malformed_tool_calls"
 ROLLOUT_COUNTERS = (ENV_ERRORS, ENV_TIMEOUTS, NONFINITE_REWARDS, UNENCODABLE_TEXTS, CONTROL_TEXTS, PROMPTS_TOO_LONG,
-                    TOOL_CALLS, TOOL_CALL_ERRORS, MALFORMED_TOOL_CALLS)
+                    OBSERVATIONS_TOO_LONG, TOOL_CALLS, TOOL_CALL_ERRORS, MALFORMED_TOOL_CALLS, TOOL_RESULTS_CUT)
 CURRICULUM_STAGE = "curriculum/stage"  # the training rollout's curriculum stage; the stage count once they are over
 ENV_RUNNER_RESTARTS = "rollout/env_runner_restarts"  # remote env runners that died mid-rollout and were restarted
 WEIGHTS_SEQ_NO = "perf/weights_seq_no"

@@ -17,6 +17,7 @@ import asyncio
 import inspect
 import json
 import math
+import numbers
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from .base import TextEnv, load_import_path
@@ -37,13 +38,16 @@ class ToolTextEnv(TextEnv):
     Subclasses name their tools in ``tool_names`` and implement ``_reset_state()`` and ``_render_text()`` (the task
     as the agent first reads it). A tool returns its result as text; it pays a reward with ``self._pay(reward)`` and
     ends the episode with ``self._end_episode(success)``. A tool that raises is answered with the error's message and
-    counted (``rollout/tool_call_errors``), as TRL answers it; the episode goes on.
+    counted (``rollout/tool_call_errors``), as TRL answers it; the episode goes on. A result longer than
+    ``max_observation_chars`` is cut to it, saying so at its end, and counted (``rollout/tool_results_cut``), as the
+    MCP client caps what a server sends.
     """
 
     tool_names: ClassVar[Sequence[str]] = ()
 
     def __init__(self, render_mode: str | None = "ansi", max_observation_chars: int = 4096):
         super().__init__(render_mode, max_observation_chars)
+        self.max_observation_chars = max_observation_chars
         self._tools: list[dict] | None = None
         self._turn_reward, self._terminated = 0.0, False
         self.calls: list[str] = []  # this episode's calls, as step took them
@@ -93,9 +97,10 @@ class ToolTextEnv(TextEnv):
                 result = asyncio.run(_awaited(result))
         except Exception as error:  # the tool's own failure is the policy's to see, as in TRL's tool loop
             result, failed = f"Error: {type(error).__name__}: {error}", True
+        text, cut = _result_text(result, self.max_observation_chars)
         info = {"success": self._success, "action_is_valid": True, "action_is_effective": not failed,
-                "tool_error": failed}
-        return _result_text(result), self._turn_reward, self._terminated, False, info
+                "tool_error": failed, "tool_result_cut": cut}
+        return text, self._turn_reward, self._terminated, False, info
 
     def _apply(self, action_index: int) -> tuple[float, bool, bool]:
         raise NotImplementedError("tool environments act through step(); they have no action list")
@@ -105,13 +110,22 @@ async def _awaited(awaitable):
     return await awaitable
 
 
-def _result_text(result: Any) -> str:
-    """A tool's return value as the text the policy reads (TRL's ``str(result)``; JSON for dicts and lists)."""
+def _result_text(result: Any, max_chars: int) -> tuple[str, bool]:
+    """A tool's return value as the text the policy reads (TRL's ``str(result)``; JSON for dicts and lists), cut to
+    ``max_chars`` with a note of what was cut; and whether it was cut."""
     if isinstance(result, str):
-        return result
-    if isinstance(result, (dict, list)):
-        return json.dumps(result, ensure_ascii=False)
-    return str(result)
+        text = result
+    elif isinstance(result, (dict, list)):
+        text = json.dumps(result, ensure_ascii=False)
+    else:
+        text = str(result)
+    if len(text) <= max_chars:
+        return text, False
+    note = ""
+    for _ in range(2):  # the note's own length changes what is kept, and so the number it states
+        kept = max(max_chars - len(note), 0)
+        note = f"\n[cut: {len(text) - kept:,} more characters]"
+    return text[:max(max_chars - len(note), 0)] + note, True
 
 
 class TRLEnvironment(ToolTextEnv):
@@ -185,7 +199,7 @@ class TRLEnvironment(ToolTextEnv):
 
     def _read_reward(self) -> float:
         reward = self.environment.get_reward()
-        if not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        if not isinstance(reward, numbers.Real) or not math.isfinite(reward):  # numpy's numbers too
             raise ValueError(f"{type(self.environment).__name__}.get_reward() returned {reward!r}: it must be a "
                              "finite number.")
         return float(reward)

@@ -158,6 +158,12 @@ class RolloutEngine:
         # The texts the tokenizer reads as control tokens, longest first (one may contain another).
         specials = {token.content for token in tokenizer.added_tokens_decoder.values() if token.special}
         self._control_texts = sorted((specials | set(tokenizer.all_special_tokens)) - {""}, key=len, reverse=True)
+        # No token spells more characters than its vocabulary entry has (byte-level entries are a byte a character),
+        # so a text longer than max_context_tokens such tokens cannot fit; 4x leaves room for normalisers that
+        # shorten text. Such a text is never tokenized (a tool's 50 MB answer would take minutes).
+        longest = max(map(len, tokenizer.get_vocab()), default=1)
+        self._max_text_chars = 4 * config.max_context_tokens * max(longest, 1)
+        self._first_failure: str | None = None
 
     def _env_pool(self, name: str | None, size: int, env_config: dict | None = None) -> list:
         """``size`` environments of the one named ``name`` (None: ``config.env``, built with ``env_config`` when
@@ -259,8 +265,9 @@ class RolloutEngine:
                                          _takes_raw_replies(text_env))
             return self.chat, None, instructions + "\n" + message, message
         if self.config.window_turns is not None:
-            raise ValueError(f"{type(text_env).__name__} has tools, and tool episodes are played with the whole "
-                             f"conversation in view: set context_window='full' (not {self.config.context_window!r}).")
+            raise RolloutSettingError(f"{type(text_env).__name__} has tools, and tool episodes are played with the "
+                                      "whole conversation in view: set context_window='full' (not "
+                                      f"{self.config.context_window!r}).")
         key = json.dumps(tools, sort_keys=True)
         if key not in self._tool_modes:
             self._tool_modes[key] = (ChatFormat(self.tokenizer, self.config.system_prompt, tools=tools,
@@ -297,19 +304,32 @@ class RolloutEngine:
         # Every reset at once: environments that hang together cost one deadline (rollout/deadlines.py).
         resets = call_each([self._reset_call(env, start_seed(start), member)
                             for (_, member, start), env in zip(members, envs)])
+        self._first_failure = None
         for (group, member, start), env, (reset, value) in zip(members, envs, resets):
             text_env, seed = env.unwrapped, start_seed(start)
+            what = f"env reset failed for seed {seed}"
             if not reset:  # an environment's bug must not take the whole rollout down
-                _count_env_failure(value, counts, f"env reset failed for seed {seed}")
+                self._count_env_failure(value, counts, what)
                 continue
             observation, description = value
-            observation = self._plain(_observation_text(text_env, observation, "reset"), counts)
-            instructions = self._plain(description, counts)
-            chat, tools, first, message = self._first_message(text_env, observation, instructions)
+            if _too_long_to_read(observation, self._max_text_chars) or _too_long_to_read(description,
+                                                                                         self._max_text_chars):
+                too_long.append(c.max_context_tokens + 1)  # more than could ever be read: not tokenized
+                continue
+            try:  # what the environment handed back (its text, tools, flags) is checked here: its fault, isolated
+                observation = self._plain(_observation_text(text_env, observation, "reset"), counts)
+                instructions = self._plain(_observation_text(text_env, description, "describe"), counts)
+                chat, tools, first, message = self._first_message(text_env, observation, instructions)
+                raw_reply, state_key = _takes_raw_replies(text_env), _state_key(text_env, observation)
+            except (TypeError, ValueError, RecursionError) as error:
+                if isinstance(error, RolloutSettingError):
+                    raise
+                self._count_env_failure(error, counts, what)
+                continue
             env_name = start_env(start) or getattr(env.spec, "id", None) or type(text_env).__name__
             trajectory = Trajectory(env_name, group, seed, [], [], [])
             episode = _Episode(env, trajectory, chat.prompt_ids(first))
-            episode.chat, episode.tools, episode.raw_reply = chat, tools, _takes_raw_replies(text_env)
+            episode.chat, episode.tools, episode.raw_reply = chat, tools, raw_reply
             episode.instructions, episode.messages = instructions, [message]
             episode.prompt_ids = list(trajectory.token_ids)
             if self._reply_room(trajectory.token_ids) < 1:
@@ -317,7 +337,7 @@ class RolloutEngine:
                 too_long.append(len(trajectory.token_ids))
                 continue
             episode.actions_left = c.max_actions_per_episode
-            episode.state_key = _state_key(text_env, observation)
+            episode.state_key = state_key
             episode.max_turns = min(c.max_turns, getattr(text_env, "max_turns", None) or c.max_turns)
             episodes.append(episode)
 
@@ -345,7 +365,21 @@ class RolloutEngine:
         metrics = rollout_metrics(trajectories, group_size)
         metrics.update({key: float(value) for key, value in counts.items()})
         metrics.update({M.TIME_ROLLOUT: time.perf_counter() - t_start, M.TIME_GENERATE: t_generate})
+        if self._first_failure is not None:
+            metrics[M.FIRST_ENV_ERROR] = self._first_failure  # text: the cause, should every episode have failed
         return trajectories, metrics
+
+    def _count_env_failure(self, error: Exception, counts: Counter, what: str) -> None:
+        """Log and count an environment call that raised (``rollout/env_errors``) or timed out (``env_timeouts``);
+        the rollout's first is kept as text (``metrics.FIRST_ENV_ERROR``)."""
+        if self._first_failure is None:
+            self._first_failure = f"{what}: {type(error).__name__}: {error}"[:2000]
+        if isinstance(error, EnvTimeoutError):
+            logger.warning("%s: %s; dropping that trajectory and replacing the environment", what, error)
+            counts[M.ENV_TIMEOUTS] += 1
+        else:
+            logger.error("%s; dropping that trajectory", what, exc_info=error)
+            counts[M.ENV_ERRORS] += 1
 
     def _report_prompts_too_long(self, lengths: list[int], played: int) -> None:
         c = self.config
@@ -404,7 +438,7 @@ class RolloutEngine:
         c, t = self.config, episode.trajectory
         executed, result = outcome
         if not executed:
-            _count_env_failure(result, counts, f"env step failed in {t.env_name} (seed {t.seed})")
+            self._count_env_failure(result, counts, f"env step failed in {t.env_name} (seed {t.seed})")
             episode.done = episode.failed = True
             return
         if not math.isfinite(result.reward):
@@ -416,17 +450,26 @@ class RolloutEngine:
             episode.done = episode.failed = True
             counts[M.NONFINITE_REWARDS] += 1
             return
-        # In tool mode the turn's observations are its calls' results, each made plain once.
-        tool_results = [(name, self._plain(_observation_text(episode.env.unwrapped, content, "step"), counts))
-                        for name, content in result.tool_results]
-        if episode.tools is None:
-            observation = self._plain(_observation_text(episode.env.unwrapped, result.observation, "step"), counts)
-        else:
-            observation = tool_results[-1][1] if tool_results else ""
-        episode.state_key = _state_key(episode.env.unwrapped, observation)
+        texts = [content for _, content in result.tool_results] if episode.tools is not None else [result.observation]
+        unreadable = any(_too_long_to_read(text, self._max_text_chars) for text in texts)
+        try:  # in tool mode the turn's observations are its calls' results, each made plain once
+            tool_results = [(name, "" if unreadable else self._plain(
+                _observation_text(episode.env.unwrapped, content, "step"), counts))
+                for name, content in result.tool_results]
+            if episode.tools is None:
+                observation = "" if unreadable else self._plain(
+                    _observation_text(episode.env.unwrapped, result.observation, "step"), counts)
+            else:
+                observation = tool_results[-1][1] if tool_results else ""
+            episode.state_key = _state_key(episode.env.unwrapped, observation)
+        except (TypeError, ValueError, RecursionError) as error:
+            self._count_env_failure(error, counts, f"env step failed in {t.env_name} (seed {t.seed})")
+            episode.done = episode.failed = True
+            return
         counts[M.TOOL_CALLS] += result.num_valid + result.num_invalid
         counts[M.TOOL_CALL_ERRORS] += result.num_invalid + result.num_tool_errors
         counts[M.MALFORMED_TOOL_CALLS] += result.num_malformed
+        counts[M.TOOL_RESULTS_CUT] += result.num_results_cut
         episode.actions_left -= len(result.executed)
         t.turn_rewards.append(result.reward)
         t.turn_actions.append(list(result.executed))
@@ -443,6 +486,10 @@ class RolloutEngine:
         episode.done = (result.terminated or result.truncated or result.final or episode.actions_left <= 0
                         or turn >= episode.max_turns)
         chat = episode.chat
+        if unreadable and not episode.done:
+            # Longer than max_context_tokens tokens could spell: never tokenized, the episode ends here, truncated.
+            counts[M.OBSERVATIONS_TOO_LONG] += 1
+            t.truncated = episode.done = True
         if episode.done:
             episode.append(chat.encode(chat.reply_end_text(generation.token_ids)))
             return
@@ -497,14 +544,13 @@ _WARNED_NONFINITE: set[str] = set()  # environments already warned about, once p
 _WARNED_TOO_LONG: set = set()
 
 
-def _count_env_failure(error: Exception, counts: Counter, what: str) -> None:
-    """Log and count an environment call that raised (``rollout/env_errors``) or timed out (``env_timeouts``)."""
-    if isinstance(error, EnvTimeoutError):
-        logger.warning("%s: %s; dropping that trajectory and replacing the environment", what, error)
-        counts[M.ENV_TIMEOUTS] += 1
-    else:
-        logger.error("%s; dropping that trajectory", what, exc_info=error)
-        counts[M.ENV_ERRORS] += 1
+class RolloutSettingError(ValueError):
+    """The rollout's settings cannot play an environment (not the environment's fault): raised, never counted."""
+
+
+def _too_long_to_read(text, max_chars: int) -> bool:
+    """Whether ``text`` is a string longer than any context could hold (``RolloutEngine._max_text_chars``)."""
+    return isinstance(text, str) and len(text) > max_chars
 
 
 def _observation_text(text_env, observation, method: str) -> str:

@@ -160,6 +160,7 @@ class TurnResult:
         tool_results: in tool mode, ``(tool name, result text)`` for each call read from the reply, in order, an
             error message for each that could not run.
         num_tool_errors: calls that ran but whose tool failed (the step's info says ``tool_error``).
+        num_results_cut: calls whose result the environment cut to its size limit (info ``tool_result_cut``).
         num_malformed: call blocks that could not be read.
         final: in tool mode, the reply made no call: it is the agent's final answer and ends the episode.
     """
@@ -179,6 +180,7 @@ class TurnResult:
     claims_true: int = 0
     tool_results: list[tuple[str, str]] = field(default_factory=list)
     num_tool_errors: int = 0
+    num_results_cut: int = 0
     num_malformed: int = 0
     final: bool = False
 
@@ -271,6 +273,7 @@ def execute_tool_turn(env: gym.Env, reply, tools, *, actions_left: int, max_call
         result.executed.append(action)
         result.num_effective += bool(info.get("action_is_effective", True))
         result.num_tool_errors += bool(info.get("tool_error", False))
+        result.num_results_cut += bool(info.get("tool_result_cut", False))
         result.tool_results.append((call.name, observation))
         result.observation, result.terminated, result.truncated = observation, terminated, truncated
         result.success = bool(info.get("success", False))

@@ -73,6 +73,8 @@ def test_a_rollout_drops_and_counts_an_episode_whose_server_pattern_backtracks(h
     trajectories, metrics = engine.rollout([0, 1], 1, SamplingParams())
     assert time.perf_counter() - t0 < 10
     assert trajectories == [] and metrics["rollout/env_errors"] == 2
+    # The cause travels with the counts, for the run's error should every episode fail.
+    assert "RemoteEnvError: " in metrics["first_env_error"] and "action_pattern took over" in metrics["first_env_error"]
 
 
 @pytest.mark.parametrize("reply, message", [
@@ -111,3 +113,58 @@ def test_a_step_reply_of_the_wrong_shape_names_the_field(hostile_server):
     env.reset(seed=0)
     with pytest.raises(RemoteEnvError, match=r"/step sent reward='lots': expected a number"):
         env.step("go")
+
+
+# ---- served tools: their schemas are the server's too --------------------------------------------------------------
+def _tool_reset(parameters):
+    return {**GOOD_RESET, "action_pattern": None,
+            "tools": [{"type": "function", "function": {"name": "spell", "description": "Spell a word.",
+                                                        "parameters": parameters}}]}
+
+
+def _tool_rollout(url, reply):
+    from rllib_ragen.rollout.models import load_policy
+
+    _, tokenizer = load_policy("tiny", seed=0)
+    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Remote-v0", env_config={"url": url}, max_turns=2),
+                           ScriptedBackend(lambda prompt: reply, tokenizer), tokenizer)
+    t0 = time.perf_counter()
+    trajectories, metrics = engine.rollout([0, 1], 1, SamplingParams())
+    return trajectories, metrics, time.perf_counter() - t0
+
+
+STEP = {"observation": "ok", "state_key": "k", "reward": 0.0, "terminated": False, "truncated": False, "info": {}}
+
+
+def test_a_served_schema_pattern_that_backtracks_costs_its_episodes_not_the_run(hostile_server):
+    """jsonschema matches ``pattern`` with Python's re, which holds the interpreter while it backtracks (31 s for 41
+    characters, doubling every two more): the schema's patterns are matched under a time limit instead."""
+    url = hostile_server(**{"/reset": _tool_reset({"type": "object", "properties": {
+        "word": {"type": "string", "pattern": "^(a|aa)+$"}}}), "/step": STEP})
+    call = '<tool_call>{"name": "spell", "arguments": {"word": "' + "a" * 60 + 'b"}}</tool_call>'
+    trajectories, metrics, seconds = _tool_rollout(url, call)
+    assert seconds < 10 and trajectories == [] and metrics["rollout/env_errors"] == 2
+    assert "took over 0.05 s to match an argument" in metrics["first_env_error"]
+    # A pattern that matches quickly still checks calls: a word that fits runs, one that does not is answered.
+    url = hostile_server(**{"/reset": _tool_reset({"type": "object", "properties": {
+        "word": {"type": "string", "pattern": "^(a|aa)+$"}}, "patternProperties": {"^w": {"type": "string"}},
+        "additionalProperties": False}), "/step": STEP})
+    (t, _), metrics, _ = _tool_rollout(url, '<tool_call>{"name": "spell", "arguments": {"word": "aaa"}}</tool_call>'
+                                       '<tool_call>{"name": "spell", "arguments": {"x": "aaa"}}</tool_call>')
+    assert metrics["rollout/env_errors"] == 0 and t.num_valid == 2 and t.num_invalid == 2
+    assert "'x' does not match any of the regexes: '^w'" in t.text
+
+
+@pytest.mark.parametrize("parameters, message", [
+    ({"type": "nonsense-type"}, "the parameters schema of tool 'spell' is not one jsonschema takes"),
+    ({"type": "object", "properties": {"w": {"type": "string", "pattern": "(unclosed"}}}, "is not one jsonschema"),
+    ({"type": "object", "properties": {"w": {"$ref": "https://example.com/elsewhere.json"}}},
+     "the schema of tool 'spell' could not check a call"),
+])
+def test_a_served_schema_jsonschema_refuses_costs_its_episodes_with_the_cause_named(hostile_server, parameters,
+                                                                                     message):
+    url = hostile_server(**{"/reset": _tool_reset(parameters), "/step": STEP})
+    trajectories, metrics, _ = _tool_rollout(
+        url, '<tool_call>{"name": "spell", "arguments": {"w": "a"}}</tool_call>')
+    assert trajectories == [] and metrics["rollout/env_errors"] == 2
+    assert message in metrics["first_env_error"] and "ToolSchemaError" in metrics["first_env_error"]

@@ -109,3 +109,43 @@ def test_an_async_tool_runs_to_its_end(tokenizer):
                            ScriptedBackend(lambda prompt: next(replies), tokenizer), tokenizer)
     (t,), _ = engine.rollout([1], group_size=1, sampling=SamplingParams())  # target 12: 6, then doubled
     assert t.turn_rewards == [0.0, 1.0, 0.0] and "The counter is at 12." in t.text
+
+
+class NumpyReward(CounterEnv):
+    """get_reward as numpy computes it: a numpy.float32, a number like any other."""
+
+    def get_reward(self):
+        import numpy as np
+
+        return np.float32(super().get_reward())
+
+
+def test_a_numpy_reward_is_a_number(tokenizer):
+    engine = RolloutEngine(RolloutConfig(env=TRL, env_config={"environment": NumpyReward, "tasks": TASKS},
+                                         max_turns=4),
+                           ScriptedBackend(_counting_policy, tokenizer), tokenizer)
+    (t,), metrics = engine.rollout([0], group_size=1, sampling=SamplingParams())  # target 3
+    assert metrics["rollout/env_errors"] == 0 and t.success and sum(t.turn_rewards) == 1.0
+
+
+class NoReset:
+    def get_reward(self) -> float:
+        return 0.0
+
+    def act(self) -> str:
+        """Act."""
+        return ""
+
+
+@pytest.mark.parametrize("env_config, message", [
+    ({"environment": NoReset}, "env_config for 'rllib_ragen/TRL-v0': TypeError: NoReset has no reset()"),
+    ({"environment": "no_such_module:Env"}, "ModuleNotFoundError: No module named 'no_such_module'"),
+    ({"environment": "trl_games:NoSuchClass"}, "AttributeError: module 'trl_games' has no attribute 'NoSuchClass'"),
+    ({"environment": CounterEnv, "tasks": []}, "tasks is empty"),
+])
+def test_a_trl_environment_that_cannot_be_built_fails_validate(env_config, message):
+    from rllib_ragen import StarPOConfig
+
+    with pytest.raises(ValueError, match="Invalid StarPOConfig") as error:
+        StarPOConfig().environment(TRL, env_config=env_config).validate()
+    assert message in str(error.value)

@@ -70,9 +70,43 @@ def test_control_token_text_in_an_observation_never_becomes_a_control_token(engi
     assert metrics["rollout/control_texts_neutralised"] == 4.0  # two in the reset observation, two after the step
 
 
-def test_a_non_string_observation_is_named_with_class_and_method(engine):
-    with pytest.raises(TypeError, match=r"_OddEnv.reset\(\) returned a int observation"):
-        engine.rollout([4], 1, SamplingParams())
+def test_a_non_string_observation_is_isolated_counted_and_named_with_class_and_method(engine):
+    trajectories, metrics = engine.rollout([4, 0], 1, SamplingParams())
+    assert [t.seed for t in trajectories] == [0] and metrics["rollout/env_errors"] == 1.0
+    assert "TypeError: _OddEnv.reset() returned a int observation" in metrics["first_env_error"]
+
+
+class _Verbose(TextEnv):
+    """Seed 0 reads 60 MB at reset; other seeds read a short state, and 60 MB after their one step."""
+
+    action_names = ("Go",)
+    instructions = "Say Go."
+
+    def _reset_state(self):
+        self.stepped = False
+
+    def reset(self, *, seed=None, options=None):
+        self._seed = seed
+        return super().reset(seed=seed, options=options)
+
+    def _apply(self, action_index):
+        self.stepped = True
+        return 0.0, False, True
+
+    def _render_text(self):
+        return "x" * 60_000_000 if self._seed == 0 or self.stepped else "short"
+
+
+def test_an_observation_no_context_could_hold_is_never_tokenized_and_its_episode_ends_counted():
+    tokenizer = build_tiny_tokenizer(seed=0)
+    engine = RolloutEngine(RolloutConfig(env=_Verbose, max_turns=3),
+                           ScriptedBackend(lambda prompt: "<think></think><answer>Go</answer>", tokenizer), tokenizer)
+    t0 = time.perf_counter()
+    trajectories, metrics = engine.rollout([0, 1], 1, SamplingParams())
+    assert time.perf_counter() - t0 < 10  # tokenizing 60 MB takes minutes
+    (t,) = trajectories  # seed 0's first prompt could not be read: not played, counted
+    assert metrics["rollout/prompts_too_long"] == 1.0 and metrics["rollout/observations_too_long"] == 1.0
+    assert t.seed == 1 and t.num_turns == 1 and t.truncated and "xxxx" not in t.text
 
 
 class _SayGo(TextEnv):

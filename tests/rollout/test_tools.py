@@ -295,3 +295,60 @@ def test_settings_a_tool_environment_cannot_train_with_fail_at_validate(setting,
     with pytest.raises(ValueError, match=re.escape(message)):
         config.validate()
     StarPOConfig().environment("rllib_ragen/Sokoban-v0").training(**setting).validate()  # fine without tools
+
+
+DEEP = "[" * 1000 + "]" * 1000
+
+
+@pytest.mark.parametrize("text", [
+    "<tool_call>" + DEEP + "</tool_call>",  # the call itself
+    '<tool_call>{"name": "a", "arguments": {"x": ' + DEEP + "}}</tool_call>",  # in its arguments
+    '<tool_call>{"name": "a", "arguments": "{\\"x\\": ' + DEEP + '}"}</tool_call>',  # in an arguments string
+])
+def test_a_call_nested_past_what_json_parsing_takes_is_malformed_not_a_recursion_error(text):
+    reply = HERMES.parse(text)
+    assert reply.calls == () and len(reply.malformed) == 1
+    # The arguments string, left unparsed, is not an object: malformed as any string of arguments that is no JSON.
+    assert "nests deeper than 64 levels" in reply.malformed[0] or "must be a JSON object" in reply.malformed[0]
+
+
+def test_the_nesting_depth_counts_brackets_outside_strings_only():
+    from rllib_ragen.rollout.tools import nesting_depth
+
+    assert nesting_depth('{"a": [1, {"b": "[[[["}], "c\\"[": 2}') == 3
+    assert nesting_depth("[]") == 1 and nesting_depth('"x"') == 0
+
+
+def test_a_tools_huge_result_is_cut_to_max_observation_chars_and_counted(tiny):
+    import time
+
+    import rllib_ragen
+    from rllib_ragen.envs import ToolTextEnv
+
+    class Flood(ToolTextEnv):
+        instructions = "Read."
+        tool_names = ("read",)
+
+        def _reset_state(self):
+            pass
+
+        def _render_text(self):
+            return "A long file."
+
+        def read(self) -> str:
+            """Read the file."""
+            return "x" * 50_000_000
+
+    if "tests/Flood-v0" not in rllib_ragen.registered_text_envs():
+        rllib_ragen.register_text_env("tests/Flood-v0", Flood, max_episode_steps=5)
+    _, tokenizer = tiny
+    engine = RolloutEngine(RolloutConfig(env="tests/Flood-v0", max_turns=1),
+                           ScriptedBackend(lambda prompt: '<tool_call>{"name": "read", "arguments": {}}</tool_call>',
+                                           tokenizer), tokenizer)
+    t0 = time.perf_counter()
+    (t,), metrics = engine.rollout([0], group_size=1, sampling=SamplingParams())
+    assert time.perf_counter() - t0 < 20  # it was still tokenizing after 120 s
+    assert metrics["rollout/tool_results_cut"] == 1 and metrics["rollout/env_errors"] == 0
+    (result,) = t.turn_tool_results[0]
+    # 4096 characters in all: 4062 of the result, then the 34 of "\n[cut: 49,995,938 more characters]".
+    assert len(result["result"]) == 4096 and result["result"].endswith("x\n[cut: 49,995,938 more characters]")
