@@ -9,7 +9,8 @@ from typing import Any
 
 import gymnasium as gym
 
-from ..envs import BUILT_IN_TEXT_ENVS, REMOTE_ENV_ID, ensure_registered, make_text_env, registered_text_envs
+from ..envs import (BUILT_IN_TEXT_ENVS, REMOTE_ENV_ID, TRL_ENV_ID, ensure_registered, make_text_env,
+                    registered_text_envs)
 from ..envs.base import load_import_path
 from .knobs import MAX_VALIDATION_STATES, is_int
 
@@ -91,13 +92,14 @@ def env_config_errors(field: str, env, env_config):
     if accepted is not None and set(env_config) - accepted:
         yield (f"{field} has unknown keys {sorted(set(env_config) - accepted)} for {env!r}; "
                f"accepted: {sorted(accepted)}.")
-    elif isinstance(env, str) and (env in BUILT_IN_TEXT_ENVS or env == REMOTE_ENV_ID):
+    elif isinstance(env, str) and (env in BUILT_IN_TEXT_ENVS or env in (REMOTE_ENV_ID, TRL_ENV_ID)):
         # The built-in environments check their arguments' types and ranges when built (cheaply: no level is drawn
-        # before a reset): build one here, so a bad value is named now rather than in a worker at build time.
+        # before a reset): build one here, so a bad value is named now rather than in a worker at build time. A TRL
+        # class is built too (with no arguments, as TRL builds it): its contract and its import path are checked.
         try:
             make_text_env(env, **env_config).close()
-        except (ValueError, TypeError) as error:
-            yield f"{field} for {env!r}: {error}"
+        except (ValueError, TypeError, ImportError, AttributeError) as error:
+            yield f"{field} for {env!r}: {type(error).__name__ + ': ' if env == TRL_ENV_ID else ''}{error}"
 
 
 def _entry_errors(where: str, item, count_key: str, required: bool):

@@ -154,6 +154,9 @@ class RolloutScheduler:
         for key in M.ROLLOUT_COUNTERS:
             metrics[key] = sum(m.get(key, 0.0) for m in runner_metrics)
         metrics[M.ENV_RUNNER_RESTARTS] = float(restarts)
+        first_error = next((m[M.FIRST_ENV_ERROR] for m in runner_metrics if m.get(M.FIRST_ENV_ERROR)), None)
+        if first_error is not None:  # text, not a metric: the consumers take it out before logging
+            metrics[M.FIRST_ENV_ERROR] = first_error
         return trajectories, metrics
 
     def _play_on_remote_runners(self, seeds: list[Start], group_size: int, sampling: SamplingParams,

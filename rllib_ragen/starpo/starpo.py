@@ -125,8 +125,9 @@ class StarPO(Algorithm):
         with self._timer(M.TIME_SAMPLE):
             trajectories, rollout_results, played_by = self.rollouts.training_rollout(iteration)
         self.last_rollout, self.last_token_advantages = trajectories, {}
+        first_error = rollout_results.pop(M.FIRST_ENV_ERROR, None)
         if not trajectories:
-            raise RuntimeError("every environment of this rollout failed; see the env runner logs.")
+            raise RuntimeError(self._every_episode_failed(iteration, rollout_results, first_error))
         self._log(rollout_results, ENV_RUNNER_RESULTS)
         self.metrics.log_value((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME),
                                rollout_results[M.NUM_ENV_STEPS_SAMPLED], reduce="lifetime_sum")
@@ -289,6 +290,7 @@ class StarPO(Algorithm):
         sampling = config.sampling_params(validation=True)
         trajectories, results = self.rollouts.play(config.validation_starts(), config.validation_group_size,
                                                    sampling, validation_sample_seed(config))
+        results.pop(M.FIRST_ENV_ERROR, None)  # counted in the results; its log line has it
         self.last_validation = trajectories
         results[M.VALIDATION_ITERATION] = float(iteration)
         self._log(results, EVALUATION_RESULTS, ENV_RUNNER_RESULTS)
@@ -387,6 +389,24 @@ class StarPO(Algorithm):
 
     def _pad_token_id(self) -> int:
         return int(self.tokenizer.pad_token_id)
+
+    def _every_episode_failed(self, iteration: int, results: dict, first_error: str | None) -> str:
+        """Why a training rollout of iteration ``iteration`` brought back no trajectory: the counts, the first failed
+        environment call (its type and message), and the curriculum stage the rollout played."""
+        config = self.config
+        counted = ", ".join(f"{int(results[key])} {key.split('/')[-1].replace('_', ' ')}"
+                            for key in (M.ENV_ERRORS, M.ENV_TIMEOUTS, M.NONFINITE_REWARDS, M.PROMPTS_TOO_LONG)
+                            if results.get(key))
+        where = config.env_name
+        if config.curriculum:
+            stage = config.curriculum_stage(iteration)
+            if stage < len(config.curriculum):
+                where += (f" in curriculum stage {stage + 1} of {len(config.curriculum)} (curriculum[{stage}], "
+                          f"env_config {config.training_env_config(iteration)})")
+        return (f"every episode of iteration {iteration + 1}'s training rollout of {where} failed"
+                + (f" ({counted})" if counted else "")
+                + (f"; the first: {first_error.rstrip('.')}" if first_error else "")
+                + ". The env runner logs have each one.")
 
     def _log(self, metrics: dict[str, float], *path: str) -> None:
         """Log each value as the latest of its kind, under ``path`` (e.g. ``env_runners``) in the result."""

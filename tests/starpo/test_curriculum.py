@@ -152,3 +152,21 @@ def test_the_job_flag_sets_the_stages_and_the_plan_line_states_them():
         "grid variant none: no curriculum"]
     with pytest.raises(SystemExit):  # a bad stage exits at parse time, naming it (validate()'s message)
         parse_job_args(StarPOConfig().environment(SOKOBAN), JobSettings(), ["--curriculum", '[{"iterations": 0}]'])
+
+
+def test_a_stage_that_can_never_reset_ends_the_run_naming_the_stage_and_the_first_error(small_config):
+    """The stage's settings validate (a level is drawn only at reset), but no 5x5 level with two boxes is solved in
+    one move: every reset of the stage fails, and the run's error says where and why, not only that it happened."""
+    stage = [{"iterations": 1, "env_config": {"num_boxes": 2, "max_solution_moves": 1}}]
+    algo = small_config(validation_interval=0, validate_before_training=False).environment(
+        SOKOBAN, env_config={"dim": 5}, curriculum=stage).build_algo()
+    try:
+        with pytest.raises(RuntimeError) as error:
+            algo.train()
+    finally:
+        algo.stop()
+    message = str(error.value)
+    assert "every episode of iteration 1's training rollout of rllib_ragen/Sokoban-v0" in message
+    assert "in curriculum stage 1 of 1 (curriculum[0], env_config {'dim': 5, 'num_boxes': 2, " in message
+    assert "(8 env errors)" in message and "the first: env reset failed for seed " in message
+    assert ": RuntimeError: no level of 1000 drawn (dim=5, num_boxes=2" in message and ".." not in message
