@@ -35,6 +35,22 @@ def train_one_iteration(config: StarPOConfig) -> dict:
     return result
 
 
+@pytest.fixture(autouse=True)
+def registrations_undone():
+    """The ids a test registers are unregistered after it: the README's tests run the same blocks, each defining its
+    class anew, and an id registered to another class object is refused."""
+    import gymnasium as gym
+
+    from rllib_ragen import envs
+
+    before = set(gym.registry)
+    yield
+    for env_id in set(gym.registry) - before:
+        del gym.registry[env_id]
+        if env_id in envs._TEXT_ENV_IDS:
+            envs._TEXT_ENV_IDS.remove(env_id)
+
+
 def run_block(name: str, namespace: dict | None = None) -> dict:
     namespace = {} if namespace is None else namespace
     with contextlib.redirect_stdout(io.StringIO()):

@@ -420,6 +420,15 @@ def test_an_invalid_flag_value_exits_with_the_field_named(capsys):
     assert exit_code.value.code == 2 and "rollout_filter_ratio=0.0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("seeds, message", [("0,4294967296", "seed=4294967296 must lie in [0, 2**32)"),
+                                            ("0,-2", "seeds must be integers >= 0"), ("1,1", "repeats a seed")])
+def test_a_bad_seed_list_exits_2_naming_the_seed(seeds, message, capsys):
+    bandit = job_file("starpo_bandit.py")
+    with pytest.raises(SystemExit) as exit_code:
+        parse_job_args(bandit["config"], bandit["job"], ["--seeds", seeds])
+    assert exit_code.value.code == 2 and message in capsys.readouterr().err
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="checks the message shown without vLLM")
 def test_vllm_backend_without_vllm_is_refused_with_the_install_command():
     done = run_example("starpo_bandit.py", "--inference-backend", "vllm")

@@ -29,7 +29,7 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 
 from .. import metrics as M
 from .storage import is_local_storage
-from .outputs import (BEFORE_RL, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
+from .outputs import (BEFORE_RL, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
                       MACHINE, POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
 
 NEXT_TRAINING_SEED = "job/next_training_seed"  # which training states the run has shown so far (validation splits)
@@ -63,7 +63,7 @@ def machine_record() -> dict:
 def record_machine(folder: pathlib.Path) -> None:
     """Add this session's machine to the trial's ``machine.json`` (a list: a resumed trial may run elsewhere)."""
     path, record = folder / MACHINE, machine_record()
-    sessions = json.loads(path.read_text()) if path.is_file() else []
+    sessions = read_run_json(path, [])
     if not sessions or sessions[-1] != record:
         write_text_atomically(path, json.dumps([*sessions, record], indent=1))
 

@@ -28,7 +28,7 @@ from typing import Any
 from .outputs import LATEST, keep_notices_off_the_console
 from ..warm_start import LR_SCHEDULES, WARM_START_PRECISIONS
 from ..starpo.config import PRESET_LABEL, PRESETS, VARIANT_LABEL, preset_flags
-from ..starpo.knobs import BOOL, CHOICE, INT, NUMBER, OTHER, Knob, is_int
+from ..starpo.knobs import BOOL, CHOICE, INT, NUMBER, OTHER, RLLIB_FIELDS, Knob, is_int
 
 
 def cuda_devices_seen() -> int:
@@ -232,6 +232,10 @@ class JobSettings:
             raise ValueError(f"seeds={self.seeds!r} must be comma-separated integers, e.g. '0,1,2'.") from None
         if any(seed < 0 for seed in seeds):  # RLlib drops a -1 from configs (its "deprecated value" marker)
             raise ValueError(f"seeds={self.seeds!r}: seeds must be integers >= 0.")
+        seed_row = RLLIB_FIELDS["seed"]  # each trial's config.seed: checked by its row, as validate() checks it
+        for seed in seeds:
+            if seed_row.value_error(seed):
+                raise ValueError(f"seeds={self.seeds!r}: {seed_row.value_error(seed)}")
         if len(set(seeds)) < len(seeds):
             raise ValueError(f"seeds={self.seeds!r} repeats a seed: each trial needs its own.")
         return seeds

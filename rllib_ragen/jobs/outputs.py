@@ -25,7 +25,7 @@ import pathlib
 import re
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import metrics as M
 from ..sentinel import as_rule
@@ -70,7 +70,7 @@ def start_run_folder(out: pathlib.Path, config, job) -> None:
               "config": {k: v for k, v in config.to_dict().items() if _is_json(v)}}
     record["config"]["sentinel_rules"] = [dataclasses.asdict(as_rule(r)) for r in config.sentinel_rules]
     record = json.loads(json.dumps(record, default=str))  # compared below as it is stored
-    earlier = json.loads((out / RUN_CONFIG).read_text()) if (out / RUN_CONFIG).is_file() else {}
+    earlier = read_run_json(out / RUN_CONFIG, {})
     if job.resume:
         record["resumed"] = [*earlier.get("resumed", []), record["started"]]
         changed = changed_settings(earlier.get("config", {}), record["config"])
@@ -124,6 +124,30 @@ def written_whole(path: pathlib.Path):
 def write_text_atomically(path: pathlib.Path, text: str) -> None:
     with written_whole(path) as partial:
         partial.write_text(text, encoding="utf-8")
+
+
+MAX_RUN_JSON_BYTES = 64 << 20  # a run's JSON records are kilobytes; a larger one is damaged, and is not read
+
+
+class RunFileError(ValueError):
+    """A run folder's file is damaged: too large, or not JSON. Its message names the file."""
+
+
+def read_run_json(path: pathlib.Path, default: Any = None) -> Any:
+    """A JSON file of a run folder (``default`` when it does not exist): never larger than ``MAX_RUN_JSON_BYTES``
+    read, and a damaged one named in a :class:`RunFileError`, not a bare ``JSONDecodeError``."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        return default
+    size = path.stat().st_size
+    if size > MAX_RUN_JSON_BYTES:
+        raise RunFileError(f"{path} is {size:,} bytes, more than a run's record can be ({MAX_RUN_JSON_BYTES:,}): it "
+                           "is damaged, and was not read. Move it aside to read the rest of the run.")
+    try:
+        return json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, nesting past the parser
+        raise RunFileError(f"{path} is not valid JSON ({type(error).__name__}: {str(error)[:200]}): it is damaged. "
+                           "Move it aside to read the rest of the run.") from None
 
 
 # ---- quiet console ------------------------------------------------------------------------------------------------
@@ -290,7 +314,7 @@ def baseline_file(name: str) -> str:
 def baseline_name(file: pathlib.Path) -> str:
     """A baseline's name as the job gave it (recorded beside its episodes, ``names.json``), else the file's stem."""
     names = file.parent / "names.json"
-    return json.loads(names.read_text()).get(file.name, file.stem) if names.is_file() else file.stem
+    return read_run_json(names, {}).get(file.name, file.stem)
 
 
 def outcomes_by_state(episodes) -> dict[str, float]:

@@ -25,7 +25,7 @@ import sys
 from .. import metrics as M
 from .callbacks import NEXT_TRAINING_SEED, TIME_BUDGET_STOP
 from ..collapse import reasoning_entropy
-from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER,
+from .outputs import (RunFileError, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER,
                       MACHINE, LEARNING_CURVE, baseline_name, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
                       read_first_reasonings, read_outcomes, read_reasoning_claims, read_results, state_of,
                       validations_of, write_text_atomically)
@@ -117,9 +117,9 @@ def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, known_scores: dict
         trained.setdefault(env_name, []).extend(seeds)
     summary["validation_splits"] = _validation_splits(config, trial, trained)
     sentinel = trial / "sentinel.json"
-    summary["sentinel_firings"] = json.loads(sentinel.read_text()) if sentinel.is_file() else []
+    summary["sentinel_firings"] = read_run_json(sentinel, [])
     machine = trial / MACHINE
-    summary["machine"] = json.loads(machine.read_text()) if machine.is_file() else []  # one entry per session
+    summary["machine"] = read_run_json(machine, [])  # one entry per session
     summary["run_dir"] = str(trial)
     write_text_atomically(trial / "summary.json", json.dumps(json_ready(summary), indent=2, allow_nan=False))
     title = (f"{config.env_name} | model {pathlib.Path(str(summary['model'])).name} | seed {config.seed} | "
@@ -183,7 +183,7 @@ def versus_control(run_dir: pathlib.Path, trials: list[pathlib.Path], allow_impo
     every grid field at its first listed value (or the first named variant), on the same validation states after
     RL, sampled and greedy ("before" is the control, "after" the trial). ``{}`` without a grid."""
     record = run_dir / RUN_CONFIG
-    grid = json.loads(record.read_text()).get("job", {}).get("grid") if record.is_file() else None
+    grid = read_run_json(record, {}).get("job", {}).get("grid")
     if not grid:
         return {}
 
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.run_dir} is not a folder")
     try:
         report_experiment(args.run_dir.resolve(), args.pass_bar, allow_imports=args.allow_run_imports)
-    except (FileNotFoundError, RunFolderImportError) as error:
+    except (FileNotFoundError, RunFolderImportError, RunFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

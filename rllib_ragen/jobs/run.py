@@ -37,6 +37,7 @@ import pathlib
 import re
 import signal
 import statistics
+import sys
 import threading
 import time
 from typing import Callable
@@ -189,8 +190,16 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, know
             sync_config=tune.SyncConfig(sync_artifacts=True),  # outputs of trials whose storage is not local
             callbacks=[console, TensorBoardLogs(out.parent / TENSORBOARD / out.name)], verbose=0),
             tune_config=tune.TuneConfig(trial_dirname_creator=functools.partial(trial_dirname, list(grid))))
-    with sigterm_as_ctrl_c(), restored_without_stale_decisions():
-        results = tuner.fit()
+    with sigterm_as_ctrl_c() as sigterms:
+        with restored_without_stale_decisions():
+            results = tuner.fit()
+        sigterms.forward = False
+        return _after_fit(results, console, job, out, known_scores, sigterms)
+
+
+def _after_fit(results, console, job: JobSettings, out: pathlib.Path, known_scores: dict,
+               sigterms: SigtermsSeen) -> dict:
+    """What a job does once Tune is done: it says why a trial failed or was cut, else reports the run."""
     # A trial's cause as the console read it from Tune's local copy of error.txt (the run folder's copy may be
     # missing: a full disk), else from the result grid.
     causes = {pathlib.Path(r.path).name: console.errors.get(pathlib.Path(r.path).name)
@@ -226,21 +235,41 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, know
             + (f" The disk holding {out} is full: what was written before it filled is whole (results, "
                "checkpoints, the run's state); free space there, then continue" if full else " Continue")
             + f" from each trial's last checkpoint with: {' '.join(_resume_command(out))}")
+    if sigterms.received:  # it came once the trials had finished their iterations, closing included
+        print(f"SIGTERM arrived after the trials had finished their iterations (during their closing validation and "
+              f"export, or the report); the run above is whole. Exiting with {128 + signal.SIGTERM}, as a job "
+              "stopped by SIGTERM does.", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGTERM)
     return next(iter(report["trials"].values())) if len(report["trials"]) == 1 else report
+
+
+class SigtermsSeen:
+    """The SIGTERMs a job received (``sigterm_as_ctrl_c``); ``forward``: whether one still interrupts Tune."""
+
+    def __init__(self):
+        self.received, self.forward = 0, True
 
 
 @contextlib.contextmanager
 def sigterm_as_ctrl_c():
-    """While Tune runs: SIGTERM (a scheduler's stop, ``kill``) ends the run the way Ctrl-C does, through Tune's own
-    interrupt, which saves the experiment state; the job then says it was interrupted and how to resume. Without
-    this, the SIGTERM handler Ray's core worker installs in the driver printed a C++ stack trace and aborted
-    (exit -6). In the main thread only (signals are delivered there)."""
+    """From Tune's start to the job's end: SIGTERM (a scheduler's stop, ``kill``) ends the run the way Ctrl-C does,
+    through Tune's own interrupt, which saves the experiment state; the job then says it was interrupted and how to
+    resume. Without this, the SIGTERM handler Ray's core worker installs in the driver printed a C++ stack trace and
+    aborted (exit -6). Once Tune is done (``forward`` off) a SIGTERM is only counted: what is left, the report, takes
+    seconds, and the job then says it came. In the main thread only (signals are delivered there)."""
+    seen = SigtermsSeen()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield seen
         return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+
+    def to_ctrl_c(signum, frame):
+        seen.received += 1
+        if seen.forward:
+            signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, to_ctrl_c)
     try:
-        yield
+        yield seen
     finally:  # (None: the previous handler was not Python's, and cannot be put back from here)
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
@@ -286,8 +315,6 @@ class RunInterrupted(RuntimeError):
 
 def _resume_command(out: pathlib.Path) -> list[str]:
     """The command line that continues this run: the job's own, with ``--resume`` and its folder's name."""
-    import sys
-
     argv = [a for a in sys.argv if a != "--resume"]
     return ["python", *argv[:1], "--resume", "--output-dir", str(out.parent), "--run-name", out.name] \
         if argv and argv[0].endswith(".py") else ["--resume", "--run-name", out.name]

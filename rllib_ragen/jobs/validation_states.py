@@ -8,11 +8,11 @@ training or warm-start seed.
 
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Iterable
 
 from ..envs import make_text_env
+from .outputs import read_run_json
 
 
 def initial_states(env_id, env_config: dict, seeds: Iterable[int],
@@ -36,9 +36,9 @@ def demonstrated_seeds(model: str) -> dict[str, range]:
     """``{env name: seeds}`` of the demonstrations a warm start saved in folder ``model`` was trained on (this
     run's or an earlier run's, passed as ``--model``); empty for a model without the record (a built-in one)."""
     record = pathlib.Path(str(model)) / DEMONSTRATIONS_FILE
-    if not record.is_file():
+    shown = read_run_json(record)
+    if shown is None:
         return {}
-    shown = json.loads(record.read_text())
     return {shown["env"]: range(*shown["seeds"])}
 
 

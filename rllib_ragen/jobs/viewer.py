@@ -25,7 +25,7 @@ import json
 import math
 import pathlib
 
-from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
+from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, read_run_json,
                       LEARNING_CURVE, PANEL_EXPLANATIONS, RUN_CONFIG, SENTINEL_FILE, TRAINING_ROLLOUTS, VIEWER_PAGE,
                       drawn_panels, plot_learning_curve, read_results, validations_of, write_text_atomically)
 
@@ -72,13 +72,13 @@ def build_page(run_dir: pathlib.Path, validation_env: str | None = None) -> str:
         raise FileNotFoundError(f"{run_dir} holds no rollouts ({', '.join(name for name, _ in SOURCES)}): is it a "
                                 "run folder of a main job?")
     rows = read_results(run_dir)
-    firings = json.loads((run_dir / SENTINEL_FILE).read_text()) if (run_dir / SENTINEL_FILE).is_file() else []
-    run_config = json.loads((run_dir / RUN_CONFIG).read_text()) if (run_dir / RUN_CONFIG).is_file() else {}
+    firings = read_run_json(run_dir / SENTINEL_FILE, [])
+    run_config = read_run_json(run_dir / RUN_CONFIG, {})
     recorded = run_config.get("config", {})
     first = (recorded.get("train_envs") or [{}])[0]  # a mixture's curves are its first training environment's
     env = str(first.get("name") or first.get("env") or recorded.get("env", episodes[0]["env"]))
     if validation_env is None and (run_dir / "summary.json").is_file():  # the environment its final table scores
-        validation_env = json.loads((run_dir / "summary.json").read_text()).get("env")
+        validation_env = read_run_json(run_dir / "summary.json", {}).get("env")
     title = f"{run_dir.name}: {env}"
     data = json.dumps({"episodes": episodes}, allow_nan=False, default=_finite)
     data = data.replace("</", "<\\/")  # a "</script>" inside an episode's text must not end the data block

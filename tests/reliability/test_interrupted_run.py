@@ -79,3 +79,23 @@ def test_a_cut_tuner_pickle_is_named_instead_of_failing_inside_tune(tmp_path):
     run = _state_folder(tmp_path, whole[:40], '{"trial_data": [["{}", "{}"]]}')
     with pytest.raises(ValueError, match=r"--resume: Tune could not read the run's state in .*tuner.pkl"):
         restore_tuner(run)
+
+
+@pytest.mark.slow
+def test_a_sigterm_after_the_last_iteration_is_said_and_exits_143(tmp_path):
+    """A SIGTERM that lands once the trial has closed (its policy exported) while Tune winds down, or during the
+    report, was ignored: exit 0 and a normal table, with no word of it (or, after fit(), Ray's C++ abort). The run
+    is whole then: the job reports it, says the signal came, and exits 143, as a job stopped by SIGTERM does."""
+    command = [sys.executable, str(ROOT / "tuned_examples" / "starpo_bandit.py"), "--iterations", "1",
+               "--warm-start-steps", "3", "--warm-start-episodes", "8", "--validation-size", "8",
+               "--validation-interval", "0", "--run-name", "closing", "--output-dir", str(tmp_path)]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                           env=CPU_ONLY)
+    deadline = time.monotonic() + 600
+    while not list((tmp_path / "closing").glob("*/policy/model.safetensors")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    job.send_signal(signal.SIGTERM)
+    out, err = job.communicate(timeout=600)
+    assert job.returncode == 143, (out[-2000:], err[-2000:])
+    assert "SIGTERM arrived after the trials had finished their iterations" in err and "the run above is whole" in err
+    assert "bar" in out  # the final table was printed

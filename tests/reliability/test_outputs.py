@@ -186,3 +186,28 @@ def test_a_job_without_periodic_validation_still_measures_before_and_after_and_n
         assert math.isnan(summary["success_gain"]) and summary["passed"] is False and summary["paired"] is None
         assert written["before"]["success"] is None and written["success_gain"] is None  # not measured: null
         assert "success gain not measured" in printed and "validation states after the last iteration" in printed
+
+
+@pytest.mark.parametrize("content, message", [(b"x", r"is not valid JSON \(JSONDecodeError"),
+                                              (b"\x00" * 1000, "is not valid JSON"),
+                                              (b"[" * 100_000, r"is not valid JSON \(RecursionError")])
+def test_a_damaged_run_record_is_named_not_a_bare_decode_error(tmp_path, content, message):
+    from rllib_ragen.jobs.outputs import RunFileError, read_run_json
+
+    path = tmp_path / "machine.json"
+    path.write_bytes(content)
+    with pytest.raises(RunFileError, match=message) as error:
+        read_run_json(path, [])
+    assert str(path) in str(error.value)
+    assert read_run_json(tmp_path / "absent.json", []) == []
+
+
+def test_a_run_record_too_large_to_be_one_is_refused_unread(tmp_path, monkeypatch):
+    from rllib_ragen.jobs import outputs
+
+    path = tmp_path / "machine.json"
+    with open(path, "wb") as f:  # 1 GB of NULs, sparse: the size is what is checked, before any byte is read
+        f.truncate(1 << 30)
+    monkeypatch.setattr(pathlib.Path, "read_bytes", lambda self: pytest.fail("read a file it should refuse"))
+    with pytest.raises(outputs.RunFileError, match=r"is 1,073,741,824 bytes, more than a run's record can be"):
+        outputs.read_run_json(path)
