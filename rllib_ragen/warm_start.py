@@ -32,11 +32,11 @@ import torch
 
 from .jobs.outputs import WARM_START_CURVE, write_csv, write_text_atomically
 from .jobs.validation_states import DEMONSTRATIONS_FILE
-from .objectives import token_logprobs
+from .objectives import scored_token_logprobs
 from .rollout.backends import SamplingParams, ScriptedBackend
 from .rollout.engine import RolloutConfig, RolloutEngine
 from .rollout.trajectory import Trajectory, pad_trajectories
-from .rollout.models import forward_sharing_prefix
+from .rollout.models import cpu_computes_bfloat16, forward_sharing_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ WARM_START_PRECISIONS = ("float32", "bfloat16")
 def emulated_bfloat16(device: torch.device) -> bool:
     """Whether bfloat16 matrix products on ``device`` run emulated: a CPU with neither AVX512-BF16 nor AMX (torch's
     own checks). There a bfloat16 warm start is far slower than float32, not faster (the Benchmarks page)."""
-    return device.type == "cpu" and not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return device.type == "cpu" and not cpu_computes_bfloat16()
 
 
 def warm_start_lr(lr: float, step: int, steps: int, schedule: str) -> float:
@@ -117,7 +117,7 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
                           pad_token_id: int = 0, log_every: int = 50, average_decay: float = 0.0,
                           lr_schedule: str = "constant", group_by_length: bool = False,
                           precision: str = "float32", evaluate: Callable[[int, str], None] | None = None,
-                          evaluate_every: int = 0) -> list[float]:
+                          evaluate_every: int = 0, micro_batch_size: int = 0) -> list[float]:
     """Fine-tune ``model`` in place on the reply tokens of ``demonstrations`` (cross-entropy, AdamW). Demonstrations
     played under a context window train each turn as its own row (``Trajectory.rows``), the prompt RL will show.
 
@@ -144,6 +144,10 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
             last weights, the train mode and the global RNG state are put back, and the batches come from their
             own generator.
         evaluate_every: steps between calls of ``evaluate``; 0 calls it only after the last step.
+        micro_batch_size: rows per forward and backward pass, their gradients summed into the step's (each row's
+            loss divided by the whole batch's reply tokens): the same step in less memory, as a model's activations
+            grow with the rows of a pass (SmolLM2 on 16 FrozenLake demonstrations: about 15 GiB at once). 0: the
+            whole batch in one pass.
 
     Returns:
         The loss of every step (mean over reply tokens).
@@ -159,6 +163,8 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         raise ValueError(f"precision={precision!r}: choose one of {list(WARM_START_PRECISIONS)}.")
     if evaluate_every < 0:
         raise ValueError(f"evaluate_every={evaluate_every!r} must be >= 0 (0: evaluate after the last step only).")
+    if micro_batch_size < 0:
+        raise ValueError(f"micro_batch_size={micro_batch_size!r} must be >= 0 (0: the whole batch in one pass).")
     device = next(model.parameters()).device
     if precision == "bfloat16" and emulated_bfloat16(device):
         logger.warning("warm start: precision 'bfloat16' on this CPU (no AVX512-BF16 or AMX) runs emulated, far "
@@ -182,20 +188,29 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
             model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(average_decay))
         average.update_parameters(model)
         averaged = list(average.module.parameters())
+    trunk, head = model.get_decoder(), model.get_output_embeddings()
     for step in range(steps):
         batch = pad_trajectories([demonstrations[i] for i in next(batches)], pad_token_id)
         ids, attention, mask = (torch.from_numpy(batch[key]).to(device)
                                 for key in ("input_ids", "attention_mask", "response_mask"))
-        with _autocast(device, precision):
-            logits = forward_sharing_prefix(model, ids, attention)["logits"]  # the system prompt: once per batch
-        logits = logits.float()  # log-softmax over the vocabulary in float32 whatever the forward pass ran in
-        # Cross-entropy on the reply tokens: -log pi(x_t | x_<t), averaged over every reply token of the batch.
-        loss = -(token_logprobs(logits, ids) * mask).sum() / mask.sum().clamp(min=1)
-        losses.append(loss.item())
-        if not math.isfinite(losses[-1]):  # before backward: a non-finite loss never reaches the weights
-            raise FloatingPointError(f"warm-start loss became {losses[-1]} at step {step}; lower lr={lr}.")
+        tokens = mask.sum().clamp(min=1)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = torch.zeros((), device=device)
+        for rows in _micro_batches(len(ids), micro_batch_size):
+            part_ids, part_attention, part_mask = ids[rows], attention[rows], mask[rows]
+            width = int(part_attention.sum(-1).max())  # right-padded: no row of this pass needs more columns
+            part_ids, part_attention, part_mask = part_ids[:, :width], part_attention[:, :width], part_mask[:, :width]
+            with _autocast(device, precision):
+                # The system prompt once per pass; the LM head and its float32 log-softmax on the reply tokens only.
+                hidden = forward_sharing_prefix(trunk, part_ids, part_attention)["last_hidden_state"]
+                logp = scored_token_logprobs(hidden, head, part_ids, part_mask)
+            # Cross-entropy on the reply tokens: -log pi(x_t | x_<t), averaged over every reply token of the batch.
+            part_loss = -(logp * part_mask).sum() / tokens
+            if not math.isfinite(part_loss.item()):  # before backward: a non-finite loss never reaches the weights
+                raise FloatingPointError(f"warm-start loss became {part_loss.item()} at step {step}; lower lr={lr}.")
+            part_loss.backward()
+            loss = loss + part_loss.detach()
+        losses.append(loss.item())
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
@@ -210,6 +225,12 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         _load(params, averaged)
     model.eval()
     return losses
+
+
+def _micro_batches(size: int, micro_batch_size: int) -> list[slice]:
+    """The rows of each pass of a batch of ``size`` rows: ``micro_batch_size`` at a time (0: all at once)."""
+    step = micro_batch_size or size
+    return [slice(start, start + step) for start in range(0, size, step)]
 
 
 @torch.no_grad()
@@ -311,6 +332,7 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
                                    average_decay=job.warm_start_average_decay,
                                    lr_schedule=job.warm_start_lr_schedule,
                                    group_by_length=job.warm_start_group_by_length,
+                                   micro_batch_size=job.warm_start_micro_batch_size,
                                    precision=job.warm_start_precision,
                                    evaluate=curve and functools.partial(curve, model),
                                    evaluate_every=job.warm_start_eval_interval)

@@ -41,10 +41,32 @@ def test_a_non_finite_warm_start_loss_raises_before_the_weights_change(bandit_de
     demos, pad = bandit_demos
     model, _ = load_policy("tiny", seed=0)
     before = [p.detach().clone() for p in model.parameters()]
-    monkeypatch.setattr(warm_start_module, "token_logprobs", lambda logits, ids: torch.full(ids.shape, float("nan")))
+    monkeypatch.setattr(warm_start_module, "scored_token_logprobs",
+                        lambda hidden, head, ids, mask: torch.full(ids.shape, float("nan")))
     with pytest.raises(FloatingPointError, match="lower lr"):
         supervised_warm_start(model, demos, steps=3, batch_size=8, pad_token_id=pad, average_decay=0.9)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_micro_batches_take_the_same_step_as_one_pass(bandit_demos):
+    """Rows 3 at a time, each pass's loss over the whole batch's reply tokens: the summed gradient is the batch's, so
+    the weights after two steps agree with one pass's to float rounding (AdamW's first steps move every weight by
+    about lr = 2e-3, and magnify the rounding of the smallest gradients: 1% of a step is allowed), and differ from
+    the start."""
+    demos, pad = bandit_demos
+    start = [p.detach().clone() for p in load_policy("tiny", seed=0)[0].parameters()]
+    whole, split = weights_after(2, demos, pad), weights_after(2, demos, pad, micro_batch_size=3)
+    for a, b in zip(whole, split):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
+    assert any(not torch.equal(a, s) for a, s in zip(whole, start))
+
+
+def test_a_negative_micro_batch_size_is_refused(bandit_demos):
+    demos, pad = bandit_demos
+    with pytest.raises(ValueError, match="micro_batch_size=-1"):
+        supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, pad_token_id=pad, micro_batch_size=-1)
+    with pytest.raises(ValueError, match="warm_start_micro_batch_size"):
+        JobSettings(warm_start_micro_batch_size=-1).validate()
 
 
 @pytest.mark.parametrize("decay", [1.0, -0.1, 1.5])

@@ -135,6 +135,57 @@ def token_logprobs_and_entropy(logits: torch.Tensor, token_ids: torch.Tensor,
     return _logprobs_of(scaled, token_ids), shift_right(entropy_from_logits(scaled))
 
 
+def scored_token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, token_ids: torch.Tensor,
+                          scored: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """:func:`token_logprobs` at the ``scored`` positions only, zero elsewhere, from the trunk's hidden states: the
+    LM head and the log-softmax run on the rows that predict a scored token, not on every position.
+
+    A loss reads only the sampled (or demonstrated) tokens, a fifth of a multi-turn batch or less; over a 49k-token
+    vocabulary the full (B, T, V) logits, their float copy and their softmax are gigabytes and most of an update's
+    time on a CPU. Each scored value is computed as the full version computes it (the head's row for that position,
+    then ``log_softmax(z / T)``), so the two agree to float rounding (tested).
+
+    Args:
+        hidden: (B, T, H) the trunk's last hidden states (``model.get_decoder()``'s ``last_hidden_state``).
+        head: the LM head (``model.get_output_embeddings()``).
+        token_ids: (B, T) the sequence.
+        scored: (B, T) 1 where a token's log-prob is wanted (position 0 is never scored: nothing predicts it).
+        temperature: as :func:`token_logprobs`.
+
+    Returns:
+        (B, T) float32 log-probs, 0 where not scored.
+    """
+    where, scaled = _scored_rows(hidden, head, scored, temperature)
+    return _placed(where, _picked(scaled, token_ids[:, 1:][where]))
+
+
+def scored_logprobs_and_entropy(hidden: torch.Tensor, head: torch.nn.Module, token_ids: torch.Tensor,
+                                scored: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`scored_token_logprobs` and, at the same positions, the entropy of the distribution each token was
+    drawn from (:func:`token_logprobs_and_entropy`'s); both (B, T), 0 where not scored."""
+    where, scaled = _scored_rows(hidden, head, scored, temperature)
+    return _placed(where, _picked(scaled, token_ids[:, 1:][where])), _placed(where, entropy_from_logits(scaled))
+
+
+def _scored_rows(hidden: torch.Tensor, head: torch.nn.Module, scored: torch.Tensor,
+                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T-1) bool of the positions whose next token is scored, and the (N, V) float32 logits / T there."""
+    where = scored[:, 1:].bool()  # token t is scored from the hidden state at t - 1
+    return where, head(hidden[:, :-1][where]).float() / temperature
+
+
+def _picked(scaled: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """(N,) log_softmax(scaled)[n, tokens[n]]."""
+    return torch.log_softmax(scaled, -1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _placed(where: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """(B, T) float32: ``values`` at the positions after ``where``'s, zeros elsewhere."""
+    out = values.new_zeros(where.shape, dtype=torch.float32)
+    out[where] = values.float()
+    return shift_right(out)
+
+
 def _next_token_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """(B, T, V) -> (B, T-1, V) float32 logits of tokens 1..T-1, divided by the temperature."""
     return logits[:, :-1].float() / temperature

@@ -17,7 +17,7 @@ from ray.rllib.core.rl_module.apis import InferenceOnlyAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.rllib.utils.annotations import override
 
-from ..objectives import token_logprobs_and_entropy
+from ..objectives import scored_logprobs_and_entropy, token_logprobs_and_entropy
 from ..objectives.losses import shift_right
 from ..rollout.lora import attach_lora, is_adapter_key, lora_settings, merged_policy_state
 from ..rollout.models import forward_sharing_prefix, load_policy
@@ -106,16 +106,27 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
 
     @override(TorchRLModule)
     def _forward_train(self, batch: dict[str, Any], **kwargs) -> dict[str, Any]:
-        """Per-token ``logp``, ``entropy`` and (with a critic) ``values``, each (B, T), position 0 zero."""
+        """Per-token ``logp``, ``entropy`` and (with a critic) ``values``, each (B, T), position 0 zero.
+
+        With ``batch["score_mask"]`` (B, T), log-probs and entropies are computed at its tokens only (the sampled
+        ones: all a loss reads) and are zero elsewhere: the LM head and its softmax skip every other position."""
         ids, mask = batch["input_ids"], batch["attention_mask"]
-        # Every trajectory opens with the same system prompt and instructions: read once per batch.
-        out = forward_sharing_prefix(self.policy, ids, mask, output_hidden_states=self.critic_type == "head")
-        logp, entropy = token_logprobs_and_entropy(out["logits"], ids, self.temperature)
+        scored = batch.get("score_mask")
+        if scored is not None:
+            # Every trajectory opens with the same system prompt and instructions: read once per batch.
+            out = forward_sharing_prefix(self.policy.get_decoder(), ids, mask)
+            hidden = out["last_hidden_state"]
+            logp, entropy = scored_logprobs_and_entropy(hidden, self.policy.get_output_embeddings(), ids, scored,
+                                                        self.temperature)
+        else:
+            out = forward_sharing_prefix(self.policy, ids, mask, output_hidden_states=self.critic_type == "head")
+            hidden = out["hidden_states"][-1] if self.critic_type == "head" else None
+            logp, entropy = token_logprobs_and_entropy(out["logits"], ids, self.temperature)
         result = {"logp": logp, "entropy": entropy}
         if self.critic_type == "separate":
             result["values"] = shift_right(self.critic(ids, mask)[:, :-1])
         elif self.critic_type == "head":
-            result["values"] = shift_right(self.value_head(out["hidden_states"][-1][:, :-1]).squeeze(-1).float())
+            result["values"] = shift_right(self.value_head(hidden[:, :-1]).squeeze(-1).float())
         return result
 
     # ---- state: torch tensors, not numpy (numpy has no bfloat16) --------------------------------------------------

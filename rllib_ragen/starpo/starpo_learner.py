@@ -222,7 +222,7 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
         for rows in micro_batches:
             inputs = trimmed_inputs(data, rows)
             with self._precision(config):
-                out = module.forward_train(inputs)
+                out = module.forward_train(_scoring_sampled_tokens(inputs, data, rows))
             self._score(data, module, config, rows, inputs, out)
         self._finish_scores(data, config)
         self._log_scores(data, config)
@@ -362,7 +362,7 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
         inputs = trimmed_inputs(data, rows)
         width = inputs["input_ids"].shape[1]
         with self._precision(config):
-            fwd_out = module.forward_train(inputs)
+            fwd_out = module.forward_train(_scoring_sampled_tokens(inputs, data, rows))
         if score:
             self._score(data, module, config, rows, inputs, fwd_out)
             self._finish_scores(data, config)
@@ -406,6 +406,12 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
             if not math.isnan(value):
                 self.metrics.log_value((module_id, key), value, window=1000)
         return loss
+
+
+def _scoring_sampled_tokens(inputs: dict, data: dict, rows: torch.Tensor) -> dict:
+    """``forward_train``'s batch: the model inputs, and the tokens to score, the sampled ones (every loss, the
+    log-prob gap and the scores read those alone; the module skips the LM head elsewhere)."""
+    return {**inputs, "score_mask": data["response_mask"][rows, :inputs["input_ids"].shape[1]]}
 
 
 def _cpu_clone(state):

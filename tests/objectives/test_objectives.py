@@ -193,3 +193,64 @@ def test_truncated_importance_weights_by_hand():
                              clip_low=0.2, clip_high=0.28, dual_clip=3.0, aggregation="seq-mean-token-sum")[0]
                  for i in range(3)]
     assert torch.allclose(weighted, sum(w * loss for w, loss in zip(weights[0, :3], per_token)))
+
+
+def test_scored_logprobs_are_those_of_the_full_logits_at_the_scored_tokens_by_hand():
+    """A 3-token vocabulary, the identity as LM head, so the hidden state at t - 1 is the logits of token t."""
+    from rllib_ragen.objectives import scored_logprobs_and_entropy, scored_token_logprobs
+
+    hidden = torch.tensor([[[0.0, 0.0, 0.0], [math.log(2), 0.0, 0.0], [0.0, 0.0, 0.0]]])  # (1, 3, 3)
+    ids = torch.tensor([[2, 0, 1]])
+    scored = torch.tensor([[0, 1, 1]])
+    head = torch.nn.Identity()
+    logp, entropy = scored_logprobs_and_entropy(hidden, head, ids, scored, temperature=1.0)
+    assert torch.equal(scored_token_logprobs(hidden, head, ids, scored, temperature=1.0), logp)
+    # Token 1 (id 0) from uniform logits: log 1/3; token 2 (id 1) from (log 2, 0, 0): log 1/4.
+    assert logp[0].tolist() == pytest.approx([0.0, math.log(1 / 3), math.log(1 / 4)])
+    # (1/2, 1/4, 1/4): -(1/2 log 1/2 + 2 * 1/4 log 1/4)
+    assert entropy[0].tolist() == pytest.approx([0.0, math.log(3), -(0.5 * math.log(0.5) + 0.5 * math.log(0.25))])
+    # At temperature 2 the second distribution is softmax(log 2 / 2, 0, 0) = (sqrt 2, 1, 1) / (2 + sqrt 2).
+    logp, _ = scored_logprobs_and_entropy(hidden, head, ids, torch.tensor([[0, 0, 1]]), temperature=2.0)
+    assert logp[0].tolist() == pytest.approx([0.0, 0.0, math.log(1 / (2 + math.sqrt(2)))])
+
+
+def test_scored_logprobs_agree_with_the_full_pass_on_a_real_model():
+    from rllib_ragen.objectives import scored_logprobs_and_entropy, token_logprobs_and_entropy
+    from rllib_ragen.rollout.models import load_policy
+
+    model, _ = load_policy("tiny")
+    ids = torch.randint(5, 500, (3, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    scored = (torch.rand(3, 40, generator=torch.Generator().manual_seed(1)) < 0.3).long()
+    scored[:, 0] = 0
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        full_logp, full_entropy = token_logprobs_and_entropy(out.logits, ids, 0.7)
+        logp, entropy = scored_logprobs_and_entropy(out.hidden_states[-1], model.get_output_embeddings(), ids,
+                                                    scored, 0.7)
+    assert torch.allclose(logp, full_logp * scored, atol=1e-6) and torch.allclose(entropy, full_entropy * scored,
+                                                                                   atol=1e-5)
+    assert (logp[scored == 0] == 0).all()
+
+
+def test_scored_logprobs_pass_the_full_passes_gradient_to_the_trunk():
+    """The loss's gradient reaches the hidden states and the head as the full (B, T, V) computation's does."""
+    from rllib_ragen.objectives import scored_logprobs_and_entropy, token_logprobs_and_entropy
+
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 6, 8, generator=generator)
+    head = torch.nn.Linear(8, 11, bias=False)
+    ids = torch.randint(0, 11, (2, 6), generator=generator)
+    scored = torch.tensor([[0, 1, 1, 0, 1, 0], [0, 0, 1, 1, 1, 1]])
+    grads = []
+    for full in (True, False):
+        h = hidden.clone().requires_grad_()
+        head.zero_grad()
+        if full:
+            logp, entropy = token_logprobs_and_entropy(head(h), ids, 0.7)
+        else:
+            logp, entropy = scored_logprobs_and_entropy(h, head, ids, scored, 0.7)
+        ((logp - 0.01 * entropy) * scored).sum().backward()
+        grads.append((h.grad.clone(), head.weight.grad.clone()))
+    for full_grad, scored_grad in zip(*grads):
+        torch.testing.assert_close(scored_grad, full_grad, rtol=0, atol=1e-6)
