@@ -74,21 +74,31 @@ class _PrefixCache:
         The longest matching row wins: a shorter row can be a prefix of another episode's prompt too (two episodes
         of a group whose replies start alike). Identical cached rows are kept apart, each usable once.
         """
-        by_length: dict[int, dict[tuple, list[int]]] = {}
-        for i, row in enumerate(self.rows):
-            by_length.setdefault(len(row), {}).setdefault(tuple(row), []).append(i)
+        free = self.free_rows()
         picked = []
         for prompt in prompts:
-            hit = None
-            for n, table in sorted(by_length.items(), reverse=True):
-                free = table.get(tuple(prompt[:n])) if n <= len(prompt) else None
-                if free:
-                    hit = free.pop(0)
-                    break
+            hit = _take_row(free, prompt)
             if hit is None:
                 return None
             picked.append(hit)
         return picked
+
+    def free_rows(self) -> dict[int, dict[tuple, list[int]]]:
+        """The cached rows by length, then by their ids: what :func:`_take_row` takes from."""
+        by_length: dict[int, dict[tuple, list[int]]] = {}
+        for i, row in enumerate(self.rows):
+            by_length.setdefault(len(row), {}).setdefault(tuple(row), []).append(i)
+        return by_length
+
+
+def _take_row(free: dict[int, dict[tuple, list[int]]], prompt: Sequence[int]) -> int | None:
+    """Take from ``free`` (:meth:`_PrefixCache.free_rows`) the longest cached row that is a prefix of ``prompt``;
+    its index, or None."""
+    for n, table in sorted(free.items(), reverse=True):
+        rows = table.get(tuple(prompt[:n])) if n <= len(prompt) else None
+        if rows:
+            return rows.pop(0)
+    return None
 
 
 @functools.cache
@@ -104,6 +114,12 @@ def _growing_kv_layer():
     from transformers.cache_utils import DynamicLayer
 
     class GrowingKVLayer(DynamicLayer):
+        # A decode step (one new token per row) gets the whole buffer, not a view of its filled part, where the
+        # model's attention takes it (HFBackend's CPU decode attention masks the empty slots, which hold zeros):
+        # torch's bfloat16 products copy such a view (its rows apart by the buffer's capacity) every step, several
+        # times slower than reading the contiguous buffer.
+        whole_buffer_for_decode = False
+
         def lazy_initialization(self, key_states, value_states):
             super().lazy_initialization(key_states, value_states)
             self._keys = self._values = None
@@ -120,6 +136,8 @@ def _growing_kv_layer():
             self._values[..., start:end, :] = value_states
             self._length = end
             self._expose()
+            if self.whole_buffer_for_decode and key_states.shape[-2] == 1:
+                return self._keys, self._values
             return self.keys, self.values
 
         def get_seq_length(self) -> int:
@@ -134,7 +152,12 @@ def _growing_kv_layer():
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
             if self.get_seq_length() > 0:
-                self._keys, self._values = self._keys[indices], self._values[indices]
+                if len(indices) == self._keys.shape[0] and bool((indices == torch.arange(
+                        len(indices), device=indices.device)).all()):
+                    return  # the same rows in the same order: nothing to copy
+                # A copy anyway: of the filled part and GROWTH_SLOTS more (a next turn's room), not the whole buffer.
+                room = self._length + GROWTH_SLOTS
+                self._keys, self._values = self._keys[indices, :, :room], self._values[indices, :, :room]
                 self._expose()
 
         def batch_repeat_interleave(self, repeats: int) -> None:
@@ -150,18 +173,75 @@ def _growing_kv_layer():
     return GrowingKVLayer
 
 
+# Slots a KV buffer keeps beyond what it holds, at least: room for a turn's new tokens without growing.
+GROWTH_SLOTS = 128
+
+
 def _grown(buffer: torch.Tensor | None, new: torch.Tensor, filled: int, needed: int) -> torch.Tensor:
-    """A (B, H, capacity, D) buffer of at least twice ``needed`` slots holding ``buffer``'s first ``filled``."""
+    """A (B, H, capacity, D) buffer of 1.5 times ``needed`` slots (at least ``GROWTH_SLOTS`` more) holding
+    ``buffer``'s first ``filled``, and zeros after them (a decode attention over the whole buffer reads them,
+    masked)."""
     batch, heads, _, dim = new.shape
-    grown = new.new_empty(batch, heads, max(2 * needed, 128), dim)
+    grown = new.new_zeros(batch, heads, needed + max(needed // 2, GROWTH_SLOTS), dim)
     if filled:
         grown[..., :filled, :] = buffer[..., :filled, :]
     return grown
 
 
-def _new_cache(model):
+# The attention HFBackend sets on a CPU model (registered with transformers' AttentionInterface on first use): a
+# decode step's one query per row attends by two batched products, every query head of a key/value group at once;
+# longer queries (a prefill) go to SDPA as before. Hugging Face hands torch's SDPA the query heads of a group as a
+# query of a few tokens, and its CPU kernel, built for long queries, took most of a decode step (docs/benchmarks.md,
+# "The CPU's limit").
+CPU_DECODE_ATTENTION = "rllib_ragen_cpu_decode"
+
+
+def _decode_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention of (B, H, q, D) queries over (B, KVH, T, D) keys and values; q = 1 here, else SDPA's.
+
+    The query heads that share a key/value head (Hugging Face's ``repeat_kv`` order: head ``j * G + g`` reads
+    key/value head ``j``) are one (G, D) block, multiplied with that head's keys without copying them. The mask is
+    SDPA's (boolean, True to attend, or additive); softmax in float32."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, heads, length, dim = query.shape
+    if length != 1 or kwargs.get("softcap") is not None or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    groups = key.shape[1]
+    q = query.reshape(batch, groups, heads // groups, dim)
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim ** -0.5)
+    if attention_mask is not None:  # (B, 1, 1, filled): the one query's row; slots past it are empty
+        mask = attention_mask[:, :, -1:, :]
+        empty = key.shape[2] - mask.shape[-1]
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~torch.nn.functional.pad(mask, (0, empty), value=False), float("-inf"))
+        else:
+            scores = scores + torch.nn.functional.pad(mask, (0, empty), value=float("-inf"))
+    probs = torch.softmax(scores, -1).to(value.dtype)
+    out = torch.matmul(probs, value)  # (B, KVH, G, D)
+    return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+
+
+@functools.cache
+def _register_decode_attention() -> str:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    def mask_never_skipped(*args, **kwargs):
+        # SDPA's mask, always built: transformers leaves it out where every token is seen, but a decode step over a
+        # whole cache buffer must mask its empty slots.
+        return sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})
+
+    AttentionInterface.register(CPU_DECODE_ATTENTION, _decode_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(CPU_DECODE_ATTENTION, mask_never_skipped)
+    return CPU_DECODE_ATTENTION
+
+
+def _new_cache(model, whole_buffer_for_decode: bool = False):
     """An empty KV cache for ``model``: growing in place where every layer is plain full attention (the layers
-    Hugging Face builds for sliding windows or recurrent state are kept as they are)."""
+    Hugging Face builds for sliding windows or recurrent state are kept as they are); ``whole_buffer_for_decode``:
+    see ``GrowingKVLayer``."""
     from transformers import DynamicCache
 
     from rllib_ragen.rollout.models import full_attention_cache
@@ -170,6 +250,8 @@ def _new_cache(model):
     if cache is None:
         return DynamicCache(config=model.config)
     cache.layers = [_growing_kv_layer()() for _ in cache.layers]
+    for layer in cache.layers:
+        layer.whole_buffer_for_decode = whole_buffer_for_decode
     return cache
 
 
@@ -203,6 +285,13 @@ class HFBackend:
             decode = "static" if self.device.type == "cuda" and static_fits else "growing"
         self.decode = decode
         self.cuda_graphs = decode == "static" and self.device.type == "cuda"
+        self._cpu_attention = self.device.type == "cpu" and getattr(model.config, "_attn_implementation",
+                                                                   None) == "sdpa"
+        if self._cpu_attention:
+            model.set_attn_implementation(_register_decode_attention())
+        # bfloat16 products copy a strided view of the cache; float32 ones read it where it lies, and faster than
+        # the larger whole buffer (docs/benchmarks.md).
+        self._whole_buffer = self._cpu_attention and self.model.dtype == torch.bfloat16
         self._caches: dict[int, _PrefixCache] = {}
         self._slabs: dict = {}
         self._parameter_addresses = self._addresses()
@@ -235,12 +324,47 @@ class HFBackend:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ())))
         caps = reply_caps(params, len(prompts), max_new_tokens)
-        out: list[Generation] = []
-        for chunk, start in enumerate(range(0, len(prompts), self.max_batch_size)):
-            end = start + self.max_batch_size
-            out += self._generate_batch(chunk, [list(p) for p in prompts[start:end]], params, caps[start:end],
-                                        generator)
+        out: list[Generation | None] = [None] * len(prompts)
+        for chunk, rows in self._chunks(prompts):
+            generations = self._generate_batch(chunk, [list(prompts[r]) for r in rows], params, [caps[r] for r in rows],
+                                               generator)
+            for row, generation in zip(rows, generations):
+                out[row] = generation
         return out
+
+    def _chunks(self, prompts: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:
+        """The batches of a call, as (chunk, prompt indices), each of at most ``max_batch_size`` prompts with a KV
+        cache of its own. When every prompt continues a conversation a chunk's cache holds, it goes to that chunk
+        (episodes that ended leave the others in their chunks; cut into consecutive slices, a later episode would
+        land in a chunk that does not hold it and every chunk would read its whole history again); otherwise
+        consecutive slices, read afresh."""
+        owners = self._cache_owners(prompts) if self.prefix_cache and len(self._caches) > 1 else None
+        if owners is None:
+            return [(chunk, list(range(start, min(start + self.max_batch_size, len(prompts)))))
+                    for chunk, start in enumerate(range(0, len(prompts), self.max_batch_size))]
+        by_chunk: dict[int, list[int]] = {}
+        for row, chunk in enumerate(owners):
+            by_chunk.setdefault(chunk, []).append(row)
+        for chunk in set(self._caches) - set(by_chunk):  # every conversation it held has ended
+            self._drop_cache(chunk)
+        return sorted(by_chunk.items())
+
+    def _cache_owners(self, prompts: Sequence[Sequence[int]]) -> list[int] | None:
+        """The chunk whose cache holds each prompt's conversation so far (each cached row serving one prompt), or
+        None when some prompt has none."""
+        free = {chunk: cached.free_rows() for chunk, cached in self._caches.items()}
+        owners = []
+        for prompt in prompts:
+            owner = next((chunk for chunk in sorted(free) if _take_row(free[chunk], prompt) is not None), None)
+            if owner is None:
+                return None
+            owners.append(owner)
+        return owners
+
+    def _drop_cache(self, chunk: int) -> None:
+        cached = self._caches.pop(chunk)
+        if self.decode == "static":
+            self._free_slab(cached.cache)
 
     def _token_text(self, token: int) -> str:
         """Decoded text of one token, memoised: the stop-string check needs it for every sampled token."""
@@ -283,15 +407,14 @@ class HFBackend:
         previous = self._caches.pop(chunk, None) if self.prefix_cache else None
         rows = previous.match(prompts) if previous is not None else None
         if rows is None:
-            cache, mask, new = _new_cache(self.model), None, prompts
+            cache, mask, new = _new_cache(self.model, self._whole_buffer), None, prompts
         else:
             index = torch.tensor(rows, device=self.device)
             previous.cache.batch_select_indices(index)
             cache, mask = previous.cache, previous.mask[index]
             new = [p[len(previous.rows[r]):] for p, r in zip(prompts, rows)]
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
-        self.stats["prefilled_tokens"] += sum(len(n) for n in new)
-        logits, cache, mask = self._forward(new, cache, mask)
+        logits, cache, mask = self._prefill(new, cache, mask)
         state = {"cache": cache, "mask": mask}
 
         def step(feed: list[list[int]]) -> torch.Tensor:
@@ -302,6 +425,22 @@ class HFBackend:
         if self.prefix_cache:
             self._caches[chunk] = _PrefixCache(_cached_rows(prompts, replies), state["cache"], state["mask"])
         return [Generation(r, lp) for r, lp in zip(replies, logprobs)]
+
+    def _prefill(self, new: list[list[int]], cache, mask):
+        """:meth:`_forward` of each row's new ids, reading each distinct prompt of a fresh batch once: a GRPO group's
+        episodes open with the same prompt, so the first turn prefills one row per group, and the cache rows, mask
+        and logits are then repeated for the group's other episodes (as ``forward_sharing_prefix`` shares a prefix
+        in the learner)."""
+        distinct: dict[tuple, int] = {}
+        copies = [distinct.setdefault(tuple(row), len(distinct)) for row in new]
+        if mask is not None or len(distinct) == len(new):
+            self.stats["prefilled_tokens"] += sum(len(n) for n in new)
+            return self._forward(new, cache, mask)
+        self.stats["prefilled_tokens"] += sum(len(row) for row in distinct)
+        logits, cache, mask = self._forward([list(row) for row in distinct], cache, None)
+        index = torch.tensor(copies, device=self.device)
+        cache.batch_select_indices(index)
+        return logits[index], cache, mask[index]
 
     def _generate_on_slab(self, chunk: int, prompts: list[list[int]], params: SamplingParams, caps: list[int],
                           generator: torch.Generator) -> list[Generation]:
@@ -401,7 +540,7 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
         return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
     logprobs = torch.log_softmax(logits / params.temperature, -1)
     if not params.top_k and params.top_p >= 1.0:
-        tokens = torch.multinomial(logprobs.exp(), 1, generator=generator).squeeze(-1)
+        tokens = _draw(logprobs.exp(), generator)
         return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
     filtered = logprobs.clone()
     if params.top_k and params.top_k < filtered.shape[-1]:
@@ -411,8 +550,22 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
         ordered, order = filtered.sort(dim=-1, descending=True)
         drop = ordered.softmax(-1).cumsum(-1) - ordered.softmax(-1) > params.top_p
         filtered.scatter_(-1, order, ordered.masked_fill(drop, float("-inf")))
-    tokens = torch.multinomial(filtered.softmax(-1), 1, generator=generator).squeeze(-1)
+    tokens = _draw(filtered.softmax(-1), generator)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of (batch, vocab) probabilities, by inverse transform: one uniform number a row, found in
+    the row's cumulative sums (a token of probability 0 is never drawn). ``torch.multinomial`` draws an exponential
+    number for every entry instead, which took a large share of a CPU decode step over a 49k-token vocabulary
+    (docs/benchmarks.md, "The CPU's limit")."""
+    cdf = probs.cumsum(-1)
+    total = cdf[:, -1:]
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype) * total
+    # Strictly below the total (the product can round up to it): the first sum above u then always ends on a token
+    # of positive probability.
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1)
 
 
 class ScriptedBackend:

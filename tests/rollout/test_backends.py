@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rllib_ragen.rollout.backends import HFBackend, SamplingParams, _sample
+from rllib_ragen.rollout.backends import HFBackend, SamplingParams, _draw, _sample
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.models import build_tiny_model, load_policy
 
@@ -31,8 +31,55 @@ def test_prefix_cache_is_equivalent_to_full_prefill(tiny):
     for a, b in zip(cached, fresh):
         assert torch.allclose(torch.tensor(a.behaviour_logprobs), torch.tensor(b.behaviour_logprobs), atol=1e-5)
     assert len({len(span) for t in cached for span in [range(*s) for s in t.turn_spans]}) > 1  # rows stopped apart
-    assert fresh_stats["prefilled_tokens"] == fresh_stats["prompt_tokens"]
+    # Without the prefix cache every prompt is prefilled whole, but each group's first prompt once: 3 groups of 2
+    # open with 3 distinct prompts, each read once instead of twice.
+    first_prompts = sum(len(t.token_ids[:t.turn_spans[0][0]]) for t in fresh[::2])
+    assert fresh_stats["prefilled_tokens"] == fresh_stats["prompt_tokens"] - first_prompts
     assert cached_stats["prefilled_tokens"] < 0.5 * cached_stats["prompt_tokens"]
+
+
+def test_a_groups_shared_first_prompt_is_prefilled_once_and_sampled_exactly(tiny):
+    """Each group's episodes open with one prompt: it is read once, its cache rows repeated for the group, and every
+    sampled token's log-prob still equals a fresh forward pass over the episode's tokens."""
+    from rllib_ragen.objectives import token_logprobs
+
+    model, tokenizer = tiny
+    backend = HFBackend(model, tokenizer, prefix_cache=False)
+    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=1), backend, tokenizer)
+    trajectories, _ = engine.rollout([1, 2], 4, SamplingParams(max_new_tokens=12, stop_strings=()), sample_seed=3)
+    firsts = [t.turn_spans[0][0] for t in trajectories]  # each episode's first prompt length
+    assert backend.stats["prefilled_tokens"] == firsts[0] + firsts[4] and backend.stats["prompt_tokens"] == sum(firsts)
+    assert len({tuple(t.token_ids[firsts[0]:]) for t in trajectories[:4]}) > 1  # the group's replies differ
+    for t in trajectories:
+        ids = torch.tensor([t.token_ids])
+        with torch.no_grad():
+            fresh = token_logprobs(model(input_ids=ids).logits, ids)[0]
+        sampled = torch.tensor(t.response_mask).bool()
+        assert torch.allclose(fresh[sampled], torch.tensor(t.behaviour_logprobs)[sampled], atol=1e-5)
+
+
+def test_several_chunks_keep_each_conversation_in_the_chunk_that_caches_it(tiny):
+    """Chunks of 2 rows over 6 conversations; the second call continues 4 of them (the 2nd and 5th ended). Each goes
+    to the chunk that caches it, so the call feeds only each one's new tokens: the last token of its reply (never
+    fed while decoding) and the message after it. Every sampled token's log-prob is a fresh forward pass's."""
+    from rllib_ragen.objectives import token_logprobs
+
+    model, tokenizer = tiny
+    backend = HFBackend(model, tokenizer, max_batch_size=2)
+    params = SamplingParams(max_new_tokens=6, stop_strings=())
+    prompts = [tokenizer.encode(f"conversation {i}: " + "word " * (3 + i)) for i in range(6)]
+    first = backend.generate(prompts, params, seed=1)
+    message = tokenizer.encode(" next")
+    kept = [0, 2, 3, 5]
+    follow = [prompts[i] + first[i].token_ids + message for i in kept]
+    before = backend.stats["prefilled_tokens"]
+    second = backend.generate(follow, params, seed=2)
+    assert backend.stats["prefilled_tokens"] - before == len(kept) * (1 + len(message))
+    for prompt, generation in zip(follow, second):
+        ids = torch.tensor([prompt + generation.token_ids])
+        with torch.no_grad():
+            fresh = token_logprobs(model(input_ids=ids).logits, ids)[0, len(prompt):]
+        assert torch.allclose(fresh, torch.tensor(generation.logprobs), atol=1e-5)
 
 
 def test_load_weights_drops_the_cache(tiny):
@@ -65,6 +112,21 @@ def test_top_k_and_top_p_shape_sampling_not_the_logprob():
     assert tokens.item() == 0 and torch.allclose(logprobs, full[:1])
 
 
+def test_a_draw_follows_the_probabilities_and_never_picks_an_impossible_token(monkeypatch):
+    from scipy.stats import chisquare
+
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0])
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.bincount(_draw(probs.repeat(20000, 1), generator), minlength=5)
+    assert counts[1] == counts[4] == 0
+    # Against the expected 10000 / 6000 / 4000: a draw off by one token would give p far below 1e-6.
+    assert chisquare(counts[[0, 2, 3]].numpy(), [10000, 6000, 4000]).pvalue > 1e-3
+    # A uniform number whose product with the total rounds up to it still lands on the last possible token, not on
+    # the impossible ones after it.
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kwargs: torch.ones(*shape, dtype=kwargs.get("dtype")))
+    assert _draw(torch.tensor([[0.25, 0.75, 0.0, 0.0]]), generator).tolist() == [1]
+
+
 def test_the_growing_cache_layer_holds_what_hugging_faces_layer_holds():
     from transformers.cache_utils import DynamicLayer
 
@@ -91,7 +153,39 @@ def test_the_growing_cache_layer_holds_what_hugging_faces_layer_holds():
             batch *= arg
         assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
         assert ours.get_seq_length() == theirs.get_seq_length()
-    assert ours._keys.shape[-2] == 402  # full at 200 tokens, it grew to twice the 201 needed
+    assert ours._keys.shape[-2] == 228  # the prefill's 100 and 128 more slots: room for every step after it
+    # Grown past it: what is needed and half as much again, at least 128 slots more.
+    ours.update(*(torch.randn(batch, 2, 10, 4, generator=generator) for _ in range(2)))
+    assert ours.get_seq_length() == 231 and ours._keys.shape[-2] == 231 + 128
+
+
+def test_selecting_rows_copies_the_filled_part_and_a_turns_room_or_nothing():
+    from rllib_ragen.rollout.backends import GROWTH_SLOTS, _growing_kv_layer
+
+    layer = _growing_kv_layer()()
+    k, v = torch.randn(3, 2, 300, 4), torch.randn(3, 2, 300, 4)
+    layer.update(k, v)
+    assert layer._keys.shape[-2] == 300 + 150  # grown to 1.5 times what it holds
+    buffer = layer._keys
+    layer.batch_select_indices(torch.arange(3))
+    assert layer._keys is buffer  # the same rows in order: no copy
+    layer.batch_select_indices(torch.tensor([2, 0]))
+    assert layer._keys.shape == (2, 2, 300 + GROWTH_SLOTS, 4)
+    assert torch.equal(layer.keys, k[[2, 0]]) and torch.equal(layer.values, v[[2, 0]])
+
+
+def test_a_decode_step_may_read_the_whole_buffer_whose_empty_slots_hold_zeros():
+    from rllib_ragen.rollout.backends import _growing_kv_layer
+
+    layer = _growing_kv_layer()()
+    layer.whole_buffer_for_decode = True
+    k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    prefilled = layer.update(k, v)
+    assert prefilled[0].shape[-2] == 5  # a prefill gets the filled part, as Hugging Face's layer gives it
+    step = torch.randn(2, 3, 1, 4)
+    keys, values = layer.update(step, step)
+    assert keys.shape[-2] == 5 + 128 and keys.is_contiguous()
+    assert torch.equal(keys[..., :6, :], torch.cat([k, step], -2)) and not keys[..., 6:, :].any()
 
 
 def test_rollouts_are_the_same_with_hugging_faces_own_cache(tiny, monkeypatch):
@@ -100,7 +194,7 @@ def test_rollouts_are_the_same_with_hugging_faces_own_cache(tiny, monkeypatch):
     import rllib_ragen.rollout.backends as backends
 
     ours, _ = _play(tiny, True)
-    monkeypatch.setattr(backends, "_new_cache", lambda model: DynamicCache(config=model.config))
+    monkeypatch.setattr(backends, "_new_cache", lambda model, *_: DynamicCache(config=model.config))
     theirs, _ = _play(tiny, True)
     assert [t.token_ids for t in ours] == [t.token_ids for t in theirs]
     assert [t.behaviour_logprobs for t in ours] == [t.behaviour_logprobs for t in theirs]  # bit for bit
