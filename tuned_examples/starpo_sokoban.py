@@ -43,7 +43,7 @@ def smollm2_gpu(config):
     config.environment(curriculum=[{"iterations": 10, "env_config": {"max_solution_moves": 3}}])
 
 
-GPU_PRESETS = {"smollm2-gpu": smollm2_gpu}  # the job's own settings under a GPU preset (parse_job_args)
+JOB_PRESETS = {"smollm2-gpu": smollm2_gpu}  # the job's own settings under a GPU preset (parse_job_args)
 
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
@@ -57,7 +57,7 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
                         help="the demonstrated <think> line: 'plan' states the solver's plan length; 'effects' first "
                              "says what each move would do from the board shown (default: plan)")
     cli = parser.parse_args(argv)
-    config, job = apply_job_args(parser, cli, config, job, gpu_presets=GPU_PRESETS)
+    config, job = apply_job_args(parser, cli, config, job, job_presets=JOB_PRESETS)
     moves = cli.demonstration_moves_per_reply
     moves = config.max_actions_per_turn if moves is None else moves
     if not 1 <= moves <= config.max_actions_per_turn:

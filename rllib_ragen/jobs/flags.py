@@ -6,7 +6,7 @@ RLlib fields a job needs (learning rate, environment, model, seed, resources) an
 no second list of knobs to keep in step: a row in the table, documented in ``training``, is a flag.
 
 Precedence, lowest first: the job's config; ``--preset``; with a GPU preset (``ragen-gpu``, ``smollm2-gpu``) its
-job settings (``GPU_PRESET_JOBS``) and the job's own settings for it (``gpu_presets``); then every other flag given.
+job settings (``GPU_PRESET_JOBS``) and the job's own settings for it (``job_presets``); then every other flag given.
 A visible GPU changes nothing by itself. The result is validated; a bad value exits
 with code 2 and ``validate()``'s message, which names the field.
 """
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .outputs import LATEST, keep_notices_off_the_console
+from ..rollout.models import cpu_computes_bfloat16
 from ..warm_start import LR_SCHEDULES, WARM_START_PRECISIONS
 from ..starpo.config import PRESET_LABEL, PRESETS, VARIANT_LABEL, preset_flags
 from ..starpo.knobs import BOOL, CHOICE, INT, NUMBER, OTHER, RLLIB_FIELDS, Knob, is_int
@@ -126,6 +127,9 @@ class JobSettings:
     warm_start_group_by_length: bool = _setting("batch warm-start demonstrations of similar length together: less "
                                                 "padding, up to half the time per step; judge it by validation "
                                                 "success", False, BOOL)
+    warm_start_micro_batch_size: int = _setting("rows per forward and backward pass of a warm-start step, their "
+                                                "gradients summed into the step's: the same step in less memory "
+                                                "(0: the whole batch in one pass)", 0, INT, ">= 0")
     warm_start_precision: str = _setting("the warm start's forward pass: 'float32', or 'bfloat16' autocast "
                                          "(weights, optimizer and loss stay float32; ~1.4x faster per step on a CPU "
                                          "with AVX-512 BF16, and on GPUs)", "float32", CHOICE,
@@ -272,6 +276,17 @@ GPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
     "ragen-gpu": {"iterations": 200, "warm_start_steps": 0},
     "smollm2-gpu": {"iterations": 200, "max_minutes": 5.0, "warm_start_precision": "bfloat16"},
 }
+# The CPU presets' job settings, laid over the job's own as the GPU presets' are. smollm2-cpu: a short warm start that
+# teaches the reply format (SmolLM2 already reads text), in bfloat16 where the CPU computes it natively, and a trial
+# that ends within 30 minutes of training, so that a seed's whole run stays within 45 minutes on 2 cores; the
+# iterations are a cap the budget may meet first.
+CPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
+    "smollm2-cpu": {"iterations": 80, "max_minutes": 30.0, "warm_start_steps": 75, "warm_start_episodes": 1200,
+                    "warm_start_lr": 1e-4, "warm_start_average_decay": 0.0,
+                    "warm_start_micro_batch_size": 4, "warm_start_group_by_length": True,
+                    "warm_start_precision": "bfloat16" if cpu_computes_bfloat16() else "float32"},
+}
+PRESET_JOBS = {**GPU_PRESET_JOBS, **CPU_PRESET_JOBS}  # every preset's job settings
 # --quick: each setting at most this (the config's validation too, and only before and after the run).
 QUICK_JOB = {"iterations": 3}
 QUICK_VALIDATION_SIZE = 32
@@ -405,7 +420,7 @@ def config_flag_names() -> list[str]:
     return list(RLLIB_FLAGS) + list(KNOBS)
 
 
-def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, gpu_presets: dict | None = None,
+def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, job_presets: dict | None = None,
                    description: str | None = None):
     """Flags over the job's ``config`` and ``job`` settings; returns ``(config, job)``, validated, both new objects.
 
@@ -413,13 +428,13 @@ def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, g
         config: the job's ``StarPOConfig`` (not modified).
         job: the job's :class:`JobSettings` (not modified).
         argv: the flags (default: ``sys.argv[1:]``).
-        gpu_presets: the job's own settings under a GPU preset (``GPU_PRESET_JOBS``), by preset name: with
-            ``--preset NAME``, ``gpu_presets[NAME](config)`` is called after the preset; it changes ``config``
+        job_presets: the job's own settings under a preset (``PRESET_JOBS``), by preset name: with
+            ``--preset NAME``, ``job_presets[NAME](config)`` is called after the preset; it changes ``config``
             (e.g. a harder environment variant) and returns the job settings it changes (a dict, or None).
         description: the ``--help`` headline.
     """
     parser = job_parser(config, job, description)
-    return apply_job_args(parser, parser.parse_args(argv), config, job, gpu_presets=gpu_presets)
+    return apply_job_args(parser, parser.parse_args(argv), config, job, job_presets=job_presets)
 
 
 # What ``--help`` shows: the flags a user changes first. ``--help-all`` adds every other flag, by section.
@@ -501,8 +516,10 @@ def job_parser(config, job: JobSettings, description: str | None = None) -> argp
     group("presets", "preset").add_argument(
         "--preset", default=argparse.SUPPRESS,
         help="named settings applied before the other flags: 'starpo-s' (the library's defaults: filter, critic, no "
-             "KL, clip-higher), 'starpo' (vanilla), or on one GPU 'ragen-gpu' (RAGEN's model and scale) or "
-             "'smollm2-gpu' (SmolLM2-135M-Instruct, runs of a few minutes); none by default")
+             "KL, clip-higher), 'starpo' (vanilla), 'smollm2-cpu' (SmolLM2-135M-Instruct with LoRA on this CPU, "
+             "bfloat16 where it computes it natively, a seed in about 45 minutes on 2 cores), or on one GPU "
+             "'ragen-gpu' (RAGEN's model and scale) or 'smollm2-gpu' (SmolLM2-135M-Instruct, runs of a few minutes); "
+             "none by default")
     helps = {f.name: f.metadata["help"] for f in dataclasses.fields(JobSettings)}
     for row in job_setting_rows():
         _add_flag(group(row.section, row.name), row.name, getattr(job, row.name), helps[row.name])
@@ -515,9 +532,9 @@ def job_parser(config, job: JobSettings, description: str | None = None) -> argp
 
 
 def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespace, config, job: JobSettings, *,
-                   gpu_presets: dict | None = None):
+                   job_presets: dict | None = None):
     """Lay the parsed flags over copies of ``config`` and ``job`` (see the module docstring for the order) and
-    validate; a bad value exits through ``parser.error`` with ``validate()``'s message. ``gpu_presets``: the
+    validate; a bad value exits through ``parser.error`` with ``validate()``'s message. ``job_presets``: the
     job's own settings under each GPU preset (:func:`parse_job_args`)."""
     config = config.copy(copy_frozen=False)
     job_fields = {f.name for f in dataclasses.fields(JobSettings)}
@@ -528,9 +545,9 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
     try:
         if preset is not None:
             config.preset(preset)
-        job_settings = dict(GPU_PRESET_JOBS.get(preset, {}))
-        if gpu and preset in (gpu_presets or {}):
-            job_settings.update(gpu_presets[preset](config) or {})
+        job_settings = dict(PRESET_JOBS.get(preset, {}))
+        if preset in (job_presets or {}):
+            job_settings.update(job_presets[preset](config) or {})
     except ValueError as error:
         parser.error(str(error))
     job = dataclasses.replace(job, **job_settings)

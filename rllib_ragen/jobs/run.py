@@ -52,6 +52,7 @@ from .outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED
                                  baseline_file, close_run_log,
                                  keep_notices_off_the_console, send_notices_to, start_run_folder, write_rollouts, write_text_atomically)
 from .report import headline_environment, report_experiment
+from ..rollout.models import cpu_computes_bfloat16
 from ..sentinel import as_rule, echo_trap_rules
 from ..warm_start import cached_warm_start
 from ..starpo.config import PRESET_LABEL, VARIANT_LABEL
@@ -476,6 +477,12 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, 
             *([f"every {config.validation_interval} iterations"] if config.validation_interval else [])]
     steps.append(f"validation on {states} validation states {', '.join(when)}{' and ' if when else ''}"
                  "after the last iteration")
+    if config.rollout_dtype or config.autocast_dtype:
+        native = "natively" if cpu_computes_bfloat16() else "only emulated, several times slower than float32"
+        steps.append(f"sampling in {config.sampling_dtype}, the learner's passes in "
+                     f"{config.autocast_dtype or config.model_config.get('dtype', 'float32')}"
+                     + (f" (this CPU computes bfloat16 {native})" if "bfloat16" in (config.sampling_dtype,
+                                                                                     config.autocast_dtype) else ""))
     # Measured with the job's defaults: flags (another model, more iterations) can change it a lot.
     estimate = (f"; with its default settings this job takes about {job.expected_minutes:g} min on a 2-core CPU"
                 if job.expected_minutes and not job.quick else "")

@@ -76,6 +76,10 @@ class RolloutConfig:
             answer is one action, passed to the environment as written (an SQL query with ``||`` in it, a sentence).
         tool_call_format: how the policy writes tool calls for an environment with tools (``TextEnv.tools``), a
             name in ``tools.TOOL_CALL_FORMATS`` (``"hermes"``: ``<tool_call>{"name", "arguments"}</tool_call>``).
+        max_concurrent_episodes: play at most this many episodes at a time (whole groups, at least one), each wave
+            to its end before the next starts; the KV cache holds one wave's conversations, not every one's
+            (SmolLM2 validating 256 FrozenLake states at once held about 8 GiB of it). A wave after the first
+            samples from seeds of its own. None: every episode at once.
     """
 
     env: Any = "rllib_ragen/Sokoban-v0"
@@ -97,11 +101,22 @@ class RolloutConfig:
     context_window_turns: int | None = None
     action_separator: str | None = DEFAULT_SEPARATOR
     tool_call_format: str = "hermes"
+    max_concurrent_episodes: int | None = None
 
     @property
     def window_turns(self) -> int | None:
         """Turns in view before each reply, the current one included (None: all of them)."""
         return {"full": None, "single_turn": 1}.get(self.context_window, self.context_window_turns)
+
+
+def _turn_seed(sample_seed: int | None, turn: int, wave: int) -> int | None:
+    """The backend's sampling seed for one turn of one wave: ``sample_seed * 1000 + turn`` in the first wave (as when
+    every episode plays at once), a seed drawn from all three in later waves."""
+    if sample_seed is None:
+        return None
+    if wave == 0:
+        return sample_seed * 1000 + turn
+    return int(np.random.SeedSequence([sample_seed, turn, wave]).generate_state(1, np.uint64)[0] >> 2)
 
 
 class _Episode:
@@ -344,21 +359,22 @@ class RolloutEngine:
         if too_long:
             self._report_prompts_too_long(too_long, played=len(episodes))
             counts[M.PROMPTS_TOO_LONG] += len(too_long)
-        for turn in range(1, c.max_turns + 1):
-            active = [e for e in episodes if not e.done]
-            if not active:
-                break
-            t0 = time.perf_counter()
-            prompts = [self._prompt(e) for e in active]
-            generations = self.backend.generate(prompts, sampling,
-                                                None if sample_seed is None else sample_seed * 1000 + turn,
-                                                max_new_tokens=[self._reply_room(prompt) for prompt in prompts])
-            t_generate += time.perf_counter() - t0
-            replies = [self._record_reply(episode, generation) for episode, generation in zip(active, generations)]
-            # Every episode's actions at once: environments that hang together cost one deadline per step.
-            results = call_each([self._turn_call(episode, reply) for episode, reply in zip(active, replies)])
-            for episode, generation, result in zip(active, generations, results):
-                self._finish_turn(episode, generation, turn, result, counts)
+        for wave, playing in enumerate(self._waves(episodes, group_size)):
+            for turn in range(1, c.max_turns + 1):
+                active = [e for e in playing if not e.done]
+                if not active:
+                    break
+                t0 = time.perf_counter()
+                prompts = [self._prompt(e) for e in active]
+                generations = self.backend.generate(prompts, sampling, _turn_seed(sample_seed, turn, wave),
+                                                    max_new_tokens=[self._reply_room(prompt) for prompt in prompts])
+                t_generate += time.perf_counter() - t0
+                replies = [self._record_reply(episode, generation)
+                           for episode, generation in zip(active, generations)]
+                # Every episode's actions at once: environments that hang together cost one deadline per step.
+                results = call_each([self._turn_call(episode, reply) for episode, reply in zip(active, replies)])
+                for episode, generation, result in zip(active, generations, results):
+                    self._finish_turn(episode, generation, turn, result, counts)
         trajectories = [e.trajectory for e in episodes if not e.failed]
         for t in trajectories:
             t.text = self.tokenizer.decode(t.token_ids)
@@ -368,6 +384,19 @@ class RolloutEngine:
         if self._first_failure is not None:
             metrics[M.FIRST_ENV_ERROR] = self._first_failure  # text: the cause, should every episode have failed
         return trajectories, metrics
+
+    def _waves(self, episodes: list[_Episode], group_size: int) -> list[list[_Episode]]:
+        """The episodes in the waves they are played in, whole groups at a time: all at once, or at most
+        ``max_concurrent_episodes`` (at least one group) until every episode of a wave has ended."""
+        cap = self.config.max_concurrent_episodes
+        if cap is None or len(episodes) <= cap:
+            return [episodes]
+        groups: dict[int, list[_Episode]] = {}
+        for episode in episodes:
+            groups.setdefault(episode.trajectory.group, []).append(episode)
+        per_wave = max(1, cap // group_size)
+        ordered = list(groups.values())
+        return [[e for group in ordered[i:i + per_wave] for e in group] for i in range(0, len(ordered), per_wave)]
 
     def _count_env_failure(self, error: Exception, counts: Counter, what: str) -> None:
         """Log and count an environment call that raised (``rollout/env_errors``) or timed out (``env_timeouts``);

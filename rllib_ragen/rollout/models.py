@@ -271,6 +271,12 @@ def _load_pretrained(model: str, dtype: torch.dtype):
     return policy, tokenizer
 
 
+def cpu_computes_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (AVX512-BF16 or AMX, torch's own checks); elsewhere
+    torch emulates them, several times slower than float32 (the Benchmarks page)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 def disable_dropout(model: torch.nn.Module) -> None:
     """Set every dropout probability to 0, so ``train()`` mode (RLlib's forward_train) samples nothing."""
     for module in model.modules():

@@ -19,6 +19,7 @@ from ..envs import register_carried, registrations_of
 from ..objectives import ADVANTAGE_ESTIMATORS, AdvantageSettings, FilterSettings, fixed_kept_groups
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import RolloutConfig
+from ..rollout.models import cpu_computes_bfloat16
 from ..rollout.trajectory import Start
 from .config_rules import rule_errors
 from .environments import EnvEntry, entry, env_name
@@ -60,6 +61,21 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "rl_module": {"model_config": {"model": "smollm2-135m"}},
         "learners": {"num_gpus_per_learner": 1},
     },
+}
+
+
+# SmolLM2-135M-Instruct on a CPU: LoRA adapters (the optimizer holds the adapters alone), group-mean advantages
+# without a critic (GRPO, mean only: no value head to learn in a run of tens of iterations, and one pass per update),
+# micro-batches of 4 rows; sampling and the learner's passes in bfloat16 where the CPU computes it natively
+# (AVX512-BF16 or AMX), else in float32 (emulated bfloat16 is several times slower than float32:
+# docs/benchmarks.md). 256 validation states before and after RL, played 128 at a time (the KV cache of all 256 at
+# once took 8 GiB).
+PRESETS["smollm2-cpu"] = {
+    "training": {**{k: STARPO_S_DEFAULTS[k] for k in ("num_groups", "validation_size")}, "lr": 1e-4,
+                 "advantage_estimator": "grpo", "grpo_normalize_std": False, "group_size": 4,
+                 "micro_batch_size": 4, "max_concurrent_episodes": 128, "validation_interval": 0,
+                 **dict.fromkeys(("rollout_dtype", "autocast_dtype"), "bfloat16" if cpu_computes_bfloat16() else None)},
+    "rl_module": {"model_config": {"model": "smollm2-135m", "lora": {"r": 16}}},
 }
 
 
@@ -201,6 +217,20 @@ class StarPOConfig(AlgorithmConfig):
                 all env runners, new weights loaded after every update; needs vLLM), one you registered with
                 ``register_inference_backend``; or a callable ``(model, tokenizer, config) -> InferenceBackend``.
             inference_batch_size: prompts per generation batch of the HF backend.
+            max_concurrent_episodes: play a rollout or a validation in waves of at most this many episodes (whole
+                groups, at least one), each to its end before the next: the KV cache then holds one wave's
+                conversations, which bounds the memory of a large validation (256 SmolLM2 episodes of FrozenLake
+                held about 8 GiB at once). With the HF backend, waves of ``inference_batch_size`` decode as many
+                rows per step as one large batch does, in its chunks. A wave after the first samples from seeds
+                of its own, so the sampled episodes differ from those played all at once. None (default): every
+                episode at once.
+            rollout_dtype: the dtype the env runners' copy of the policy samples in (the HF backend), and
+                ``evaluate`` plays a saved policy in; the learner keeps its weights in the model's dtype. ``"bfloat16"``
+                where the CPU computes it natively (AVX512-BF16 or AMX: ``rllib_ragen.warm_start.emulated_bfloat16``
+                says) or on a GPU, with float32 weights and ``autocast_dtype="bfloat16"`` in the learner: the
+                sampler's log-probs then differ from the learner's by bfloat16's rounding (``rollout/logprob_gap_*``),
+                and the learner's own recomputed ones are the old log-probs (``recompute_logprobs``). None (default):
+                the model's dtype.
             num_inference_engines: vLLM engines (Ray actors, ``tensor_parallel_size`` GPUs each).
             vllm_engine_config: keyword arguments of :class:`~rllib_ragen.rollout.vllm_backend.VLLMEngine`:
                 ``tensor_parallel_size``, ``gpu_memory_utilization``, ``max_model_len``, ``enforce_eager``; plus
@@ -437,6 +467,11 @@ class StarPOConfig(AlgorithmConfig):
     def env_name(self) -> str:
         """The name of the (first) training environment in metrics: ``<env_name>/success``."""
         return self.training_environments()[0].name
+
+    @property
+    def sampling_dtype(self) -> str:
+        """The dtype rollouts play the policy in: ``rollout_dtype``, else the model's."""
+        return self.rollout_dtype or self.model_config.get("dtype", "float32")
 
     @property
     def is_mixture(self) -> bool:

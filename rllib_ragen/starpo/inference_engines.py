@@ -145,7 +145,7 @@ def start_engines_for(algo) -> EngineActors:
         options["max_lora_rank"] = lora["r"]
     gpus = options.pop("num_gpus_per_engine", None)
     actors = launch_engines(model, config.num_inference_engines, num_gpus_per_engine=gpus,
-                            dtype=config.model_config.get("dtype", "float32"), seed=config.seed or 0, **options)
+                            dtype=config.sampling_dtype, seed=config.seed or 0, **options)
     clients = actors.clients
     algo.env_runner_group.foreach_env_runner(lambda runner: runner.attach_inference_engines(clients),
                                              local_env_runner=True)

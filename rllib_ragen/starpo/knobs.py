@@ -28,6 +28,7 @@ from .inference_engines import INFERENCE_BACKENDS
 INT, NUMBER, BOOL, CHOICE, OTHER = "integer", "number", "boolean", "choice", "other"  # a knob's kind
 RLLIB_DEFAULT = object()  # an RLlib field whose default stays RLlib's
 AUTOCAST_DTYPES = (None, "bfloat16")  # the learner's forward passes (autocast_dtype)
+ROLLOUT_DTYPES = (None, "float32", "bfloat16")  # the sampler's copy of the policy (rollout_dtype)
 MAX_VALIDATION_STATES = 10_000  # per validation environment: every state's episode is held at once
 VLLM_ENGINE_OPTIONS = {"tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager",
                        "num_gpus_per_engine"}
@@ -254,6 +255,10 @@ KNOB_TABLE: tuple[Knob, ...] = (
         "inference",
         _knob("inference_backend", "hf", OTHER, check=_inference_backend_error),
         _knob("inference_batch_size", 128, INT, ">= 1"),
+        _knob("max_concurrent_episodes", None, INT, ">= 1", why=", or None (every episode at once)", optional=True,
+              into=(_R, "max_concurrent_episodes")),
+        _knob("rollout_dtype", None, CHOICE, options=ROLLOUT_DTYPES,
+              why=" (None: the model's dtype, model_config['dtype'])"),
         _knob("num_inference_engines", 1, INT, ">= 1"),
         _knob("vllm_engine_config", {}, OTHER, check=_vllm_engine_config_error),
     ),

@@ -269,7 +269,7 @@ class StarPO(Algorithm):
         from .inference_engines import make_backend
 
         if isinstance(policy, (str, os.PathLike)):
-            policy, tokenizer = load_policy(str(policy), dtype=config.model_config.get("dtype", "float32"))
+            policy, tokenizer = load_policy(str(policy), dtype=config.sampling_dtype)
             policy = policy.to(device)
         tokenizer = tokenizer or config.policy_tokenizer()
         if isinstance(policy, torch.nn.Module):  # a fresh backend: the weights may have changed in place

@@ -42,6 +42,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         spec = self.config.get_rl_module_spec(
             spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True)
         self.module = spec.build().to(self._rollout_device())
+        if self.config.rollout_dtype is not None:  # the sampler's copy only: the learner keeps the model's dtype
+            self.module.policy.to(getattr(torch, self.config.rollout_dtype))
         self.tokenizer = self.module.tokenizer
         self.backend = make_backend(self.config.inference_backend, self.module.policy, self.tokenizer, self.config)
         self.engine = RolloutEngine(self.config.rollout_config(), self.backend, self.tokenizer)

@@ -162,6 +162,48 @@ def test_same_sample_seed_repeats_the_rollout_exactly(tiny):
     assert [t.token_ids for t in a] != [t.token_ids for t in c]
 
 
+class CountingBackend(HFBackend):
+    """The HF backend, noting how many prompts each call brings."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[int] = []
+
+    def generate(self, prompts, params, seed=None, max_new_tokens=None):
+        self.calls.append(len(prompts))
+        return super().generate(prompts, params, seed, max_new_tokens)
+
+
+def test_episodes_play_in_waves_of_whole_groups_and_the_first_wave_as_before(tiny):
+    """5 groups of 2 with at most 5 episodes at a time: waves of 2, 2 and 1 groups (4, 4, 2 episodes), each played
+    to its end before the next; the first wave samples exactly as an unbounded rollout samples its episodes."""
+    import dataclasses
+
+    model, tokenizer = tiny
+    config = RolloutConfig(env="rllib_ragen/FrozenLakeNotSlippery-v0", max_turns=3, max_actions_per_turn=1,
+                           enable_thinking=False)
+    params = SamplingParams(max_new_tokens=8)
+    backend = CountingBackend(model, tokenizer)
+    waves, _ = RolloutEngine(dataclasses.replace(config, max_concurrent_episodes=5), backend, tokenizer).rollout(
+        [1, 2, 3, 4, 5], 2, params, sample_seed=7)
+    assert max(backend.calls) <= 4 and backend.calls[0] == 4 and backend.calls[-1] <= 2
+    assert [(t.group, t.seed) for t in waves] == [(g, s) for g, s in enumerate([1, 2, 3, 4, 5]) for _ in range(2)]
+    all_at_once, _ = RolloutEngine(config, HFBackend(model, tokenizer), tokenizer).rollout([1, 2], 2, params,
+                                                                                          sample_seed=7)
+    assert [t.token_ids for t in waves[:4]] == [t.token_ids for t in all_at_once]
+    assert [t.behaviour_logprobs for t in waves[:4]] == [t.behaviour_logprobs for t in all_at_once]
+    # A cap of at least every episode changes nothing; one smaller than a group still plays whole groups.
+    capped, _ = RolloutEngine(dataclasses.replace(config, max_concurrent_episodes=10), HFBackend(model, tokenizer),
+                              tokenizer).rollout([1, 2, 3, 4, 5], 2, params, sample_seed=7)
+    unbounded, _ = RolloutEngine(config, HFBackend(model, tokenizer), tokenizer).rollout([1, 2, 3, 4, 5], 2, params,
+                                                                                       sample_seed=7)
+    assert [t.token_ids for t in capped] == [t.token_ids for t in unbounded]
+    backend = CountingBackend(model, tokenizer)
+    RolloutEngine(dataclasses.replace(config, max_concurrent_episodes=1), backend, tokenizer).rollout(
+        [1, 2], 2, params, sample_seed=7)
+    assert backend.calls[0] == 2
+
+
 def test_training_seeds_never_repeat_and_resume():
     schedule = SeedSchedule()
     seen = schedule.train(8) + schedule.train(8) + schedule.train(8)

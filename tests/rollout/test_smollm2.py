@@ -43,3 +43,33 @@ def test_smollm2_plays_sokoban_turns_with_matching_logprobs(smollm2, decode):
         gap = (recomputed[mask] - torch.tensor(t.behaviour_logprobs[1:])[mask]).abs().max().item()
         print(f"\nSmolLM2 fp32, {decode} cache: max |behaviour - recomputed| log-prob = {gap:.2e} over {int(mask.sum())} tokens")
         assert gap < 1e-4
+
+
+# The largest |sampled - recomputed| log-prob over the sampled tokens of these episodes, by the sampler's dtype. The
+# recomputation is the learner's: float32 weights, the forward pass under bfloat16 autocast where the sampler plays
+# in bfloat16 (the smollm2-cpu preset). bfloat16 keeps 8 bits of mantissa: the two paths round each product apart.
+LOGPROB_GAP_BOUND = {"float32": 1e-4, "bfloat16": 0.5}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_smollm2_samples_frozenlake_with_logprobs_the_learner_recomputes_within_the_dtypes_bound(smollm2, dtype):
+    from rllib_ragen.objectives import token_logprobs
+
+    model, tokenizer = smollm2
+    sampler = load_policy("smollm2-135m", dtype=getattr(torch, dtype))[0]
+    config = RolloutConfig(env="rllib_ragen/FrozenLakeNotSlippery-v0", max_turns=3, max_actions_per_turn=1,
+                           enable_thinking=False)
+    trajectories, _ = RolloutEngine(config, HFBackend(sampler, tokenizer), tokenizer).rollout(
+        [0, 1], group_size=4, sampling=SamplingParams(temperature=1.0, max_new_tokens=12), sample_seed=0)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+    gaps = []
+    for t in trajectories:
+        ids = torch.tensor([t.token_ids])
+        with torch.no_grad(), autocast:
+            recomputed = token_logprobs(model(input_ids=ids).logits, ids)[0]
+        mask = torch.tensor(t.response_mask, dtype=torch.bool)
+        gaps.append((recomputed[mask] - torch.tensor(t.behaviour_logprobs)[mask]).abs())
+    gaps = torch.cat(gaps)
+    print(f"\nSmolLM2 sampling in {dtype}, the learner recomputing: |gap| mean {gaps.mean():.2e}, max {gaps.max():.2e} "
+          f"over {len(gaps)} tokens")
+    assert gaps.max() < LOGPROB_GAP_BOUND[dtype]
