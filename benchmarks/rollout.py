@@ -27,7 +27,7 @@ from rllib_ragen.rollout.context import DEFAULT_SYSTEM_PROMPT, turn_message
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.rollout.protocol import execute_turn, parse_reply
-from rllib_ragen.rollout.scripted import sokoban_solver_policy
+from rllib_ragen.rollout import scripted
 
 
 class GenerateBackend:
@@ -126,9 +126,31 @@ def main() -> None:
             tokenizer=tokenizer)
     compare_caches(model, tokenizer, config, params, seeds, args)
     # No model: what is left is each loop's own cost (contexts, parsing, env stepping).
-    scripted = ScriptedBackend(sokoban_solver_policy(config.max_actions_per_turn), tokenizer)
-    compare("scripted solver policy, no model", config, params, seeds, args, engine_backend=scripted,
-            naive_backend=scripted, tokenizer=tokenizer)
+    player, name = scripted_player(args.env, config)
+    played = ScriptedBackend(player, tokenizer)
+    compare(f"scripted {name}, no model", config, params, seeds, args, engine_backend=played, naive_backend=played,
+            tokenizer=tokenizer)
+
+
+def scripted_player(env_id: str, config: RolloutConfig):
+    """A scripted player of ``env_id`` and its name: the package's solver where it has one that reads this
+    environment's text, else moves drawn at random from the environment's action names."""
+    env = gym.make(env_id, **config.env_config).unwrapped
+    name = env_id.split("/")[-1]
+    thinking = config.enable_thinking
+    if name in ("Sokoban-v0", "Sokoban8x8TwoBoxes-v0"):
+        return scripted.sokoban_solver_policy(config.max_actions_per_turn, thinking), "Sokoban solver"
+    if name.startswith("FrozenLake"):
+        return scripted.frozen_lake_optimal_policy(thinking, env.is_slippery), "FrozenLake optimal policy"
+    if name.startswith("Bandit"):
+        return scripted.random_arm_policy(enable_thinking=thinking), "random arm"
+    if name == "Countdown-v0":
+        return scripted.countdown_solver_policy(thinking), "Countdown solver"
+    if name == "Sudoku4x4-v0":
+        return scripted.sudoku_solver_policy(config.max_actions_per_turn, thinking), "Sudoku solver"
+    if name == "FactLookup-v0":
+        return scripted.fact_lookup_solver_policy(), "FactLookup solver"
+    return scripted.random_moves_policy(env.action_names, enable_thinking=thinking), "random moves"
 
 
 def compare(title, config, params, seeds, args, engine_backend, naive_backend, tokenizer) -> None:
@@ -167,7 +189,7 @@ def compare_caches(model, tokenizer, config, params, seeds, args) -> None:
     growing = backends._new_cache
     best, played = {}, {}
     for repeat in range(args.repeats):
-        for name, new_cache in (("growing", growing), ("dynamic", lambda m: DynamicCache(config=m.config))):
+        for name, new_cache in (("growing", growing), ("dynamic", lambda m, *_: DynamicCache(config=m.config))):
             backends._new_cache = new_cache
             engine = RolloutEngine(config, HFBackend(model, tokenizer, max_batch_size=args.batch_size), tokenizer)
             start = time.perf_counter()

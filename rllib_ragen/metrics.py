@@ -89,6 +89,9 @@ TIME_VALIDATE = "time/validate_s"  # seconds this iteration spent validating (th
 VALIDATIONS_IN_ITERATION = "time/validations"  # how many validations those seconds hold
 # Bytes the last weight sync moved: 0 when the env runner plays the learner's own tensors (one process, same device).
 SYNC_BYTES = "perf/sync_bytes"
+# The algorithm's process, its peak resident memory so far in GiB (the learner and, with no remote env runners, the
+# sampler; validation included).
+PEAK_RSS = "perf/peak_rss_gib"
 
 # ---- the learner (under learners/default_policy/) -------------------------------------------------------------
 PG_LOSS = "actor/pg_loss"

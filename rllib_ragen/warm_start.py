@@ -30,13 +30,14 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .hardware import cpu_computes_bfloat16, release_freed_memory
 from .jobs.outputs import WARM_START_CURVE, write_csv, write_text_atomically
 from .jobs.validation_states import DEMONSTRATIONS_FILE
 from .objectives import scored_token_logprobs
 from .rollout.backends import SamplingParams, ScriptedBackend
 from .rollout.engine import RolloutConfig, RolloutEngine
 from .rollout.trajectory import Trajectory, pad_trajectories
-from .rollout.models import cpu_computes_bfloat16, forward_sharing_prefix
+from .rollout.models import forward_sharing_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +275,9 @@ def cached_warm_start(config, job, policy: Callable[[str], str]) -> str:
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     warm_start(config, job, policy, partial)
+    # The warm start's activations and optimizer moments are freed, but glibc keeps their pages: without this the
+    # job's driver holds them (several GiB for SmolLM2) while the trials train.
+    release_freed_memory()
     try:
         os.replace(partial, path)
     except OSError:  # another job trained the same warm start meanwhile: use theirs

@@ -270,7 +270,7 @@ class HFBackend:
     """
 
     def __init__(self, model, tokenizer, max_batch_size: int = 128, prefix_cache: bool = True, decode: str = "auto"):
-        from .models import full_attention_cache
+        from .models import full_attention_cache, takes_logits_to_keep
 
         if decode not in DECODE_PATHS:
             raise ValueError(f"decode={decode!r}: choose one of {DECODE_PATHS}.")
@@ -292,6 +292,7 @@ class HFBackend:
         # bfloat16 products copy a strided view of the cache; float32 ones read it where it lies, and faster than
         # the larger whole buffer (docs/benchmarks.md).
         self._whole_buffer = self._cpu_attention and self.model.dtype == torch.bfloat16
+        self._keeps_logits = takes_logits_to_keep(model)
         self._caches: dict[int, _PrefixCache] = {}
         self._slabs: dict = {}
         self._parameter_addresses = self._addresses()
@@ -396,8 +397,9 @@ class HFBackend:
         seen = mask.sum(-1, keepdim=True) if mask is not None else 0
         position_ids = (seen + new_mask.cumsum(-1) - 1).clamp(min=0)
         mask = new_mask if mask is None else torch.cat([mask, new_mask], dim=1)
+        last_only = {"logits_to_keep": 1} if self._keeps_logits else {}
         output = self.model(input_ids=new_ids.to(self.device), attention_mask=mask, position_ids=position_ids,
-                            **{cache_argument(): cache}, use_cache=True)
+                            **{cache_argument(): cache}, use_cache=True, **last_only)
         return output.logits[:, -1].float(), output[cache_argument()], mask
 
     def _generate_batch(self, chunk: int, prompts: list[list[int]], params: SamplingParams, caps: list[int],

@@ -271,12 +271,6 @@ def _load_pretrained(model: str, dtype: torch.dtype):
     return policy, tokenizer
 
 
-def cpu_computes_bfloat16() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices natively (AVX512-BF16 or AMX, torch's own checks); elsewhere
-    torch emulates them, several times slower than float32 (the Benchmarks page)."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
 def disable_dropout(model: torch.nn.Module) -> None:
     """Set every dropout probability to 0, so ``train()`` mode (RLlib's forward_train) samples nothing."""
     for module in model.modules():
@@ -288,6 +282,15 @@ def disable_dropout(model: torch.nn.Module) -> None:
 
 
 @functools.cache
+def takes_logits_to_keep(model) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs do): with 1, the LM head runs
+    on the last position only, where a sampler needs it. Over a 49k-token vocabulary the logits of every position of
+    a prefill were gigabytes, and a fifth of its work."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 def cache_argument() -> str:
     """The name of a model's KV-cache argument and output: transformers 5.24 renamed ``past_key_values`` to
     ``cache`` (the old name warns, and goes in 5.40); older releases, which a vLLM environment may pin, know only

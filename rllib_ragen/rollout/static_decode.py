@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from .models import takes_logits_to_keep
+
 logger = logging.getLogger(__name__)
 
 ROW_BUCKET = 8  # slabs round their rows up to this, so rollouts of nearly the same size share one slab and graph
@@ -55,7 +57,7 @@ class StaticSlab:
         self._graph = None
         self._static: dict[str, torch.Tensor] = {}
         self._arange = torch.arange(columns, device=self.device)
-        self._keeps_logits = _takes_logits_to_keep(model)
+        self._keeps_logits = takes_logits_to_keep(model)
         self.graph_failures = 0
 
     # ---- state ---------------------------------------------------------------------------------------------------
@@ -176,12 +178,6 @@ class StaticSlab:
             for layer, (keys, values) in zip(layers, saved):
                 layer.keys[..., column, :] = keys
                 layer.values[..., column, :] = values
-
-
-def _takes_logits_to_keep(model) -> bool:
-    import inspect
-
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def slab_shape(rows: int, columns: int) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from .. import metrics as M
 from ..collapse import VARIANCE_BUCKETS, CrossScoringPairs, cross_scoring, variance_buckets
-from ..objectives import policy_loss, token_logprobs
+from ..objectives import policy_loss, scored_token_logprobs
 from ..rollout.models import forward_sharing_prefix
 from .llm_rl_module import trimmed_inputs
 
@@ -73,8 +73,8 @@ class CollapseProbe:
                 scored[row, :len(masks[r])] = torch.tensor(masks[r], dtype=torch.float32)
             input_ids, attention = input_ids.to(self._device), attention.to(self._device)
             with self._precision(config):
-                logits = forward_sharing_prefix(module.policy, input_ids, attention)["logits"]  # a prompt's tokens once
-            totals = (token_logprobs(logits, input_ids, config.temperature).cpu() * scored).sum(-1)
+                totals = _scored_logprobs(module.policy, input_ids, attention, scored.to(self._device),
+                                          config.temperature).cpu().sum(-1)
             for row, r in enumerate(chunk):
                 scores[index[r]] = float(totals[row])
         return cross_scoring(scores)
@@ -93,8 +93,8 @@ class CollapseProbe:
                 width = inputs["input_ids"].shape[1]
                 trained = data["loss_mask"][micro, :width]
                 with self._precision(config):
-                    logits = forward_sharing_prefix(policy, inputs["input_ids"], inputs["attention_mask"])["logits"]
-                    logp = token_logprobs(logits, inputs["input_ids"], config.temperature)
+                    logp = _scored_logprobs(policy, inputs["input_ids"], inputs["attention_mask"],
+                                            data["response_mask"][micro, :width], config.temperature)
                 loss, _ = policy_loss(logp, data["old_logp"][micro, :width], data["token_advantages"][micro, :width],
                                       trained, clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
                                       dual_clip=config.dual_clip, aggregation="token-mean")
@@ -105,3 +105,12 @@ class CollapseProbe:
         for p in module.parameters():
             p.grad = None
         return norm
+
+
+def _scored_logprobs(policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor,
+                     temperature: float) -> torch.Tensor:
+    """(B, T) log-probs of the ``scored`` tokens, zero elsewhere, as the learner's update computes them: the trunk
+    reads a shared prompt once, and the LM head runs at the scored positions only (a probe of 128 rows with every
+    position's logits took gigabytes)."""
+    hidden = forward_sharing_prefix(policy.get_decoder(), input_ids, attention_mask)["last_hidden_state"]
+    return scored_token_logprobs(hidden, policy.get_output_embeddings(), input_ids, scored, temperature)

@@ -19,7 +19,7 @@ from ..envs import register_carried, registrations_of
 from ..objectives import ADVANTAGE_ESTIMATORS, AdvantageSettings, FilterSettings, fixed_kept_groups
 from ..rollout.backends import SamplingParams
 from ..rollout.engine import RolloutConfig
-from ..rollout.models import cpu_computes_bfloat16
+from ..hardware import cpu_computes_bfloat16
 from ..rollout.trajectory import Start
 from .config_rules import rule_errors
 from .environments import EnvEntry, entry, env_name
@@ -226,7 +226,7 @@ class StarPOConfig(AlgorithmConfig):
                 episode at once.
             rollout_dtype: the dtype the env runners' copy of the policy samples in (the HF backend), and
                 ``evaluate`` plays a saved policy in; the learner keeps its weights in the model's dtype. ``"bfloat16"``
-                where the CPU computes it natively (AVX512-BF16 or AMX: ``rllib_ragen.warm_start.emulated_bfloat16``
+                where the CPU computes it natively (AVX512-BF16 or AMX: ``rllib_ragen.hardware.cpu_computes_bfloat16``
                 says) or on a GPU, with float32 weights and ``autocast_dtype="bfloat16"`` in the learner: the
                 sampler's log-probs then differ from the learner's by bfloat16's rounding (``rollout/logprob_gap_*``),
                 and the learner's own recomputed ones are the old log-probs (``recompute_logprobs``). None (default):

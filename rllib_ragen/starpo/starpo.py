@@ -43,6 +43,7 @@ from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEA
 
 from .. import metrics as M
 from ..collapse import cross_scoring_pairs, probe_schedule, reply_diagnostics
+from ..hardware import peak_rss_gib
 from ..rollout.trajectory import Trajectory
 from ..sentinel import Sentinel
 from .update_batch import prepare_update_batch, shard_by_groups, token_advantages_by_trajectory
@@ -116,6 +117,12 @@ class StarPO(Algorithm):
     # ---- one iteration: rollout -> prepare -> update -> sync ----------------------------------------------------
     @override(Algorithm)
     def training_step(self) -> None:
+        try:
+            self._iterate()
+        finally:  # every iteration's row says how much memory the run has needed so far
+            self._log({M.PEAK_RSS: peak_rss_gib()})
+
+    def _iterate(self) -> None:
         config, iteration = self.config, self.iteration
         self._validation_time = [0.0, 0]  # seconds and validations of this iteration (a job's time-left estimate)
         self._log({M.TIME_VALIDATE: 0.0, M.VALIDATIONS_IN_ITERATION: 0.0})

@@ -6,6 +6,7 @@ import torch
 from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen import metrics as M
+from rllib_ragen.hardware import peak_rss_gib
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.starpo.weight_sync import share_or_copy, shares_storage, state_bytes
 
@@ -31,6 +32,8 @@ def test_the_env_runner_plays_the_learners_own_tensors_after_each_update(ray_ses
             learner, sampler = _learner_policy(algo), algo.env_runner.module.policy
             assert shares_storage(learner.state_dict(), sampler)  # the same tensors, not equal copies
             assert result[M.SYNC_BYTES] == 0.0
+            # The algorithm's process (here this one) at its fullest so far: the iteration's own reading.
+            assert 0.1 < result[M.PEAK_RSS] <= peak_rss_gib()
             assert algo.env_runner.weights_seq_no == algo.learner_group._learner._weights_seq_no
         # An optimizer step changes what the sampler plays at once: a rollout now samples the learner's policy.
         trajectories = algo.play_validation_states(temperature=0.8)

@@ -1,0 +1,50 @@
+"""What this machine offers the package: whether the CPU computes bfloat16 natively, this process's peak memory,
+and handing freed heap memory back to the operating system. No Ray, no transformers: every layer may ask.
+
+glibc keeps the memory of freed tensors in its heap for reuse, so a process that once needed gigabytes (a warm start's
+activations and optimizer moments) keeps them resident after every tensor is gone. ``malloc_trim`` returns those
+pages; elsewhere than glibc it is not there and nothing happens.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import gc
+import resource
+import sys
+
+import torch
+
+
+def cpu_computes_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (AVX512-BF16 or AMX, torch's own checks); elsewhere
+    torch emulates them, several times slower than float32 (the Benchmarks page)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident set size so far, in GiB (``getrusage``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+@functools.cache
+def _malloc_trim():
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS): no malloc_trim
+        return None
+
+
+def release_freed_memory() -> bool:
+    """Collect garbage, then hand the heap's free pages back to the OS (glibc's ``malloc_trim(0)``); returns whether
+    the C library could."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
