@@ -268,6 +268,7 @@ def test_help_shows_the_first_flags_and_help_all_every_flag_once_with_the_jobs_d
         parse_job_args(frozenlake["config"], frozenlake["job"], ["--help"])
     short = " ".join(capsys.readouterr().out.split())
     assert "--iterations INT" in short and "--lr FLOAT" in short and "--help-all" in short
+    assert "--quick" in short and "--preset" in short  # what the README points newcomers to
     assert "--clip-ratio-low" not in short and "--warm-start-lr" not in short  # the rest: --help-all
     with pytest.raises(SystemExit):
         parse_job_args(frozenlake["config"], frozenlake["job"], ["--help-all"])
@@ -350,7 +351,7 @@ def test_the_smollm2_gpu_preset_brings_smollm2_a_time_budget_and_each_jobs_own_s
 
 
 def test_the_smollm2_cpu_preset_brings_smollm2_with_lora_a_short_warm_start_and_the_cpus_dtype_and_flags_win():
-    from rllib_ragen.rollout.models import cpu_computes_bfloat16
+    from rllib_ragen.hardware import cpu_computes_bfloat16
 
     frozenlake = job_file("starpo_frozenlake.py")
     config, job, _, _ = frozenlake["parse_args"](frozenlake["config"], frozenlake["job"], ["--preset", "smollm2-cpu"])
@@ -729,3 +730,39 @@ def test_the_smollm2_cpu_preset_runs_one_iteration_and_exports_a_policy_evaluate
     assert exported["num_hidden_layers"] == 30 and not (trial / "policy" / "adapter_config.json").exists()
     evaluate([str(trial / "policy"), "--states", "2"])
     assert "success" in capsys.readouterr().out
+
+
+def _folder_bytes(folder: pathlib.Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def test_the_report_on_a_finished_run_leaves_every_byte_and_judges_by_the_runs_own_bar(tmp_path, capsys):
+    """A reader run on a finished bandit run (its job's bar 0.15, reference lines for a random arm and the optimum):
+    the table judges by 0.15, not the command's default, and no byte of the run changes; --output writes the report
+    elsewhere, with the run's bar and lines, and a folder inside the run is refused."""
+    from rllib_ragen.jobs import report
+
+    done = run_example("starpo_bandit.py", *ONE_ITERATION, "--threads", "1", "--run-name", "run",
+                       "--output-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "run"
+    recorded = json.loads((run / "seed0" / "summary.json").read_text())
+    assert recorded["pass_bar"] == 0.15 and recorded["known_scores"]
+    before = _folder_bytes(run)
+    assert report.main([str(run)]) == 0
+    assert "(bar 0.15)" in capsys.readouterr().out
+    assert _folder_bytes(run) == before
+    out = tmp_path / "elsewhere"
+    assert report.main([str(run), "--output", str(out)]) == 0
+    again = json.loads((out / "seed0" / "summary.json").read_text())
+    assert (again["pass_bar"], again["known_scores"], again["paired"]) == (
+        0.15, recorded["known_scores"], recorded["paired"])
+    assert (out / "seed0" / "learning_curve.png").is_file() and (out / "seed0" / "rollouts.html").is_file()
+    assert _folder_bytes(run) == before
+    with pytest.raises(SystemExit) as refused:
+        report.main([str(run), "--output", str(run / "seed0" / "mine")])
+    assert refused.value.code == 2 and "never writes over what a run recorded" in capsys.readouterr().err
+    assert _folder_bytes(run) == before

@@ -2,12 +2,15 @@
 
 Works on any finished Tune experiment of StarPO trials that carried :class:`~rllib_ragen.jobs.callbacks.JobOutputs` (a
 main job with one trial or several seeds, a sweep), and on a single trial folder. For each trial it reads Tune's
-``result.json`` and ``params.json`` and the callback's rollout files, and writes the trial's ``summary.json``
-(validation before and after RL, the paired comparisons, baselines, validation splits, throughput) and its
-``learning_curve.png``; it prints the final table. For an experiment it also writes the experiment's
-``summary.json``: every trial's summary, the spread over trials and, for a sweep, each trial paired against the
-trial of the grid's first values (:func:`versus_control`). Each trial also gets the rollout viewer
-(``rollouts.html``).
+``result.json`` and ``params.json`` and the callback's rollout files, and builds the trial's summary (validation
+before and after RL, the paired comparisons, baselines, validation splits, throughput); it prints the final table.
+For an experiment with several trials it adds the spread over trials and, for a sweep, each trial paired against
+the trial of the grid's first values (:func:`versus_control`).
+
+It writes only where it is told (``output``): the job that made the run writes its ``summary.json`` files,
+``learning_curve.png`` and ``rollouts.html`` into it; a reader run later (the command line) writes nothing unless
+given ``--output``, a folder outside the run, and judges by the pass bar and reference lines the run recorded. A
+reader never writes over what a run recorded.
 
 The verdict judges the headline environment (:func:`headline_environment`); the report still prints every
 validation environment's paired line and flags a significant drop on any of them.
@@ -28,7 +31,8 @@ from ..collapse import reasoning_entropy
 from .outputs import (RunFileError, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER,
                       MACHINE, LEARNING_CURVE, baseline_name, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
                       read_first_reasonings, read_outcomes, read_reasoning_claims, read_results, state_of,
-                      validations_of, write_text_atomically)
+                      validations_of, VIEWER_PAGE, write_text_atomically)
+from .flags import JobSettings
 from .validation_states import demonstrated_seeds, initial_states, trained_seeds_by_env
 from .paired_stats import PairedComparison, paired_by_subset, paired_comparison
 
@@ -84,12 +88,18 @@ def headline_environment(config):
 
 
 # ---- the report ---------------------------------------------------------------------------------------------------
-def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, known_scores: dict[str, float] | None = None,
-                 baselines_dir: pathlib.Path | None = None, quiet: bool = False, allow_imports: bool = False) -> dict:
-    """Write the trial's ``summary.json`` and ``learning_curve.png``; print its table unless ``quiet``; return the
-    summary. ``baselines_dir``: the folder of scripted baselines' episodes (default: the experiment's)."""
+def report_trial(trial: pathlib.Path, pass_bar: float | None = None, known_scores: dict[str, float] | None = None,
+                 baselines_dir: pathlib.Path | None = None, quiet: bool = False, allow_imports: bool = False,
+                 output: pathlib.Path | None = None) -> dict:
+    """The trial's summary; its table printed unless ``quiet``. With ``output``, its ``summary.json``,
+    ``learning_curve.png`` and ``rollouts.html`` are written into that folder (the job: the trial's own).
+    ``pass_bar`` and ``known_scores`` (the curve's reference lines): None for those the run recorded.
+    ``baselines_dir``: the folder of scripted baselines' episodes (default: the experiment's)."""
     trial = pathlib.Path(trial)
     config = trial_config(trial, allow_imports)
+    recorded = read_run_json(trial / "summary.json", {})
+    pass_bar = recorded_pass_bar(trial) if pass_bar is None else pass_bar
+    known_scores = dict(recorded.get("known_scores") or {}) if known_scores is None else dict(known_scores)
     rows = read_results(trial)
     validations = validations_of(rows)
     headline = headline_environment(config)
@@ -97,6 +107,7 @@ def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, known_scores: dict
     summary["success_gain"] = summary["after"][M.SUCCESS] - summary["before"][M.SUCCESS]
     summary["passed"] = bool(summary["success_gain"] >= pass_bar)
     summary["pass_bar"] = pass_bar
+    summary["known_scores"] = known_scores
     scored = {headline.name} if config.is_mixture else None
     summary["paired"] = _paired(_in(trial, SAMPLED_AND_GREEDY["sampled"]), scored)
     summary["paired_greedy"] = _paired(_in(trial, SAMPLED_AND_GREEDY["greedy"]), scored)
@@ -121,26 +132,46 @@ def report_trial(trial: pathlib.Path, pass_bar: float = 0.05, known_scores: dict
     machine = trial / MACHINE
     summary["machine"] = read_run_json(machine, [])  # one entry per session
     summary["run_dir"] = str(trial)
-    write_text_atomically(trial / "summary.json", json.dumps(json_ready(summary), indent=2, allow_nan=False))
-    title = (f"{config.env_name} | model {pathlib.Path(str(summary['model'])).name} | seed {config.seed} | "
-             f"{summary['iterations']} iterations")
-    baseline_lines = {name: b["success"] for name, b in summary.get("baselines", {}).items()}
-    plot_learning_curve(trial / LEARNING_CURVE, rows, validations, config.env_name, title,
-                        {"warm start": summary["before"][M.SUCCESS], **(known_scores or {}), **baseline_lines},
-                        validation_env=headline.name, firings=summary["sentinel_firings"])
-    if (trial / AFTER_ROLLOUTS).is_file():
-        from .viewer import write_viewer
-
-        write_viewer(trial, validation_env=headline.name)
+    if output is not None:
+        _write_trial_report(trial, pathlib.Path(output), summary, config, rows, validations, headline.name)
     if not quiet:
         print_table(summary, config)
     return summary
 
 
-def report_experiment(run_dir: pathlib.Path, pass_bar: float = 0.05,
-                      known_scores: dict[str, float] | None = None, allow_imports: bool = False) -> dict:
-    """Report every trial of the experiment folder ``run_dir`` and, with several, their spread; writes the
-    experiment's ``summary.json`` and returns it (``{"trials": {name: summary}, "spread": ...}``).
+def recorded_pass_bar(trial: pathlib.Path) -> float:
+    """The pass bar the run was judged by: its job's (``run_config.json`` of the experiment), else the one its
+    summary recorded, else the job default."""
+    job = read_run_json(trial.parent / RUN_CONFIG, {}).get("job") or read_run_json(trial / RUN_CONFIG, {}).get("job")
+    if job and "pass_bar" in job:
+        return float(job["pass_bar"])
+    recorded = read_run_json(trial / "summary.json", {})
+    return float(recorded["pass_bar"]) if "pass_bar" in recorded else JobSettings.pass_bar
+
+
+def _write_trial_report(trial: pathlib.Path, output: pathlib.Path, summary: dict, config, rows, validations,
+                        headline: str) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(output / "summary.json", json.dumps(json_ready(summary), indent=2, allow_nan=False))
+    title = (f"{config.env_name} | model {pathlib.Path(str(summary['model'])).name} | seed {config.seed} | "
+             f"{summary['iterations']} iterations")
+    baseline_lines = {name: b["success"] for name, b in summary.get("baselines", {}).items()}
+    plot_learning_curve(output / LEARNING_CURVE, rows, validations, config.env_name, title,
+                        {"warm start": summary["before"][M.SUCCESS], **summary["known_scores"], **baseline_lines},
+                        validation_env=headline, firings=summary["sentinel_firings"])
+    if (trial / AFTER_ROLLOUTS).is_file():
+        from .viewer import write_viewer
+
+        write_viewer(trial, output / VIEWER_PAGE, validation_env=headline)
+
+
+def report_experiment(run_dir: pathlib.Path, pass_bar: float | None = None,
+                      known_scores: dict[str, float] | None = None, allow_imports: bool = False,
+                      output: pathlib.Path | None = None) -> dict:
+    """Report every trial of the experiment folder ``run_dir`` and, with several, their spread; returns
+    ``{"trials": {name: summary}, "spread": ..., "versus_control": ...}``. With ``output`` (the job: ``run_dir``
+    itself), the experiment's ``summary.json`` goes there and each trial's files into ``output/<trial>`` (into
+    ``output`` when ``run_dir`` is one trial). ``pass_bar``, ``known_scores``: see :func:`report_trial`;
     ``allow_imports``: see :func:`trial_config`."""
     run_dir = pathlib.Path(run_dir)
     trials = trial_folders(run_dir)
@@ -151,15 +182,17 @@ def report_experiment(run_dir: pathlib.Path, pass_bar: float = 0.05,
     for trial in trials:
         if several:
             print(f"\n== trial {trial.name}")
+        where = None if output is None else pathlib.Path(output) / trial.relative_to(run_dir)
         summaries[trial.name] = report_trial(trial, pass_bar, known_scores, run_dir / BASELINES,
-                                             allow_imports=allow_imports)
+                                             allow_imports=allow_imports, output=where)
     report = {"trials": summaries, "spread": spread(summaries.values()) if several else None,
               "versus_control": versus_control(run_dir, trials, allow_imports) if several else {}}
     if several:
         print_spread(report["spread"])
         print_versus(report["versus_control"])
-    if trials != [run_dir]:
-        write_text_atomically(run_dir / "summary.json", json.dumps(json_ready(report), indent=2, allow_nan=False))
+    if output is not None and trials != [run_dir]:
+        write_text_atomically(pathlib.Path(output) / "summary.json",
+                              json.dumps(json_ready(report), indent=2, allow_nan=False))
     return report
 
 
@@ -306,6 +339,8 @@ def _summary(config, rows: list[dict], validations: list[dict], headline: str) -
         "update_tokens_per_s": rows[-1].get(LEARNER + M.UPDATE_TOKENS_PER_S, math.nan) if rows else math.nan,
         # Tune's clock of the trial, over every session of a restored one (the warm start is not in it)
         "wall_time_s": rows[-1].get("time_total_s", math.nan) if rows else math.nan,
+        # the trial's process at its fullest over the iterations (runs before this metric: NaN)
+        "peak_rss_gib": max((v for r in rows if math.isfinite(v := r.get(M.PEAK_RSS, math.nan))), default=math.nan),
     }
 
 
@@ -437,6 +472,8 @@ def print_table(summary: dict, config) -> None:
     print(f"{'rollout tokens/s':28s}{summary['rollout_tokens_per_s']:20,.0f}")
     print(f"{'update tokens/s':28s}{summary['update_tokens_per_s']:20,.0f}")
     print(f"{'wall time':28s}{summary['wall_time_s'] / 60:17.1f} min")
+    if math.isfinite(summary.get("peak_rss_gib", math.nan)):
+        print(f"{'peak RSS, trial process':28s}{summary['peak_rss_gib']:17.1f} GiB")
     for machine in summary.get("machine", []):
         print(f"{'machine':28s}{describe_machine(machine)}")
     _print_paired(summary, config)
@@ -504,18 +541,29 @@ def _print_paired(summary: dict, config) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rllib_ragen.jobs.report", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=pathlib.Path, help="a job's run folder (a Tune experiment) or one trial's")
-    parser.add_argument("--pass-bar", type=float, default=0.05, help="least success gain that counts as learning")
+    parser.add_argument("--pass-bar", type=float, default=None,
+                        help="least success gain that counts as learning (default: the bar the run's job used)")
+    parser.add_argument("--output", type=pathlib.Path, default=None,
+                        help="write summary.json, learning_curve.png and rollouts.html into this folder, one "
+                             "subfolder a trial; it must lie outside the run (default: write nothing)")
     parser.add_argument("--allow-run-imports", action="store_true",
                         help="import the modules the run's settings name (a TRL environment's import path): that "
                              "runs their code, so only for a run you trust")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         parser.error(f"{args.run_dir} is not a folder")
+    run_dir = args.run_dir.resolve()
+    output = args.output.resolve() if args.output is not None else None
+    if output is not None and (output == run_dir or run_dir in output.parents):
+        parser.error(f"--output {args.output} lies inside the run {args.run_dir}: the report never writes over what "
+                     f"a run recorded; choose a folder outside it")
     try:
-        report_experiment(args.run_dir.resolve(), args.pass_bar, allow_imports=args.allow_run_imports)
+        report_experiment(run_dir, args.pass_bar, allow_imports=args.allow_run_imports, output=output)
     except (FileNotFoundError, RunFolderImportError, RunFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if output is not None:
+        print(f"report written to {output}")
     return 0
 
 

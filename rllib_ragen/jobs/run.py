@@ -52,7 +52,7 @@ from .outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED
                                  baseline_file, close_run_log,
                                  keep_notices_off_the_console, send_notices_to, start_run_folder, write_rollouts, write_text_atomically)
 from .report import headline_environment, report_experiment
-from ..rollout.models import cpu_computes_bfloat16
+from ..hardware import cpu_computes_bfloat16
 from ..sentinel import as_rule, echo_trap_rules
 from ..warm_start import cached_warm_start
 from ..starpo.config import PRESET_LABEL, VARIANT_LABEL
@@ -220,7 +220,7 @@ def _after_fit(results, console, job: JobSettings, out: pathlib.Path, known_scor
               f"{' '.join(_resume_command(out))}")
     unreported = None
     try:
-        report = report_experiment(out, job.pass_bar, known_scores, allow_imports=True)  # the run this job made
+        report = report_experiment(out, job.pass_bar, known_scores, allow_imports=True, output=out)  # its own run
     except OSError as error:  # no trial got a result (FileNotFoundError), or the disk is full
         if not causes:
             raise
