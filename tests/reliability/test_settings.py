@@ -35,8 +35,18 @@ def _numeric_flags():
     base, structured = StarPOConfig(), {"train_envs", "validation_envs", "lora"}  # JSON, None when unset
     structured |= {"rollout_filter_include_zero"}  # a boolean, or None for the strategy's own
     structured |= {"autocast_dtype"}  # a dtype's name, or None (test_update_precision refuses True)
+    structured |= {"rollout_dtype"}  # a dtype's name, or None (the test below refuses True)
     return [n for n in config_flag_names() if n not in structured
             and not isinstance(config_value(base, n), (bool, str, dict, list, tuple))]
+
+
+def test_the_samplers_dtype_refuses_a_boolean_naming_its_choices():
+    from rllib_ragen.jobs.flags import set_config_value
+
+    config = StarPOConfig()
+    set_config_value(config, "rollout_dtype", True)
+    with pytest.raises(ValueError, match=r"rollout_dtype=True: choose one of \[None, 'float32', 'bfloat16'\]"):
+        config.validate()
 
 
 @pytest.mark.parametrize("name", _numeric_flags())
