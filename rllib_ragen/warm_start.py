@@ -311,7 +311,7 @@ def demonstration_rollout_config(config, job) -> RolloutConfig:
 def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) -> str:
     """Fine-tune the config's model on ``policy``'s demonstrations with ``job``'s ``warm_start_*`` settings; save it
     to ``path``, with the demonstrated states (``demonstrations.json``), and return that path."""
-    from .rollout.models import load_policy
+    from .rollout.models import enable_activation_checkpointing, load_policy
 
     t0 = time.perf_counter()
     if not logger.handlers:  # the every-50-steps loss lines are the job's progress
@@ -319,6 +319,8 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
         logger.setLevel(logging.INFO)
     seed = config.seed or 0
     model, tokenizer = load_policy(config.model_config["model"], seed=seed)
+    if config.model_config.get("activation_checkpointing"):  # the same weights to the bit, in less memory
+        enable_activation_checkpointing(model)
     device = warm_start_device(config, job.warm_start_device)
     model.to(device)
     demos = collect_demonstrations(demonstration_rollout_config(config, job), policy, tokenizer,

@@ -8,6 +8,7 @@ caches a plain copy for fast reloads. Anything else is passed to ``from_pretrain
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -328,6 +329,59 @@ def full_attention_cache(model):
     return cache if all(type(layer) is DynamicLayer for layer in cache.layers) else None
 
 
+@functools.cache
+def shared_prefix_layer() -> type:
+    """A ``DynamicLayer`` holding a shared prefix's keys and values, which each call extends with its own tokens'
+    without keeping them: every call, a checkpointed layer's re-run in the backward pass included, reads the same
+    prefix. (A function: transformers is imported only where a model is used.)"""
+    from transformers.cache_utils import DynamicLayer
+
+    class SharedPrefixLayer(DynamicLayer):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+    return SharedPrefixLayer
+
+
+def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module] | None:
+    """The layers of ``model`` that activation checkpointing re-runs in the backward pass (``[]`` with it off), or
+    None where it is on in a form a shared-prefix cache cannot pass through (transformers before its
+    ``GradientCheckpointingLayer``, which checkpoint in the model's own loop and drop the cache)."""
+    on = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    layers = [m for m in on if hasattr(m, "_can_checkpoint_with_cache")]  # the model's own flag is set too
+    return layers if layers or not on else None
+
+
+@contextlib.contextmanager
+def _layer_flags(layers: list[torch.nn.Module], **flags):
+    """Set ``flags`` on each of ``layers`` for the ``with`` block, as the instance's own values; after it, each
+    layer has the attributes it had (an attribute it took from its class is its class's again)."""
+    missing = object()
+    before = [{name: vars(layer).get(name, missing) for name in flags} for layer in layers]
+    for layer in layers:
+        for name, value in flags.items():
+            setattr(layer, name, value)
+    try:
+        yield
+    finally:
+        for layer, values in zip(layers, before):
+            for name, value in values.items():
+                if value is missing:
+                    delattr(layer, name)
+                else:
+                    setattr(layer, name, value)
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Keep only each decoder layer's input for the backward pass, which runs the layer again to get the rest
+    (Hugging Face's activation checkpointing, non-reentrant): an update's activations shrink to one layer's, for
+    about a third more forward compute. Gradients are those of the plain pass to the bit (tested). Applies in train
+    mode under grad; a PEFT model's base model is the one set."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    enable = getattr(base, "activation_checkpointing_enable", None) or base.gradient_checkpointing_enable
+    enable({"use_reentrant": False})
+
+
 def forward_sharing_prefix(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            output_hidden_states: bool = False) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
     """A Hugging Face model's outputs over a right-padded batch, reading the tokens all rows start with only once.
@@ -351,18 +405,28 @@ def forward_sharing_prefix(model, input_ids: torch.Tensor, attention_mask: torch
     """
     fields = ("logits", "last_hidden_state", "hidden_states")
     prefix = common_prefix_length(input_ids, attention_mask) if input_ids.shape[0] > 1 else 0
-    cache = full_attention_cache(model) if prefix >= SHARED_PREFIX_MIN_TOKENS else None
+    checkpointed = checkpointed_layers(model)
+    can_share = checkpointed is not None and prefix >= SHARED_PREFIX_MIN_TOKENS
+    cache = full_attention_cache(model) if can_share else None
     if cache is None:
         out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                     output_hidden_states=output_hidden_states)
         return {key: out[key] for key in fields if out.get(key) is not None}
     batch, width = input_ids.shape
-    head = model(input_ids=input_ids[:1, :prefix], **{cache_argument(): cache}, use_cache=True,
-                 output_hidden_states=output_hidden_states)
+    # A cache passed in is read and filled either way; use_cache=True with checkpointing on only draws a warning.
+    use_cache = not checkpointed
+    # The prefix pass fills the cache: a checkpointed layer re-run in the backward pass would fill it twice.
+    with _layer_flags(checkpointed, gradient_checkpointing=False):
+        head = model(input_ids=input_ids[:1, :prefix], **{cache_argument(): cache}, use_cache=use_cache,
+                     output_hidden_states=output_hidden_states)
     cache.batch_repeat_interleave(batch)
+    for layer in cache.layers:
+        layer.__class__ = shared_prefix_layer()  # the rows' pass reads the prefix and keeps nothing of its own
     positions = torch.arange(prefix, width, device=input_ids.device).expand(batch, -1)
-    tail = model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, position_ids=positions,
-                 **{cache_argument(): cache}, use_cache=True, output_hidden_states=output_hidden_states)
+    # Hugging Face drops the cache of a checkpointed layer, as most caches grow; this one reads the same every time.
+    with _layer_flags(checkpointed, _can_checkpoint_with_cache=True):
+        tail = model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, position_ids=positions,
+                     **{cache_argument(): cache}, use_cache=use_cache, output_hidden_states=output_hidden_states)
 
     def joined(first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
         return torch.cat([first.expand(batch, *first.shape[1:]), rest], dim=1)

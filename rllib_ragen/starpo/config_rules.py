@@ -250,6 +250,9 @@ def _model_errors(config):
         yield f"model_config has unknown keys {sorted(unknown)}; accepted: {sorted(DEFAULT_MODEL_CONFIG)}."
     if model_config.get("critic") not in CRITIC_TYPES:
         yield f"model_config['critic']={model_config.get('critic')!r}: choose one of {list(CRITIC_TYPES)}."
+    if not isinstance(model_config.get("activation_checkpointing", False), bool):
+        yield (f"model_config['activation_checkpointing']={model_config['activation_checkpointing']!r}: "
+               "True or False.")
     dtype = str(model_config.get("dtype")).removeprefix("torch.")
     if dtype not in MODEL_DTYPES:
         yield f"model_config['dtype']={model_config.get('dtype')!r}: choose one of {list(MODEL_DTYPES)}."

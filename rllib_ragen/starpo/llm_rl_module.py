@@ -20,7 +20,7 @@ from ray.rllib.utils.annotations import override
 from ..objectives import scored_logprobs_and_entropy, token_logprobs_and_entropy
 from ..objectives.losses import shift_right
 from ..rollout.lora import attach_lora, is_adapter_key, lora_settings, merged_policy_state
-from ..rollout.models import forward_sharing_prefix, load_policy
+from ..rollout.models import enable_activation_checkpointing, forward_sharing_prefix, load_policy
 
 
 class _DropRLModuleConfigNotice(logging.Filter):
@@ -48,6 +48,10 @@ DEFAULT_MODEL_CONFIG = {
     # LoRA adapters ({"r": 16, "alpha": 32, "target_modules": "all-linear"}, needs peft): the learner trains them
     # alone; env runners get merged weights, vLLM engines the adapter. None trains every weight.
     "lora": None,
+    # Keep each decoder layer's input only and re-run the layer in the backward pass (the policy's and the critic's):
+    # an update's activations shrink to about one layer's, for about a third more forward compute; gradients
+    # unchanged to the bit. Also the warm start's.
+    "activation_checkpointing": False,
 }
 
 
@@ -91,6 +95,11 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         self.lora = None if self.inference_only else lora_settings(cfg.get("lora"))
         if self.lora:
             self.policy = attach_lora(self.policy, self.lora, seed=int(cfg["seed"]))
+        if cfg["activation_checkpointing"] and not self.inference_only:
+            for model in (self.policy, getattr(self, "critic", None) and self.critic.trunk):
+                if model is not None:
+                    enable_activation_checkpointing(model)
+                    model.train()  # Hugging Face checkpoints in train mode only; dropout is off (load_policy)
 
     # ---- RLlib API ----------------------------------------------------------------------------------------------
     @override(InferenceOnlyAPI)

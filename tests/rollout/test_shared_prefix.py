@@ -98,3 +98,51 @@ def test_hidden_states_and_a_bare_trunk_come_out_as_from_the_plain_pass(sokoban_
         trunk = forward_sharing_prefix(model.model, ids, attention)  # the critic's trunk: no logits
         assert set(trunk) == {"last_hidden_state"}
         torch.testing.assert_close(trunk["last_hidden_state"][real], plain.hidden_states[-1][real], rtol=0, atol=1e-5)
+
+
+def _saved_bytes_and_gradients(model, ids, attention, mask):
+    """The bytes autograd keeps for the backward pass of the shared-prefix loss, and the gradients it gives."""
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    model.zero_grad()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        logits = forward_sharing_prefix(model, ids, attention)["logits"]
+    loss = -(token_logprobs(logits, ids) * mask).sum() / mask.sum()
+    loss.backward()
+    return sum(saved), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_activation_checkpointing_keeps_the_shared_prefix_and_every_gradient_bit(sokoban_batch, lora):
+    from rllib_ragen.rollout.lora import attach_lora, lora_settings
+    from rllib_ragen.rollout.models import checkpointed_layers, enable_activation_checkpointing
+
+    tokenizer, batch = sokoban_batch
+    ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]
+
+    def model():
+        policy = build_tiny_model(tokenizer, seed=0)
+        return (attach_lora(policy, lora_settings({"r": 4})) if lora else policy).train()
+
+    plain = model()
+    kept, expected = _saved_bytes_and_gradients(plain, ids, attention, mask)
+    checkpointed = model()
+    enable_activation_checkpointing(checkpointed)
+    layers = checkpointed_layers(checkpointed)
+    assert len(layers) == checkpointed.config.num_hidden_layers and checkpointed_layers(plain) == []
+    calls = []  # the first layer's MLP: Hugging Face re-runs a layer's forward, not its hooks
+    hook = layers[0].mlp.register_forward_pre_hook(lambda _, args: calls.append(tuple(args[0].shape[:2])))
+    kept_checkpointed, got = _saved_bytes_and_gradients(checkpointed, ids, attention, mask)
+    hook.remove()
+    prefix = common_prefix_length(ids, attention)
+    # The prefix once (not re-run), the rows' pass, and the rows' pass again in the backward pass.
+    assert calls == [(1, prefix), *[(len(ids), ids.shape[1] - prefix)] * 2]
+    assert kept_checkpointed < kept / 2
+    assert len(got) == len(expected) == sum(p.requires_grad for p in plain.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    # The flags the pass set for its duration are the layers' own again.
+    assert all(layer.gradient_checkpointing and "_can_checkpoint_with_cache" not in vars(layer) for layer in layers)

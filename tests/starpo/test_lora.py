@@ -184,3 +184,26 @@ def test_vllm_engines_serve_the_learners_adapter(small_config):
     finally:
         algo.stop()
     assert np.isfinite(result["learners"][DEFAULT_MODULE_ID]["actor/pg_loss"])
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_activation_checkpointing_trains_the_same_adapters_and_critic_to_the_bit(small_config):
+    from rllib_ragen.rollout.models import checkpointed_layers
+
+    trained = []
+    for checkpointing in (False, True):
+        config = lora_config(small_config)
+        config.rl_module(model_config={**config.model_config, "activation_checkpointing": checkpointing})
+        algo = config.build_algo()
+        module = learner_module(algo)
+        assert bool(checkpointed_layers(module.policy)) is checkpointing
+        assert bool(checkpointed_layers(module.critic.trunk)) is checkpointing
+        algo.train()
+        trained.append({k: v.detach().clone() for k, v in module.state_dict().items()})
+        algo.stop()
+    plain, checkpointed = trained
+    assert plain.keys() == checkpointed.keys()
+    assert [k for k in plain if not torch.equal(plain[k], checkpointed[k])] == []
+    assert any("lora_B" in k and plain[k].abs().sum() > 0 for k in plain)  # the adapters did move
+    with pytest.raises(ValueError, match=r"model_config\['activation_checkpointing'\]='yes': True or False"):
+        lora_config(small_config).rl_module(model_config={"model": "tiny", "activation_checkpointing": "yes"}).validate()
