@@ -43,17 +43,22 @@ def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_sessio
     tokenizer.save_pretrained(untrained)
 
     output = tmp_path / "evaluation.json"
-    assert evaluate.main([str(trial / "policy"), str(untrained), "--output", str(output)]) == 0
+    # Before, then after, as the job pairs them; the settings come from the one policy in a trial folder.
+    assert evaluate.main([str(untrained), str(trial / "policy"), "--output", str(output)]) == 0
     result = json.loads(output.read_text())
     played = result["outcomes"][str(trial / "policy")]
     assert played["sampled"] == sampled and played["greedy"] == greedy
     entry = result["environments"]["rllib_ragen/Bandit-v0"]
     assert entry["states"] == 6
     assert entry["success"][str(trial / "policy")]["sampled"] == pytest.approx(sum(sampled.values()) / 6)
-    pair = entry["paired"][str(untrained)]["greedy"]
-    assert pair["before"] == pytest.approx(sum(greedy.values()) / 6) and pair["n"] == 6
-    printed = capsys.readouterr().out
-    assert "success on 6 validation states" in printed and f"{untrained} against {trial / 'policy'}" in printed
+    pair = entry["paired"][str(trial / "policy")]["greedy"]
+    assert pair["after"] == pytest.approx(sum(greedy.values()) / 6) and pair["n"] == 6
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "success on 6 validation states" in printed and f"{trial / 'policy'} against {untrained}" in printed
+    assert f"[1/4] {untrained}, greedy (T=0): playing 6 validation states ..." in printed  # progress as it plays
+    assert f"[4/4] {trial / 'policy'}, sampled (T={config.validation_temperature:g}): success " in printed
+    assert "Loading weights" not in printed + captured.err  # transformers' bars stay off the console
 
     # Other states: --states and --seed-start choose them, and the run's folder stays the settings' source.
     assert evaluate.main([str(trial / "policy"), "--states", "3", "--seed-start", "500", "--modes", "greedy",
@@ -87,6 +92,9 @@ def test_a_folder_without_a_model_or_without_settings_is_named(tmp_path, capsys)
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(SystemExit) as exit_info:
         evaluate.main([str(tmp_path)])
+    assert exit_info.value.code == 2 and "no policy sits in a trial folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main([str(tmp_path), "--run", str(tmp_path)])
     assert exit_info.value.code == 2 and "holds no params.json" in capsys.readouterr().err
 
 

@@ -4,24 +4,29 @@ A policy is a folder ``transformers`` loads: a job's exported ``policy/``, a war
 model. Each is played on the same states, greedily and sampled, the way the job's validation plays them (its
 prompts, turn and token budgets, transition seeds, validation temperature and sampling seed), so evaluating a run's
 ``policy/`` with the run's own settings gives back its ``summary.json`` figures "after RL". Each later policy is
-paired against the first (the interval and exact McNemar p of :mod:`~rllib_ragen.jobs.paired_stats`), and each
-policy's greedy play against the run's scripted baselines where they played the same states.
+paired against the first, as a job pairs "after RL" against "before" (the interval and exact McNemar p of
+:mod:`~rllib_ragen.jobs.paired_stats`): give the warm start first, ``evaluate WARM_START RUN/seed0/policy``. Each
+policy's greedy play is also paired against the run's scripted baselines where they played the same states.
 
-The settings come from the trial folder the first policy sits in (``RUN/seed0/policy`` -> ``RUN/seed0``: Tune's
-``params.json``, never a pickle) or from ``--run``; ``--env``, ``--env-config``, ``--states`` and ``--seed-start``
+The settings come from the trial folder of the first policy that sits in one (``RUN/seed0/policy`` ->
+``RUN/seed0``: Tune's ``params.json``, never a pickle) or from ``--run``; ``--env``, ``--env-config``, ``--states`` and ``--seed-start``
 choose other states. ``--output FILE`` writes the figures as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
+import itertools
 import json
 import pathlib
 import sys
+import time
+from typing import Callable
 
-from .outputs import (BASELINES, baseline_name, json_ready, read_outcomes, state_of, trajectory_outcomes,
-                      write_text_atomically)
+from .outputs import (BASELINES, baseline_name, json_ready, keep_notices_off_the_console, read_outcomes, state_of,
+                      trajectory_outcomes, write_text_atomically)
 from .paired_stats import PairedComparison, paired_comparison
 from .report import RunFolderImportError, trial_config
 
@@ -48,17 +53,26 @@ def evaluation_config(run: pathlib.Path, env: str | None = None, env_config: dic
 
 
 def evaluate(policies: list[str], config, modes=MODES, baselines_dir: pathlib.Path | None = None,
-             device: str = "cpu") -> dict:
+             device: str = "cpu", progress: Callable[[str], None] | None = None) -> dict:
     """Play every policy on ``config``'s validation states in each mode, on ``device``; per validation environment,
     pair each later policy against the first, and each policy's greedy play against every baseline of
     ``baselines_dir`` that played states of it. Returns the figures and each state's outcome (``"<env>:<seed>"``
-    keys)."""
+    keys). ``progress``, if given, is called with a line as each policy and mode starts and ends."""
     from ..starpo import StarPO
 
     temperatures = {"greedy": 0.0, "sampled": config.validation_temperature}
-    outcomes = {policy: {mode: trajectory_outcomes(StarPO.play_validation_states_with(
-        config, str(policy), temperature=temperatures[mode], device=device))
-        for mode in modes} for policy in policies}
+    states = len(config.validation_starts())
+    outcomes = {}
+    for number, (policy, mode) in enumerate(itertools.product(policies, modes), start=1):
+        where = f"[{number}/{len(policies) * len(modes)}] {policy}, {mode} (T={temperatures[mode]:g})"
+        start = time.perf_counter()
+        if progress:
+            progress(f"{where}: playing {states} validation states ...")
+        played = trajectory_outcomes(StarPO.play_validation_states_with(
+            config, str(policy), temperature=temperatures[mode], device=device))
+        outcomes.setdefault(policy, {})[mode] = played
+        if progress:
+            progress(f"{where}: success {_mean(played):.3f} ({time.perf_counter() - start:.0f} s)")
     first = policies[0]
     envs = [e.name for e in config.validation_environments()]
     result = {"temperatures": {m: temperatures[m] for m in modes}, "environments": {}}
@@ -151,9 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rllib_ragen.jobs.evaluate",
                                      description=__doc__.split("\n\n")[1].replace("\n", " "))
     parser.add_argument("policies", nargs="+", metavar="POLICY",
-                        help="policy folders; every policy after the first is paired against the first")
+                        help="policy folders; every policy after the first is paired against the first, as "
+                             "after RL against before: the warm start first")
     parser.add_argument("--run", type=pathlib.Path, default=None,
-                        help="the trial folder whose settings to play with (default: the first policy's parent)")
+                        help="the trial folder whose settings to play with (default: that of the first policy "
+                             "that sits in one)")
     parser.add_argument("--env", default=None, help="validate on this environment id instead of the run's")
     parser.add_argument("--env-config", type=json.loads, default=None, help="its arguments, as a JSON object")
     parser.add_argument("--states", type=int, default=None, help="how many states (default: the run's)")
@@ -170,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the policies play: 'cpu' (default) or 'cuda' / 'cuda:N'; a run sampled on a GPU "
                              "is reproduced there (float kernels round differently on each)")
     args = parser.parse_args(argv)
+    keep_notices_off_the_console()  # transformers' loading bars and library notices; errors still print
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - set(MODES):
         parser.error(f"--modes {args.modes!r}: choose from {', '.join(MODES)}")
@@ -187,7 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     unreadable = next(filter(None, map(_weights_error, args.policies)), None)
     if unreadable:
         parser.error(unreadable)
-    run = args.run or pathlib.Path(args.policies[0]).resolve().parent
+    run = args.run or next((folder for folder in (pathlib.Path(p).resolve().parent for p in args.policies)
+                            if (folder / "params.json").is_file()), None)
+    if run is None:
+        parser.error("no policy sits in a trial folder (a job's RUN/seed0/policy), whose params.json holds the "
+                     "settings to play with: give that folder with --run")
     if not (run / "params.json").is_file():
         parser.error(f"{run} holds no params.json, the settings to play with: give the trial folder with --run "
                      "(a job's RUN/seed0)")
@@ -202,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{run / 'params.json'}: {one_line(error)}")
     experiment_baselines = run.parent / BASELINES
     try:
-        result = evaluate(args.policies, config, modes, experiment_baselines, device=args.device)
+        result = evaluate(args.policies, config, modes, experiment_baselines, device=args.device,
+                          progress=functools.partial(print, flush=True))
     except OSError as error:  # a policy folder that does not load (load_policy names the folder and the cause)
         parser.error(one_line(error))
     print_evaluation(result, args.policies)

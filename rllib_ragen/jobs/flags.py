@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import inspect
 import json
 import os
@@ -473,6 +474,15 @@ class JobArgumentParser(argparse.ArgumentParser):
                 joined.append(args[i])
                 i += 1
         return super().parse_known_args(joined, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:  # argparse's own message, and the nearest flag to each unknown one
+            hints = [f"{flag} -> did you mean {match[0]}?" for flag in unknown if flag.startswith("--")
+                     for match in [difflib.get_close_matches(flag.split("=")[0], list(self._option_string_actions),
+                                                             n=1, cutoff=0.6)] if match]
+            self.error(f"unrecognized arguments: {' '.join(unknown)}" + ("; " + "; ".join(hints) if hints else ""))
+        return parsed
 
     def format_help(self) -> str:
         if self.show_every_flag:

@@ -138,6 +138,9 @@ def environment_errors(config):
     yield from curriculum_errors(config)
 
 
+CURRICULUM_STAGE_KEYS = {"iterations", "env_config"}
+
+
 def curriculum_errors(config):
     """Each stage's keys, length, and ``env_config`` (checked as ``env`` will be built with it); one environment."""
     stages = config.curriculum
@@ -152,16 +155,23 @@ def curriculum_errors(config):
                "easier settings as a train_envs entry of their own instead, or drop train_envs.")
     for i, stage in enumerate(stages):
         where = f"curriculum[{i}]"
-        if not isinstance(stage, dict) or set(stage) != {"iterations", "env_config"}:
+        if not isinstance(stage, dict):
             yield f"{where}={stage!r} must be a dict with exactly the keys ['iterations', 'env_config']."
             continue
-        if not is_int(stage["iterations"]) or stage["iterations"] < 1:
+        # Every value given is judged, then what is missing or unknown: [{"iterations": 0}] names the zero first.
+        if "iterations" in stage and (not is_int(stage["iterations"]) or stage["iterations"] < 1):
             yield f"{where}['iterations']={stage['iterations']!r} must be a positive integer: the stage's length."
-        if not isinstance(stage["env_config"], dict) or not stage["env_config"]:
+        if "env_config" in stage and (not isinstance(stage["env_config"], dict) or not stage["env_config"]):
             yield f"{where}['env_config']={stage['env_config']!r} must be a non-empty dict of settings to change."
-        elif not next(env_config_errors("env_config", config.env, config.env_config), None):  # (reported above)
+        elif "env_config" in stage and not next(env_config_errors("env_config", config.env, config.env_config),
+                                                None):  # (env_config's own errors are reported above)
             yield from env_config_errors(f"{where}['env_config']", config.env,
                                          {**config.env_config, **stage["env_config"]})
+        missing, unknown = sorted(CURRICULUM_STAGE_KEYS - set(stage)), sorted(set(stage) - CURRICULUM_STAGE_KEYS)
+        if missing or unknown:
+            yield (f"{where}={stage!r}" + (f" lacks {missing}" if missing else "")
+                   + (" and" if missing and unknown else "") + (f" has unknown keys {unknown}" if unknown else "")
+                   + ": a stage is {\"iterations\": n, \"env_config\": {...}}.")
 
 
 def mixture_errors(config):

@@ -83,3 +83,16 @@ def test_a_grid_over_the_seed_is_refused_with_the_seeds_flag_to_use(capsys):
     with pytest.raises(SystemExit) as stopped:
         parse_job_args(bandit["config"], bandit["job"], ["--grid", '{"seed": [1, 2]}'])
     assert stopped.value.code == 2 and "give the seeds as seeds (--seeds 1,2)" in capsys.readouterr().err
+
+
+def test_an_unknown_flag_is_refused_with_the_nearest_flag(capsys):
+    from rllib_ragen.jobs.flags import parse_job_args
+    from tests.test_tuned_examples import job_file
+
+    bandit = job_file("starpo_bandit.py")
+    for argv, words in ((["--seeed", "2"], "unrecognized arguments: --seeed 2; --seeed -> did you mean --seed?"),
+                        (["--group-sise=4"], "--group-sise=4 -> did you mean --group-size?"),
+                        (["--zzzz"], "unrecognized arguments: --zzzz\n")):
+        with pytest.raises(SystemExit) as stopped:
+            parse_job_args(bandit["config"], bandit["job"], argv)
+        assert stopped.value.code == 2 and words in capsys.readouterr().err

@@ -31,7 +31,10 @@ def test_each_iteration_plays_its_stage_then_env_config_as_given():
 
 @pytest.mark.parametrize("curriculum, words", [
     ([], "curriculum=[] must be a non-empty list of stages"),
-    ([{"iterations": 2}], "curriculum[0]={'iterations': 2} must be a dict with exactly the keys"),
+    ([{"iterations": 2}], "curriculum[0]={'iterations': 2} lacks ['env_config']: a stage is"),
+    ([{"iterations": 0}], "curriculum[0]['iterations']=0 must be a positive integer"),  # the zero, not the key
+    ([{"iterations": 2, "env_config": {"dim": 5}, "stage": 1}], "has unknown keys ['stage']: a stage is"),
+    ([3], "curriculum[0]=3 must be a dict with exactly the keys"),
     ([{"iterations": 0, "env_config": {"dim": 5}}], "curriculum[0]['iterations']=0 must be a positive integer"),
     ([{"iterations": True, "env_config": {"dim": 5}}], "curriculum[0]['iterations']=True must be a positive"),
     ([{"iterations": 2, "env_config": {"dim": 5}}, {"iterations": 2, "env_config": {}}],
