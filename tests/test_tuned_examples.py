@@ -253,10 +253,10 @@ def test_quick_makes_a_trial_run_and_flags_given_beside_it_still_win():
     sokoban = job_file("starpo_sokoban.py")
     config, job = parse_job_args(sokoban["config"], sokoban["job"], ["--quick"])
     assert (job.iterations, config.validation_interval, config.validation_size) == (3, 0, 32)
-    assert job.warm_start_steps == sokoban["job"].warm_start_steps == 500  # the job's own, shared through the cache
+    assert (job.warm_start_steps, job.warm_start_episodes) == (60, 256)  # the job's own: 500 on 2000
     config, job = parse_job_args(sokoban["config"], sokoban["job"],
-                                 ["--quick", "--iterations", "5", "--validation-size", "64"])
-    assert (job.iterations, config.validation_size) == (5, 64)
+                                 ["--quick", "--iterations", "5", "--validation-size", "64", "--warm-start-steps", "500"])
+    assert (job.iterations, config.validation_size, job.warm_start_steps) == (5, 64, 500)
     bandit = job_file("starpo_bandit.py")  # validation environments of their own: their sizes stay
     config, job = parse_job_args(bandit["config"], bandit["job"], ["--quick"])
     assert job.iterations == 3 and config.validation_envs == bandit["config"].validation_envs
