@@ -34,6 +34,7 @@ from .hardware import cpu_computes_bfloat16, release_freed_memory
 from .jobs.outputs import WARM_START_CURVE, write_csv, write_text_atomically
 from .jobs.validation_states import DEMONSTRATIONS_FILE
 from .objectives import scored_token_logprobs
+from .progress import Progress
 from .rollout.backends import SamplingParams, ScriptedBackend
 from .rollout.engine import RolloutConfig, RolloutEngine
 from .rollout.trajectory import Trajectory, pad_trajectories
@@ -47,7 +48,8 @@ DEMONSTRATION_SEED_START = 1_000_000
 
 def collect_demonstrations(rollout_config: RolloutConfig, policy: Callable[[str], str], tokenizer,
                            num_episodes: int, seed_start: int = DEMONSTRATION_SEED_START,
-                           only_successful: bool = False) -> list[Trajectory]:
+                           only_successful: bool = False,
+                           progress: Callable[[int, int], None] | None = None) -> list[Trajectory]:
     """Play ``num_episodes`` episodes (distinct initial states) with a scripted ``policy``.
 
     Args:
@@ -55,10 +57,12 @@ def collect_demonstrations(rollout_config: RolloutConfig, policy: Callable[[str]
         policy: maps the conversation text to a reply, e.g. ``rllib_ragen.rollout.scripted.sokoban_solver_policy()``.
         tokenizer: the policy model's tokenizer.
         only_successful: keep only episodes that reached ``success`` (for policies that can fail, e.g. slippery ice).
+        progress: called after every turn with the episodes ended and played (``RolloutEngine.rollout``).
     """
     engine = RolloutEngine(rollout_config, ScriptedBackend(policy, tokenizer), tokenizer)
     seeds = list(range(seed_start, seed_start + num_episodes))
-    trajectories, _ = engine.rollout(seeds, group_size=1, sampling=SamplingParams(max_new_tokens=512))
+    trajectories, _ = engine.rollout(seeds, group_size=1, sampling=SamplingParams(max_new_tokens=512),
+                                     progress=progress)
     return [t for t in trajectories if t.success] if only_successful else trajectories
 
 
@@ -118,7 +122,8 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
                           pad_token_id: int = 0, log_every: int = 50, average_decay: float = 0.0,
                           lr_schedule: str = "constant", group_by_length: bool = False,
                           precision: str = "float32", evaluate: Callable[[int, str], None] | None = None,
-                          evaluate_every: int = 0, micro_batch_size: int = 0) -> list[float]:
+                          evaluate_every: int = 0, micro_batch_size: int = 0,
+                          progress: Callable[[int, float], None] | None = None) -> list[float]:
     """Fine-tune ``model`` in place on the reply tokens of ``demonstrations`` (cross-entropy, AdamW). Demonstrations
     played under a context window train each turn as its own row (``Trajectory.rows``), the prompt RL will show.
 
@@ -149,6 +154,7 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
             loss divided by the whole batch's reply tokens): the same step in less memory, as a model's activations
             grow with the rows of a pass (SmolLM2 on 16 FrozenLake demonstrations: about 15 GiB at once). 0: the
             whole batch in one pass.
+        progress: called after every step with the steps done and that step's loss.
 
     Returns:
         The loss of every step (mean over reply tokens).
@@ -217,6 +223,8 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         scheduler.step()
         if averaged is not None:
             average.update_parameters(model)
+        if progress is not None:
+            progress(step + 1, losses[-1])
         if log_every and (step + 1) % log_every == 0:
             logger.info("warm start step %d/%d: loss %.4f (%.1f s)", step + 1, steps, losses[-1],
                         time.perf_counter() - t0)
@@ -323,8 +331,9 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
         enable_activation_checkpointing(model)
     device = warm_start_device(config, job.warm_start_device)
     model.to(device)
-    demos = collect_demonstrations(demonstration_rollout_config(config, job), policy, tokenizer,
-                                   job.warm_start_episodes)
+    with Progress(job.warm_start_episodes, "warm start: demonstrations", "episodes") as shown:
+        demos = collect_demonstrations(demonstration_rollout_config(config, job), policy, tokenizer,
+                                       job.warm_start_episodes, progress=lambda done, _: shown.update(done))
     longest = max(end - start for t in demos for start, end in t.turn_spans)
     if longest > config.max_new_tokens_per_turn:  # RL would cut such replies short: a format error every time
         raise ValueError(f"A demonstrated reply takes {longest} tokens, more than max_new_tokens_per_turn="
@@ -333,6 +342,7 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
     path.mkdir(parents=True, exist_ok=True)  # the validation curve is written beside the model as it trains
     curve = (validation_greedy_curve(config, tokenizer, path / WARM_START_CURVE)
              if job.warm_start_eval_interval else None)
+    shown = Progress(job.warm_start_steps, "warm start", "steps")
     losses = supervised_warm_start(model, demos, steps=job.warm_start_steps, batch_size=job.warm_start_batch_size,
                                    lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id,
                                    average_decay=job.warm_start_average_decay,
@@ -341,7 +351,9 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
                                    micro_batch_size=job.warm_start_micro_batch_size,
                                    precision=job.warm_start_precision,
                                    evaluate=curve and functools.partial(curve, model),
-                                   evaluate_every=job.warm_start_eval_interval)
+                                   evaluate_every=job.warm_start_eval_interval,
+                                   progress=lambda done, loss: shown.update(done, loss=loss))
+    shown.close()
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     # Which states the model was shown, so that a run started later from this folder (--model) still counts them

@@ -56,7 +56,8 @@ def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_sessio
     captured = capsys.readouterr()
     printed = captured.out
     assert "success on 6 validation states" in printed and f"{trial / 'policy'} against {untrained}" in printed
-    assert f"[1/4] {untrained}, greedy (T=0): playing 6 validation states ..." in printed  # progress as it plays
+    # Progress as it plays: off a terminal, a plain line as each policy and mode ends.
+    assert f"[1/4] {untrained}, greedy (T=0): 6/6 episodes [" in printed
     assert f"[4/4] {trial / 'policy'}, sampled (T={config.validation_temperature:g}): success " in printed
     assert "Loading weights" not in printed + captured.err  # transformers' bars stay off the console
 

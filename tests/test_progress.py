@@ -1,5 +1,7 @@
 """The main jobs' time-left estimate: iterations only, the warm-up iteration and one-off costs left out."""
 
+import io
+
 import pytest
 
 from rllib_ragen.jobs.run import _Clock
@@ -75,3 +77,48 @@ def test_a_job_with_a_time_budget_ends_early_validated_exported_and_says_so(ray_
     assert "time budget: the trial ends after iteration 1" in printed
     assert "the trial's time budget (max_minutes) ended it after iteration 1" in printed
     assert "validation at iteration 1" in printed and "interrupted" not in printed
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_off_a_terminal_progress_is_a_plain_line_every_few_seconds_and_one_at_the_end(monkeypatch):
+    from rllib_ragen import progress as progress_module
+
+    now = [100.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: now[0])
+    stream = io.StringIO()
+    with progress_module.Progress(10, "warm start", "steps", stream=stream, every_s=15.0) as shown:
+        for step, seconds in enumerate([5, 5, 6, 5, 14], start=1):  # lines after 16 s and after 30 s
+            now[0] += seconds
+            shown.update(step, loss=0.25)
+    lines = stream.getvalue().splitlines()
+    assert lines == ["warm start: 3/10 steps [00:16<00:37,  5.33s/step, loss 0.25]",
+                     "warm start: 5/10 steps [00:35<00:35,  7.00s/step, loss 0.25]"]
+    assert "\r" not in stream.getvalue()
+
+
+def test_on_a_terminal_progress_is_a_tqdm_bar():
+    from rllib_ragen.progress import Progress
+
+    stream = _Terminal()
+    with Progress(4, "validation", "episodes", stream=stream) as shown:
+        shown.update(4)
+    assert "\r" in stream.getvalue() and "validation: 100%" in stream.getvalue() and "4/4" in stream.getvalue()
+
+
+def test_the_engine_reports_the_episodes_ended_after_every_turn():
+    from rllib_ragen.rollout.models import load_policy
+    from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy
+    from rllib_ragen.warm_start import collect_demonstrations
+    from rllib_ragen.rollout import RolloutConfig
+
+    _, tokenizer = load_policy("tiny")
+    calls = []
+    demos = collect_demonstrations(RolloutConfig(env="rllib_ragen/FrozenLakeNotSlippery-v0", max_turns=5),
+                                   frozen_lake_optimal_policy(False, is_slippery=False), tokenizer, 6,
+                                   progress=lambda done, total: calls.append((done, total)))
+    assert len(demos) == 6 and calls[-1] == (6, 6) and len(calls) == max(len(t.turn_spans) for t in demos)
+    assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:])) and {total for _, total in calls} == {6}

@@ -16,15 +16,13 @@ choose other states. ``--output FILE`` writes the figures as JSON.
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
 import itertools
 import json
 import pathlib
 import sys
-import time
-from typing import Callable
 
+from ..progress import Progress
 from .outputs import (BASELINES, baseline_name, json_ready, keep_notices_off_the_console, read_outcomes, state_of,
                       trajectory_outcomes, write_text_atomically)
 from .paired_stats import PairedComparison, paired_comparison
@@ -53,26 +51,26 @@ def evaluation_config(run: pathlib.Path, env: str | None = None, env_config: dic
 
 
 def evaluate(policies: list[str], config, modes=MODES, baselines_dir: pathlib.Path | None = None,
-             device: str = "cpu", progress: Callable[[str], None] | None = None) -> dict:
+             device: str = "cpu", show_progress: bool = False) -> dict:
     """Play every policy on ``config``'s validation states in each mode, on ``device``; per validation environment,
     pair each later policy against the first, and each policy's greedy play against every baseline of
     ``baselines_dir`` that played states of it. Returns the figures and each state's outcome (``"<env>:<seed>"``
-    keys). ``progress``, if given, is called with a line as each policy and mode starts and ends."""
+    keys). ``show_progress``: a bar (a line every few seconds off a terminal) for each policy and mode."""
     from ..starpo import StarPO
 
     temperatures = {"greedy": 0.0, "sampled": config.validation_temperature}
-    states = len(config.validation_starts())
+    episodes = len(config.validation_starts()) * config.validation_group_size
     outcomes = {}
     for number, (policy, mode) in enumerate(itertools.product(policies, modes), start=1):
         where = f"[{number}/{len(policies) * len(modes)}] {policy}, {mode} (T={temperatures[mode]:g})"
-        start = time.perf_counter()
-        if progress:
-            progress(f"{where}: playing {states} validation states ...")
+        shown = Progress(episodes, where, "episodes") if show_progress else None
         played = trajectory_outcomes(StarPO.play_validation_states_with(
-            config, str(policy), temperature=temperatures[mode], device=device))
+            config, str(policy), temperature=temperatures[mode], device=device,
+            progress=shown and (lambda done, _: shown.update(done))))
         outcomes.setdefault(policy, {})[mode] = played
-        if progress:
-            progress(f"{where}: success {_mean(played):.3f} ({time.perf_counter() - start:.0f} s)")
+        if shown:
+            shown.close()
+            print(f"{where}: success {_mean(played):.3f}", flush=True)
     first = policies[0]
     envs = [e.name for e in config.validation_environments()]
     result = {"temperatures": {m: temperatures[m] for m in modes}, "environments": {}}
@@ -224,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     experiment_baselines = run.parent / BASELINES
     try:
         result = evaluate(args.policies, config, modes, experiment_baselines, device=args.device,
-                          progress=functools.partial(print, flush=True))
+                          show_progress=True)
     except OSError as error:  # a policy folder that does not load (load_policy names the folder and the cause)
         parser.error(one_line(error))
     print_evaluation(result, args.policies)

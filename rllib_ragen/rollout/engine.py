@@ -18,7 +18,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -293,8 +293,8 @@ class RolloutEngine:
         return chat, tool_set, "\n".join(part for part in (instructions, message) if part), message
 
     def rollout(self, seeds: Sequence[Start], group_size: int, sampling: SamplingParams,
-                sample_seed: int | None = None, env_config: dict | None = None
-                ) -> tuple[list[Trajectory], dict[str, float]]:
+                sample_seed: int | None = None, env_config: dict | None = None,
+                progress: Callable[[int, int], None] | None = None) -> tuple[list[Trajectory], dict[str, float]]:
         """Play ``len(seeds)`` groups of ``group_size`` environments; group g starts every env from ``seeds[g]``.
 
         Args:
@@ -305,6 +305,7 @@ class RolloutEngine:
             sample_seed: seeds the backend's sampling; with the same seeds the rollout repeats exactly.
             env_config: builds the bare seeds' ``config.env`` with these arguments instead of ``config.env_config``
                 (a curriculum stage's, ``StarPOConfig.training_env_config``); the metrics keep its name.
+            progress: called after every turn with the episodes ended so far and those played.
 
         Returns:
             The trajectories (those whose environment raised are dropped) and metrics.
@@ -375,6 +376,8 @@ class RolloutEngine:
                 results = call_each([self._turn_call(episode, reply) for episode, reply in zip(active, replies)])
                 for episode, generation, result in zip(active, generations, results):
                     self._finish_turn(episode, generation, turn, result, counts)
+                if progress is not None:
+                    progress(sum(e.done for e in episodes), len(episodes))
         trajectories = [e.trajectory for e in episodes if not e.failed]
         for t in trajectories:
             t.text = self.tokenizer.decode(t.token_ids)

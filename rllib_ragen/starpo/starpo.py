@@ -28,6 +28,7 @@ import pathlib
 import shutil
 import tempfile
 import time
+from typing import Callable
 
 import numpy as np
 import ray
@@ -262,14 +263,16 @@ class StarPO(Algorithm):
 
     @staticmethod
     def play_validation_states_with(config, policy, tokenizer=None, *, temperature: float = 0.0,
-                                    env_name: str | None = None, device: str = "cpu") -> list[Trajectory]:
+                                    env_name: str | None = None, device: str = "cpu",
+                                    progress: Callable[[int, int], None] | None = None) -> list[Trajectory]:
         """The validation states of ``env_name`` (None: all) played without a built algorithm, in the agent's own
         loop (prompts, budgets, transition seeds, sampling seed, as many episodes per state as validation plays),
         by ``policy``: a scripted one (prompt text -> reply), the baselines a job pairs its agent against; a model
         as it is, at ``temperature`` with the validation's settings (the warm start's validation curve); or a saved
         model's folder, loaded in the config's dtype with its own tokenizer onto ``device``
         (``rllib_ragen.jobs.evaluate``).
-        ``tokenizer``: the policy model's (None: the config's model's, or the folder's)."""
+        ``tokenizer``: the policy model's (None: the config's model's, or the folder's). ``progress``: called after
+        every turn with the episodes ended and played."""
         from ..rollout.backends import ScriptedBackend
         from ..rollout.engine import RolloutEngine
         from ..rollout.models import load_policy
@@ -287,7 +290,8 @@ class StarPO(Algorithm):
                   if env_name is None or not isinstance(s, tuple) or s[0] == env_name]
         sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
         trajectories, _ = RolloutEngine(config.rollout_config(), backend, tokenizer).rollout(
-            starts, config.validation_group_size, sampling, sample_seed=validation_sample_seed(config))
+            starts, config.validation_group_size, sampling, sample_seed=validation_sample_seed(config),
+            progress=progress)
         return trajectories
 
     def _validate(self, iteration: int) -> dict[str, float]:
