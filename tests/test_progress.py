@@ -122,3 +122,32 @@ def test_the_engine_reports_the_episodes_ended_after_every_turn():
                                    progress=lambda done, total: calls.append((done, total)))
     assert len(demos) == 6 and calls[-1] == (6, 6) and len(calls) == max(len(t.turn_spans) for t in demos)
     assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:])) and {total for _, total in calls} == {6}
+
+
+def test_the_console_prints_the_before_rl_score_once_the_trial_has_written_it(tmp_path, capsys, monkeypatch):
+    import types
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rllib_ragen.jobs import run as run_module
+    from rllib_ragen.jobs.outputs import BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS
+
+    monkeypatch.setattr(run_module, "EARLY_LOOK_S", 0.0)
+    console = run_module.JobConsole(iterations=5, validation_interval=0, env="rllib_ragen/Bandit-v0",
+                                    headline="rllib_ragen/Bandit-v0", trials=1)
+    trial = types.SimpleNamespace(trial_id="t0", path=str(tmp_path), storage=types.SimpleNamespace(
+        trial_dir_name="seed0"))
+    console.on_step_end(iteration=1, trials=[trial])
+    assert capsys.readouterr().out == ""  # nothing written yet
+    # Three states of the headline environment (one succeeded) and one of another validation environment.
+    table = pa.table({"env": ["rllib_ragen/Bandit-v0"] * 3 + ["rllib_ragen/BanditReversed-v0"],
+                      "seed": [1, 2, 3, 1], "success": [True, False, False, True]})
+    pq.write_table(table, tmp_path / BEFORE_ROLLOUTS)
+    console.on_step_end(iteration=2, trials=[trial])
+    console.on_step_end(iteration=3, trials=[trial])  # printed once
+    pq.write_table(table, tmp_path / BEFORE_GREEDY_ROLLOUTS)
+    console.on_step_end(iteration=4, trials=[trial])
+    assert capsys.readouterr().out.splitlines() == [
+        "before RL: validation success 0.333 sampled on 3 validation states of rllib_ragen/Bandit-v0",
+        "before RL: validation success 0.333 greedy on 3 validation states of rllib_ragen/Bandit-v0"]

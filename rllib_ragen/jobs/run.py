@@ -48,8 +48,8 @@ from ray.tune import Callback
 from .. import metrics as M
 from .callbacks import BEFORE_RL, TENSORBOARD, TIME_BUDGET_STOP, JobOutputs, TensorBoardLogs
 from .flags import JobSettings, parse_job_args, user_model_config
-from .outputs import (BASELINES, LATEST, LEARNER, SMOOTHING, TRAINING, VALIDATED_AT, VALIDATION,
-                                 baseline_file, close_run_log,
+from .outputs import (BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LATEST, LEARNER, SMOOTHING, TRAINING,
+                                 VALIDATED_AT, VALIDATION, baseline_file, close_run_log, read_outcomes, state_of,
                                  keep_notices_off_the_console, send_notices_to, start_run_folder, write_rollouts, write_text_atomically)
 from .report import headline_environment, report_experiment
 from ..hardware import cpu_computes_bfloat16
@@ -386,6 +386,9 @@ def _play_baselines(config, baselines: dict, folder: pathlib.Path, headline: str
                                                              for n in baselines}))
 
 
+EARLY_LOOK_S = 2.0  # how often the console looks for a trial's before-RL validation on disk
+
+
 class JobConsole(Callback):
     """Tune's callback on the driver that prints what a person follows: the score before RL, one line per
     iteration with an honest time left (:class:`_Clock`), each validation. With several trials each line starts
@@ -401,6 +404,29 @@ class JobConsole(Callback):
         self.recent: dict[str, list[dict]] = {}
         self.before: dict[str, float] = {}
         self.errors: dict[str, str] = {}  # a failed trial's folder name: the last line of its error
+        self.shown_early: dict[str, set[str]] = {}  # per trial, the before-RL files already printed from disk
+        self.next_look = 0.0
+
+    def on_step_end(self, iteration, trials, **info) -> None:
+        """The score before RL as soon as the trial has written it to its folder, an iteration before its first
+        result reaches the driver (where the trial's folder is on this machine; else from that result)."""
+        if time.monotonic() < self.next_look:
+            return
+        self.next_look = time.monotonic() + EARLY_LOOK_S
+        for trial in trials:
+            shown = self.shown_early.setdefault(trial.trial_id, set())
+            for name, mode in ((BEFORE_ROLLOUTS, "sampled"), (BEFORE_GREEDY_ROLLOUTS, "greedy")):
+                path = pathlib.Path(trial.path) / name
+                if name in shown or not path.is_file():
+                    continue
+                try:
+                    outcomes = [v for k, v in read_outcomes(path).items() if state_of(k)[0] == self.headline]
+                except (OSError, ValueError):  # written whole (renamed into place), so only an unreadable disk
+                    continue
+                shown.add(name)
+                label = f"[{trial.storage.trial_dir_name}] " if self.several else ""
+                print(f"{label}before RL: validation success {statistics.fmean(outcomes):.3f} {mode} on "
+                      f"{len(outcomes)} validation states of {self.headline}", flush=True)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         from ray.tune.utils import flatten_dict
@@ -411,8 +437,9 @@ class JobConsole(Callback):
         before_key = f"{BEFORE_RL}/{TRAINING}{M.env_metric(self.headline, M.SUCCESS)}"
         if before_key in row:
             self.before[trial.trial_id] = row[before_key]
-            print(f"{label}before RL: validation success {row[before_key]:.3f} on the validation states of "
-                  f"{self.headline}", flush=True)
+            if BEFORE_ROLLOUTS not in self.shown_early.get(trial.trial_id, ()):  # not printed from disk already
+                print(f"{label}before RL: validation success {row[before_key]:.3f} on the validation states of "
+                      f"{self.headline}", flush=True)
         done = int(row["training_iteration"])
         clock = self.clocks.setdefault(trial.trial_id, _Clock(self.iterations, self.interval))
         validated = row.get(VALIDATED_AT) == done
