@@ -403,7 +403,7 @@ def learning_curve_panels(env: str) -> list[tuple[str, str]]:
 
 # The echo-trap probe's signals (collapse_diagnostics_interval), drawn after the others when a run logged them.
 ECHO_TRAP_PANELS = [
-    (M.MI_ESTIMATE, "MI estimate, prompts and reasonings (nats)"),
+    (M.MI_ESTIMATE, "MI estimate, prompts and reasonings (nats; an estimate, can dip below 0)"),
     (M.RETRIEVAL_ACCURACY, "retrieval accuracy of the prompt from its reasoning"),
     (M.DISTINCT_2, "distinct-2 of the reasonings"),
     (M.THINK_TOKENS_PER_TURN, "reasoning tokens per turn"),
@@ -423,7 +423,8 @@ PANEL_EXPLANATIONS = {
     "actions that changed the state": "share of executed actions that changed the environment's state",
     "reasoning grounded (claims that hold)": "share of checkable claims in the reasoning (\"Up wall\") that are true",
     ECHO_TRAP_PANELS[0][1]: "how much a reasoning tells about the state it answers (InfoNCE bound; at most log of the "
-                            "probe's size); near 0: the same reasoning for every state, the echo trap",
+                            "probe's size); near 0: the same reasoning for every state, the echo trap. An estimate "
+                            "from a few rows: it can dip below 0, which means no information found",
     ECHO_TRAP_PANELS[1][1]: "how often a reasoning's own prompt explains it better than the other prompts do; at "
                             "chance, the reasoning ignores the state",
     ECHO_TRAP_PANELS[2][1]: "distinct token pairs over all pairs of the replies; falling: replies repeat each other",
