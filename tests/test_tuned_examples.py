@@ -32,6 +32,12 @@ def run_example(name: str, *flags: str, timeout: int = 300) -> subprocess.Comple
                           text=True, timeout=timeout, cwd=ROOT, env=CPU_ONLY)
 
 
+def _png_size(path: pathlib.Path) -> tuple[int, int]:
+    """(width, height) from a PNG's header."""
+    header = path.read_bytes()[:24]
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
 def job_file(name: str) -> dict:
     return runpy.run_path(str(ROOT / "tuned_examples" / name), run_name="imported")
 
@@ -153,6 +159,8 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     assert "(bar " in done.stdout
     assert len(rows) == 2 and "learners/default_policy/actor/entropy" in rows[0]  # one row per iteration
     assert (run / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    if example == "starpo_bandit.py":  # the README's picture is this job's curve: the same panels, so the same size
+        assert _png_size(run / "learning_curve.png") == _png_size(ROOT / "docs/images/bandit_learning_curve.png")
     # Every panel draws a signal the job logs (a renamed metric would leave a panel empty); reasoning entropy
     # wherever a training episode's first turn reasons (the sample is some of iteration 1's episodes).
     # Reasoning grounded wherever the environment checked a claim in a sampled episode.

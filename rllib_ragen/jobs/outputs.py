@@ -432,6 +432,13 @@ PANEL_EXPLANATIONS = {
 }
 
 
+# Why a panel can be empty in a run that works.
+PANEL_EMPTY_REASONS = {
+    "reasoning entropy, first turn (nats)": ":\nno reasoning in the replies",
+    "reasoning grounded (claims that hold)": ":\nthe environment checks no claims",
+}
+
+
 def drawn_panels(rows: list[dict], env: str) -> list[tuple[str, str]]:
     """The learning curve's panels for these result rows: the nine, then the echo-trap probe's where logged."""
     return learning_curve_panels(env) + [(key, name) for key, name in ECHO_TRAP_PANELS
@@ -504,8 +511,8 @@ def plot_learning_curve(path, rows: list[dict], validations: list[dict], env: st
         validated = validation_points(validations, key, env, validation_env)
         if not validated and not any(isinstance(v, (int, float)) and math.isfinite(v) for v in series):
             # answer-only replies have no reasoning; say so rather than leave an empty frame that looks broken
-            ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes,
-                    color="gray")
+            ax.text(0.5, 0.5, "not logged in this run" + PANEL_EMPTY_REASONS.get(name, ""), ha="center",
+                    va="center", transform=ax.transAxes, color="gray", wrap=True)
             ax.set_yticks([])
             if steps:
                 ax.set_xlim(min(steps), max(steps) + 1)
