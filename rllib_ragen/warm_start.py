@@ -293,6 +293,11 @@ def cached_warm_start(config, job, policy: Callable[[str], str]) -> str:
     return str(path)
 
 
+# Warm-start settings that change how the same weights are computed, not which (tested to the bit): a cached warm
+# start serves either value.
+WEIGHTLESS_WARM_START_SETTINGS = {"warm_start_activation_checkpointing"}
+
+
 def warm_start_key(config, job, policy: Callable[[str], str]) -> str:
     """A short hash of what the warm start depends on: the model, the demonstrations' agent loop, the policy that
     plays them (its name and the plain values it closes over), the ``warm_start_*`` settings and the seed."""
@@ -302,7 +307,8 @@ def warm_start_key(config, job, policy: Callable[[str], str]) -> str:
         "seed": config.seed or 0, "rollout": repr(demonstration_rollout_config(config, job)),
         "policy": f"{getattr(policy, '__module__', '')}.{getattr(policy, '__qualname__', type(policy).__name__)}",
         "policy_values": [repr(v) for v in closure if isinstance(v, (bool, int, float, str, type(None)))],
-        "job": {f.name: getattr(job, f.name) for f in dataclasses.fields(job) if f.name.startswith("warm_start")},
+        "job": {f.name: getattr(job, f.name) for f in dataclasses.fields(job)
+                if f.name.startswith("warm_start") and f.name not in WEIGHTLESS_WARM_START_SETTINGS},
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -327,7 +333,7 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
         logger.setLevel(logging.INFO)
     seed = config.seed or 0
     model, tokenizer = load_policy(config.model_config["model"], seed=seed)
-    if config.model_config.get("activation_checkpointing"):  # the same weights to the bit, in less memory
+    if job.warm_start_activation_checkpointing:  # the same weights to the bit, in less memory
         enable_activation_checkpointing(model)
     device = warm_start_device(config, job.warm_start_device)
     model.to(device)

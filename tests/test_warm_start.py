@@ -426,3 +426,23 @@ def test_the_warm_start_takes_every_cpu_and_the_trials_then_share_them():
     assert thread_counts(JobSettings(), cpus=16, trials=3) == (16, 5)
     assert thread_counts(JobSettings(), cpus=1, trials=4) == (1, 1)
     assert thread_counts(JobSettings(threads=3), cpus=16, trials=3) == (3, 3)  # the user's count, for both
+
+
+def test_a_checkpointed_warm_start_saves_the_same_weights_to_the_bit_under_the_same_cache_key(tmp_path):
+    from safetensors.torch import load_file
+
+    from rllib_ragen.rollout.scripted import sokoban_solver_policy
+    from rllib_ragen.warm_start import warm_start, warm_start_key
+
+    config, policy = sokoban_one_move_config(max_turns=2), sokoban_solver_policy(1)
+    saved = []
+    for checkpointing in (False, True):
+        job = JobSettings(warm_start_episodes=6, warm_start_steps=2, warm_start_micro_batch_size=2,
+                          warm_start_activation_checkpointing=checkpointing)
+        warm_start(config, job, policy, tmp_path / str(checkpointing))
+        saved.append((load_file(tmp_path / str(checkpointing) / "model.safetensors"), warm_start_key(config, job, policy)))
+    (plain, plain_key), (checkpointed, checkpointed_key) = saved
+    assert plain.keys() == checkpointed.keys() and all(torch.equal(plain[k], checkpointed[k]) for k in plain)
+    assert plain_key == checkpointed_key  # the cache serves either
+    job = JobSettings(warm_start_episodes=6, warm_start_steps=3)
+    assert warm_start_key(config, job, policy) != plain_key  # a setting that changes the weights changes the key

@@ -131,6 +131,9 @@ class JobSettings:
     warm_start_micro_batch_size: int = _setting("rows per forward and backward pass of a warm-start step, their "
                                                 "gradients summed into the step's: the same step in less memory "
                                                 "(0: the whole batch in one pass)", 0, INT, ">= 0")
+    warm_start_activation_checkpointing: bool = _setting(
+        "keep only each layer's input in a warm-start step and run the layer again in its backward pass: the same "
+        "weights to the bit in less memory, for longer steps (figures: the Benchmarks page)", False, BOOL)
     warm_start_precision: str = _setting("the warm start's forward pass: 'float32', or 'bfloat16' autocast "
                                          "(weights, optimizer and loss stay float32; ~1.4x faster per step on a CPU "
                                          "with AVX-512 BF16, and on GPUs)", "float32", CHOICE,

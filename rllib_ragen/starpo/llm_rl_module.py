@@ -50,7 +50,7 @@ DEFAULT_MODEL_CONFIG = {
     "lora": None,
     # Keep each decoder layer's input only and re-run the layer in the backward pass (the policy's and the critic's):
     # an update's activations shrink to about one layer's, for about a third more forward compute; gradients
-    # unchanged to the bit. Also the warm start's.
+    # unchanged to the bit. (The main jobs' warm start has its own: --warm-start-activation-checkpointing.)
     "activation_checkpointing": False,
 }
 
