@@ -320,6 +320,9 @@ RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
     "critic": ("rl_module", "critic", "'separate' (a value model, RAGEN's) or 'head' (a value head)"),
     "lora": ("rl_module", "lora", "LoRA adapters as JSON, e.g. '{\"r\": 16, \"alpha\": 32}' (needs peft; null: "
                                   "train every weight)"),
+    "activation_checkpointing": ("rl_module", "activation_checkpointing", "keep only each layer's input in an "
+                                 "update and run the layer again in its backward pass: the same weights to the bit "
+                                 "in less memory, for slower updates"),
     "lr": ("training", "lr", "the actor's learning rate"),
     "gamma": ("training", "gamma", "discount (1.0: trajectory-level credit)"),
     "grad_clip": ("training", "grad_clip", "global-norm gradient clip of actor and critic, each (null: none)"),

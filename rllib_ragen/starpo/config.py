@@ -69,14 +69,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 # micro-batches of 4 rows; sampling and the learner's passes in bfloat16 where the CPU computes it natively
 # (AVX512-BF16 or AMX), else in float32 (emulated bfloat16 is several times slower than float32:
 # docs/benchmarks.md). 256 validation states before and after RL, played 128 at a time (the KV cache of all 256 at
-# once took 8 GiB). Activation checkpointing in the learner: the same weights to the bit, an update's peak RSS
-# 7.3 -> 4.3 GiB, for updates about a quarter slower (docs/benchmarks.md).
+# once took 8 GiB). No activation checkpointing (--activation-checkpointing): it cut an update's peak RSS 7.3 -> 4.3
+# GiB, but the seed run with it fit 28 iterations in the 30 minutes where the others fit 41-44 (docs/benchmarks.md).
 PRESETS["smollm2-cpu"] = {
     "training": {**{k: STARPO_S_DEFAULTS[k] for k in ("num_groups", "validation_size")}, "lr": 1e-4,
                  "advantage_estimator": "grpo", "grpo_normalize_std": False, "group_size": 4,
                  "micro_batch_size": 4, "max_concurrent_episodes": 128, "validation_interval": 0,
                  **dict.fromkeys(("rollout_dtype", "autocast_dtype"), "bfloat16" if cpu_computes_bfloat16() else None)},
-    "rl_module": {"model_config": {"model": "smollm2-135m", "lora": {"r": 16}, "activation_checkpointing": True}},
+    "rl_module": {"model_config": {"model": "smollm2-135m", "lora": {"r": 16}}},
 }
 
 
