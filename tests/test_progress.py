@@ -151,3 +151,22 @@ def test_the_console_prints_the_before_rl_score_once_the_trial_has_written_it(tm
     assert capsys.readouterr().out.splitlines() == [
         "before RL: validation success 0.333 sampled on 3 validation states of rllib_ragen/Bandit-v0",
         "before RL: validation success 0.333 greedy on 3 validation states of rllib_ragen/Bandit-v0"]
+
+
+def test_the_last_result_carries_the_peak_rss_read_after_the_closing_validation_and_export(monkeypatch, tmp_path):
+    """Seed 2's SmolLM2 trial peaked at 8.1 GiB in its closing work, after its last row had read 6.1."""
+    import types
+
+    from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
+
+    from rllib_ragen import metrics as M
+    from rllib_ragen.jobs import callbacks
+
+    order = []
+    monkeypatch.setattr(callbacks, "write_rollouts", lambda *args, **kwargs: order.append("greedy play"))
+    monkeypatch.setattr(callbacks, "peak_rss_gib", lambda: order.append("peak read") or 8.1)
+    algorithm = types.SimpleNamespace(iteration=3, tokenizer=None, play_validation_states=lambda temperature: [],
+                                      export_pretrained=lambda path: order.append("export"))
+    result = {EVALUATION_RESULTS: {ENV_RUNNER_RESULTS: {M.VALIDATION_ITERATION: 3}}, M.PEAK_RSS: 6.1}
+    callbacks.JobOutputs(iterations=3)._finish(algorithm, tmp_path, result)
+    assert order == ["greedy play", "export", "peak read"] and result[M.PEAK_RSS] == 8.1

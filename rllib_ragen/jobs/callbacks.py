@@ -28,6 +28,7 @@ from ray.tune.logger import TBXLoggerCallback
 from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 
 from .. import metrics as M
+from ..hardware import peak_rss_gib
 from .storage import is_local_storage
 from .outputs import (BEFORE_RL, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
                       MACHINE, POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
@@ -153,6 +154,7 @@ class JobOutputs(RLlibCallback):
         write_rollouts(folder / AFTER_GREEDY_ROLLOUTS, algorithm.play_validation_states(0.0), algorithm.tokenizer,
                        iteration=algorithm.iteration)
         algorithm.export_pretrained(folder / POLICY)
+        result[M.PEAK_RSS] = peak_rss_gib()  # the closing validations and the export can set the trial's peak
 
     def _write_training_sample(self, algorithm, path: pathlib.Path) -> None:
         """This iteration's trained episodes (with their token advantages) and a few the rollout filter left out."""
