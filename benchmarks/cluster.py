@@ -93,8 +93,9 @@ def main() -> None:
     sync_per_node = two["sync_s"] - one["sync_s"]
     print(f"rollout throughput, 2 runners / 1: {rollout_speedup:.2f}x (ideal 2x)")
     print(f"update time, 1 learner / 2: {update_speedup:.2f}x (ideal 2x)")
-    print(f"weight broadcast of {megabytes:.1f} MB: {one['sync_s'] * 1e3:.1f} ms to 1 node, {two['sync_s'] * 1e3:.1f} ms "
-          f"to 2 ({sync_per_node * 1e3:+.1f} ms for the second node: {megabytes / max(sync_per_node, 1e-9):.0f} MB/s)")
+    print(f"weight broadcast of {megabytes:.1f} MB: {one['sync_s'] * 1e3:.1f} ms to 1 node, "
+          f"{two['sync_s'] * 1e3:.1f} ms to 2 ({sync_per_node * 1e3:+.1f} ms for the second node: "
+          f"{megabytes / max(sync_per_node, 1e-9):.0f} MB/s)")
 
     # 8 nodes x 8 GPUs, a 0.5B-parameter policy in bfloat16 (Qwen2.5-0.5B): the same three costs as arithmetic.
     policy_gb, link_gb_s, nodes = 0.99, 12.5, 8  # 100 Gb/s between nodes

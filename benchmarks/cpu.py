@@ -317,7 +317,8 @@ def main() -> None:
                  ("update, full (StarPO learner)", results["update_full"], flops["full"], "update"),
                  ("  bare PyTorch step, full", results["bare_full"], flops["full"], "update"),
                  ("update, LoRA r=16 (StarPO learner)", results["update_lora"], lora_flops, "update")]
-        print(f"\n{dtype}: tokens/s and share of the limit (the fastest native dtype's matmul rate at the phase's rows)")
+        print(f"\n{dtype}: tokens/s and share of the limit "
+              "(the fastest native dtype's matmul rate at the phase's rows)")
         for name, rate, phase_flops, limit_phase in lines:
             print(f"  {name:36s}{rate:9.1f} tokens/s  {100 * share(phase_flops, rate, limit_phase):5.1f}%")
         results["shares"] = {name.strip(): share(f, r, p) for name, r, f, p in lines}

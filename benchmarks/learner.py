@@ -207,7 +207,8 @@ def _update_footprint(lora: dict | None, args, queue) -> None:
                "batch": hashlib.sha1(columns["input_ids"].tobytes()).hexdigest()[:12],
                "first_s": seconds[0], "update_s": statistics.median(seconds[1:]), "apart_s": statistics.median(apart),
                "rise_mib": (peak[0] - before) / 2**20,
-               "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "checkpoint_mib": checkpoint / 2**20})
+               "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+               "checkpoint_mib": checkpoint / 2**20})
 
 
 def compare_full_and_lora(args) -> None:

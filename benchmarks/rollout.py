@@ -65,7 +65,8 @@ def naive_rollout(config: RolloutConfig, backend, tokenizer, seeds, group_size, 
         for _ in range(group_size):
             env = gym.make(config.env, **config.env_config)
             obs, _ = env.reset(seed=seed)
-            first = env.unwrapped.describe() + "\n" + turn_message(obs, turn=1, actions_left=config.max_actions_per_episode)
+            first = env.unwrapped.describe() + "\n" + turn_message(obs, turn=1,
+                                                                   actions_left=config.max_actions_per_episode)
             envs.append(env)
             chats.append([{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": first}])
             budgets.append(config.max_actions_per_episode)

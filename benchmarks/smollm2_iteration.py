@@ -60,7 +60,8 @@ def main() -> None:
     config = build_config(args.model, args.baseline)
     print(f"rllib_ragen from {os.path.dirname(rllib_ragen.__file__)}; "
           f"{'baseline (the release before: float32)' if args.baseline else 'the smollm2-cpu preset'}; "
-          f"sampler {getattr(config, 'rollout_dtype', None) or 'float32'}, learner {config.autocast_dtype or 'float32'}")
+          f"sampler {getattr(config, 'rollout_dtype', None) or 'float32'}, "
+          f"learner {config.autocast_dtype or 'float32'}")
     algo = config.build_algo()
     rows = []
     for iteration in range(args.iterations + 1):

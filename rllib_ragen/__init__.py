@@ -16,4 +16,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'rllib_ragen' has no attribute {name!r}")
 
 __version__ = "0.1.0"
-__all__ = ["StarPO", "StarPOConfig", "envs", "make_text_env", "register_text_env", "registered_text_envs", "__version__"]
+__all__ = ["StarPO", "StarPOConfig", "envs", "make_text_env", "register_text_env", "registered_text_envs",
+           "__version__"]

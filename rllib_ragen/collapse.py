@@ -15,8 +15,8 @@ Two kinds (RAGEN, arXiv 2504.20073 sec. 4; RAGEN-2, arXiv 2604.06268):
   often it does; the MI estimate is the InfoNCE bound ``mean_i [s_ii - logmeanexp_j s_ij]`` (nats, at most
   log m). The same probe gives each reward-variance bucket's share of groups (:func:`variance_buckets`):
   low-variance groups carry no signal, and RAGEN-2 sees their share grow. With its first run in every window
-  of ``gradient_analysis_interval`` iterations it also measures each bucket's policy-gradient norm, a backward pass over the batch that costs about
-  as much again as the rest of the probe.
+  of ``gradient_analysis_interval`` iterations it also measures each bucket's policy-gradient norm, a backward pass
+  over the batch that costs about as much again as the rest of the probe.
 """
 
 from __future__ import annotations

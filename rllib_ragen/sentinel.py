@@ -136,8 +136,8 @@ def echo_trap_rules(action: str = "warn") -> list[Rule]:
 
     In-group reward std under 0.01, policy entropy 70% under its peak (each for 3 iterations), an actor gradient
     norm 10x its running median, and the first turn's reasoning entropy 40% under its peak for 3 iterations
-    (RAGEN-2's template collapse, which policy entropy does not show). Their thresholds were chosen to stay silent on healthy runs of the main jobs and
-    to fire on collapsed ones; the runs are on the Echo trap results page.
+    (RAGEN-2's template collapse, which policy entropy does not show). Their thresholds were chosen to stay silent on
+    healthy runs of the main jobs and to fire on collapsed ones; the runs are on the Echo trap results page.
 
     The mutual-information estimate is not among them: with the probe's default 8 prompts it moves from one probe
     to the next as much as it changes over a run. Add ``Rule(M.MI_ESTIMATE, "drop_from_peak", ...)`` yourself with
@@ -160,8 +160,8 @@ def echo_trap_rules(action: str = "warn") -> list[Rule]:
 
 def replay(rules, rows, max_rollbacks: int = 3) -> list[Firing]:
     """The firings ``rules`` would have had over a finished run's rows (a trial's flat result rows, oldest first, as
-    ``rllib_ragen.jobs.outputs.read_results`` gives them): thresholds can be tried offline. Rollbacks are counted but not
-    acted on (the run went on as it did)."""
+    ``rllib_ragen.jobs.outputs.read_results`` gives them): thresholds can be tried offline. Rollbacks are counted but
+    not acted on (the run went on as it did)."""
     sentinel = Sentinel([as_rule(r) for r in rules], max_rollbacks)
     for index, row in enumerate(rows, 1):
         for firing in sentinel.observe(int(row.get("training_iteration", index)), row):

@@ -367,7 +367,8 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
     write_text_atomically(path / DEMONSTRATIONS_FILE, json.dumps(
         {"env": config.env_name, "seeds": [DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + len(demos)]}))
     print(f"warm start: {len(demos)} demonstrations ({sum(t.success for t in demos) / len(demos):.0%} successful), "
-          f"{job.warm_start_steps} steps on {device} ({torch.get_num_threads()} threads), loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+          f"{job.warm_start_steps} steps on {device} ({torch.get_num_threads()} threads), "
+          f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     return str(path)
 

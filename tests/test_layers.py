@@ -6,7 +6,8 @@ import sys
 
 def test_envs_rollout_and_objectives_import_with_ray_unimportable():
     code = ("import sys; sys.modules['ray'] = None\n"  # any `import ray` now raises ImportError
-            "import rllib_ragen.envs, rllib_ragen.rollout, rllib_ragen.objectives, rllib_ragen.metrics, rllib_ragen.warm_start\n"
+            "import rllib_ragen.envs, rllib_ragen.rollout, rllib_ragen.objectives, rllib_ragen.metrics\n"
+            "import rllib_ragen.warm_start\n"
             "import rllib_ragen.rollout.vllm_backend\n"
             "print('ok')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

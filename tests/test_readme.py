@@ -308,7 +308,8 @@ def test_every_code_block_is_run_by_a_test_or_says_why_not():
         if named:
             assert f'"{named.group(1)}"' in source, f"{where} is marked for a test that does not exist"
         else:
-            assert re.fullmatch(r"<!-- not run: .{10,} -->", marker), f"{where} has no <!-- test: --> or <!-- not run: --> marker"
+            assert re.fullmatch(r"<!-- not run: .{10,} -->", marker), \
+                f"{where} has no <!-- test: --> or <!-- not run: --> marker"
 
 
 def test_the_readme_is_a_five_minute_manual():

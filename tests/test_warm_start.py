@@ -9,7 +9,8 @@ import rllib_ragen.warm_start as warm_start_module
 from rllib_ragen.jobs.run import JobSettings
 from rllib_ragen.rollout import RolloutConfig, load_policy
 from rllib_ragen.rollout.scripted import random_arm_policy
-from rllib_ragen.warm_start import LENGTH_GROUP_BATCHES, collect_demonstrations, demonstration_batches, supervised_warm_start
+from rllib_ragen.warm_start import (LENGTH_GROUP_BATCHES, collect_demonstrations, demonstration_batches,
+                                    supervised_warm_start)
 
 
 @pytest.fixture(scope="module")
@@ -440,7 +441,8 @@ def test_a_checkpointed_warm_start_saves_the_same_weights_to_the_bit_under_the_s
         job = JobSettings(warm_start_episodes=6, warm_start_steps=2, warm_start_micro_batch_size=2,
                           warm_start_activation_checkpointing=checkpointing)
         warm_start(config, job, policy, tmp_path / str(checkpointing))
-        saved.append((load_file(tmp_path / str(checkpointing) / "model.safetensors"), warm_start_key(config, job, policy)))
+        saved.append((load_file(tmp_path / str(checkpointing) / "model.safetensors"),
+                      warm_start_key(config, job, policy)))
     (plain, plain_key), (checkpointed, checkpointed_key) = saved
     assert plain.keys() == checkpointed.keys() and all(torch.equal(plain[k], checkpointed[k]) for k in plain)
     assert plain_key == checkpointed_key  # the cache serves either

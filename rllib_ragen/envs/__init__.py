@@ -22,9 +22,9 @@ from .sudoku import SudokuEnv
 from .tool_env import ToolTextEnv, TRLEnvironment
 
 __all__ = [
-    "BanditEnv", "CountdownEnv", "FactLookupEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "SudokuEnv", "TRANSITION_SEED",
-    "TextEnv", "ToolTextEnv", "TRLEnvironment", "ensure_registered", "generate_level", "make_text_env", "register_text_env", "registered_text_envs",
-    "solve_level",
+    "BanditEnv", "CountdownEnv", "FactLookupEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "SudokuEnv",
+    "TRANSITION_SEED", "TextEnv", "ToolTextEnv", "TRLEnvironment", "ensure_registered", "generate_level",
+    "make_text_env", "register_text_env", "registered_text_envs", "solve_level",
 ]
 
 _TEXT_ENV_IDS: list[str] = []

@@ -205,7 +205,8 @@ class RemoteTextEnv(TextEnv):
         return value
 
     def _served_tools(self, reply: dict, path: str) -> list[dict]:
-        """``reply["tools"]``: function schemas, each ``{"type": "function", "function": {"name": ..., ...}}``, or none."""
+        """``reply["tools"]``: function schemas, each ``{"type": "function", "function": {"name": ..., ...}}``, or
+        none."""
         tools = reply.get("tools") or []
         if not isinstance(tools, list) or not all(
                 isinstance(tool, dict) and isinstance(tool.get("function"), dict)

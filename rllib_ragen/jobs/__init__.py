@@ -1,7 +1,7 @@
 """The main jobs' layer: a job file's flags (``flags.py``), its run as a Tune experiment (``run.py``), what the
 trials write while they train (``callbacks.py``, ``outputs.py``, into the whole-or-absent storage of ``storage.py``),
-and the report built from the finished folders (``report.py``, with ``paired_stats.py``, ``validation_states.py`` and the
-rollout viewer, ``viewer.py``). It plays no rollout of its own: every episode goes through StarPO
+and the report built from the finished folders (``report.py``, with ``paired_stats.py``, ``validation_states.py`` and
+the rollout viewer, ``viewer.py``). It plays no rollout of its own: every episode goes through StarPO
 (``tests/test_layers.py``).
 
 A job file needs three names::

@@ -28,8 +28,9 @@ import sys
 from .. import metrics as M
 from .callbacks import NEXT_TRAINING_SEED, TIME_BUDGET_STOP
 from ..collapse import reasoning_entropy
-from .outputs import (RunFileError, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER,
-                      MACHINE, LEARNING_CURVE, baseline_name, RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
+from .outputs import (RunFileError, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES,
+                      BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER, MACHINE, LEARNING_CURVE, baseline_name,
+                      RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
                       read_first_reasonings, read_outcomes, read_reasoning_claims, read_results, state_of,
                       validations_of, VIEWER_PAGE, write_text_atomically)
 from .flags import JobSettings
@@ -119,7 +120,8 @@ def report_trial(trial: pathlib.Path, pass_bar: float | None = None, known_score
         summary["baselines"] = _against_baselines(trial, baseline_files, headline.name)
     names = [e.name for e in config.validation_environments()]
     if len(names) > 1:
-        summary["by_env"] = {name: {mode: _paired(_in(trial, files), {name}) for mode, files in SAMPLED_AND_GREEDY.items()}
+        summary["by_env"] = {name: {mode: _paired(_in(trial, files), {name})
+                                    for mode, files in SAMPLED_AND_GREEDY.items()}
                              for name in names}
     summary["significant_drops"] = _significant_drops(summary)
     next_seed = int(rows[-1].get(NEXT_TRAINING_SEED, config.train_seed_start)) if rows else config.train_seed_start
@@ -199,7 +201,8 @@ def report_experiment(run_dir: pathlib.Path, pass_bar: float | None = None,
 def spread(summaries) -> dict:
     """Mean, standard deviation, least and most over trials of validation success before and after RL and of the
     gain (each trial, e.g. each seed, counts once)."""
-    values = {"before": [s["before"][M.SUCCESS] for s in summaries], "after": [s["after"][M.SUCCESS] for s in summaries],
+    values = {"before": [s["before"][M.SUCCESS] for s in summaries],
+              "after": [s["after"][M.SUCCESS] for s in summaries],
               "success_gain": [s["success_gain"] for s in summaries]}
     result = {}
     for name, series in values.items():
@@ -378,7 +381,8 @@ def _in(folder: pathlib.Path, files: tuple[str, str]) -> tuple[pathlib.Path, pat
 
 def _significant_drops(summary: dict) -> list[str]:
     """Every paired comparison in the summary that fell with p below :data:`SIGNIFICANT`, named."""
-    found = [("headline " + mode, summary.get(key)) for mode, key in (("sampled", "paired"), ("greedy", "paired_greedy"))]
+    found = [("headline " + mode, summary.get(key))
+             for mode, key in (("sampled", "paired"), ("greedy", "paired_greedy"))]
     found += [(f"{env} {mode}", c) for env, modes in (summary.get("by_env") or {}).items() for mode, c in modes.items()]
     return [name for name, c in found if c and c["difference"] < 0 and c["p_value"] < SIGNIFICANT]
 
@@ -534,7 +538,8 @@ def _print_paired(summary: dict, config) -> None:
         if isinstance(subsets.get("unseen"), dict) and "p_value" in subsets["unseen"]:
             print(f"{'unseen states, ' + name:28s}{PairedComparison(**subsets['unseen']).describe()}")
     for name, subsets in splits.get("by_solution_length", {}).items():
-        cells = ", ".join(f"{length}: {c['before']:.2f}->{c['after']:.2f} (n={c['n']})" for length, c in subsets.items())
+        cells = ", ".join(f"{length}: {c['before']:.2f}->{c['after']:.2f} (n={c['n']})"
+                          for length, c in subsets.items())
         print(f"{'by solution length, ' + name:28s}{cells}")
 
 

@@ -4,8 +4,8 @@
 
 It reads a trial folder (what the main jobs write): the Parquet rollouts (``training_rollouts/``, a sample of
 training episodes every few iterations with their token advantages; ``validation_before.parquet`` and
-``validation_rollouts.parquet``), Tune's ``result.json`` and ``sentinel.json``. The page needs no server, no internet and
-no CDN: the data sit in the page as JSON, the curves as the report's own picture (``learning_curve.png``, drawn
+``validation_rollouts.parquet``), Tune's ``result.json`` and ``sentinel.json``. The page needs no server, no internet
+and no CDN: the data sit in the page as JSON, the curves as the report's own picture (``learning_curve.png``, drawn
 anew from ``result.json`` where the folder has none) embedded as an image, and a few lines of plain JavaScript draw the
 episode list (filterable by source, environment, success and iteration) and the selected episode: each turn's
 observation (boards in a fixed-width font), the thinking, the answer and the actions executed, the reward, and

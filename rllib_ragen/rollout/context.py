@@ -221,7 +221,8 @@ class ChatFormat:
 
     def _compare(self, full: str, incremental: str, what: str) -> None:
         if full != incremental:
-            cut = next((i for i, (a, b) in enumerate(zip(full, incremental)) if a != b), min(len(full), len(incremental)))
+            cut = next((i for i, (a, b) in enumerate(zip(full, incremental)) if a != b),
+                       min(len(full), len(incremental)))
             raise TemplateError(
                 f"The chat template does not render {what} append-only (it rewrites earlier turns, "
                 f"e.g. strips <think> blocks); first difference at character {cut}: {full[cut:cut + 60]!r} vs "

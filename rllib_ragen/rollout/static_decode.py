@@ -1,10 +1,10 @@
 """Decoding on a static KV cache, with each decode step captured once as a CUDA graph and replayed.
 
 A decode step of a small model on a GPU is launch-bound: eager PyTorch issues hundreds of small kernels per step,
-each costing more to launch than its arithmetic takes. Replaying the step as one CUDA graph removes the launches. A graph needs fixed shapes and fixed
-addresses, so the cache here is a :class:`StaticSlab`: Hugging Face's ``StaticCache`` (keys and values of
-``(rows, heads, columns, dim)``, written at a column index that lives on the device) plus a ``valid`` mask of the
-columns each row really holds.
+each costing more to launch than its arithmetic takes. Replaying the step as one CUDA graph removes the launches. A
+graph needs fixed shapes and fixed addresses, so the cache here is a :class:`StaticSlab`: Hugging Face's
+``StaticCache`` (keys and values of ``(rows, heads, columns, dim)``, written at a column index that lives on the
+device) plus a ``valid`` mask of the columns each row really holds.
 
 How rows stay exact: every call writes one column block for all rows at once. A row with fewer new tokens than the
 widest is left-padded with holes (``valid`` False), and a row that stopped generating is fed a hole each step, so a

@@ -92,9 +92,9 @@ class Trajectory:
 
     def turns(self, tokenizer, advantages: Sequence[float] | None = None) -> list[dict]:
         """The episode turn by turn, as the rollout viewer shows it: the observation before each reply, the reply
-        with its reasoning and answer, the actions executed (and in tool mode each call's result), the reward, the number of tokens the policy read
-        before the reply (``context_tokens``; ``windowed``: its context window's), and the reply's tokens with
-        their ``advantages`` (per token of ``token_ids``) where given."""
+        with its reasoning and answer, the actions executed (and in tool mode each call's result), the reward, the
+        number of tokens the policy read before the reply (``context_tokens``; ``windowed``: its context window's), and
+        the reply's tokens with their ``advantages`` (per token of ``token_ids``) where given."""
         turns, previous_end = [], 0
         for turn, (start, end) in enumerate(self.turn_spans):
             ids = self.token_ids[start:end]

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from rllib_ragen.objectives import (AdvantageInputs, AdvantageSettings, advantage_recursion_mask, compute_advantages,
-                                    compute_bi_level_gae, compute_gae, compute_gigpo_step_advantages, compute_turn_gae, masked_whiten,
-                                    place_rewards, turn_end_mask, turn_index)
+                                    compute_bi_level_gae, compute_gae, compute_gigpo_step_advantages, compute_turn_gae,
+                                    masked_whiten, place_rewards, turn_end_mask, turn_index)
 
 # Row 0: turn 1 on tokens 0-2 (reward 1), an observation on 3-4 (values there must never be read), turn 2 on 5-6
 # (reward 2). Row 1: a turn whose reward is exactly 0 (tokens 0-1), then a one-token turn (reward 1), padding.

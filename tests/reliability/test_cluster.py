@@ -57,7 +57,8 @@ def two_node_cluster(tmp_path_factory):
             _wait_for(lambda: _get_json(f"{address}/api/version"), "the head node's dashboard", logs)
             processes.append(subprocess.Popen(
                 [RAY, "start", "--block", f"--address=127.0.0.1:{gcs}", "--node-ip-address=127.0.0.1",
-                 "--num-cpus=1", f"--temp-dir={temp_dirs[1]}", *_node_ports()], env=env, stdout=log, stderr=subprocess.STDOUT))
+                 "--num-cpus=1", f"--temp-dir={temp_dirs[1]}", *_node_ports()], env=env, stdout=log,
+                stderr=subprocess.STDOUT))
             _wait_for(lambda: len(_alive_nodes(address)) == 2, "the worker node to join", logs)
             yield address, env
         finally:

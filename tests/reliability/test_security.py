@@ -1,5 +1,5 @@
 """Hostile or careless surroundings must not run code as the user: a job's Ray keeps its token authentication, and a
-report on a run folder someone sent reads data, never a pickle. (The viewer's escaping: tests/test_viewer.py.)"""
+report on a run folder someone sent reads data, never a pickle. (The viewer's escaping: tests/jobs/test_viewer.py.)"""
 
 import json
 import os

@@ -61,7 +61,8 @@ def test_every_numeric_setting_refuses_a_boolean(name):
 
 
 def test_unknown_model_keys_dtypes_and_env_arguments_are_named_with_the_accepted_ones():
-    with pytest.raises(ValueError, match=r"unknown keys \['modle'\]; accepted: \['activation_checkpointing', 'critic', 'dtype', 'lora', 'model'"):
+    with pytest.raises(ValueError, match=r"unknown keys \['modle'\]; accepted: "
+                                         r"\['activation_checkpointing', 'critic', 'dtype', 'lora', 'model'"):
         StarPOConfig().rl_module(model_config={"modle": "tiny"}).validate()
     with pytest.raises(ValueError, match=r"'dtype'\]='float8': choose one of \['float32', 'bfloat16', 'float16'\]"):
         StarPOConfig().rl_module(model_config={"dtype": "float8"}).validate()

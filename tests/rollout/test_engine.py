@@ -265,7 +265,8 @@ def test_failing_environment_is_isolated_and_counted(tiny):
 def test_context_limit_ends_the_episode_and_is_reported(tiny):
     _, tokenizer = tiny
     reply = "<think>hmm</think><answer>Left</answer>"  # never solves: episodes run all turns
-    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_context_tokens=260, max_actions_per_episode=50),
+    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_context_tokens=260,
+                                         max_actions_per_episode=50),
                            ScriptedBackend(lambda prompt: reply, tokenizer), tokenizer)
     trajectories, metrics = engine.rollout([0], 2, SamplingParams())
     assert metrics["rollout/truncated_rate"] == 1.0
@@ -343,11 +344,13 @@ def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
     after_claims = sum(4 * t.num_turns for t in honest_episodes)
     # The files show each turn's reasoning whole, though this tokenizer writes "<think>Up" as "<think", ">Up".
     saved = pq.read_table(tmp_path / before_file).to_pylist()
-    assert {turn["think"] for episode in saved for turn in episode["turns"]} == {"Up walk, Down walk, Left walk, Right walk."}
+    thoughts = {turn["think"] for episode in saved for turn in episode["turns"]}
+    assert thoughts == {"Up walk, Down walk, Left walk, Right walk."}
     assert _reasoning_grounded(tmp_path, None) == {"sampled": {  # no greedy files: nothing said about greedy play
         "before": pytest.approx(walks / claims), "after": 1.0, "claims_before": claims, "claims_after": after_claims}}
     # Reasoning without claims the environment checks (the plan line) reports nothing.
-    _, metrics = RolloutEngine(config, ScriptedBackend(solver, tokenizer), tokenizer).rollout(seeds, 1, SamplingParams())
+    engine = RolloutEngine(config, ScriptedBackend(solver, tokenizer), tokenizer)
+    _, metrics = engine.rollout(seeds, 1, SamplingParams())
     assert not any(key.endswith("reasoning_grounded") for key in metrics)
 
 
@@ -397,7 +400,8 @@ def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_valid
     # validation that checked no claim; a learner column has no validation counterpart.
     column = next(key for key, title in learning_curve_panels(config.env) if "grounded" in title)
     assert column == TRAINING + "rollout/reasoning_grounded" and "rollout/reasoning_grounded" in metrics
-    on_env, pooled = VALIDATION + "rllib_ragen/FrozenLakeNotSlippery-v0/reasoning_grounded", VALIDATION + "rollout/reasoning_grounded"
+    on_env = VALIDATION + "rllib_ragen/FrozenLakeNotSlippery-v0/reasoning_grounded"
+    pooled = VALIDATION + "rollout/reasoning_grounded"
     validations = [{VALIDATED_AT: 0, on_env: 0.5, pooled: 0.25}, {VALIDATED_AT: 5},
                    {VALIDATED_AT: 10, on_env: 0.75, pooled: 0.5}]
     assert validation_points(validations, column, config.env) == [(0, 0.5), (10, 0.75)]

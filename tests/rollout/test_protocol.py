@@ -145,7 +145,8 @@ def test_invalid_piece_is_skipped_and_penalised():
     assert result.reward == pytest.approx(-0.3) and result.env_reward == pytest.approx(-0.2)
 
 
-@pytest.mark.parametrize("reply", ["garbage", "<think></think><answer></answer>", "<think></think><answer>fly</answer>"])
+@pytest.mark.parametrize("reply", ["garbage", "<think></think><answer></answer>",
+                                   "<think></think><answer>fly</answer>"])
 def test_turn_without_valid_action_costs_the_penalty_only(reply):
     env = _sokoban()
     before = env.unwrapped.observation

@@ -82,7 +82,8 @@ def test_a_sliding_window_model_takes_the_plain_pass(sokoban_batch):
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
         expected = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        assert torch.equal(forward_sharing_prefix(model, batch["input_ids"], batch["attention_mask"])["logits"], expected)
+        shared = forward_sharing_prefix(model, batch["input_ids"], batch["attention_mask"])
+        assert torch.equal(shared["logits"], expected)
 
 
 def test_hidden_states_and_a_bare_trunk_come_out_as_from_the_plain_pass(sokoban_batch):

@@ -29,8 +29,8 @@ def test_smollm2_plays_sokoban_turns_with_matching_logprobs(smollm2, decode):
     model, tokenizer = smollm2
     engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=2),
                            HFBackend(model, tokenizer, decode=decode), tokenizer)
-    trajectories, metrics = engine.rollout([0], group_size=2, sampling=SamplingParams(temperature=0.5, max_new_tokens=40),
-                                           sample_seed=0)
+    trajectories, metrics = engine.rollout([0], group_size=2,
+                                           sampling=SamplingParams(temperature=0.5, max_new_tokens=40), sample_seed=0)
     assert len(trajectories) == 2 and metrics["rollout/env_errors"] == 0
     for t in trajectories:
         assert t.num_turns >= 1 and len(t.turn_rewards) == t.num_turns
@@ -41,7 +41,8 @@ def test_smollm2_plays_sokoban_turns_with_matching_logprobs(smollm2, decode):
         recomputed = torch.log_softmax(logits[0, :-1] / 0.5, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
         mask = torch.tensor(t.response_mask[1:], dtype=torch.bool)
         gap = (recomputed[mask] - torch.tensor(t.behaviour_logprobs[1:])[mask]).abs().max().item()
-        print(f"\nSmolLM2 fp32, {decode} cache: max |behaviour - recomputed| log-prob = {gap:.2e} over {int(mask.sum())} tokens")
+        print(f"\nSmolLM2 fp32, {decode} cache: max |behaviour - recomputed| log-prob = {gap:.2e} "
+              f"over {int(mask.sum())} tokens")
         assert gap < 1e-4
 
 

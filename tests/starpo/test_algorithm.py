@@ -81,7 +81,8 @@ def test_a_single_step_update_reads_the_batch_once_and_changes_nothing(small_con
     calls = []
     forward_train = CausalLMRLModule.forward_train
     monkeypatch.setattr(CausalLMRLModule, "forward_train",
-                        lambda self, batch, **kw: calls.append(batch["input_ids"].shape) or forward_train(self, batch, **kw))
+                        lambda self, batch, **kw: calls.append(batch["input_ids"].shape)
+                        or forward_train(self, batch, **kw))
     for whiten in (False, True):
         config = small_config(validation_interval=0, whiten_advantages=whiten)
         calls.clear()

@@ -151,8 +151,8 @@ def test_the_job_flag_sets_the_stages_and_the_plan_line_states_them():
         "max_solution_moves": 3}}]}}}
     assert _variant_curriculum_plans(StarPOConfig().environment(SOKOBAN), JobSettings(iterations=80, grid=grid)) == [
         'grid variant easy_first: curriculum: iterations 1-40 on {"max_solution_moves": 3}; then env_config as given']
-    assert _variant_curriculum_plans(config, JobSettings(iterations=80, grid={"variant": {"none": {"curriculum": None}}})) == [
-        "grid variant none: no curriculum"]
+    no_curriculum = JobSettings(iterations=80, grid={"variant": {"none": {"curriculum": None}}})
+    assert _variant_curriculum_plans(config, no_curriculum) == ["grid variant none: no curriculum"]
     with pytest.raises(SystemExit):  # a bad stage exits at parse time, naming it (validate()'s message)
         parse_job_args(StarPOConfig().environment(SOKOBAN), JobSettings(), ["--curriculum", '[{"iterations": 0}]'])
 

@@ -206,4 +206,5 @@ def test_activation_checkpointing_trains_the_same_adapters_and_critic_to_the_bit
     assert [k for k in plain if not torch.equal(plain[k], checkpointed[k])] == []
     assert any("lora_B" in k and plain[k].abs().sum() > 0 for k in plain)  # the adapters did move
     with pytest.raises(ValueError, match=r"model_config\['activation_checkpointing'\]='yes': True or False"):
-        lora_config(small_config).rl_module(model_config={"model": "tiny", "activation_checkpointing": "yes"}).validate()
+        lora_config(small_config).rl_module(
+            model_config={"model": "tiny", "activation_checkpointing": "yes"}).validate()
