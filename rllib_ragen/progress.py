@@ -10,7 +10,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-PLAIN_LINE_EVERY_S = 15.0  # off a terminal: a line at least this often while the work moves
+PLAIN_LINE_EVERY_S = 10.0  # off a terminal: a line this often while the work moves (at the next update: a slow
+# step can stretch it, so 10 s keeps a log's quiet stretches under 15 s for steps of up to 5 s)
 PLAIN_FORMAT = "{desc}: {n_fmt}/{total_fmt} %s [{elapsed}<{remaining}, {rate_fmt}{postfix}]"  # the unit's plural
 
 

@@ -1,19 +1,19 @@
 """The echo trap, watched: vanilla StarPO and StarPO-S from one warm start, side by side, diagnostics against
 validation success, and the sentinel's firings.
 
-A main job (``--job``: the bandit's by default, or ``starpo_sokoban``) with two trials of one Tune experiment,
-``--grid '{"preset": ["starpo", "starpo-s"]}'``, from one shared warm start, validated and probed for collapse
-(``collapse_diagnostics_interval``, ``gradient_analysis_interval``) every iteration, the sentinel watching
-(``--sentinel warn``; ``rollback`` or ``stop`` let it act). A trial "collapses" at the first validation from which its success stays ``--fall`` below
-its best so far to the end of the run; the sentinel's lead time is that iteration minus its first firing's. When
-the trials end, the run folder gets ``echo_trap.png`` (a column per trial: validation success, in-group reward
-std, entropy, grad norm, MI estimate, repeat rate; sentinel firings as red lines, the collapse as a black dashed
-one) and ``echo_trap.md`` (the table), beside each trial's usual outputs. Every flag of the job works. The
-default learning rate is ten times the bandit job's: the point is to see a collapse, and what comes first.
+A main job (``--job``: the bandit's by default, or ``starpo_sokoban``) with two trials of one Tune experiment, ``--grid
+'{"preset": ["starpo", "starpo-s"]}'``, from one shared warm start, validated and probed for collapse
+(``collapse_diagnostics_interval``, ``gradient_analysis_interval``) every iteration, the sentinel watching (``--sentinel
+warn``; ``rollback`` or ``stop`` let it act). A trial "collapses" at the first validation from which its success stays
+``--fall`` below its best so far to the end of the run; the sentinel's lead time is that iteration minus its first
+firing's. When the trials end, the run folder gets ``echo_trap.png`` (a column per trial: validation success, in-group
+reward std, entropy, grad norm, MI estimate, repeat rate; sentinel firings as red lines, the collapse as a black dashed
+one) and ``echo_trap.md`` (the table), beside each trial's usual outputs. Every flag of the job works. The default
+learning rate is ten times the bandit job's: the point is to see a collapse, and what comes first.
 
 Command:  python tuned_examples/echo_trap.py [--job starpo_sokoban] [--iterations 20] [--lr 5e-3] [--fall 0.1]
-Time:     about 5 minutes on 2 CPU cores for the bandit; --job starpo_sokoban runs for hours there (80 iterations,
-          each validated and probed): give it a GPU (docs/benchmarks.md)
+Time:     4.7 min on a 2-core AVX2 CPU for the bandit (rllib_ragen/jobs/job_times.py); --job starpo_sokoban runs
+          for hours there (80 iterations, each validated and probed): give it a GPU (docs/benchmarks.md)
 Expect:   the figure and table of the two trials; docs/results/echo-trap.md
 """
 
@@ -35,10 +35,6 @@ SIGNALS = {"in-group reward std": M.FILTER_REWARD_STD, "entropy": LEARNER + M.EN
            "repeat rate": M.REPEAT_RATE}
 
 
-# The study's wall minutes with no other flag on a 2-core CPU (benchmarks/main_jobs.py; 0: not timed to its end).
-STUDY_MINUTES = {"starpo_bandit": 5, "starpo_sokoban": 0}
-
-
 def study(job_name: str):
     """The main job's namespace, and its config and settings made into the study."""
     main_job = runpy.run_path(str(pathlib.Path(__file__).with_name(f"{job_name}.py")), run_name="imported")
@@ -47,7 +43,7 @@ def study(job_name: str):
         lr=5e-3, validation_interval=1, collapse_diagnostics_interval=1, gradient_analysis_interval=1)
     job = dataclasses.replace(main_job["job"], output_dir=f"outputs/echo_trap/{job_name}",
                               grid={"preset": ["starpo", "starpo-s"]}, pass_bar=0.0,
-                              expected_minutes=STUDY_MINUTES[job_name])
+                              timed_command=f"echo_trap.py --job {job_name}".replace(" --job starpo_bandit", ""))
     return main_job, config, job
 
 

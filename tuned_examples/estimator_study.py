@@ -15,8 +15,9 @@ exact McNemar p) and each estimator against ``gae``, the grid's first value, on 
 
 Every flag of the chosen job works (``--iterations``, ``--seeds``, ``--resume``, ``--help``).
 
-Command:  python tuned_examples/estimator_study.py [--job starpo_sokoban] [--grid '{"advantage_estimator": ["gae", "grpo"]}']
-Time:     about 44 minutes on 2 CPU cores for FrozenLake (docs/benchmarks.md); Sokoban's not timed
+Command:  python tuned_examples/estimator_study.py [--job starpo_sokoban]
+              [--grid '{"advantage_estimator": ["gae", "grpo"]}']
+Time:     44.2 min on a 2-core AVX2 CPU for FrozenLake (rllib_ragen/jobs/job_times.py); Sokoban's not timed
 Expect:   on FrozenLake every estimator gains from the warm start, within a few points of each other;
           docs/results/estimators.md
 """
@@ -33,21 +34,22 @@ ESTIMATORS = ["gae", "bi_level_gae", "turn_gae", "gigpo", "grpo"]  # gae first: 
 # own leaves the estimators little to tell apart (docs/results/estimators.md).
 FROZEN_LAKE_WARM_START = {"warm_start_steps": 300, "warm_start_episodes": 1000, "warm_start_lr": 2e-3,
                           "warm_start_average_decay": 0.0, "warm_start_precision": "float32"}
-# main job -> (its environment's arguments, iterations, its warm start's settings changed, its RL rate changed,
-# the study's wall minutes on a 2-core CPU as benchmarks/main_jobs.py measured them; 0: not measured)
-STUDIES = {"starpo_frozenlake": ({}, 25, FROZEN_LAKE_WARM_START, {"lr": 3e-4}, 44),
-           "starpo_sokoban": ({"reward": "shaped"}, 40, {}, {}, 0)}
+# main job -> (its environment's arguments, iterations, its warm start's settings changed, its RL rate changed)
+STUDIES = {"starpo_frozenlake": ({}, 25, FROZEN_LAKE_WARM_START, {"lr": 3e-4}),
+           "starpo_sokoban": ({"reward": "shaped"}, 40, {}, {})}
 
 
 def study(job_name: str):
     """The main job's namespace, and its config and settings made into the study."""
     main_job = runpy.run_path(str(pathlib.Path(__file__).with_name(f"{job_name}.py")), run_name="imported")
-    env_config, iterations, warm_start, training, minutes = STUDIES[job_name]
+    env_config, iterations, warm_start, training = STUDIES[job_name]
+    timed_command = "estimator_study.py" + ("" if job_name == "starpo_frozenlake" else f" --job {job_name}")
     config = main_job["config"].copy(copy_frozen=False)
     config.environment(config.env, env_config={**config.env_config, **env_config}).training(
         turn_level_rewards=True, validation_size=512, validation_interval=0, **training)  # before and after RL only
     job = dataclasses.replace(main_job["job"], output_dir=f"outputs/estimator_study/{job_name}", iterations=iterations,
-                              grid={"advantage_estimator": ESTIMATORS}, expected_minutes=minutes,
+                              grid={"advantage_estimator": ESTIMATORS},
+                              timed_command=timed_command,
                               **warm_start)
     return main_job, config, job
 

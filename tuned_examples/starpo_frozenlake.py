@@ -7,7 +7,8 @@ ragen-gpu`` does, with thinking). The agent answers one move per turn without a 
 map on every seed tried.
 
 Command:  python tuned_examples/starpo_frozenlake.py [--seed 0] [--iterations 25] [--env rllib_ragen/FrozenLake-v0]
-Time:     about 37 minutes on 2 CPU cores, most of it the 1,200-step warm start (benchmarks/main_jobs.py measures it)
+Time:     36.9 min on a 2-core AVX2 CPU, most of it the 1,200-step warm start; --quick 2.0 min and --preset
+          smollm2-cpu 44.8 min on a 2-core Xeon with native bfloat16 (rllib_ragen/jobs/job_times.py)
 Expect:   about 0.79 greedy success on 256 validation maps from the warm start; RL keeps it (no significant change);
           docs/results/frozenlake.md
 """
@@ -36,7 +37,7 @@ job = JobSettings(output_dir="outputs/starpo_frozenlake", iterations=25, warm_st
                   # (emulated); on 256 maps the two precisions' warm starts play alike (docs/results/frozenlake.md).
                   warm_start_precision="float32",
                   pass_bar=0.05,  # validation success must rise at least this much
-                  expected_minutes=37)
+                  timed_command="starpo_frozenlake.py")
 # On the 256 validation maps: 10 uniformly random moves (8 plays each), and the optimal policy.
 SOLID_ICE_KNOWN_SCORES = {"random moves": 0.216, "optimal policy": 1.0}
 

@@ -6,7 +6,7 @@ games never seen. A player that guesses at random among the numbers it has not t
 against. Needs ``pip install 'rllib_ragen[gem]'``.
 
 Command:  python tuned_examples/starpo_gem.py [--seed 0] [--iterations 80] [--env gem/game.GuessTheNumber-v0-random]
-Time:     about 41 minutes on 2 CPU cores (benchmarks/main_jobs.py measures it)
+Time:     40.6 min on a 2-core AVX2 CPU (rllib_ragen/jobs/job_times.py; benchmarks/main_jobs.py measures it)
 Expect:   the paired before/after table on 128 validation games, and both against random guessing;
           docs/results/third-party.md
 """
@@ -34,7 +34,7 @@ job = JobSettings(output_dir="outputs/starpo_gem", iterations=80,
                   warm_start_lr=5e-4,
                   warm_start_precision="float32",  # bfloat16 runs emulated, 12x slower, on CPUs without its units
                   pass_bar=0.05,  # validation success must rise at least this much
-                  expected_minutes=41)
+                  timed_command="starpo_gem.py")
 
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):

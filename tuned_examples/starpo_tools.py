@@ -7,7 +7,7 @@ StarPO-S. Beside it on the same validation questions: answering a random city wi
 baseline (1 in 8).
 
 Command:  python tuned_examples/starpo_tools.py [--seed 0] [--iterations 10] [--model smollm2-135m] [--help]
-Time:     about 19 minutes on 2 CPU cores, 12.6 of them the warm start (benchmarks/main_jobs.py measures it)
+Time:     19 min on a 2-core AVX2 CPU, 12.6 of them the warm start (rllib_ragen/jobs/job_times.py)
 Expect:   validation success about 0.28 from the warm start and about 0.31 after RL (sampled), greedy play after RL
           above the no-tool guess (0.148) on the same questions; docs/results/tools.md
 """
@@ -31,7 +31,7 @@ config = (
 job = JobSettings(output_dir="outputs/starpo_tools", iterations=10, warm_start_episodes=4000, warm_start_steps=600,
                   warm_start_lr=2e-3, warm_start_lr_schedule="cosine",
                   pass_bar=0.0,  # the paired change is reported whatever it is; the warm start does most of the work
-                  expected_minutes=19)
+                  timed_command="starpo_tools.py")
 # Success on the validation questions: a random city without searching, and the solver.
 KNOWN_SCORES = {"random city": 1 / len(CITIES), "solver": 1.0}
 

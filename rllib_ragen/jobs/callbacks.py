@@ -1,10 +1,10 @@
 """The job's outputs, written by an RLlib callback into the trial's own folder; its TensorBoard logs, by a Tune one.
 
-Any StarPO algorithm that carries :class:`JobOutputs` (``config.callbacks(...)``) writes, while it trains, what a
-person needs to judge the run: the machine it ran on, the validation episodes before RL and after the last
-iteration (sampled and greedy), a sample of training episodes with their token advantages at every probe iteration, the sentinel's
-firings, and the trained policy (``policy/``, loadable by plain transformers). The report writes the viewer from them. A main job, every
-trial of a Tune sweep and a cluster run get them alike, because the trial writes them itself.
+Any StarPO algorithm that carries :class:`JobOutputs` (``config.callbacks(...)``) writes, while it trains, what a person
+needs to judge the run: the machine it ran on, the validation episodes before RL and after the last iteration (sampled
+and greedy), a sample of training episodes with their token advantages at every probe iteration, the sentinel's firings,
+and the trained policy (``policy/``, loadable by plain transformers). The report writes the viewer from them. A main
+job, every trial of a Tune sweep and a cluster run get them alike, because the trial writes them itself.
 
 The folder is the trial's folder in Tune's ``storage_path`` when that is a local path (a cluster's shared disk
 too), so that a restored trial appends to what its earlier session wrote; otherwise the trial's working
@@ -20,6 +20,7 @@ import os
 import pathlib
 import platform
 import sys
+import time
 
 import torch
 
@@ -30,8 +31,9 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 from .. import metrics as M
 from ..hardware import peak_rss_gib
 from .storage import is_local_storage
-from .outputs import (BEFORE_RL, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS,
-                      MACHINE, POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts, write_text_atomically)
+from .outputs import (BEFORE_RL, PHASE_FILE, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS,
+                      BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, MACHINE, POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS,
+                      write_rollouts, write_text_atomically)
 
 NEXT_TRAINING_SEED = "job/next_training_seed"  # which training states the run has shown so far (validation splits)
 # In result["job"] (progress.csv: job/time_budget_stop): 1.0 when the time budget (max_minutes) ended the trial.
@@ -67,6 +69,22 @@ def record_machine(folder: pathlib.Path) -> None:
     sessions = read_run_json(path, [])
     if not sessions or sessions[-1] != record:
         write_text_atomically(path, json.dumps([*sessions, record], indent=1))
+
+
+class PhaseFile:
+    """The trial's ``phase.json``: the phase it is in (``StarPO.on_phase``), its iteration and since when, rewritten
+    whole as each phase starts (a few small writes an iteration). The job's console reads it to say what a long
+    iteration is doing; after a crash it says where the trial was."""
+
+    def __init__(self, algorithm, path: pathlib.Path):
+        self.algorithm, self.path = algorithm, path
+
+    def __call__(self, phase: str) -> None:
+        record = {"phase": phase, "iteration": int(self.algorithm.iteration) + 1, "since": time.time()}
+        try:
+            write_text_atomically(self.path, json.dumps(record))
+        except OSError:  # a full disk: the phase is a courtesy, the run's own records matter more
+            pass
 
 
 def trial_folder(algorithm) -> pathlib.Path:
@@ -113,6 +131,7 @@ class JobOutputs(RLlibCallback):
 
     def on_algorithm_init(self, *, algorithm, **kwargs) -> None:
         record_machine(trial_folder(algorithm))
+        algorithm.on_phase = PhaseFile(algorithm, trial_folder(algorithm) / PHASE_FILE)
 
     def on_evaluate_end(self, *, algorithm, evaluation_metrics: dict, **kwargs) -> None:
         folder, iteration = trial_folder(algorithm), int(evaluation_metrics[M.VALIDATION_ITERATION])
@@ -149,10 +168,12 @@ class JobOutputs(RLlibCallback):
         """The trained policy: validated (this result shows it), played greedily and exported."""
         validation = result.get(EVALUATION_RESULTS, {}).get(ENV_RUNNER_RESULTS, {})
         if validation.get(M.VALIDATION_ITERATION) != algorithm.iteration:
+            algorithm.announce_phase("validating the trained policy")
             metrics = algorithm.evaluate_validation_set()
             result.setdefault(EVALUATION_RESULTS, {})[ENV_RUNNER_RESULTS] = metrics
         write_rollouts(folder / AFTER_GREEDY_ROLLOUTS, algorithm.play_validation_states(0.0), algorithm.tokenizer,
                        iteration=algorithm.iteration)
+        algorithm.announce_phase("exporting the trained policy")
         algorithm.export_pretrained(folder / POLICY)
         result[M.PEAK_RSS] = peak_rss_gib()  # the closing validations and the export can set the trial's peak
 

@@ -8,9 +8,11 @@ paired against the first, as a job pairs "after RL" against "before" (the interv
 :mod:`~rllib_ragen.jobs.paired_stats`): give the warm start first, ``evaluate WARM_START RUN/seed0/policy``. Each
 policy's greedy play is also paired against the run's scripted baselines where they played the same states.
 
-The settings come from the trial folder of the first policy that sits in one (``RUN/seed0/policy`` ->
-``RUN/seed0``: Tune's ``params.json``, never a pickle) or from ``--run``; ``--env``, ``--env-config``, ``--states`` and ``--seed-start``
-choose other states. ``--output FILE`` writes the figures as JSON.
+The settings come from the trial folder of the first policy that sits in one (``RUN/seed0/policy`` -> ``RUN/seed0``:
+Tune's ``params.json``, never a pickle) or from ``--run``; ``--env``, ``--env-config``, ``--states`` and
+``--seed-start`` choose other states. ``--output FILE`` writes the figures as JSON. Library notices (transformers'
+loading bars and warnings) stay off the console and go to ``--log FILE`` (default: beside ``--output``, else a new file
+in the temporary folder), named at the end when there were any.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ import argparse
 import importlib
 import itertools
 import json
+import os
 import pathlib
 import sys
+import tempfile
+import time
 
 from ..progress import Progress
-from .outputs import (BASELINES, baseline_name, json_ready, keep_notices_off_the_console, read_outcomes, state_of,
-                      trajectory_outcomes, write_text_atomically)
+from .outputs import (BASELINES, baseline_name, close_run_log, json_ready, keep_notices_off_the_console, read_outcomes,
+                      send_notices_to, state_of, trajectory_outcomes, write_text_atomically)
 from .paired_stats import PairedComparison, paired_comparison
 from .report import RunFolderImportError, trial_config
 
@@ -175,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the first state's reset seed (default: the run's)")
     parser.add_argument("--modes", default=",".join(MODES), help="greedy, sampled or both (default: both)")
     parser.add_argument("--output", type=pathlib.Path, default=None, help="write the figures to this JSON file")
+    parser.add_argument("--log", type=pathlib.Path, default=None,
+                        help="append library notices (model loading, warnings) to this file (default: OUTPUT.log "
+                             "beside --output, else a new file in the temporary folder, named at the end)")
     parser.add_argument("--register", default=None, metavar="MODULE",
                         help="import this module first (one that calls register_text_env for the run's environment)")
     parser.add_argument("--allow-run-imports", action="store_true",
@@ -220,16 +228,32 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(f"{run / 'params.json'}: {one_line(error)}")
     experiment_baselines = run.parent / BASELINES
+    log = args.log or (args.output.with_name(args.output.name + ".log") if args.output else pathlib.Path(
+        tempfile.gettempdir()) / f"rllib_ragen_evaluate_{time.strftime('%Y%m%d-%H%M%S')}_{os.getpid()}.log")
+    send_notices_to(log)  # never into the run folder: a reader does not write there
     try:
         result = evaluate(args.policies, config, modes, experiment_baselines, device=args.device,
                           show_progress=True)
     except OSError as error:  # a policy folder that does not load (load_policy names the folder and the cause)
+        _name_the_log(log, given=args.log is not None or args.output is not None)
         parser.error(one_line(error))
+    close_run_log()
     print_evaluation(result, args.policies)
     if args.output:
         write_text_atomically(args.output, json.dumps(json_ready(result), indent=2, allow_nan=False))
         print(f"\nwrote {args.output}")
+    _name_the_log(log, given=args.log is not None or args.output is not None)
     return 0
+
+
+def _name_the_log(log: pathlib.Path, given: bool) -> None:
+    """Close the notices' log and say where they went; a default log file that stayed empty is removed, not left
+    behind."""
+    close_run_log()
+    if log.is_file() and log.stat().st_size:
+        print(f"library notices (model loading, warnings): {log}", flush=True)
+    elif log.is_file() and not given:
+        log.unlink()
 
 
 if __name__ == "__main__":

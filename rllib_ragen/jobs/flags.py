@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from .job_times import JOB_TIMES
 from .outputs import LATEST, keep_notices_off_the_console
 from ..hardware import cpu_computes_bfloat16
 from ..warm_start import LR_SCHEDULES, WARM_START_PRECISIONS
@@ -79,6 +80,14 @@ def _run_name_error(name) -> str | None:
     if isinstance(name, str) and "/" not in name and name not in (".", "..", "latest"):
         return None
     return f"run_name={name!r} must be a plain folder name (not 'latest'), or empty."
+
+
+def _timed_command_error(command) -> str | None:
+    scripts = sorted({c.split()[0] for c in JOB_TIMES})
+    if isinstance(command, str) and (command == "" or command.split()[0] in scripts):
+        return None  # a command the table lacks (other flags) states no time
+    return (f"timed_command={command!r} does not start with a tuned example of rllib_ragen.jobs.job_times.JOB_TIMES "
+            f"({', '.join(scripts)}); give one, or ''.")
 
 
 def _output_dir_error(path) -> str | None:
@@ -165,8 +174,9 @@ class JobSettings:
                              "when they fire: 'warn', 'stop', 'rollback' (restore the last healthy weights, halve "
                              "the learning rates) or 'off'; --sentinel-rules (JSON) replaces them", "warn", CHOICE,
                              options=SENTINEL_CHOICES)
-    expected_minutes: float = _setting("wall minutes this job took with its defaults on a 2-core CPU, printed at "
-                                       "start as a guide (0: none)", 0.0, NUMBER, ">= 0")
+    timed_command: str = _setting("the job's command in rllib_ragen.jobs.job_times.JOB_TIMES, whose measured wall "
+                                  "time the plan line states for this kind of CPU ('': none); --preset and --quick "
+                                  "add themselves to it", "", OTHER, check=_timed_command_error)
     quick: bool = _setting("a trial run, to see the job work end to end: 3 iterations, validation on at most 32 "
                            "states, before and after only, a warm start of at most 60 steps on 256 demonstrations (a "
                            "full run trains the job's own). Its numbers say nothing about learning. Flags given "
@@ -277,9 +287,8 @@ def _folder_creation_error(path: pathlib.Path) -> str | None:
 # within 5 minutes of training, so that a whole run (Ray, warm start, report) stays under 9 minutes on one GPU; the
 # iterations are a cap the budget meets first.
 GPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
-    # expected_minutes 0: the job's own estimate is a 2-core CPU's, and these presets have no measured one
-    "ragen-gpu": {"iterations": 200, "warm_start_steps": 0, "expected_minutes": 0.0},
-    "smollm2-gpu": {"iterations": 200, "max_minutes": 5.0, "warm_start_precision": "bfloat16", "expected_minutes": 0.0},
+    "ragen-gpu": {"iterations": 200, "warm_start_steps": 0},
+    "smollm2-gpu": {"iterations": 200, "max_minutes": 5.0, "warm_start_precision": "bfloat16"},
 }
 # The CPU presets' job settings, laid over the job's own as the GPU presets' are. smollm2-cpu: a short warm start that
 # teaches the reply format (SmolLM2 already reads text), in bfloat16 where the CPU computes it natively, and a trial
@@ -289,7 +298,6 @@ CPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
     "smollm2-cpu": {"iterations": 80, "max_minutes": 30.0, "warm_start_steps": 75, "warm_start_episodes": 1200,
                     "warm_start_lr": 1e-4, "warm_start_average_decay": 0.0,
                     "warm_start_micro_batch_size": 4, "warm_start_group_by_length": True,
-                    "expected_minutes": 45.0,  # FrozenLake, seed 0, on a 2-core CPU with AVX512-BF16
                     "warm_start_precision": "bfloat16" if cpu_computes_bfloat16() else "float32"},
 }
 PRESET_JOBS = {**GPU_PRESET_JOBS, **CPU_PRESET_JOBS}  # every preset's job settings
@@ -309,9 +317,9 @@ RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
     "validation_envs": ("environment", "validation_envs",
                         "validate on these environments, as JSON: '[{\"env\": \"rllib_ragen/FrozenLake-v0\", "
                         "\"states\": 64}]' (null: the training ones)"),
-    "curriculum": ("environment", "curriculum", "easier training settings first, as JSON stages: '[{\"iterations\": 20, "
-                                                "\"env_config\": {\"max_solution_moves\": 2}}]' updates env_config for "
-                                                "the first 20 iterations' rollouts (null: none)"),
+    "curriculum": ("environment", "curriculum", "easier training settings first, as JSON stages: '[{\"iterations\": "
+                                                "20, \"env_config\": {\"max_solution_moves\": 2}}]' updates env_config "
+                                                "for the first 20 iterations' rollouts (null: none)"),
     "env": ("environment", "env", "registered text-environment id"),
     "env_config": ("environment", "env_config", "environment constructor arguments as JSON, e.g. "
                                                 "'{\"reward\": \"success\"}'"),
@@ -449,8 +457,8 @@ def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, j
 
 
 # What ``--help`` shows: the flags a user changes first. ``--help-all`` adds every other flag, by section.
-FIRST_FLAGS = ("quick", "preset", "output_dir", "iterations", "max_minutes", "seeds", "grid", "resume", "run_name", "verbose",
-               "model", "env", "lr", "seed", "num_groups", "group_size", "max_turns", "validation_size",
+FIRST_FLAGS = ("quick", "preset", "output_dir", "iterations", "max_minutes", "seeds", "grid", "resume", "run_name",
+               "verbose", "model", "env", "lr", "seed", "num_groups", "group_size", "max_turns", "validation_size",
                "validation_interval", "advantage_estimator")
 # The sections of RLlib's own fields, by the config setter they go through.
 RLLIB_SECTIONS = {"environment": "environment and model", "rl_module": "environment and model",
@@ -574,6 +582,9 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
     job = dataclasses.replace(job, **{k: v for k, v in given.items() if k in job_fields})
     if job.quick:
         job = dataclasses.replace(job, **{k: min(getattr(job, k), v) for k, v in QUICK_JOB.items() if k not in given})
+    if job.timed_command and "timed_command" not in given:  # the table times the command as the user ran it
+        flags = [*(["--preset", preset] if preset else []), *(["--quick"] if job.quick else [])]
+        job = dataclasses.replace(job, timed_command=" ".join([job.timed_command, *flags]))
     if job.verbose is False:  # RLlib's API-stack notice comes at validate(): hold it for the run's job.log
         keep_notices_off_the_console()
     grid_presets = (job.grid or {}).get(PRESET_LABEL, []) if isinstance(job.grid, dict) else []

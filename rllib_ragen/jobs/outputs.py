@@ -48,6 +48,7 @@ WARM_START_CURVE = "warm_start_curve.csv"  # greedy validation success during th
 VIEWER_PAGE = "rollouts.html"
 SENTINEL_FILE = "sentinel.json"  # the sentinel's firings over the run
 MACHINE = "machine.json"  # where each session of a trial ran: its CPU and kernels, GPUs, threads, packages
+PHASE_FILE = "phase.json"  # what the trial is doing now (sampling, updating, validating...) and since when
 
 # Where the driver reads its numbers in a flattened result row (paths in Algorithm.train()'s result).
 TRAINING = "env_runners/"
@@ -164,6 +165,10 @@ def keep_notices_off_the_console() -> None:
     warnings, transformers' loading bars) stay off the console; errors still reach it. Until
     :func:`send_notices_to` names a run's log file they are held in memory. Safe to call again (Ray re-creates
     its console handler at ``ray.init``)."""
+    # Imported first: transformers adds its console handler when its logging module first loads.
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
     logging.captureWarnings(True)
     for name in NOISY_LOGGERS:
         logger = logging.getLogger(name)
@@ -174,9 +179,6 @@ def keep_notices_off_the_console() -> None:
             logger.addHandler(_EARLY_NOTICES)
         if not name.startswith("ray"):  # Ray's loggers do not propagate already
             logger.propagate = False  # the root logger's console handler would print them anyway
-    from huggingface_hub.utils import disable_progress_bars
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # "Loading weights" bars
     disable_progress_bars()  # "Writing model shards" bars
 

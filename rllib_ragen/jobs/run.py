@@ -48,9 +48,11 @@ from ray.tune import Callback
 from .. import metrics as M
 from .callbacks import BEFORE_RL, TENSORBOARD, TIME_BUDGET_STOP, JobOutputs, TensorBoardLogs
 from .flags import JobSettings, parse_job_args, user_model_config
-from .outputs import (BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LATEST, LEARNER, SMOOTHING, TRAINING,
-                                 VALIDATED_AT, VALIDATION, baseline_file, close_run_log, read_outcomes, state_of,
-                                 keep_notices_off_the_console, send_notices_to, start_run_folder, write_rollouts, write_text_atomically)
+from .job_times import timing_sentence
+from .outputs import (BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LATEST, LEARNER, PHASE_FILE, SMOOTHING,
+                      TRAINING, VALIDATED_AT, VALIDATION, baseline_file, close_run_log, read_outcomes, read_run_json,
+                      state_of, keep_notices_off_the_console, send_notices_to, start_run_folder, write_rollouts,
+                      write_text_atomically)
 from .report import headline_environment, report_experiment
 from ..hardware import cpu_computes_bfloat16
 from ..sentinel import as_rule, echo_trap_rules
@@ -386,7 +388,8 @@ def _play_baselines(config, baselines: dict, folder: pathlib.Path, headline: str
                                                              for n in baselines}))
 
 
-EARLY_LOOK_S = 2.0  # how often the console looks for a trial's before-RL validation on disk
+EARLY_LOOK_S = 2.0  # how often the console looks for a trial's before-RL validation and phase on disk
+QUIET_S = 15.0  # after this long without a line, the console says what each trial is doing
 
 
 class JobConsole(Callback):
@@ -406,13 +409,41 @@ class JobConsole(Callback):
         self.errors: dict[str, str] = {}  # a failed trial's folder name: the last line of its error
         self.shown_early: dict[str, set[str]] = {}  # per trial, the before-RL files already printed from disk
         self.next_look = 0.0
+        self.last_line = time.monotonic()  # when the console last printed: a quiet stretch gets the trial's phase
+
+    def _say(self, text: str) -> None:
+        print(text, flush=True)
+        self.last_line = time.monotonic()
 
     def on_step_end(self, iteration, trials, **info) -> None:
         """The score before RL as soon as the trial has written it to its folder, an iteration before its first
-        result reaches the driver (where the trial's folder is on this machine; else from that result)."""
+        result reaches the driver (where the trial's folder is on this machine; else from that result); and after
+        ``QUIET_S`` without a line, what each trial is doing."""
         if time.monotonic() < self.next_look:
             return
         self.next_look = time.monotonic() + EARLY_LOOK_S
+        self._show_early_scores(trials)
+        if time.monotonic() - self.last_line >= QUIET_S:
+            self._show_phases(trials)
+
+    def _show_phases(self, trials) -> None:
+        """What each running trial is doing, from its ``phase.json``, after ``QUIET_S`` without a line."""
+        for trial in trials:
+            if trial.status not in ("PENDING", "RUNNING") or not trial.path:
+                continue
+            label = f"[{trial.storage.trial_dir_name}] " if self.several else ""
+            try:
+                phase = read_run_json(pathlib.Path(trial.path) / PHASE_FILE)
+            except (OSError, ValueError):
+                continue
+            if phase is None:  # no phase yet: Ray is placing the trial, or it builds its algorithm
+                self._say(f"{label}  starting the trial: Ray places it, then it builds the algorithm and loads the "
+                          "model")
+            elif isinstance(phase, dict) and {"phase", "iteration", "since"} <= set(phase):
+                self._say(f"{label}  iteration {phase['iteration']}: {phase['phase']} "
+                          f"({max(0.0, time.time() - float(phase['since'])):.0f} s so far)")
+
+    def _show_early_scores(self, trials) -> None:
         for trial in trials:
             shown = self.shown_early.setdefault(trial.trial_id, set())
             for name, mode in ((BEFORE_ROLLOUTS, "sampled"), (BEFORE_GREEDY_ROLLOUTS, "greedy")):
@@ -425,8 +456,8 @@ class JobConsole(Callback):
                     continue
                 shown.add(name)
                 label = f"[{trial.storage.trial_dir_name}] " if self.several else ""
-                print(f"{label}before RL: validation success {statistics.fmean(outcomes):.3f} {mode} on "
-                      f"{len(outcomes)} validation states of {self.headline}", flush=True)
+                self._say(f"{label}before RL: validation success {statistics.fmean(outcomes):.3f} {mode} on "
+                          f"{len(outcomes)} validation states of {self.headline}")
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         from ray.tune.utils import flatten_dict
@@ -438,8 +469,8 @@ class JobConsole(Callback):
         if before_key in row:
             self.before[trial.trial_id] = row[before_key]
             if BEFORE_ROLLOUTS not in self.shown_early.get(trial.trial_id, ()):  # not printed from disk already
-                print(f"{label}before RL: validation success {row[before_key]:.3f} on the validation states of "
-                      f"{self.headline}", flush=True)
+                self._say(f"{label}before RL: validation success {row[before_key]:.3f} on the validation states of "
+                          f"{self.headline}")
         done = int(row["training_iteration"])
         clock = self.clocks.setdefault(trial.trial_id, _Clock(self.iterations, self.interval))
         validated = row.get(VALIDATED_AT) == done
@@ -453,28 +484,27 @@ class JobConsole(Callback):
         if self.max_minutes:  # the time budget ends the trial sooner than its iterations would
             left_s = min(left_s, max(0.0, self.max_minutes * 60 - float(row.get("time_total_s", 0.0))))
         out_of_time = bool(row.get(f"job/{TIME_BUDGET_STOP}"))
-        print(f"{label}iter {done:3d}/{self.iterations} | success {row.get(success, math.nan):.2f} "
-              f"({SMOOTHING}-it mean {smoothed:.2f}) "
-              f"| reward {row.get(TRAINING + M.EPISODE_RETURN_MEAN, math.nan):+.3f} "
-              f"(in-group std {row.get(M.FILTER_REWARD_STD, math.nan):.3f}) "
-              f"| entropy {row.get(LEARNER + M.ENTROPY, math.nan):.3f} "
-              f"| format errors {row.get(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), math.nan):.2f} "
-              f"| {clock.last_s:.1f} s/it | left ~{0.0 if out_of_time else left_s / 60:.1f} min"
-              + (" | no update: the rollout filter kept no group" if row.get(M.FILTER_EMPTY_STEPS, 0) > 0 else ""),
-              flush=True)
+        self._say(f"{label}iter {done:3d}/{self.iterations} | success {row.get(success, math.nan):.2f} "
+                  f"({SMOOTHING}-it mean {smoothed:.2f}) "
+                  f"| reward {row.get(TRAINING + M.EPISODE_RETURN_MEAN, math.nan):+.3f} "
+                  f"(in-group std {row.get(M.FILTER_REWARD_STD, math.nan):.3f}) "
+                  f"| entropy {row.get(LEARNER + M.ENTROPY, math.nan):.3f} "
+                  f"| format errors {row.get(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), math.nan):.2f} "
+                  f"| {clock.last_s:.1f} s/it | left ~{0.0 if out_of_time else left_s / 60:.1f} min"
+                  + (" | no update: the rollout filter kept no group" if row.get(M.FILTER_EMPTY_STEPS, 0) > 0 else ""))
         if out_of_time:
-            print(f"{label}time budget: the trial ends after iteration {done} ({row['time_total_s'] / 60:.1f} of "
-                  f"{self.max_minutes:g} min of training; one more iteration and the closing validation would not "
-                  "fit)", flush=True)
+            self._say(f"{label}time budget: the trial ends after iteration {done} "
+                      f"({row['time_total_s'] / 60:.1f} of {self.max_minutes:g} min of training; one more iteration "
+                      "and the closing validation would not fit)")
         if validated or ((done >= self.iterations or out_of_time) and key in row):
             before = self.before.get(trial.trial_id)
-            print(f"{label}  validation at iteration {done}: success {row.get(key, math.nan):.3f}"
-                  + (f" (before RL {before:.3f})" if before is not None else ""), flush=True)
+            self._say(f"{label}  validation at iteration {done}: success {row.get(key, math.nan):.3f}"
+                      + (f" (before RL {before:.3f})" if before is not None else ""))
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         name = trial.storage.trial_dir_name
         self.errors[name] = _last_line(trial.error_file)
-        print(f"trial {name} failed: {self.errors[name]} (see {trial.path}/error.txt)", flush=True)
+        self._say(f"trial {name} failed: {self.errors[name]} (see {trial.path}/error.txt)")
 
 
 def _last_line(error_file: str | None) -> str:
@@ -510,11 +540,12 @@ def _print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, 
                      f"{config.autocast_dtype or config.model_config.get('dtype', 'float32')}"
                      + (f" (this CPU computes bfloat16 {native})" if "bfloat16" in (config.sampling_dtype,
                                                                                      config.autocast_dtype) else ""))
-    # Measured with the job's defaults: flags (another model, more iterations) can change it a lot.
-    estimate = (f"; with its default settings this job takes about {job.expected_minutes:g} min on a 2-core CPU"
-                if job.expected_minutes and not job.quick else "")
+    # The table's time for this command (its preset and --quick included) on this kind of CPU: other flags (another
+    # model, more iterations) can change it a lot.
+    timing = timing_sentence(job.timed_command, cpu_computes_bfloat16()) if job.timed_command else ""
+    estimate = f"; {timing}" if timing else ""
     if job.quick:
-        estimate = "; --quick: a trial run, whose numbers say nothing about learning"
+        estimate += "; --quick: a trial run, whose numbers say nothing about learning"
     print(f"plan: {', '.join(steps)}{estimate}", flush=True)
     for line in _variant_curriculum_plans(config, job):
         print(line, flush=True)

@@ -14,6 +14,7 @@ from ray._common.deprecation import DEPRECATED_VALUE
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.utils.annotations import override
+from ray.util.debug import log_once
 
 from ..envs import register_carried, registrations_of
 from ..objectives import ADVANTAGE_ESTIMATORS, AdvantageSettings, FilterSettings, fixed_kept_groups
@@ -345,7 +346,8 @@ class StarPOConfig(AlgorithmConfig):
                 as long again as the rest of the probe; RAGEN's ``gradient_analysis_every`` is 50 too). 0, or
                 ``collapse_diagnostics_interval=0``, switches it off.
             collapse_subsample: first-turn reasonings cross-scored by the probe (m; m x m scoring passes).
-            sentinel_rules: :class:`~rllib_ragen.sentinel.Rule` objects watched after every iteration; see ``rllib_ragen/sentinel.py``.
+            sentinel_rules: :class:`~rllib_ragen.sentinel.Rule` objects watched after every iteration; see
+                ``rllib_ragen/sentinel.py``.
             sentinel_max_rollbacks: rollbacks allowed per run; a rollback rule firing after that stops the run.
             sentinel_snapshot_interval: with a rollback rule, keep the weights and optimizer state of every k-th
                 healthy iteration (on local disk) as rollback points.
@@ -562,6 +564,11 @@ class StarPOConfig(AlgorithmConfig):
     @override(AlgorithmConfig)
     def validate(self) -> None:
         register_carried(self.text_env_registrations)  # in a Tune trial's process, which never registered them
+        if not (self.enable_rl_module_and_learner and self.enable_env_runner_and_connector_v2):
+            raise ValueError("Invalid StarPOConfig:\n  - api_stack: StarPO runs on RLlib's new API stack alone "
+                             "(RLModule, Learner, EnvRunner); drop the config.api_stack(...) call that turned it off.")
+        # RLlib's notice that this algorithm runs on the new API stack offers the old one, which StarPO does not have.
+        log_once(f"{self.algo_class.__name__}_on_new_api_stack")
         super().validate()
         kinds, values = knob_errors(self)  # each knob's kind and range (knobs.py)
         # The rules compare values: a string or a NaN would crash them, so they wait for every kind to be right.

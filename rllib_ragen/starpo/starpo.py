@@ -92,6 +92,11 @@ class StarPO(Algorithm):
                 f"{', '.join(f'{have.get(k, 0.0):g} {k}' for k in asked)}: lower num_learners, num_env_runners or "
                 "their resources, or add nodes.")
 
+    # Called with each phase's name as it starts ("sampling", "updating", ...): a main job shows it while an
+    # iteration is long (rllib_ragen.jobs.callbacks.PhaseFile). None: nobody listens. A class default, not set in
+    # setup(): RLlib calls on_algorithm_init, where a job sets it, inside Algorithm.setup.
+    on_phase: Callable[[str], None] | None = None
+
     @override(Algorithm)
     def setup(self, config) -> None:
         if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
@@ -128,6 +133,7 @@ class StarPO(Algorithm):
         self._validation_time = [0.0, 0]  # seconds and validations of this iteration (a job's time-left estimate)
         self._log({M.TIME_VALIDATE: 0.0, M.VALIDATIONS_IN_ITERATION: 0.0})
         if iteration == 0 and config.validate_before_training:  # whatever validation_interval says: a baseline
+            self.announce_phase("validating before RL")
             self._validate(iteration)
 
         with self._timer(M.TIME_SAMPLE):
@@ -171,6 +177,7 @@ class StarPO(Algorithm):
             with self._timer(M.TIME_SYNC):
                 self.sync_rollout_weights()
         if config.validation_interval and (iteration + 1) % config.validation_interval == 0:
+            self.announce_phase("validating")
             self._validate(iteration + 1)
 
     def _skip_update(self, iteration: int, played_by: int) -> None:
@@ -255,6 +262,7 @@ class StarPO(Algorithm):
         """The fixed validation states played by the current policy at ``temperature`` (0: greedy), with the
         validation's sampling seed; nothing is logged. The main jobs pair greedy outcomes before and after RL."""
         config = self.config
+        self.announce_phase("playing the validation states " + (f"at T={temperature:g}" if temperature else "greedily"))
         self.rollouts.runners_on_current_weights()
         sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
         trajectories, _ = self.rollouts.play(config.validation_starts(), config.validation_group_size, sampling,
@@ -424,9 +432,15 @@ class StarPO(Algorithm):
         for key, value in metrics.items():
             self.metrics.log_value((*path, key), value, window=1)
 
+    def announce_phase(self, phase: str) -> None:
+        """Tell :attr:`on_phase` (if set) that ``phase`` starts now."""
+        if self.on_phase is not None:
+            self.on_phase(phase)
+
     @contextlib.contextmanager
     def _timer(self, name: str):
-        """Time a block into the top-level metric ``name`` (seconds of this iteration)."""
+        """Time a block into the top-level metric ``name`` (seconds of this iteration), announced as a phase."""
+        self.announce_phase(PHASES.get(name, name))
         start = time.perf_counter()
         yield
         self._log({name: time.perf_counter() - start})
@@ -508,8 +522,8 @@ class StarPO(Algorithm):
         return CausalLMRLModule.policy_state(self._learner_module_state())
 
     def export_pretrained(self, path) -> None:
-        """Save the current policy and tokenizer with ``save_pretrained``: ``AutoModelForCausalLM.from_pretrained(path)``
-        loads it with plain transformers."""
+        """Save the current policy and tokenizer with ``save_pretrained``:
+        ``AutoModelForCausalLM.from_pretrained(path)`` loads it with plain transformers."""
         path = pathlib.Path(path)
         if path.exists() and not path.is_dir():  # save_pretrained would only log an error and write nothing
             raise NotADirectoryError(f"cannot export the policy to {path}: it is a file.")
@@ -520,6 +534,10 @@ class StarPO(Algorithm):
         module.save_pretrained(path)
         if not (path / "config.json").is_file():
             raise OSError(f"exporting the policy to {path} wrote no config.json; see the errors above.")
+
+
+PHASES = {M.TIME_SAMPLE: "sampling", M.TIME_COLLAPSE_PROBE: "probing for the echo trap", M.TIME_UPDATE: "updating",
+          M.TIME_SYNC: "sending the weights to the runners"}  # each timed block's name as a phase
 
 
 def _absolute(path):

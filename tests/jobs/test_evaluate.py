@@ -2,6 +2,7 @@
 run's own validation measured, state by state; bad inputs exit 2 with one line."""
 
 import json
+import logging
 
 import pytest
 
@@ -18,7 +19,8 @@ def _trial_folder(tmp_path, config):
     return trial
 
 
-def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_session, small_config, tmp_path, capsys):
+def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_session, small_config, tmp_path, capsys,
+                                                                       monkeypatch):
     """The algorithm validates after one update; its exported policy, evaluated from the folder, scores each state
     as that validation did, sampled (the validation's temperature and sampling seed) and greedy; the untrained
     policy beside it is paired against it on the same states."""
@@ -68,6 +70,24 @@ def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_sessio
     assert sorted(result["outcomes"][str(trial / "policy")]["greedy"]) == [
         f"rllib_ragen/Bandit-v0:{seed}" for seed in (500, 501, 502)]
     assert list(result["temperatures"]) == ["greedy"]
+
+    # Library notices raised while it plays go to --log (appended), which the last line names; none reach the console.
+    real_evaluate = evaluate.evaluate
+
+    def evaluate_with_a_notice(*args, **kwargs):
+        logging.getLogger("transformers").warning("a library notice while loading")
+        return real_evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "evaluate", evaluate_with_a_notice)
+    log = tmp_path / "notices.log"
+    log.write_text("kept\n")
+    capsys.readouterr()
+    assert evaluate.main([str(trial / "policy"), "--states", "2", "--modes", "greedy", "--log", str(log)]) == 0
+    captured = capsys.readouterr()
+    assert log.read_text().startswith("kept\n") and "a library notice while loading" in log.read_text()
+    assert captured.out.strip().splitlines()[-1] == f"library notices (model loading, warnings): {log}"
+    assert "a library notice" not in captured.out + captured.err
+    assert sorted(p.name for p in trial.iterdir()) == ["params.json", "policy"]  # nothing written into the run
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -77,6 +77,8 @@ def test_a_job_with_a_time_budget_ends_early_validated_exported_and_says_so(ray_
     assert "time budget: the trial ends after iteration 1" in printed
     assert "the trial's time budget (max_minutes) ended it after iteration 1" in printed
     assert "validation at iteration 1" in printed and "interrupted" not in printed
+    # The trial's phase file: what it did last (its console shows it in a quiet stretch).
+    assert json.loads((trial / "phase.json").read_text())["phase"] == "exporting the trained policy"
 
 
 class _Terminal(io.StringIO):
@@ -166,7 +168,55 @@ def test_the_last_result_carries_the_peak_rss_read_after_the_closing_validation_
     monkeypatch.setattr(callbacks, "write_rollouts", lambda *args, **kwargs: order.append("greedy play"))
     monkeypatch.setattr(callbacks, "peak_rss_gib", lambda: order.append("peak read") or 8.1)
     algorithm = types.SimpleNamespace(iteration=3, tokenizer=None, play_validation_states=lambda temperature: [],
-                                      export_pretrained=lambda path: order.append("export"))
+                                      export_pretrained=lambda path: order.append("export"),
+                                      announce_phase=lambda phase: None)
     result = {EVALUATION_RESULTS: {ENV_RUNNER_RESULTS: {M.VALIDATION_ITERATION: 3}}, M.PEAK_RSS: 6.1}
     callbacks.JobOutputs(iterations=3)._finish(algorithm, tmp_path, result)
     assert order == ["greedy play", "export", "peak read"] and result[M.PEAK_RSS] == 8.1
+
+
+def test_after_a_quiet_stretch_the_console_says_what_each_running_trial_is_doing(tmp_path, capsys, monkeypatch):
+    """A SmolLM2 iteration on 2 cores takes 30-50 s: the console fills such a stretch with the trial's phase, read
+    from the phase.json the trial writes as each phase starts."""
+    import types
+
+    from rllib_ragen.jobs import run as run_module
+    from rllib_ragen.jobs.callbacks import PhaseFile
+    from rllib_ragen.jobs.outputs import PHASE_FILE
+
+    monkeypatch.setattr(run_module, "EARLY_LOOK_S", 0.0)
+    console = run_module.JobConsole(iterations=5, validation_interval=0, env="rllib_ragen/Bandit-v0",
+                                    headline="rllib_ragen/Bandit-v0", trials=1)
+    trial = types.SimpleNamespace(trial_id="t0", path=str(tmp_path), status="RUNNING",
+                                  storage=types.SimpleNamespace(trial_dir_name="seed0"))
+    console.on_step_end(iteration=1, trials=[trial])
+    assert capsys.readouterr().out == ""  # a line was printed less than QUIET_S ago (the console's start)
+    console.last_line -= run_module.QUIET_S
+    console.on_step_end(iteration=1, trials=[trial])
+    assert capsys.readouterr().out.splitlines() == [
+        "  starting the trial: Ray places it, then it builds the algorithm and loads the model"]
+    PhaseFile(types.SimpleNamespace(iteration=3), tmp_path / PHASE_FILE)("updating")  # the trial's side
+    console.last_line -= run_module.QUIET_S
+    console.on_step_end(iteration=2, trials=[trial])
+    assert capsys.readouterr().out.splitlines() == ["  iteration 4: updating (0 s so far)"]
+    console.on_step_end(iteration=3, trials=[trial])
+    assert capsys.readouterr().out == ""  # that line starts a new quiet stretch
+    console.last_line -= run_module.QUIET_S
+    trial.status = "TERMINATED"
+    console.on_step_end(iteration=4, trials=[trial])
+    assert capsys.readouterr().out == ""  # only running trials
+
+
+def test_a_starpo_iteration_announces_each_phase_as_it_starts(ray_session, small_config):
+    config = small_config("rllib_ragen/Bandit-v0", validation_size=2, validation_interval=1, num_groups=2,
+                          max_turns=1)
+    algo = config.build_algo()
+    phases = []
+    algo.on_phase = phases.append
+    try:
+        algo.train()
+        algo.play_validation_states(0.0)
+    finally:
+        algo.stop()
+    assert phases == ["validating before RL", "sampling", "updating", "sending the weights to the runners",
+                      "validating", "playing the validation states greedily"]

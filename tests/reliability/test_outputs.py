@@ -1,5 +1,7 @@
 """Outputs that could not be written: the main job fails before any work, and an export never skips silently."""
 
+import logging
+import logging.handlers
 import pathlib
 import re
 
@@ -81,7 +83,7 @@ def test_export_onto_a_file_raises(ray_session, small_config, tmp_path):
                                           ("warm_start_lr", 0.0), ("pass_bar", float("nan")), ("iterations", True),
                                           ("run_name", "a/b"), ("run_name", "latest"), ("verbose", "no"),
                                           ("quick", "yes"),
-                                          ("expected_minutes", -1.0), ("threads", -1), ("max_failures", -1),
+                                          ("timed_command", "no_such_job.py"), ("threads", -1), ("max_failures", -1),
                                           ("max_failures", True), ("seeds", "0,x"), ("seeds", "1,1"), ("seeds", "-1"),
                                           ("grid", {"lr": []}), ("grid", {"lr": 1e-4})])
 def test_bad_job_settings_fail_before_any_work_naming_the_field(tmp_path, field, value):
@@ -211,3 +213,38 @@ def test_a_run_record_too_large_to_be_one_is_refused_unread(tmp_path, monkeypatc
     monkeypatch.setattr(pathlib.Path, "read_bytes", lambda self: pytest.fail("read a file it should refuse"))
     with pytest.raises(outputs.RunFileError, match=r"is 1,073,741,824 bytes, more than a run's record can be"):
         outputs.read_run_json(path)
+
+
+def test_library_notices_are_held_then_written_to_the_run_log_never_to_the_console(tmp_path, capfd):
+    """A notice raised before the run folder exists waits in memory, then lands in job.log with the later ones;
+    after the run, notices go back to waiting, never into that folder."""
+    from rllib_ragen.jobs.outputs import close_run_log, keep_notices_off_the_console, send_notices_to
+
+    keep_notices_off_the_console()
+    logging.getLogger("ray.rllib.algorithms.algorithm_config").warning("early notice, before the run folder")
+    send_notices_to(tmp_path / "job.log")
+    logging.getLogger("transformers.modeling_utils").warning("notice during the run")
+    close_run_log()
+    logging.getLogger("transformers").warning("notice after the run")
+    written = (tmp_path / "job.log").read_text()
+    assert "early notice, before the run folder" in written and "notice during the run" in written
+    assert "notice after the run" not in written
+    printed = capfd.readouterr()
+    assert "notice" not in printed.out + printed.err
+
+
+def test_starpo_refuses_the_old_api_stack_and_keeps_rllibs_notice_offering_it_quiet():
+    from ray.util.debug import reset_log_once
+
+    handler = logging.handlers.MemoryHandler(capacity=100)
+    rllib_config_logger = logging.getLogger("ray.rllib.algorithms.algorithm_config")
+    rllib_config_logger.addHandler(handler)
+    try:
+        reset_log_once("StarPO_on_new_api_stack")
+        StarPOConfig().validate()
+        assert not [r for r in handler.buffer if "API stack" in r.getMessage()]
+    finally:
+        rllib_config_logger.removeHandler(handler)
+    with pytest.raises(ValueError, match=re.escape("api_stack: StarPO runs on RLlib's new API stack alone")):
+        StarPOConfig().api_stack(enable_rl_module_and_learner=False,
+                                 enable_env_runner_and_connector_v2=False).validate()
