@@ -80,7 +80,15 @@ class PhaseFile:
         self.algorithm, self.path = algorithm, path
 
     def __call__(self, phase: str) -> None:
-        record = {"phase": phase, "iteration": int(self.algorithm.iteration) + 1, "since": time.time()}
+        """A phase of the iteration under way (``algorithm.iteration`` counts the finished ones)."""
+        self._write({"phase": phase, "iteration": int(self.algorithm.iteration) + 1, "since": time.time()})
+
+    def after_last(self, phase: str) -> None:
+        """A phase of the trial's ending, after its last iteration."""
+        self._write({"phase": phase, "iteration": int(self.algorithm.iteration), "since": time.time(),
+                     "ending": True})
+
+    def _write(self, record: dict) -> None:
         try:
             write_text_atomically(self.path, json.dumps(record))
         except OSError:  # a full disk: the phase is a courtesy, the run's own records matter more
@@ -167,13 +175,15 @@ class JobOutputs(RLlibCallback):
     def _finish(self, algorithm, folder: pathlib.Path, result: dict) -> None:
         """The trained policy: validated (this result shows it), played greedily and exported."""
         validation = result.get(EVALUATION_RESULTS, {}).get(ENV_RUNNER_RESULTS, {})
+        ending = getattr(algorithm.on_phase, "after_last", None) or (lambda phase: None)
         if validation.get(M.VALIDATION_ITERATION) != algorithm.iteration:
-            algorithm.announce_phase("validating the trained policy")
+            ending("validating the trained policy")
             metrics = algorithm.evaluate_validation_set()
             result.setdefault(EVALUATION_RESULTS, {})[ENV_RUNNER_RESULTS] = metrics
-        write_rollouts(folder / AFTER_GREEDY_ROLLOUTS, algorithm.play_validation_states(0.0), algorithm.tokenizer,
-                       iteration=algorithm.iteration)
-        algorithm.announce_phase("exporting the trained policy")
+        ending("playing the trained policy greedily")
+        write_rollouts(folder / AFTER_GREEDY_ROLLOUTS, algorithm.play_validation_states(0.0, announce=False),
+                       algorithm.tokenizer, iteration=algorithm.iteration)
+        ending("exporting the trained policy")
         algorithm.export_pretrained(folder / POLICY)
         result[M.PEAK_RSS] = peak_rss_gib()  # the closing validations and the export can set the trial's peak
 

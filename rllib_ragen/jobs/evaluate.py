@@ -235,20 +235,20 @@ def main(argv: list[str] | None = None) -> int:
         result = evaluate(args.policies, config, modes, experiment_baselines, device=args.device,
                           show_progress=True)
     except OSError as error:  # a policy folder that does not load (load_policy names the folder and the cause)
-        _name_the_log(log, given=args.log is not None or args.output is not None)
+        _name_the_log(log, given=args.log is not None)
         parser.error(one_line(error))
     close_run_log()
     print_evaluation(result, args.policies)
     if args.output:
         write_text_atomically(args.output, json.dumps(json_ready(result), indent=2, allow_nan=False))
         print(f"\nwrote {args.output}")
-    _name_the_log(log, given=args.log is not None or args.output is not None)
+    _name_the_log(log, given=args.log is not None)
     return 0
 
 
 def _name_the_log(log: pathlib.Path, given: bool) -> None:
-    """Close the notices' log and say where they went; a default log file that stayed empty is removed, not left
-    behind."""
+    """Close the notices' log and say where they went; a log file the user did not name (--log) that stayed empty is
+    removed, not left behind."""
     close_run_log()
     if log.is_file() and log.stat().st_size:
         print(f"library notices (model loading, warnings): {log}", flush=True)

@@ -389,7 +389,8 @@ def _play_baselines(config, baselines: dict, folder: pathlib.Path, headline: str
 
 
 EARLY_LOOK_S = 2.0  # how often the console looks for a trial's before-RL validation and phase on disk
-QUIET_S = 15.0  # after this long without a line, the console says what each trial is doing
+QUIET_S = 12.0  # after this long without a line, the console says what each trial is doing (it looks every
+# EARLY_LOOK_S, and Tune's loop adds a little: lines stay under 15 s apart)
 
 
 class JobConsole(Callback):
@@ -440,7 +441,8 @@ class JobConsole(Callback):
                 self._say(f"{label}  starting the trial: Ray places it, then it builds the algorithm and loads the "
                           "model")
             elif isinstance(phase, dict) and {"phase", "iteration", "since"} <= set(phase):
-                self._say(f"{label}  iteration {phase['iteration']}: {phase['phase']} "
+                when = "after iteration" if phase.get("ending") else "iteration"
+                self._say(f"{label}  {when} {phase['iteration']}: {phase['phase']} "
                           f"({max(0.0, time.time() - float(phase['since'])):.0f} s so far)")
 
     def _show_early_scores(self, trials) -> None:

@@ -78,7 +78,8 @@ def test_a_job_with_a_time_budget_ends_early_validated_exported_and_says_so(ray_
     assert "the trial's time budget (max_minutes) ended it after iteration 1" in printed
     assert "validation at iteration 1" in printed and "interrupted" not in printed
     # The trial's phase file: what it did last (its console shows it in a quiet stretch).
-    assert json.loads((trial / "phase.json").read_text())["phase"] == "exporting the trained policy"
+    assert json.loads((trial / "phase.json").read_text()) | {"since": 0} == {
+        "phase": "exporting the trained policy", "iteration": 1, "ending": True, "since": 0}
 
 
 class _Terminal(io.StringIO):
@@ -167,9 +168,9 @@ def test_the_last_result_carries_the_peak_rss_read_after_the_closing_validation_
     order = []
     monkeypatch.setattr(callbacks, "write_rollouts", lambda *args, **kwargs: order.append("greedy play"))
     monkeypatch.setattr(callbacks, "peak_rss_gib", lambda: order.append("peak read") or 8.1)
-    algorithm = types.SimpleNamespace(iteration=3, tokenizer=None, play_validation_states=lambda temperature: [],
-                                      export_pretrained=lambda path: order.append("export"),
-                                      announce_phase=lambda phase: None)
+    algorithm = types.SimpleNamespace(iteration=3, tokenizer=None, on_phase=None,
+                                      play_validation_states=lambda temperature, announce=True: [],
+                                      export_pretrained=lambda path: order.append("export"))
     result = {EVALUATION_RESULTS: {ENV_RUNNER_RESULTS: {M.VALIDATION_ITERATION: 3}}, M.PEAK_RSS: 6.1}
     callbacks.JobOutputs(iterations=3)._finish(algorithm, tmp_path, result)
     assert order == ["greedy play", "export", "peak read"] and result[M.PEAK_RSS] == 8.1
@@ -201,6 +202,10 @@ def test_after_a_quiet_stretch_the_console_says_what_each_running_trial_is_doing
     assert capsys.readouterr().out.splitlines() == ["  iteration 4: updating (0 s so far)"]
     console.on_step_end(iteration=3, trials=[trial])
     assert capsys.readouterr().out == ""  # that line starts a new quiet stretch
+    PhaseFile(types.SimpleNamespace(iteration=5), tmp_path / PHASE_FILE).after_last("exporting the trained policy")
+    console.last_line -= run_module.QUIET_S
+    console.on_step_end(iteration=4, trials=[trial])
+    assert capsys.readouterr().out.splitlines() == ["  after iteration 5: exporting the trained policy (0 s so far)"]
     console.last_line -= run_module.QUIET_S
     trial.status = "TERMINATED"
     console.on_step_end(iteration=4, trials=[trial])
