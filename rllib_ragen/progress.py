@@ -10,8 +10,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-PLAIN_LINE_EVERY_S = 10.0  # off a terminal: a line this often while the work moves (at the next update: a slow
-# step can stretch it, so 10 s keeps a log's quiet stretches under 15 s for steps of up to 5 s)
+PLAIN_LINE_EVERY_S = 10.0  # off a terminal: a line this often while the work moves (at an update)
+QUIET_LIMIT_S = 15.0  # ... and sooner where waiting one more step (as long as the last) would leave a longer silence
 PLAIN_FORMAT = "{desc}: {n_fmt}/{total_fmt} %s [{elapsed}<{remaining}, {rate_fmt}{postfix}]"  # the unit's plural
 
 
@@ -23,7 +23,7 @@ class Progress:
         self.total, self.description, self.unit = total, description, unit
         self.stream = stream or sys.stdout
         self.every_s, self.done, self.postfix, self.printed = every_s, 0, "", None
-        self.start = self.last_line = time.perf_counter()
+        self.start = self.last_line = self.last_update = time.perf_counter()
         terminal = getattr(self.stream, "isatty", lambda: False)()
         self.bar = tqdm(total=total, desc=description, unit=unit.rstrip("s"), file=self.stream,
                         dynamic_ncols=True) if terminal else None
@@ -37,7 +37,9 @@ class Progress:
                 self.bar.set_postfix_str(self.postfix)
         self.done = done
         now = time.perf_counter()
-        if self.bar is None and now - self.last_line >= self.every_s and done < self.total:
+        step_s, self.last_update = now - self.last_update, now
+        quiet_s = now - self.last_line
+        if self.bar is None and done < self.total and (quiet_s >= self.every_s or quiet_s + step_s > QUIET_LIMIT_S):
             self._line(now)
 
     def close(self) -> None:

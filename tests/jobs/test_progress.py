@@ -103,6 +103,22 @@ def test_off_a_terminal_progress_is_a_plain_line_every_few_seconds_and_one_at_th
     assert "\r" not in stream.getvalue()
 
 
+def test_off_a_terminal_slow_steps_get_a_line_before_the_silence_would_pass_15_s(monkeypatch):
+    """SmolLM2's warm-start steps take about 11 s on 2 cores: waiting for 10 s of silence and then one more step
+    would leave 22 s without a line, so each such step gets its line."""
+    from rllib_ragen import progress as progress_module
+
+    now = [0.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: now[0])
+    stream = io.StringIO()
+    with progress_module.Progress(4, "warm start", "steps", stream=stream) as shown:
+        for step in range(1, 5):
+            now[0] += 11.0
+            shown.update(step)
+    assert [line.split(" [")[0] for line in stream.getvalue().splitlines()] == [
+        "warm start: 1/4 steps", "warm start: 2/4 steps", "warm start: 3/4 steps", "warm start: 4/4 steps"]
+
+
 def test_on_a_terminal_progress_is_a_tqdm_bar():
     from rllib_ragen.progress import Progress
 
