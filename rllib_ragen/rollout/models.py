@@ -135,6 +135,19 @@ def _without_grid_merges(tok):
     return models.BPE(vocab=vocab, merges=merges)
 
 
+def cast_weights(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``model`` with its floating parameters in ``dtype`` and its buffers as they were (in place; returned).
+
+    ``model.to(dtype)`` would also round RoPE's inverse frequencies (``rotary_emb.inv_freq``), which transformers
+    keeps in float32 when it loads a model in a lower precision: the same weights would then place positions
+    differently (SmolLM2 in bfloat16: logits up to 0.67 apart), so a sampler cast that way plays otherwise than its
+    saved policy loaded in the same dtype, and than the learner, whose passes keep float32 positions."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            parameter.data = parameter.data.to(dtype)
+    return model
+
+
 def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 128, num_layers: int = 4,
                      dtype: torch.dtype = torch.float32):
     """A ~1M-parameter Qwen2-config causal LM with dropout off, initialised from ``seed``."""
@@ -149,7 +162,7 @@ def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 128, num_layer
     with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    return model.to(dtype)
+    return cast_weights(model, dtype)
 
 
 def smollm2_dir() -> pathlib.Path:

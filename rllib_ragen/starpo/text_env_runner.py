@@ -25,6 +25,7 @@ from .. import metrics as M
 from ..envs import register_carried
 from ..rollout.backends import HFBackend, SamplingParams
 from ..rollout.engine import RolloutEngine
+from ..rollout.models import cast_weights
 from ..rollout.trajectory import Start, Trajectory
 from .inference_engines import make_backend
 from .llm_rl_module import PLACEHOLDER_SPACE
@@ -43,7 +44,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True)
         self.module = spec.build().to(self._rollout_device())
         if self.config.rollout_dtype is not None:  # the sampler's copy only: the learner keeps the model's dtype
-            self.module.policy.to(getattr(torch, self.config.rollout_dtype))
+            cast_weights(self.module.policy, getattr(torch, self.config.rollout_dtype))
         self.tokenizer = self.module.tokenizer
         self.backend = make_backend(self.config.inference_backend, self.module.policy, self.tokenizer, self.config)
         self.engine = RolloutEngine(self.config.rollout_config(), self.backend, self.tokenizer)

@@ -148,3 +148,26 @@ def test_a_checkpoint_restored_after_its_model_folder_was_replaced_names_the_fol
     with pytest.raises(ValueError, match=rf"do not fit the model built from model={str(folder)!r}: .* is \(\d+, "
                                          r"128\) in the weights loaded and \(\d+, 256\) in the model.*config.json"):
         StarPO.from_checkpoint(checkpoint)
+
+
+def test_a_model_cast_to_bfloat16_plays_as_its_saved_copy_loaded_in_bfloat16(tmp_path):
+    """The sampler casts its float32 copy to rollout_dtype; a saved policy is loaded in that dtype. transformers keeps
+    RoPE's inverse frequencies in float32 when it loads in bfloat16, so the cast must too, or the two place positions
+    differently and a saved policy does not play as the run's sampler did."""
+    import torch
+
+    from rllib_ragen.rollout.models import build_tiny_model, cast_weights, load_policy
+
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_model(tokenizer, seed=3).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded, _ = load_policy(str(tmp_path), dtype="bfloat16")
+    cast = cast_weights(load_policy(str(tmp_path), dtype="float32")[0], torch.bfloat16)
+    assert {n: b.dtype for n, b in cast.named_buffers()} == {n: b.dtype for n, b in loaded.named_buffers()}
+    assert any(b.dtype == torch.float32 for b in cast.buffers())  # the inverse frequencies stayed float32
+    assert all(p.dtype == torch.bfloat16 for p in cast.parameters())
+    ids = torch.arange(1, 200).unsqueeze(0)  # positions far enough for rounded frequencies to show
+    with torch.no_grad():
+        assert torch.equal(cast(ids).logits, loaded(ids).logits)
+        rounded = load_policy(str(tmp_path), dtype="float32")[0].to(torch.bfloat16)  # what .to() did before
+        assert not torch.equal(rounded(ids).logits, loaded(ids).logits)
