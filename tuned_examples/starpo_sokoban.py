@@ -40,7 +40,7 @@ KNOWN_SCORES = {"optimal policy": 0.996}  # the solver, within the job's 10 move
 def smollm2_gpu(config):
     """With --preset smollm2-gpu, over the preset: the first 10 iterations on levels of at most 3 moves (this
     curriculum kept the tiny model's greedy play from falling, docs/results/sokoban.md). The job's warm start
-    stays: SmolLM2 reached 0.27 greedy success with it on one H200."""
+    stays (what SmolLM2 reached with it on a GPU: docs/scaling.md)."""
     config.environment(curriculum=[{"iterations": 10, "env_config": {"max_solution_moves": 3}}])
 
 

@@ -144,8 +144,9 @@ class JobSettings:
         "keep only each layer's input in a warm-start step and run the layer again in its backward pass: the same "
         "weights to the bit in less memory, for longer steps (figures: the Benchmarks page)", False, BOOL)
     warm_start_precision: str = _setting("the warm start's forward pass: 'float32', or 'bfloat16' autocast "
-                                         "(weights, optimizer and loss stay float32; ~1.4x faster per step on a CPU "
-                                         "with AVX-512 BF16, and on GPUs)", "float32", CHOICE,
+                                         "(weights, optimizer and loss stay float32; faster on a CPU that computes "
+                                         "bfloat16 natively and on GPUs, slower where it is emulated: the Benchmarks "
+                                         "page)", "float32", CHOICE,
                                          options=WARM_START_PRECISIONS)
     warm_start_device: str = _setting("where the warm start trains: 'learner' (the learner's device: its GPU with "
                                       "--num-gpus-per-learner 1 when this process sees one, else the CPU), 'cpu', "

@@ -39,8 +39,8 @@ QWEN2_PRETOKENIZE_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 
 # The environments whose text the tiny tokenizer learns its merges from. A frozen training-data definition: the
 # merges, and so the token ids, depend on it (list, order and RNG draws), and every tiny-model result was
-# measured with these ids. Deriving it from the registry instead (all 8 built-in ids, or one per distinct
-# vocabulary) moved the bandit learning test's 10-iteration result from 0.87/0.91 to 0.82-0.88.
+# measured with these ids. Deriving it from the registry instead moved the bandit learning test's result (the
+# figures: docs/results/log.md, "The tiny tokenizer's corpus").
 TOKENIZER_CORPUS_ENVS = ("rllib_ragen/Sokoban-v0", "rllib_ragen/FrozenLake-v0", "rllib_ragen/Bandit-v0",
                          "rllib_ragen/BanditHeldOut-v0", "rllib_ragen/SokobanAltSymbols-v0")
 # The board symbols no merge may join to a neighbour (one token per cell), frozen for the same reason: the
