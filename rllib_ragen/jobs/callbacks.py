@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
+import logging
 import os
 import pathlib
 import platform
@@ -34,6 +35,8 @@ from .storage import is_local_storage
 from .outputs import (BEFORE_RL, PHASE_FILE, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS,
                       BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, MACHINE, POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS,
                       write_rollouts, write_text_atomically)
+
+logger = logging.getLogger(__name__)
 
 NEXT_TRAINING_SEED = "job/next_training_seed"  # which training states the run has shown so far (validation splits)
 # In result["job"] (progress.csv: job/time_budget_stop): 1.0 when the time budget (max_minutes) ended the trial.
@@ -74,25 +77,25 @@ def record_machine(folder: pathlib.Path) -> None:
 class PhaseFile:
     """The trial's ``phase.json``: the phase it is in (``StarPO.on_phase``), its iteration and since when, rewritten
     whole as each phase starts (a few small writes an iteration). The job's console reads it to say what a long
-    iteration is doing; after a crash it says where the trial was."""
+    iteration is doing; after a crash it says where the trial was. Once :attr:`ending` is set, phases belong to the
+    trial's ending, after its last iteration."""
 
     def __init__(self, algorithm, path: pathlib.Path):
         self.algorithm, self.path = algorithm, path
+        self.ending, self.failed = False, False
 
     def __call__(self, phase: str) -> None:
-        """A phase of the iteration under way (``algorithm.iteration`` counts the finished ones)."""
-        self._write({"phase": phase, "iteration": int(self.algorithm.iteration) + 1, "since": time.time()})
-
-    def after_last(self, phase: str) -> None:
-        """A phase of the trial's ending, after its last iteration."""
-        self._write({"phase": phase, "iteration": int(self.algorithm.iteration), "since": time.time(),
-                     "ending": True})
-
-    def _write(self, record: dict) -> None:
+        # algorithm.iteration counts the finished iterations: a phase within one belongs to the next.
+        record = {"phase": phase, "iteration": int(self.algorithm.iteration) + (not self.ending), "since": time.time()}
+        if self.ending:
+            record["ending"] = True
         try:
             write_text_atomically(self.path, json.dumps(record))
-        except OSError:  # a full disk: the phase is a courtesy, the run's own records matter more
-            pass
+        except OSError as error:  # a full disk: said once (the trial's log); the run's own records matter more
+            if not self.failed:
+                self.failed = True
+                logger.warning("the trial's phase file %s cannot be written (%s); the console will not say what a "
+                               "quiet trial is doing", self.path, error)
 
 
 def trial_folder(algorithm) -> pathlib.Path:
@@ -175,15 +178,15 @@ class JobOutputs(RLlibCallback):
     def _finish(self, algorithm, folder: pathlib.Path, result: dict) -> None:
         """The trained policy: validated (this result shows it), played greedily and exported."""
         validation = result.get(EVALUATION_RESULTS, {}).get(ENV_RUNNER_RESULTS, {})
-        ending = getattr(algorithm.on_phase, "after_last", None) or (lambda phase: None)
+        if isinstance(algorithm.on_phase, PhaseFile):
+            algorithm.on_phase.ending = True
         if validation.get(M.VALIDATION_ITERATION) != algorithm.iteration:
-            ending("validating the trained policy")
+            algorithm.announce_phase("validating the trained policy")
             metrics = algorithm.evaluate_validation_set()
             result.setdefault(EVALUATION_RESULTS, {})[ENV_RUNNER_RESULTS] = metrics
-        ending("playing the trained policy greedily")
-        write_rollouts(folder / AFTER_GREEDY_ROLLOUTS, algorithm.play_validation_states(0.0, announce=False),
-                       algorithm.tokenizer, iteration=algorithm.iteration)
-        ending("exporting the trained policy")
+        write_rollouts(folder / AFTER_GREEDY_ROLLOUTS, algorithm.play_validation_states(0.0), algorithm.tokenizer,
+                       iteration=algorithm.iteration)
+        algorithm.announce_phase("exporting the trained policy")
         algorithm.export_pretrained(folder / POLICY)
         result[M.PEAK_RSS] = peak_rss_gib()  # the closing validations and the export can set the trial's peak
 

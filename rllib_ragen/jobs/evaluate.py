@@ -237,7 +237,6 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # a policy folder that does not load (load_policy names the folder and the cause)
         _name_the_log(log, given=args.log is not None)
         parser.error(one_line(error))
-    close_run_log()
     print_evaluation(result, args.policies)
     if args.output:
         write_text_atomically(args.output, json.dumps(json_ready(result), indent=2, allow_nan=False))

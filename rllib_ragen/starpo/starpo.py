@@ -258,13 +258,11 @@ class StarPO(Algorithm):
         returns its metrics, which are also logged like the scheduled ones."""
         return self._validate(self.iteration)
 
-    def play_validation_states(self, temperature: float, announce: bool = True) -> list[Trajectory]:
+    def play_validation_states(self, temperature: float) -> list[Trajectory]:
         """The fixed validation states played by the current policy at ``temperature`` (0: greedy), with the
         validation's sampling seed; nothing is logged. The main jobs pair greedy outcomes before and after RL."""
         config = self.config
-        if announce:  # a job's ending names its own phase
-            self.announce_phase("playing the validation states " + (f"at T={temperature:g}" if temperature else
-                                                                    "greedily"))
+        self.announce_phase("playing the validation states " + (f"at T={temperature:g}" if temperature else "greedily"))
         self.rollouts.runners_on_current_weights()
         sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
         trajectories, _ = self.rollouts.play(config.validation_starts(), config.validation_group_size, sampling,

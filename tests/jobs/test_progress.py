@@ -185,7 +185,8 @@ def test_the_last_result_carries_the_peak_rss_read_after_the_closing_validation_
     monkeypatch.setattr(callbacks, "write_rollouts", lambda *args, **kwargs: order.append("greedy play"))
     monkeypatch.setattr(callbacks, "peak_rss_gib", lambda: order.append("peak read") or 8.1)
     algorithm = types.SimpleNamespace(iteration=3, tokenizer=None, on_phase=None,
-                                      play_validation_states=lambda temperature, announce=True: [],
+                                      play_validation_states=lambda temperature: [],
+                                      announce_phase=lambda phase: None,
                                       export_pretrained=lambda path: order.append("export"))
     result = {EVALUATION_RESULTS: {ENV_RUNNER_RESULTS: {M.VALIDATION_ITERATION: 3}}, M.PEAK_RSS: 6.1}
     callbacks.JobOutputs(iterations=3)._finish(algorithm, tmp_path, result)
@@ -218,7 +219,9 @@ def test_after_a_quiet_stretch_the_console_says_what_each_running_trial_is_doing
     assert capsys.readouterr().out.splitlines() == ["  iteration 4: updating (0 s so far)"]
     console.on_step_end(iteration=3, trials=[trial])
     assert capsys.readouterr().out == ""  # that line starts a new quiet stretch
-    PhaseFile(types.SimpleNamespace(iteration=5), tmp_path / PHASE_FILE).after_last("exporting the trained policy")
+    ending = PhaseFile(types.SimpleNamespace(iteration=5), tmp_path / PHASE_FILE)
+    ending.ending = True
+    ending("exporting the trained policy")
     console.last_line -= run_module.QUIET_S
     console.on_step_end(iteration=4, trials=[trial])
     assert capsys.readouterr().out.splitlines() == ["  after iteration 5: exporting the trained policy (0 s so far)"]
@@ -241,3 +244,17 @@ def test_a_starpo_iteration_announces_each_phase_as_it_starts(ray_session, small
         algo.stop()
     assert phases == ["validating before RL", "sampling", "updating", "sending the weights to the runners",
                       "validating", "playing the validation states greedily"]
+
+
+def test_a_phase_file_that_cannot_be_written_is_said_once_and_stops_nothing(tmp_path, caplog):
+    import logging
+    import types
+
+    from rllib_ragen.jobs.callbacks import PhaseFile
+
+    phases = PhaseFile(types.SimpleNamespace(iteration=0), tmp_path / "no_such_folder" / "phase.json")
+    with caplog.at_level(logging.WARNING, logger="rllib_ragen.jobs.callbacks"):
+        phases("sampling")
+        phases("updating")
+    warnings = [r.getMessage() for r in caplog.records if "phase file" in r.getMessage()]
+    assert len(warnings) == 1 and "no_such_folder" in warnings[0]
