@@ -12,8 +12,8 @@ one) and ``echo_trap.md`` (the table), beside each trial's usual outputs. Every 
 learning rate is ten times the bandit job's: the point is to see a collapse, and what comes first.
 
 Command:  python tuned_examples/echo_trap.py [--job starpo_sokoban] [--iterations 20] [--lr 5e-3] [--fall 0.1]
-Time:     4.7 min on a 2-core AVX2 CPU for the bandit (rllib_ragen/jobs/job_times.py); --job starpo_sokoban runs
-          for hours there (80 iterations, each validated and probed): give it a GPU (docs/benchmarks.md)
+Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py);
+          --job starpo_sokoban runs for hours on 2 cores (80 iterations, each validated and probed): give it a GPU
 Expect:   the figure and table of the two trials; docs/results/echo-trap.md
 """
 

@@ -17,7 +17,7 @@ Every flag of the chosen job works (``--iterations``, ``--seeds``, ``--resume``,
 
 Command:  python tuned_examples/estimator_study.py [--job starpo_sokoban]
               [--grid '{"advantage_estimator": ["gae", "grpo"]}']
-Time:     44.2 min on a 2-core AVX2 CPU for FrozenLake (rllib_ragen/jobs/job_times.py); Sokoban's not timed
+Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py); Sokoban's not timed
 Expect:   on FrozenLake every estimator gains from the warm start, within a few points of each other;
           docs/results/estimators.md
 """

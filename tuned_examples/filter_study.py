@@ -19,7 +19,7 @@ Every flag of the FrozenLake job works and applies to every filter (``--iteratio
 with ``--resume``: finished trials are not run again.
 
 Command:  python tuned_examples/filter_study.py [--filters std,top_p] [--iterations 8] [--validation-size 128]
-Time:     28.3 min on a 2-core AVX2 CPU for the seven filters (rllib_ragen/jobs/job_times.py)
+Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py)
 Expect:   docs/results/filters.md
 """
 

@@ -8,7 +8,7 @@ with a 95% interval and a p-value (``summary.json``'s ``by_env``, printed under 
 (Table 2) trains on Sokoban and reports the same kind of transfer.
 
 Command:  python tuned_examples/generalization.py [--iterations 80] [--validation-size 256] [--help]
-Time:     44.8 min on a 2-core AVX2 CPU (rllib_ragen/jobs/job_times.py; benchmarks/main_jobs.py measures it)
+Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py)
 Expect:   gains on held-out 6x6 levels, on the same game with other symbols and on slippery FrozenLake; hardly any
           on 8x8 two-box levels; docs/results/generalisation.md
 """

@@ -5,8 +5,7 @@ preference), so whatever preference it ends with, RL taught it. Dragon pays 1.0 
 Phoenix 0.15 always: success is choosing Dragon.
 
 Command:  python tuned_examples/starpo_bandit.py [--seed 0] [--iterations 20] [--model smollm2-135m] [--help]
-Time:     1.2 min on a 2-core Xeon with native bfloat16, 2.5 min on a 2-core AVX2 CPU, warm start included
-          (rllib_ragen/jobs/job_times.py; benchmarks/main_jobs.py measures it)
+Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py), warm start included
 Expect:   the better-arm share on 128 validation states rises from about 0.6 to about 0.99, paired p < 1e-11 on
           each seed; docs/results/bandit.md
 """

@@ -7,8 +7,8 @@ ragen-gpu`` does, with thinking). The agent answers one move per turn without a 
 map on every seed tried.
 
 Command:  python tuned_examples/starpo_frozenlake.py [--seed 0] [--iterations 25] [--env rllib_ragen/FrozenLake-v0]
-Time:     36.9 min on a 2-core AVX2 CPU, most of it the 1,200-step warm start; --quick 2.0 min and --preset
-          smollm2-cpu 44.8 min on a 2-core Xeon with native bfloat16 (rllib_ragen/jobs/job_times.py)
+Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py), most of it the
+          1,200-step warm start
 Expect:   about 0.79 greedy success on 256 validation maps from the warm start; RL keeps it (no significant change);
           docs/results/frozenlake.md
 """

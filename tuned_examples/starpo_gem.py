@@ -6,7 +6,7 @@ games never seen. A player that guesses at random among the numbers it has not t
 against. Needs ``pip install 'rllib_ragen[gem]'``.
 
 Command:  python tuned_examples/starpo_gem.py [--seed 0] [--iterations 80] [--env gem/game.GuessTheNumber-v0-random]
-Time:     40.6 min on a 2-core AVX2 CPU (rllib_ragen/jobs/job_times.py; benchmarks/main_jobs.py measures it)
+Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py)
 Expect:   the paired before/after table on 128 validation games, and both against random guessing;
           docs/results/third-party.md
 """

@@ -8,8 +8,7 @@ trajectories per update RAGEN's shaped terms mostly add noise; ``--env-config '{
 restores them.
 
 Command:  python tuned_examples/starpo_sokoban.py [--seed 0] [--iterations 80] [--model smollm2-135m] [--help]
-Time:     21.5 min on a 2-core AVX2 CPU, warm start included; --quick 1.0 min on a 2-core Xeon with native
-          bfloat16 (rllib_ragen/jobs/job_times.py; benchmarks/main_jobs.py measures it)
+Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py), warm start included
 Expect:   sampled success (T = 0.5) gains on seeds 1 and 2 but not on seed 0 on a 2-core AVX2 CPU, where greedy play
           falls below ten random moves; the final table's last lines compare greedy play with them. The figures,
           the flags whose greedy play learns, and the history: docs/results/sokoban.md

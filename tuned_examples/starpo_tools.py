@@ -7,7 +7,8 @@ StarPO-S. Beside it on the same validation questions: answering a random city wi
 baseline (1 in 8).
 
 Command:  python tuned_examples/starpo_tools.py [--seed 0] [--iterations 10] [--model smollm2-135m] [--help]
-Time:     19 min on a 2-core AVX2 CPU, 12.6 of them the warm start (rllib_ragen/jobs/job_times.py)
+Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py), most of it the warm
+          start
 Expect:   validation success about 0.28 from the warm start and about 0.31 after RL (sampled), greedy play after RL
           above the no-tool guess (0.148) on the same questions; docs/results/tools.md
 """

@@ -6,7 +6,7 @@ StarPO-S run of ``starpo_sokoban.py`` from one shared warm start, reported on th
 ``--grid``, and every flag of the Sokoban job works here (``--iterations``, ``--threads``, ``--resume``, ...).
 
 Command:  python tuned_examples/tune_sokoban.py [--grid '{"rollout_filter_ratio": [0.25, 1.0]}'] [--help]
-Time:     19.4 min on a 2-core AVX2 CPU (rllib_ragen/jobs/job_times.py; benchmarks/main_jobs.py measures it)
+Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py)
 Expect:   a table of the 8 trials' success before and after on the same 64 levels; docs/results/log.md (the sweep)
 """
 

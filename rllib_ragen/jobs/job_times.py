@@ -4,8 +4,8 @@ Each figure is the wall time of one run of the command as written, from the comm
 trained (not taken from the cache), nothing else running, as ``python benchmarks/main_jobs.py`` measures it. What
 moves a job's time most from one CPU to another is whether it computes bfloat16 natively, so each command has a
 figure per kind of CPU it was timed on; the plan line states the one for the CPU it runs on, or says that this kind
-was not timed. ``tests/jobs/test_job_times.py`` keeps the README, the docs and the tuned examples' docstrings equal to
-this table, and the Main jobs page prints it whole (:func:`job_times_table`).
+was not timed. ``tests/jobs/test_job_times.py`` keeps the README and the docs equal to this table (the tuned examples'
+docstrings point at it and quote no figure), and the Main jobs page prints it whole (:func:`job_times_table`).
 """
 
 from __future__ import annotations

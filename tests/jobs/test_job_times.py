@@ -61,11 +61,10 @@ def test_the_main_jobs_page_prints_the_whole_table():
 
 
 @pytest.mark.parametrize("script", sorted({c.split()[0] for c in JOB_TIMES}))
-def test_each_tuned_examples_docstring_states_its_tables_figures(script):
+def test_each_tuned_examples_docstring_points_at_the_table_and_quotes_no_figure_of_its_own(script):
     docstring_time = next(line for line in (ROOT / "tuned_examples" / script).read_text().splitlines()
                           if line.startswith("Time:"))
-    for figure in _figures(script):
-        assert figure in docstring_time, f"{script}'s Time: line lacks {figure}: {docstring_time}"
+    assert "rllib_ragen/jobs/job_times.py" in docstring_time and not MINUTES.search(docstring_time), docstring_time
 
 
 def test_the_plan_line_names_the_cpu_kind_and_admits_an_untimed_one():
