@@ -261,8 +261,15 @@ def _model_errors(config):
                f"{model_config.get('dtype')!r}: autocast keeps float32 weights and computes in bfloat16; "
                "with weights in a low precision already, set autocast_dtype=None (or dtype='float32').")
     try:
-        if lora_settings(model_config.get("lora")) and not peft_available():
-            yield PEFT_MISSING
+        lora = lora_settings(model_config.get("lora"))
     except ValueError as error:
         yield str(error)
+        return
+    if lora and not peft_available():
+        yield PEFT_MISSING
+    base_dtype = lora and lora["base_dtype"]
+    if base_dtype and base_dtype != dtype and config.autocast_dtype != base_dtype:
+        yield (f"model_config['lora']['base_dtype']={base_dtype!r} with autocast_dtype={config.autocast_dtype!r}: "
+               f"frozen {base_dtype} weights are read by the {dtype} model's products only under {base_dtype} "
+               f"autocast; set autocast_dtype={base_dtype!r}, or base_dtype=None to keep them in {dtype}.")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -19,7 +20,7 @@ from ray.rllib.utils.annotations import override
 
 from ..objectives import scored_logprobs_and_entropy, token_logprobs_and_entropy
 from ..objectives.losses import shift_right
-from ..rollout.lora import attach_lora, is_adapter_key, lora_settings, merged_policy_state
+from ..rollout.lora import MergedWeights, attach_lora, is_adapter_key, lora_settings, merged_policy_state
 from ..rollout.models import enable_activation_checkpointing, forward_sharing_prefix, load_policy
 
 
@@ -183,11 +184,11 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         """The LoRA adapter weights alone (what vLLM engines receive); empty without LoRA."""
         return {k: v.detach().cpu().clone() for k, v in self.state_dict().items() if is_adapter_key(k)}
 
-    def policy_tensors(self) -> dict[str, torch.Tensor]:
+    def policy_tensors(self) -> Mapping[str, torch.Tensor]:
         """The policy's tensors where they live, under the Hugging Face model's own names, no copy: the weights
-        themselves (their storage), or with LoRA the merged weights, computed on the module's device. What an env
-        runner in the same process plays (``weight_sync.py``)."""
-        return merged_policy_state(self.policy) if self.lora else self.policy.state_dict()
+        themselves (their storage), or with LoRA the merged weights, each computed on the module's device as it is
+        read. What an env runner in the same process plays (``weight_sync.py``)."""
+        return MergedWeights(self.policy) if self.lora else self.policy.state_dict()
 
     @staticmethod
     def policy_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -208,3 +208,41 @@ def test_activation_checkpointing_trains_the_same_adapters_and_critic_to_the_bit
     with pytest.raises(ValueError, match=r"model_config\['activation_checkpointing'\]='yes': True or False"):
         lora_config(small_config).rl_module(
             model_config={"model": "tiny", "activation_checkpointing": "yes"}).validate()
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_bfloat16_base_weights_train_the_same_adapters_to_the_bit_under_bfloat16_autocast(small_config):
+    """``base_dtype="bfloat16"`` stores what autocast would compute with: one iteration (sampled in bfloat16 from
+    the same weights, updated under bfloat16 autocast) trains the same adapters and critic to the bit."""
+    trained, merged, bases = [], [], []
+    for base_dtype in (None, "bfloat16"):
+        config = lora_config(small_config, autocast_dtype="bfloat16", rollout_dtype="bfloat16")
+        config.rl_module(model_config={**config.model_config, "lora": {**LORA, "base_dtype": base_dtype}})
+        algo = config.build_algo()
+        module = learner_module(algo)
+        q_proj = module.policy.get_base_model().model.layers[0].self_attn.q_proj
+        assert q_proj.get_base_layer().weight.dtype == (torch.bfloat16 if base_dtype else torch.float32)
+        assert q_proj.lora_A["default"].weight.dtype == torch.float32  # the adapters train in float32
+        bases.append(q_proj.get_base_layer().weight.detach().float().clone())
+        algo.train()
+        trained.append({k: v.detach().clone() for k, v in module.state_dict().items() if ".lora_" in k
+                        or k.startswith("critic.")})
+        merged.append(merged_policy_state(module.policy))
+        algo.stop()
+    assert [k for k in trained[0] if not torch.equal(trained[0][k], trained[1][k])] == []
+    assert any("lora_B" in k and trained[0][k].abs().sum() > 0 for k in trained[0])  # the adapters did move
+    # Merged in the model's float32: the bfloat16 base plus the same float32 delta.
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert merged[1][key].dtype == torch.float32
+    assert torch.equal(bases[1], bases[0].to(torch.bfloat16).float())
+    assert torch.allclose(merged[1][key] - bases[1], merged[0][key] - bases[0], atol=1e-7)
+
+
+def test_bfloat16_base_weights_need_bfloat16_autocast(small_config):
+    config = small_config().rl_module(model_config={"model": "tiny", "lora": {"r": 4, "base_dtype": "bfloat16"}})
+    with pytest.raises(ValueError, match=r"base_dtype'\]='bfloat16' with autocast_dtype=None: .* set "
+                                         r"autocast_dtype='bfloat16'"):
+        config.validate()
+    config.training(autocast_dtype="bfloat16").validate()
+    with pytest.raises(ValueError, match=r"base_dtype'\]='float16': choose one of \['float32', 'bfloat16'\]"):
+        config.rl_module(model_config={"model": "tiny", "lora": {"r": 4, "base_dtype": "float16"}}).validate()
