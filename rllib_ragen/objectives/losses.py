@@ -155,28 +155,49 @@ def scored_token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, token_ids
     Returns:
         (B, T) float32 log-probs, 0 where not scored.
     """
-    where, scaled = _scored_rows(hidden, head, scored, temperature)
-    return _placed(where, _picked(scaled, token_ids[:, 1:][where]))
+    where = scored[:, 1:].bool()  # token t is scored from the hidden state at t - 1
+    logp, _ = _head_scores(hidden[:, :-1][where], head, token_ids[:, 1:][where], temperature, entropy=False)
+    return _placed(where, logp)
 
 
 def scored_logprobs_and_entropy(hidden: torch.Tensor, head: torch.nn.Module, token_ids: torch.Tensor,
                                 scored: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`scored_token_logprobs` and, at the same positions, the entropy of the distribution each token was
     drawn from (:func:`token_logprobs_and_entropy`'s); both (B, T), 0 where not scored."""
-    where, scaled = _scored_rows(hidden, head, scored, temperature)
-    return _placed(where, _picked(scaled, token_ids[:, 1:][where])), _placed(where, entropy_from_logits(scaled))
+    where = scored[:, 1:].bool()
+    logp, entropy = _head_scores(hidden[:, :-1][where], head, token_ids[:, 1:][where], temperature, entropy=True)
+    return _placed(where, logp), _placed(where, entropy)
 
 
-def _scored_rows(hidden: torch.Tensor, head: torch.nn.Module, scored: torch.Tensor,
-                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T-1) bool of the positions whose next token is scored, and the (N, V) float32 logits / T there."""
-    where = scored[:, 1:].bool()  # token t is scored from the hidden state at t - 1
-    return where, head(hidden[:, :-1][where]).float() / temperature
+# Numbers of the LM head's float32 output a pass keeps at once where gradients flow: 16M (64 MB). Past that, the rows go
+# through the head in chunks, each re-run in the backward pass: a SmolLM2 warm-start pass of four demonstrations
+# (about 1,000 reply tokens over 49,152 words) otherwise holds their logits, its float copy and log-softmax, and then
+# their gradients, near 1 GB. The tiny model's vocabulary of 1,024 chunks only past 16,384 rows.
+HEAD_CHUNK_NUMBERS = 2**24
 
 
-def _picked(scaled: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """(N,) log_softmax(scaled)[n, tokens[n]]."""
-    return torch.log_softmax(scaled, -1).gather(-1, tokens[:, None]).squeeze(-1)
+def _head_scores(rows: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float,
+                 entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N,) float32 log-probs of ``tokens`` under ``log_softmax(head(rows) / T)`` and (``entropy``) the entropy of
+    each row's distribution. With gradients and more rows than a chunk (``HEAD_CHUNK_NUMBERS``), chunk by chunk under
+    activation checkpointing: the same values to float rounding, in the memory of one chunk."""
+    vocabulary = getattr(head, "out_features", None)  # a linear head's; another (a test's identity) runs whole
+    chunk = max(1, HEAD_CHUNK_NUMBERS // vocabulary) if vocabulary else len(rows)
+    if not torch.is_grad_enabled() or len(rows) <= chunk:
+        return _scores(rows, head, tokens, temperature, entropy)
+    from torch.utils.checkpoint import checkpoint
+
+    parts = [checkpoint(_scores, rows[i:i + chunk], head, tokens[i:i + chunk], temperature, entropy,
+                        use_reentrant=False) for i in range(0, len(rows), chunk)]
+    return (torch.cat([logp for logp, _ in parts]),
+            torch.cat([ent for _, ent in parts]) if entropy else None)
+
+
+def _scores(rows: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float,
+            entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    scaled = head(rows).float() / temperature
+    logp = torch.log_softmax(scaled, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    return logp, entropy_from_logits(scaled) if entropy else None
 
 
 def _placed(where: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

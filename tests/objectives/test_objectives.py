@@ -254,3 +254,33 @@ def test_scored_logprobs_pass_the_full_passes_gradient_to_the_trunk():
         grads.append((h.grad.clone(), head.weight.grad.clone()))
     for full_grad, scored_grad in zip(*grads):
         torch.testing.assert_close(scored_grad, full_grad, rtol=0, atol=1e-6)
+
+
+def test_scored_logprobs_in_head_chunks_give_the_same_values_and_gradients(monkeypatch):
+    """Past ``HEAD_CHUNK_NUMBERS`` the head runs chunk by chunk, each re-run in the backward pass: the same values and
+    gradients to float rounding (a product over fewer rows may round differently); without gradients, one pass."""
+    from rllib_ragen.objectives import losses, scored_logprobs_and_entropy, scored_token_logprobs
+
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 9, 8, generator=generator)
+    head = torch.nn.Linear(8, 11, bias=False)
+    ids = torch.randint(0, 11, (2, 9), generator=generator)
+    scored = torch.tensor([[0, 1, 1, 0, 1, 1, 1, 0, 1], [0, 0, 1, 1, 1, 1, 0, 1, 1]])  # 12 scored rows
+    results = []
+    for chunk_rows in (None, 5):  # the whole 12 rows at once, then chunks of 5, 5 and 2
+        if chunk_rows:
+            monkeypatch.setattr(losses, "HEAD_CHUNK_NUMBERS", chunk_rows * 11)
+        h = hidden.clone().requires_grad_()
+        head.zero_grad()
+        logp, entropy = scored_logprobs_and_entropy(h, head, ids, scored, 0.7)
+        ((logp - 0.01 * entropy) * scored).sum().backward()
+        assert torch.equal(scored_token_logprobs(h, head, ids, scored, 0.7), logp)
+        results.append((logp.detach(), entropy.detach(), h.grad.clone(), head.weight.grad.clone()))
+    (logp, entropy, *grads), (chunked_logp, chunked_entropy, *chunked_grads) = results
+    for value, chunked in ((logp, chunked_logp), (entropy, chunked_entropy), *zip(grads, chunked_grads)):
+        torch.testing.assert_close(chunked, value, rtol=0, atol=1e-6)
+    calls = []
+    monkeypatch.setattr("torch.utils.checkpoint.checkpoint", lambda *a, **k: calls.append(a))
+    with torch.no_grad():
+        scored_token_logprobs(hidden, head, ids, scored, 0.7)
+    assert calls == []
