@@ -367,12 +367,15 @@ def test_the_smollm2_cpu_preset_brings_smollm2_with_lora_a_short_warm_start_and_
     config, job, _, _ = frozenlake["parse_args"](frozenlake["config"], frozenlake["job"], ["--preset", "smollm2-cpu"])
     native = "bfloat16" if cpu_computes_bfloat16() else None
     assert (config.model_config["model"], config.model_config["lora"], config.advantage_estimator,
-            config.grpo_normalize_std) == ("smollm2-135m", {"r": 16}, "grpo", False)
+            config.grpo_normalize_std) == ("smollm2-135m", {"r": 16, "base_dtype": native}, "grpo", False)
+    # Within 4 GB: one row's activations, each layer re-run in the backward pass, validation waves of 64.
     assert (config.num_groups, config.group_size, config.micro_batch_size, config.validation_size,
-            config.validation_interval) == (8, 4, 4, 256, 0)
+            config.validation_interval, config.max_concurrent_episodes) == (8, 4, 1, 256, 0, 64)
+    assert config.model_config["activation_checkpointing"] is True
     assert (config.rollout_dtype, config.autocast_dtype, config.num_gpus_per_learner) == (native, native, 0)
     assert (job.iterations, job.max_minutes, job.warm_start_steps, job.warm_start_micro_batch_size,
-            job.warm_start_precision) == (80, 30.0, 75, 4, native or "float32")
+            job.warm_start_activation_checkpointing, job.warm_start_precision) == (
+        80, 30.0, 75, 4, True, native or "float32")
     # The job's own settings stay: its lake, its filter, one move per turn.
     assert (config.env, config.rollout_filter_ratio, config.max_actions_per_turn) == (
         "rllib_ragen/FrozenLakeNotSlippery-v0", 0.5, 1)
@@ -730,7 +733,7 @@ def test_the_smollm2_cpu_preset_runs_one_iteration_and_exports_a_policy_evaluate
     flags = ["--preset", "smollm2-cpu", *ONE_ITERATION, "--max-new-tokens-per-turn", "12", "--threads", "1",
              "--warm-start-batch-size", "2", "--output-dir", str(tmp_path)]
     config, job, demonstrations, baselines = module["parse_args"](module["config"], module["job"], flags)
-    assert config.model_config["lora"] == {"r": 16} and job.warm_start_micro_batch_size == 4
+    assert config.model_config["lora"]["r"] == 16 and job.warm_start_micro_batch_size == 4
     summary = run_job(config, job, demonstrations, baselines=baselines)
     printed = capsys.readouterr().out
     trial = pathlib.Path(summary["run_dir"])

@@ -292,13 +292,14 @@ GPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
     "smollm2-gpu": {"iterations": 200, "max_minutes": 5.0, "warm_start_precision": "bfloat16"},
 }
 # The CPU presets' job settings, laid over the job's own as the GPU presets' are. smollm2-cpu: a short warm start that
-# teaches the reply format (SmolLM2 already reads text), in bfloat16 where the CPU computes it natively, and a trial
-# that ends within 30 minutes of training, so that a seed's whole run stays within 45 minutes on 2 cores; the
-# iterations are a cap the budget may meet first.
+# teaches the reply format (SmolLM2 already reads text), in bfloat16 where the CPU computes it natively, each layer
+# re-run in the backward pass (the same weights, within 4 GB), and a trial that ends within 30 minutes of training, so
+# that a seed's whole run stays within 45 minutes on 2 cores; the iterations are a cap the budget may meet first.
 CPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
     "smollm2-cpu": {"iterations": 80, "max_minutes": 30.0, "warm_start_steps": 75, "warm_start_episodes": 1200,
                     "warm_start_lr": 1e-4, "warm_start_average_decay": 0.0,
                     "warm_start_micro_batch_size": 4, "warm_start_group_by_length": True,
+                    "warm_start_activation_checkpointing": True,
                     "warm_start_precision": "bfloat16" if cpu_computes_bfloat16() else "float32"},
 }
 PRESET_JOBS = {**GPU_PRESET_JOBS, **CPU_PRESET_JOBS}  # every preset's job settings

@@ -65,19 +65,21 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-# SmolLM2-135M-Instruct on a CPU: LoRA adapters (the optimizer holds the adapters alone), group-mean advantages
-# without a critic (GRPO, mean only: no value head to learn in a run of tens of iterations, and one pass per update),
-# micro-batches of 4 rows; sampling and the learner's passes in bfloat16 where the CPU computes it natively
-# (AVX512-BF16 or AMX), else in float32 (emulated bfloat16 is several times slower than float32:
-# docs/benchmarks.md). 256 validation states before and after RL, played 128 at a time (the KV cache of all 256 at
-# once took 8 GiB). No activation checkpointing (--activation-checkpointing): it cut an update's peak RSS 7.3 -> 4.3
-# GiB, but the seed run with it fit 28 iterations in the 30 minutes where the others fit 41-44 (docs/benchmarks.md).
+# SmolLM2-135M-Instruct on a CPU, within 4 GB: LoRA adapters (the optimizer holds the adapters alone), group-mean
+# advantages without a critic (GRPO, mean only: no value head to learn in a run of tens of iterations, and one pass per
+# update); sampling and the learner's passes in bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), with
+# the frozen weights stored in it (the same products, no float32 copy), else in float32 (emulated bfloat16 is several
+# times slower than float32: docs/benchmarks.md). The learner's memory is one row's activations: micro-batches of one
+# row, each decoder layer re-run in the backward pass. 256 validation states before and after RL, played 64 at a time
+# (a wave's KV caches). What each setting saves and costs: docs/benchmarks.md.
+_BFLOAT16 = "bfloat16" if cpu_computes_bfloat16() else None
 PRESETS["smollm2-cpu"] = {
     "training": {**{k: STARPO_S_DEFAULTS[k] for k in ("num_groups", "validation_size")}, "lr": 1e-4,
                  "advantage_estimator": "grpo", "grpo_normalize_std": False, "group_size": 4,
-                 "micro_batch_size": 4, "max_concurrent_episodes": 128, "validation_interval": 0,
-                 **dict.fromkeys(("rollout_dtype", "autocast_dtype"), "bfloat16" if cpu_computes_bfloat16() else None)},
-    "rl_module": {"model_config": {"model": "smollm2-135m", "lora": {"r": 16}}},
+                 "micro_batch_size": 1, "max_concurrent_episodes": 64, "validation_interval": 0,
+                 "rollout_dtype": _BFLOAT16, "autocast_dtype": _BFLOAT16},
+    "rl_module": {"model_config": {"model": "smollm2-135m", "lora": {"r": 16, "base_dtype": _BFLOAT16},
+                                   "activation_checkpointing": True}},
 }
 
 
