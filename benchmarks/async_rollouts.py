@@ -29,7 +29,7 @@ from main_jobs import demonstration_policy, job_module  # noqa: E402  (benchmark
 
 from rllib_ragen.jobs.outputs import state_of, trajectory_outcomes  # noqa: E402
 from rllib_ragen.jobs.paired_stats import paired_comparison  # noqa: E402
-from rllib_ragen.warm_start import warm_start  # noqa: E402
+from rllib_ragen.jobs.warm_start import warm_start  # noqa: E402
 
 JOBS = {"bandit": "starpo_bandit.py", "sokoban": "starpo_sokoban.py"}
 

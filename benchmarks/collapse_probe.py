@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from rllib_ragen.starpo.update_batch import prepare_update_batch  # noqa: E402
 
 from rllib_ragen.collapse import probe_schedule  # noqa: E402
-from rllib_ragen.warm_start import WARM_STARTS  # noqa: E402
+from rllib_ragen.jobs.warm_start import WARM_STARTS  # noqa: E402
 
 from main_jobs import ROOT, job_module  # noqa: E402  (benchmarks/)
 

@@ -178,7 +178,7 @@ def update_batch(tokenizer, groups: int, group_size: int):
     from rllib_ragen import StarPOConfig
     from rllib_ragen.rollout.backends import ScriptedBackend
     from rllib_ragen.rollout.engine import RolloutEngine
-    from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy
+    from rllib_ragen.demonstrators import frozen_lake_optimal_policy
     from rllib_ragen.starpo.update_batch import prepare_update_batch
 
     config = (StarPOConfig().environment("rllib_ragen/FrozenLakeNotSlippery-v0")

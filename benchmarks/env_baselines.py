@@ -19,7 +19,7 @@ from rllib_ragen.envs.sudoku import MOVES as SUDOKU_MOVES
 from rllib_ragen.rollout import RolloutConfig, RolloutEngine, SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.context import last_turn_message
 from rllib_ragen.rollout.models import build_tiny_tokenizer
-from rllib_ragen.rollout.scripted import (countdown_solver_policy, fact_lookup_guess_policy, fact_lookup_solver_policy,
+from rllib_ragen.demonstrators import (countdown_solver_policy, fact_lookup_guess_policy, fact_lookup_solver_policy,
                                           frozen_lake_optimal_policy,
                                           guess_the_number_bisection_policy, guess_the_number_random_policy,
                                           random_moves_policy, sokoban_solver_policy, sudoku_solver_policy)

@@ -27,14 +27,14 @@ def demonstration_policy(config):
     """The job's own demonstrations (its ``__main__`` block passes the same policy to ``run_job``)."""
     import gymnasium as gym
 
-    from rllib_ragen.rollout import scripted
+    from rllib_ragen import demonstrators
 
     if config.env.endswith("Bandit-v0"):
-        return scripted.random_arm_policy(seed=config.seed, enable_thinking=config.enable_thinking)
+        return demonstrators.random_arm_policy(seed=config.seed, enable_thinking=config.enable_thinking)
     if "FrozenLake" in config.env:
         slippery = gym.make(config.env, **config.env_config).unwrapped.is_slippery
-        return scripted.frozen_lake_optimal_policy(config.enable_thinking, is_slippery=slippery)
-    return scripted.sokoban_solver_policy(config.max_actions_per_turn, config.enable_thinking)
+        return demonstrators.frozen_lake_optimal_policy(config.enable_thinking, is_slippery=slippery)
+    return demonstrators.sokoban_solver_policy(config.max_actions_per_turn, config.enable_thinking)
 
 
 # ---- the main jobs' stated times, measured -------------------------------------------------------------------------

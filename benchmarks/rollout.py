@@ -27,7 +27,7 @@ from rllib_ragen.rollout.context import DEFAULT_SYSTEM_PROMPT, turn_message
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.rollout.protocol import execute_turn, parse_reply
-from rllib_ragen.rollout import scripted
+from rllib_ragen import demonstrators
 
 
 class GenerateBackend:
@@ -140,18 +140,18 @@ def scripted_player(env_id: str, config: RolloutConfig):
     name = env_id.split("/")[-1]
     thinking = config.enable_thinking
     if name in ("Sokoban-v0", "Sokoban8x8TwoBoxes-v0"):
-        return scripted.sokoban_solver_policy(config.max_actions_per_turn, thinking), "Sokoban solver"
+        return demonstrators.sokoban_solver_policy(config.max_actions_per_turn, thinking), "Sokoban solver"
     if name.startswith("FrozenLake"):
-        return scripted.frozen_lake_optimal_policy(thinking, env.is_slippery), "FrozenLake optimal policy"
+        return demonstrators.frozen_lake_optimal_policy(thinking, env.is_slippery), "FrozenLake optimal policy"
     if name.startswith("Bandit"):
-        return scripted.random_arm_policy(enable_thinking=thinking), "random arm"
+        return demonstrators.random_arm_policy(enable_thinking=thinking), "random arm"
     if name == "Countdown-v0":
-        return scripted.countdown_solver_policy(thinking), "Countdown solver"
+        return demonstrators.countdown_solver_policy(thinking), "Countdown solver"
     if name == "Sudoku4x4-v0":
-        return scripted.sudoku_solver_policy(config.max_actions_per_turn, thinking), "Sudoku solver"
+        return demonstrators.sudoku_solver_policy(config.max_actions_per_turn, thinking), "Sudoku solver"
     if name == "FactLookup-v0":
-        return scripted.fact_lookup_solver_policy(), "FactLookup solver"
-    return scripted.random_moves_policy(env.action_names, enable_thinking=thinking), "random moves"
+        return demonstrators.fact_lookup_solver_policy(), "FactLookup solver"
+    return demonstrators.random_moves_policy(env.action_names, enable_thinking=thinking), "random moves"
 
 
 def compare(title, config, params, seeds, args, engine_backend, naive_backend, tokenizer) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 import rllib_ragen.warm_start as warm_start_module
-from rllib_ragen.warm_start import demonstration_rollout_config
+from rllib_ragen.jobs.warm_start import demonstration_rollout_config
 from rllib_ragen.rollout.models import forward_sharing_prefix, load_policy
 from rllib_ragen.warm_start import collect_demonstrations, demonstration_batches, supervised_warm_start
 

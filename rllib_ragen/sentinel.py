@@ -27,6 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import metrics as M
+from .objectives.rollout_filter import RATIO_RANGE as FILTER_RATIO_RANGE
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,8 @@ class Rule:
         if factor is not None and not (isinstance(factor, (int, float)) and 0 < factor < 1):
             errors.append(f"knobs['lr_factor']={factor!r} must lie in (0, 1): a rollback lowers the learning rate.")
         ratio = self.knobs.get("rollout_filter_ratio")
-        if ratio is not None and not (isinstance(ratio, (int, float)) and 0 < ratio <= 1):
-            errors.append(f"knobs['rollout_filter_ratio']={ratio!r} must lie in (0, 1].")
+        if ratio is not None and not (isinstance(ratio, (int, float)) and ratio in FILTER_RATIO_RANGE):
+            errors.append(f"knobs['rollout_filter_ratio']={ratio!r} must lie in {FILTER_RATIO_RANGE}.")
         return [f"{self.label}: {e}" for e in errors]
 
 

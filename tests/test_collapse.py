@@ -140,7 +140,7 @@ def test_jobs_report_the_reasoning_entropy_of_the_validation_episodes(tmp_path, 
     from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
     from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
     from rllib_ragen.rollout.models import load_policy
-    from rllib_ragen.rollout.scripted import sokoban_solver_policy
+    from rllib_ragen.demonstrators import sokoban_solver_policy
 
     _, tokenizer = load_policy("tiny", seed=0)
     seeds = list(range(123, 135))

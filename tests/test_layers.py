@@ -21,10 +21,16 @@ def test_the_starpo_layer_does_need_ray():
     assert done.returncode != 0 and "ray" in done.stderr
 
 
+WARM_START_STEP_ROLLOUT_NAMES = {"rollout.models.load_policy", "rollout.models.enable_activation_checkpointing",
+                                 "rollout.engine.rollout_metrics"}
+
+
 def test_the_job_layer_runs_no_rollouts_of_its_own():
     # The job layer (rllib_ragen/jobs/: the driver, its flags, outputs, callbacks, report, viewer, statistics) writes
     # what the algorithm played: every rollout goes through StarPO (play_validation_states,
-    # play_validation_states_with), never a second loop in the job code, and no rollout module is imported.
+    # play_validation_states_with), never a second loop in the job code, and no rollout module is imported. The
+    # warm-start step plays its demonstrations through the library (rllib_ragen.warm_start) and takes from the
+    # rollout layer the model it fine-tunes and the sum of its curve's episodes, nothing that plays.
     import ast
     import pathlib
 
@@ -40,4 +46,66 @@ def test_the_job_layer_runs_no_rollouts_of_its_own():
         type_only = [node for node in ast.walk(tree) if isinstance(node, ast.If)
                      and getattr(node.test, "id", "") == "TYPE_CHECKING"]
         hinted = {n.module for node in type_only for n in ast.walk(node) if isinstance(n, ast.ImportFrom)}
-        assert [m for m in imported if "rollout" in m and m not in hinted] == [], name
+        allowed = WARM_START_STEP_ROLLOUT_NAMES if name == "warm_start" else set()
+        from_rollout = {f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                        and "rollout" in (node.module or "") and node.module not in hinted for alias in node.names}
+        assert from_rollout - allowed == set(), name
+        assert [m for m in imported if "rollout" in m and m not in hinted and m.startswith("rllib_ragen")] == [], name
+
+
+# The layers, lowest first: a module imports from its own layer and those below, never from one above (type hints
+# aside). At the bottom the modules every layer may ask (metric names, the machine, progress bars, whole-or-absent
+# files, ranges of numbers); the warm start, the echo-trap measures and the sentinel's rules sit on the rollout core
+# and the math, under the RLlib algorithm; the job layer is on top.
+LAYERS = [("metrics", "hardware", "progress", "files", "ranges"), ("envs",), ("rollout",), ("objectives",),
+          ("warm_start", "demonstrators", "collapse", "sentinel"), ("starpo",), ("jobs",)]
+
+
+def _layer(module: str) -> int | None:
+    first = module.split(".")[0]
+    return next((i for i, names in enumerate(LAYERS) if first in names), None)
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    import ast
+    import pathlib
+
+    package = pathlib.Path(__file__).resolve().parents[1] / "rllib_ragen"
+    upward = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).with_suffix("")
+        own = _layer(".".join(relative.parts))
+        if own is None:  # the package's __init__ (its lazy StarPO import) and viewer assets
+            continue
+        tree = ast.parse(path.read_text())
+        type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                     and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or id(node) in type_only:
+                continue
+            if node.level:  # relative: resolve against the module's own package
+                base = list(relative.parts[:-1])[:len(relative.parts) - node.level]
+                target = ".".join([*base, node.module or ""]).strip(".")
+            elif (node.module or "").startswith("rllib_ragen."):
+                target = node.module.removeprefix("rllib_ragen.")
+            else:
+                continue
+            names = [target] if target else [alias.name for alias in node.names]
+            for imported in names:
+                layer = _layer(imported)
+                if layer is not None and layer > own:
+                    upward.append(f"{'/'.join(relative.parts)} imports {imported}")
+    assert upward == []
+
+
+def test_the_rollout_core_imports_no_game():
+    """The rollout core reaches environments through the registry and the text-environment base only; the games'
+    own modules (their solvers, rules, levels) are the demonstrators' business (rllib_ragen/demonstrators.py)."""
+    import ast
+    import pathlib
+
+    rollout = pathlib.Path(__file__).resolve().parents[1] / "rllib_ragen" / "rollout"
+    reached = {(path.stem, node.module) for path in rollout.glob("*.py")
+               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
+               and node.level == 2 and (node.module or "").startswith("envs")}
+    assert {module for _, module in reached} <= {"envs", "envs.base"}, reached

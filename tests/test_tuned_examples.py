@@ -368,7 +368,7 @@ def test_the_smollm2_cpu_preset_brings_smollm2_with_lora_a_short_warm_start_and_
     native = "bfloat16" if cpu_computes_bfloat16() else None
     assert (config.model_config["model"], config.model_config["lora"], config.advantage_estimator,
             config.grpo_normalize_std) == ("smollm2-135m", {"r": 16, "base_dtype": native}, "grpo", False)
-    # Within 4 GB: one row's activations, each layer re-run in the backward pass, validation waves of 64.
+    # Memory: one row's activations, each layer re-run in the backward pass, validation waves of 64.
     assert (config.num_groups, config.group_size, config.micro_batch_size, config.validation_size,
             config.validation_interval, config.max_concurrent_episodes) == (8, 4, 1, 256, 0, 64)
     assert config.model_config["activation_checkpointing"] is True

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import rllib_ragen.warm_start as warm_start_module
+from rllib_ragen.jobs.warm_start import warm_start_device
 from rllib_ragen.jobs.run import JobSettings
 from rllib_ragen.rollout import RolloutConfig, load_policy
-from rllib_ragen.rollout.scripted import random_arm_policy
+from rllib_ragen.demonstrators import random_arm_policy
 from rllib_ragen.warm_start import (LENGTH_GROUP_BATCHES, collect_demonstrations, demonstration_batches,
                                     supervised_warm_start)
 
@@ -200,8 +201,8 @@ def sokoban_one_move_config(max_turns):
 
 
 def test_demonstrations_cut_to_warm_start_max_turns_are_the_first_turns_of_whole_ones():
-    from rllib_ragen.warm_start import demonstration_rollout_config
-    from rllib_ragen.rollout.scripted import sokoban_solver_policy
+    from rllib_ragen.jobs.warm_start import demonstration_rollout_config
+    from rllib_ragen.demonstrators import sokoban_solver_policy
 
     config = sokoban_one_move_config(max_turns=10)
     _, tokenizer = load_policy("tiny", seed=0)
@@ -233,8 +234,8 @@ def test_warm_start_max_turns_above_the_configs_max_turns_is_refused_naming_both
 
 def test_demonstrated_replies_longer_than_the_policy_may_write_are_refused_before_training(tmp_path):
     # RL would cut every such reply short, a format error each time; the job must stop and name the fix instead.
-    from rllib_ragen.warm_start import warm_start
-    from rllib_ragen.rollout.scripted import sokoban_solver_policy
+    from rllib_ragen.jobs.warm_start import warm_start
+    from rllib_ragen.demonstrators import sokoban_solver_policy
 
     config = sokoban_one_move_config(max_turns=2).training(max_new_tokens_per_turn=30)
     job = JobSettings(warm_start_episodes=4, warm_start_steps=1)
@@ -251,9 +252,9 @@ def test_demonstrated_replies_longer_than_the_policy_may_write_are_refused_befor
 def test_a_saved_warm_start_records_the_demonstrations_it_was_shown(tmp_path):
     # A later run started from the folder (--model DIR --warm-start-steps 0) must still count those levels as seen
     # when it splits validation success into seen and unseen states.
-    from rllib_ragen.warm_start import warm_start
+    from rllib_ragen.jobs.warm_start import warm_start
     from rllib_ragen.jobs.validation_states import demonstrated_seeds
-    from rllib_ragen.rollout.scripted import sokoban_solver_policy
+    from rllib_ragen.demonstrators import sokoban_solver_policy
     from rllib_ragen.warm_start import DEMONSTRATION_SEED_START
 
     config = sokoban_one_move_config(max_turns=2)
@@ -323,10 +324,10 @@ def test_the_warm_start_curve_ends_on_the_saved_models_greedy_play_of_the_valida
     import csv
 
     from rllib_ragen import StarPOConfig
-    from rllib_ragen.warm_start import warm_start
+    from rllib_ragen.jobs.warm_start import warm_start
     from rllib_ragen.rollout.backends import HFBackend, SamplingParams
     from rllib_ragen.rollout.engine import RolloutEngine, rollout_metrics
-    from rllib_ragen.rollout.scripted import random_arm_policy
+    from rllib_ragen.demonstrators import random_arm_policy
 
     config = StarPOConfig().environment("rllib_ragen/Bandit-v0").training(validation_size=16)
     job = JobSettings(warm_start_episodes=32, warm_start_steps=30, warm_start_eval_interval=15)
@@ -348,8 +349,8 @@ def test_the_warm_start_curve_of_a_mixture_has_each_validation_environments_succ
     import csv
 
     from rllib_ragen import StarPOConfig
-    from rllib_ragen.warm_start import warm_start
-    from rllib_ragen.rollout.scripted import random_arm_policy
+    from rllib_ragen.jobs.warm_start import warm_start
+    from rllib_ragen.demonstrators import random_arm_policy
 
     config = StarPOConfig().environment(
         train_envs=[{"env": "rllib_ragen/Bandit-v0", "groups": 2}],
@@ -364,7 +365,7 @@ def test_the_warm_start_curve_of_a_mixture_has_each_validation_environments_succ
 
 
 def test_demonstrations_under_a_context_window_train_each_turn_on_the_prompt_rl_will_show():
-    from rllib_ragen.rollout.scripted import sokoban_solver_policy
+    from rllib_ragen.demonstrators import sokoban_solver_policy
 
     torch.set_num_threads(1)
     model, tokenizer = load_policy("tiny", seed=0)
@@ -395,8 +396,8 @@ def test_the_warm_start_runs_on_the_learners_device_not_on_any_visible_gpu(monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: sees_cuda)
     config = StarPOConfig().learners(num_gpus_per_learner=gpus)
     assert JobSettings().warm_start_device == "learner"
-    assert str(warm_start_module.warm_start_device(config, "learner")) == expected
-    assert str(warm_start_module.warm_start_device(config, "cpu")) == "cpu"
+    assert str(warm_start_device(config, "learner")) == expected
+    assert str(warm_start_device(config, "cpu")) == "cpu"
 
 
 @pytest.mark.parametrize("value, message", [
@@ -432,8 +433,8 @@ def test_the_warm_start_takes_every_cpu_and_the_trials_then_share_them():
 def test_a_checkpointed_warm_start_saves_the_same_weights_to_the_bit_under_the_same_cache_key(tmp_path):
     from safetensors.torch import load_file
 
-    from rllib_ragen.rollout.scripted import sokoban_solver_policy
-    from rllib_ragen.warm_start import warm_start, warm_start_key
+    from rllib_ragen.demonstrators import sokoban_solver_policy
+    from rllib_ragen.jobs.warm_start import warm_start, warm_start_key
 
     config, policy = sokoban_one_move_config(max_turns=2), sokoban_solver_policy(1)
     saved = []

@@ -12,7 +12,7 @@ Expect:   the better-arm share on 128 validation states rises from about 0.6 to 
 
 from rllib_ragen import StarPOConfig
 from rllib_ragen.jobs import JobSettings, parse_job_args, run_job
-from rllib_ragen.rollout.scripted import random_arm_policy
+from rllib_ragen.demonstrators import random_arm_policy
 
 config = (
     StarPOConfig()

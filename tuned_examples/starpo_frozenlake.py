@@ -18,7 +18,7 @@ import gymnasium as gym
 from rllib_ragen import StarPOConfig
 from rllib_ragen.jobs.run import JobSettings, run_job
 from rllib_ragen.jobs.flags import apply_job_args, job_parser
-from rllib_ragen.rollout.scripted import (FROZEN_LAKE_REASONING, frozen_lake_hole_blind_policy,
+from rllib_ragen.demonstrators import (FROZEN_LAKE_REASONING, frozen_lake_hole_blind_policy,
                                           frozen_lake_optimal_policy)
 
 config = (

@@ -13,7 +13,7 @@ Expect:   the paired before/after table on 128 validation games, and both agains
 
 from rllib_ragen import StarPOConfig
 from rllib_ragen.jobs import JobSettings, parse_job_args, run_job
-from rllib_ragen.rollout.scripted import guess_the_number_bisection_policy, guess_the_number_random_policy
+from rllib_ragen.demonstrators import guess_the_number_bisection_policy, guess_the_number_random_policy
 
 config = (
     StarPOConfig()

@@ -18,7 +18,7 @@ from rllib_ragen import StarPOConfig
 from rllib_ragen.jobs.run import JobSettings, run_job
 from rllib_ragen.jobs.flags import apply_job_args, job_parser
 from rllib_ragen.envs.sokoban_levels import ACTION_NAMES
-from rllib_ragen.rollout.scripted import SOKOBAN_REASONING, random_moves_policy, sokoban_solver_policy
+from rllib_ragen.demonstrators import SOKOBAN_REASONING, random_moves_policy, sokoban_solver_policy
 
 config = (
     StarPOConfig()

@@ -16,7 +16,7 @@ Expect:   validation success about 0.28 from the warm start and about 0.31 after
 from rllib_ragen import StarPOConfig
 from rllib_ragen.envs.lookup import CITIES
 from rllib_ragen.jobs import JobSettings, parse_job_args, run_job
-from rllib_ragen.rollout.scripted import fact_lookup_guess_policy, fact_lookup_solver_policy
+from rllib_ragen.demonstrators import fact_lookup_guess_policy, fact_lookup_solver_policy
 
 config = (
     StarPOConfig()

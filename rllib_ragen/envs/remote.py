@@ -143,7 +143,9 @@ class RemoteTextEnv(TextEnv):
 
     # ---- transport --------------------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
-        """One JSON request, retried on connection errors with exponential backoff."""
+        """One JSON request, retried on connection errors with exponential backoff. By hand, not urllib3's ``Retry``:
+        that counts a read timeout and a dropped connection alike (``read=``), and a timeout here must fail at once
+        (the server may still be stepping) while a dropped connection is re-sent (the step index makes it safe)."""
         data = None if body is None else json.dumps(body).encode()
         for attempt in range(self.connect_retries + 1):
             try:

@@ -34,7 +34,8 @@ from ..hardware import peak_rss_gib
 from .storage import is_local_storage
 from .outputs import (BEFORE_RL, PHASE_FILE, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS,
                       BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, MACHINE, POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS,
-                      write_rollouts, write_text_atomically)
+                      write_rollouts)
+from ..files import write_text_atomically
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +215,8 @@ class TensorBoardLogs(TBXLoggerCallback):
         self.folder = pathlib.Path(folder)
 
     def log_trial_start(self, trial) -> None:
+        # TBXLoggerCallback (Ray 2.60) takes no folder of its own: its per-trial writers are private fields, set here
+        # as its own log_trial_start sets them (no upstream issue asks for a folder; searched 2026-12-06).
         if trial in self._trial_writer:
             self._trial_writer[trial].close()
         path = self.folder / pathlib.Path(trial.local_path).name

@@ -29,6 +29,7 @@ from typing import Any
 from .job_times import JOB_TIMES
 from .outputs import LATEST, keep_notices_off_the_console
 from ..hardware import cpu_computes_bfloat16
+from ..ranges import AT_LEAST_ONE, BELOW_ONE, NON_NEGATIVE, POSITIVE, Range
 from ..warm_start import LR_SCHEDULES, WARM_START_PRECISIONS
 from ..starpo.config import PRESET_LABEL, PRESETS, VARIANT_LABEL, preset_flags
 from ..starpo.knobs import BOOL, CHOICE, INT, NUMBER, OTHER, RLLIB_FIELDS, Knob, is_int
@@ -64,7 +65,7 @@ def _experiment_state_errors(run: pathlib.Path) -> list[str]:
     return errors
 
 
-def _setting(help: str, default: Any, kind: str, range: str | None = None, **details) -> Any:
+def _setting(help: str, default: Any, kind: str, range: Range | None = None, **details) -> Any:
     """A job setting's one declaration: its help, default, and the kind and range its value is checked against
     (a :class:`~rllib_ragen.starpo.knobs.Knob` row, as StarPO's knobs are)."""
     return field(default=default, metadata={"help": help, "row": dict(kind=kind, range=range, **details)})
@@ -106,9 +107,9 @@ class JobSettings:
     output_dir: str = _setting("the job's folder: each run writes its metrics, plots, rollouts and model to a folder "
                                "of its own inside it", "outputs/starpo", OTHER, check=_output_dir_error,
                                check_is_kind=True)
-    iterations: int = _setting("StarPO training iterations (one rollout batch and update each)", 20, INT, ">= 1")
+    iterations: int = _setting("StarPO training iterations (one rollout batch and update each)", 20, INT, AT_LEAST_ONE)
     threads: int = _setting("torch threads (and CPUs) of each trial and of the warm start (0: the warm start, which "
-                            "runs alone first, takes every CPU; the trials then share them)", 0, INT, ">= 0")
+                            "runs alone first, takes every CPU; the trials then share them)", 0, INT, NON_NEGATIVE)
     seeds: str = _setting("run one trial per seed, e.g. '0,1,2', and report their spread (empty: the config's "
                           "seed); the trials share one warm start and run side by side where the CPUs allow", "",
                           OTHER)  # checked by seed_list
@@ -118,28 +119,28 @@ class JobSettings:
                           "the report pairs each trial against the trial of the grid's first values (null: none)",
                           None, OTHER)  # checked by _grid_errors, point by point against the config
     max_failures: int = _setting("restart a failed trial from its last checkpoint up to this many times (Tune's "
-                                 "FailureConfig)", 0, INT, ">= 0")
+                                 "FailureConfig)", 0, INT, NON_NEGATIVE)
     warm_start_episodes: int = _setting("demonstration episodes for the supervised warm start (0: none)", 512, INT,
-                                        ">= 0")
+                                        NON_NEGATIVE)
     warm_start_steps: int = _setting("supervised warm-start steps (0: start RL from the model as loaded)", 200, INT,
-                                     ">= 0")
-    warm_start_lr: float = _setting("warm-start learning rate", 2e-3, NUMBER, "> 0")
-    warm_start_batch_size: int = _setting("warm-start batch size (episodes)", 16, INT, ">= 1")
+                                     NON_NEGATIVE)
+    warm_start_lr: float = _setting("warm-start learning rate", 2e-3, NUMBER, POSITIVE)
+    warm_start_batch_size: int = _setting("warm-start batch size (episodes)", 16, INT, AT_LEAST_ONE)
     warm_start_average_decay: float = _setting("end the warm start on an exponential moving average of its weights "
                                                "with this decay per step, e.g. 0.98 (0: the last step's weights)",
-                                               0.0, NUMBER, "[0, 1)", why=" (0: no averaging)")
+                                               0.0, NUMBER, BELOW_ONE, why=" (0: no averaging)")
     warm_start_lr_schedule: str = _setting("warm-start learning rate over the steps: 'constant' or 'cosine' (from "
                                            "--warm-start-lr down towards 0)", "constant", CHOICE,
                                            options=LR_SCHEDULES)
     warm_start_max_turns: int = _setting("turns a demonstration episode may run, at most the config's max_turns "
                                          "(0: max_turns); fewer keeps the demonstrations short when RL gets more "
-                                         "turns than the warm start should show", 0, INT, ">= 0")
+                                         "turns than the warm start should show", 0, INT, NON_NEGATIVE)
     warm_start_group_by_length: bool = _setting("batch warm-start demonstrations of similar length together: less "
                                                 "padding, up to half the time per step; judge it by validation "
                                                 "success", False, BOOL)
     warm_start_micro_batch_size: int = _setting("rows per forward and backward pass of a warm-start step, their "
                                                 "gradients summed into the step's: the same step in less memory "
-                                                "(0: the whole batch in one pass)", 0, INT, ">= 0")
+                                                "(0: the whole batch in one pass)", 0, INT, NON_NEGATIVE)
     warm_start_activation_checkpointing: bool = _setting(
         "keep only each layer's input in a warm-start step and run the layer again in its backward pass: the same "
         "weights to the bit in less memory, for longer steps (figures: the Benchmarks page)", False, BOOL)
@@ -155,15 +156,15 @@ class JobSettings:
     warm_start_eval_interval: int = _setting("every N warm-start steps and after the last, play the validation "
                                              "states greedily (last weights, and averaged ones with averaging) and "
                                              "write warm_start_curve.csv: see how long the warm start should run "
-                                             "(0: off)", 0, INT, ">= 0")
+                                             "(0: off)", 0, INT, NON_NEGATIVE)
     max_minutes: float = _setting("end each trial early once one more iteration would run past this many minutes "
                                   "of its training time (Tune's time_total_s: iterations and validations; not the "
                                   "warm start or model loading), validated and exported as after its last "
-                                  "iteration (0: no limit; --iterations still caps it)", 0.0, NUMBER, ">= 0")
+                                  "iteration (0: no limit; --iterations still caps it)", 0.0, NUMBER, NON_NEGATIVE)
     pass_bar: float = _setting("least rise of validation success over the warm start that counts as learning",
                                0.05, NUMBER)
     checkpoint_interval: int = _setting("checkpoint each trial (Tune's checkpoint_<n>/ in its folder) every N "
-                                        "iterations and after the last (0: never)", 5, INT, ">= 0")
+                                        "iterations and after the last (0: never)", 5, INT, NON_NEGATIVE)
     run_name: str = _setting("the run's folder inside output_dir (empty: <timestamp>_seed<seed>); with --resume, "
                              "the run to continue (empty: the one output_dir/latest points at)", "", OTHER,
                              check=_run_name_error, check_is_kind=True)
@@ -293,7 +294,7 @@ GPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
 }
 # The CPU presets' job settings, laid over the job's own as the GPU presets' are. smollm2-cpu: a short warm start that
 # teaches the reply format (SmolLM2 already reads text), in bfloat16 where the CPU computes it natively, each layer
-# re-run in the backward pass (the same weights, within 4 GB), and a trial that ends within 30 minutes of training, so
+# re-run in the backward pass (the same weights in less memory), and a trial that ends within 30 minutes of training, so
 # that a seed's whole run stays within 45 minutes on 2 cores; the iterations are a cap the budget may meet first.
 CPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
     "smollm2-cpu": {"iterations": 80, "max_minutes": 30.0, "warm_start_steps": 75, "warm_start_episodes": 1200,
@@ -394,15 +395,18 @@ def _grid_errors(grid, config) -> list[str]:
 
 
 def training_knob_help() -> dict[str, str]:
-    """Each knob's entry in ``StarPOConfig.training``'s ``Args:`` section, one line (``a, b: text`` serves both)."""
+    """Each knob's entry in ``StarPOConfig.training``'s ``Args:`` section, one line (``a, b: text`` serves both),
+    as ``docstring_parser`` reads Google-style docstrings."""
+    import docstring_parser
+
     from ..starpo.config import StarPOConfig
 
-    doc = inspect.getdoc(StarPOConfig.training) or ""
-    args = doc.split("Args:", 1)[1] if "Args:" in doc else ""
+    doc = docstring_parser.parse(inspect.getdoc(StarPOConfig.training) or "",
+                                 style=docstring_parser.DocstringStyle.GOOGLE)
     entries: dict[str, str] = {}
-    for match in re.finditer(r"^    (\w+(?:, \w+)*): (.*?)(?=^    \w|\Z)", args, re.MULTILINE | re.DOTALL):
-        text = " ".join(match.group(2).split()).replace("``", "")
-        for name in match.group(1).split(", "):
+    for param in doc.params:
+        text = " ".join((param.description or "").split()).replace("``", "")
+        for name in param.arg_name.split(", "):
             entries[name] = text
     return entries
 

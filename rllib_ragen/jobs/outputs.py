@@ -13,7 +13,6 @@ twins, ``training_rollouts/``, ``sentinel.json``, ``machine.json``, ``policy/``,
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import json
@@ -28,6 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import metrics as M
+from ..files import write_text_atomically, written_whole
 from ..sentinel import as_rule
 
 if TYPE_CHECKING:  # (the job layer runs no rollouts: it writes the algorithm's)
@@ -107,24 +107,6 @@ def _is_json(value) -> bool:
         return True
     except (TypeError, ValueError):
         return False
-
-
-@contextlib.contextmanager
-def written_whole(path: pathlib.Path):
-    """Yields a temporary path beside ``path`` to write; it replaces ``path`` when the block ends, and is removed if
-    the block raises (a full disk). A kill at any moment leaves the old file or the new one, never half of one."""
-    partial = path.with_name(path.name + ".partial")
-    try:
-        yield partial
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    os.replace(partial, path)
-
-
-def write_text_atomically(path: pathlib.Path, text: str) -> None:
-    with written_whole(path) as partial:
-        partial.write_text(text, encoding="utf-8")
 
 
 MAX_RUN_JSON_BYTES = 64 << 20  # a run's JSON records are kilobytes; a larger one is damaged, and is not read

@@ -32,7 +32,8 @@ from .outputs import (RunFileError, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_
                       BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER, MACHINE, LEARNING_CURVE, baseline_name,
                       RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
                       read_first_reasonings, read_outcomes, read_reasoning_claims, read_results, state_of,
-                      validations_of, VIEWER_PAGE, write_text_atomically)
+                      validations_of, VIEWER_PAGE)
+from ..files import write_text_atomically
 from .flags import JobSettings
 from .validation_states import demonstrated_seeds, initial_states, trained_seeds_by_env
 from .paired_stats import PairedComparison, paired_by_subset, paired_comparison

@@ -51,14 +51,14 @@ from .flags import JobSettings, parse_job_args, user_model_config
 from .job_times import timing_sentence
 from .outputs import (BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LATEST, LEARNER, PHASE_FILE, SMOOTHING,
                       TRAINING, VALIDATED_AT, VALIDATION, baseline_file, close_run_log, read_outcomes, read_run_json,
-                      state_of, keep_notices_off_the_console, send_notices_to, start_run_folder, write_rollouts,
-                      write_text_atomically)
+                      state_of, keep_notices_off_the_console, send_notices_to, start_run_folder, write_rollouts)
+from ..files import write_text_atomically
 from .report import headline_environment, report_experiment
 from ..hardware import cpu_computes_bfloat16
 from ..sentinel import as_rule, echo_trap_rules
-from ..warm_start import cached_warm_start
 from ..starpo.config import PRESET_LABEL, VARIANT_LABEL
 from .storage import run_storage
+from .warm_start import cached_warm_start
 
 __all__ = ["JobSettings", "parse_job_args", "run_job"]
 
@@ -282,7 +282,9 @@ def restored_without_stale_decisions():
     """While Tune runs: a restored run starts without the per-trial decisions Tune had pending when the state was
     saved. Tune 2.60 saves them with the experiment state and restores them on resume, although no trial of the
     old session is running then; a STOP cached while a trial's checkpoint failed (a full disk) stopped the resumed
-    trial after its first checkpoint, short of its iterations, as if interrupted."""
+    trial after its first checkpoint, short of its iterations, as if interrupted. No upstream issue names this
+    (ray-project/ray searched 2026-12-06); the nearest, ray-project/ray#64685 and #64548, clear a stale queued
+    decision when a trial pauses, not on restore. Drop this once Tune's ``__setstate__`` leaves them out."""
     from ray.tune.execution.tune_controller import TuneController
 
     original = TuneController.__setstate__

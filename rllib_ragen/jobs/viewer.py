@@ -27,7 +27,8 @@ import pathlib
 
 from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, read_run_json,
                       LEARNING_CURVE, PANEL_EXPLANATIONS, RUN_CONFIG, SENTINEL_FILE, TRAINING_ROLLOUTS, VIEWER_PAGE,
-                      drawn_panels, plot_learning_curve, read_results, validations_of, write_text_atomically)
+                      drawn_panels, plot_learning_curve, read_results, validations_of)
+from ..files import write_text_atomically
 
 # In the list's order: the trained policy's validation episodes first (the page opens on the first of them).
 SOURCES = ((AFTER_ROLLOUTS, "validation after RL"), (AFTER_GREEDY_ROLLOUTS, "greedy after RL"),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import metrics as M
+from ..ranges import ABOVE_ZERO_TO_ONE
 
 FILTER_MODES = ("std", "reversed_std", "top_p", "top_k", "top_k_abs", "min_p", "snr_adaptive", "none")
 RAGEN_STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p", "snr_adaptive")  # score: the sample std
@@ -33,6 +34,11 @@ SNR_ADAPTIVE_TOP_P = 0.9  # RAGEN-2's recommended p
 ZERO_SCORE = 1e-10  # RAGEN's: a score at most this is a zero-variance group
 
 
+# The share of groups std and reversed_std keep: something, up to all (the knob rollout_filter_ratio, a sentinel
+# rule's rollback of it, and RAGEN's fractional thresholds: top_p, snr_adaptive, top_k, min_p).
+RATIO_RANGE = ABOVE_ZERO_TO_ONE
+
+
 @dataclass(frozen=True)
 class FilterSettings:
     """One rollout filter. ``ratio`` is the share ``std``/``reversed_std`` keep; ``value`` the threshold of the
@@ -40,7 +46,7 @@ class FilterSettings:
     False for ``snr_adaptive``). The rest are RAGEN's ``rollout_filter_*`` keys of the same names."""
 
     mode: str = "std"
-    ratio: float = 0.25
+    ratio: float = 0.25  # within RATIO_RANGE
     value: float | None = None
     filter_type: str = "largest"
     include_zero: bool | None = None
@@ -131,7 +137,7 @@ def ragen_selection(scores: torch.Tensor, settings: FilterSettings) -> torch.Ten
     return positions[scores <= scores.min() / (value + ZERO_SCORE) + ZERO_SCORE]
 
 
-def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: float = 0.25,
+def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: float = FilterSettings.ratio,
                   mode: str = "std", strata: torch.Tensor | None = None,
                   settings: FilterSettings | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Keep the groups a filter selects from the within-group spread of trajectory returns.

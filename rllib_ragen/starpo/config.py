@@ -65,7 +65,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-# SmolLM2-135M-Instruct on a CPU, within 4 GB: LoRA adapters (the optimizer holds the adapters alone), group-mean
+# SmolLM2-135M-Instruct on a CPU, in little memory: LoRA adapters (the optimizer holds the adapters alone), group-mean
 # advantages without a critic (GRPO, mean only: no value head to learn in a run of tens of iterations, and one pass per
 # update); sampling and the learner's passes in bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), with
 # the frozen weights stored in it (the same products, no float32 copy), else in float32 (emulated bfloat16 is several

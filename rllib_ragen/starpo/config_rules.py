@@ -10,6 +10,7 @@ import torch
 from ..envs.base import checks_reasoning_claims
 from ..envs.tool_env import ToolTextEnv
 from ..objectives import RAGEN_STRATEGIES
+from ..objectives.rollout_filter import RATIO_RANGE as FILTER_RATIO_RANGE
 from ..rollout.lora import PEFT_MISSING, lora_settings, peft_available
 from ..rollout.vllm_backend import VLLM_LORA_RANKS, VLLM_MISSING, vllm_available
 from .environments import env_class, environment_errors, is_known_env, mixture_errors
@@ -97,8 +98,8 @@ def _filter_strategy_errors(config):
         return
     if value is None and mode != "snr_adaptive":
         yield f"rollout_filter={mode!r} needs rollout_filter_value (its threshold; RAGEN's top_p: 0.9)."
-    elif value is not None and mode in ("top_p", "snr_adaptive", "top_k", "min_p") and not 0.0 < value <= 1.0:
-        yield f"rollout_filter_value={value} must lie in (0, 1] for rollout_filter={mode!r}."
+    elif value is not None and mode in ("top_p", "snr_adaptive", "top_k", "min_p") and value not in FILTER_RATIO_RANGE:
+        yield f"rollout_filter_value={value} must lie in {FILTER_RATIO_RANGE} for rollout_filter={mode!r}."
     elif mode == "top_k_abs" and value is not None and (value < 1 or value != int(value)):
         yield f"rollout_filter_value={value} must be a whole number of groups >= 1 for rollout_filter='top_k_abs'."
     elif mode == "top_k_abs" and value is not None and value > config.num_groups:

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any, Callable, Collection
 
 import numpy as np
 
+from ..objectives.rollout_filter import RATIO_RANGE as FILTER_RATIO_RANGE
 from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, FILTER_MODES, FILTER_TYPES,
                           KL_ESTIMATORS, TOP_P_MODES, AdvantageSettings, FilterSettings)
+from ..ranges import (ABOVE_ONE, ABOVE_ZERO_TO_ONE, AT_LEAST_ONE, AT_LEAST_TWO, BELOW_ONE, NON_NEGATIVE, NON_POSITIVE,
+                      POSITIVE, SEEDS, UNIT_INTERVAL, Range)
 from ..rollout.engine import CONTEXT_WINDOWS, RolloutConfig
 from ..rollout.protocol import LOSS_MASK_REGIONS
 from ..rollout.trajectory import SeedSchedule
@@ -42,15 +44,6 @@ def is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-_INTERVAL = re.compile(r"([\[(])(\S+), (\S+)([\])])")
-_BOUND = re.compile(r"(>=|>|<=|<) (\S+)")
-
-
-def _number(text: str) -> float:
-    base, _, power = text.partition("**")
-    return float(base) ** float(power) if power else float(text)
-
-
 @dataclasses.dataclass(frozen=True)
 class Knob:
     """One knob.
@@ -60,7 +53,7 @@ class Knob:
         section: its group in the flags' ``--help-all`` (None: an RLlib field).
         default: its value in a new ``StarPOConfig``; taken from ``into``'s class when that is given.
         kind: ``INT``, ``NUMBER`` (finite), ``BOOL``, ``CHOICE`` (one of ``options``) or ``OTHER`` (``check``).
-        range: the values a number may take: ``">= 0"``, ``"> 0"``, ``"<= 0"``, ``"[0, 1]"``, ``"(0, 1]"``, ...
+        range: the numbers it may take (a :class:`~rllib_ragen.ranges.Range`, e.g. ``NON_NEGATIVE``).
         why: what the range or choice means, ending its error message.
         optional: None is a value too (it switches the feature off, or means "the strategy's own").
         options: the choices of a ``CHOICE`` knob (a registry is read when checked, so registrations count), or
@@ -75,7 +68,7 @@ class Knob:
     section: str | None
     default: Any
     kind: str
-    range: str | None = None
+    range: Range | None = None
     why: str = ""
     optional: bool = False
     options: Collection | None = None
@@ -106,28 +99,17 @@ class Knob:
             return self._options_error(value)
         if self.check is not None and not self.check_is_kind:
             return self.check(value)
-        if self.range is None or (value is None and self.optional) or self._in_range(value):
+        if self.range is None or (value is None and self.optional) or value in self.range:
             return None
-        if self.kind == INT and self.range == ">= 1" and not self.why:
+        if self.kind == INT and self.range == AT_LEAST_ONE and not self.why:
             return f"{self.name}={value} must be a positive integer."
-        verb = "lie in" if _INTERVAL.fullmatch(self.range) else "be"
+        verb = "lie in" if self.range.is_interval else "be"
         return f"{self.name}={value} must {verb} {self.range}{self.why}."
 
     def _options_error(self, value) -> str | None:
         if _one_of(value, self.options):
             return None
         return f"{self.name}={value!r}: choose one of {_shown(self.options)}{self.why}."
-
-    def _in_range(self, value) -> bool:
-        interval = _INTERVAL.fullmatch(self.range)
-        if interval:
-            opening, low, high, closing = interval.groups()
-            above = value > _number(low) if opening == "(" else value >= _number(low)
-            below = value < _number(high) if closing == ")" else value <= _number(high)
-            return above and below
-        operator, bound = _BOUND.fullmatch(self.range).groups()
-        return {">=": value >= _number(bound), ">": value > _number(bound), "<=": value <= _number(bound),
-                "<": value < _number(bound)}[operator]
 
 
 def _one_of(value, options) -> bool:
@@ -226,24 +208,24 @@ _TIMEOUT = " seconds (the longest one environment call may take)"
 KNOB_TABLE: tuple[Knob, ...] = (
     *_section(
         "rollout",
-        _knob("num_groups", 8, INT, ">= 1"),
-        _knob("group_size", 16, INT, ">= 1"),
-        _knob("max_turns", None, INT, ">= 1", into=(_R, "max_turns")),
-        _knob("max_actions_per_turn", None, INT, ">= 1", into=(_R, "max_actions_per_turn")),
-        _knob("max_actions_per_episode", None, INT, ">= 1", into=(_R, "max_actions_per_episode")),
-        _knob("temperature", 1.0, NUMBER, "> 0", why=" for training rollouts (their log-probs are trained on)"),
-        _knob("validation_temperature", 0.5, NUMBER, ">= 0", why=" (0 is greedy)"),
-        _knob("max_new_tokens_per_turn", 400, INT, ">= 1"),
-        _knob("format_penalty", None, NUMBER, "<= 0", why=_PENALTY, into=(_R, "format_penalty")),
-        _knob("ineffective_action_penalty", None, NUMBER, "<= 0", why=_PENALTY,
+        _knob("num_groups", 8, INT, AT_LEAST_ONE),
+        _knob("group_size", 16, INT, AT_LEAST_ONE),
+        _knob("max_turns", None, INT, AT_LEAST_ONE, into=(_R, "max_turns")),
+        _knob("max_actions_per_turn", None, INT, AT_LEAST_ONE, into=(_R, "max_actions_per_turn")),
+        _knob("max_actions_per_episode", None, INT, AT_LEAST_ONE, into=(_R, "max_actions_per_episode")),
+        _knob("temperature", 1.0, NUMBER, POSITIVE, why=" for training rollouts (their log-probs are trained on)"),
+        _knob("validation_temperature", 0.5, NUMBER, NON_NEGATIVE, why=" (0 is greedy)"),
+        _knob("max_new_tokens_per_turn", 400, INT, AT_LEAST_ONE),
+        _knob("format_penalty", None, NUMBER, NON_POSITIVE, why=_PENALTY, into=(_R, "format_penalty")),
+        _knob("ineffective_action_penalty", None, NUMBER, NON_POSITIVE, why=_PENALTY,
               into=(_R, "ineffective_action_penalty")),
-        _knob("ungrounded_reasoning_penalty", None, NUMBER, "<= 0", into=(_R, "ungrounded_reasoning_penalty"),
+        _knob("ungrounded_reasoning_penalty", None, NUMBER, NON_POSITIVE, into=(_R, "ungrounded_reasoning_penalty"),
               why=": it is charged per action not stated truly, and a positive value would pay for wrong reasoning"),
         _knob("enable_thinking", None, BOOL, into=(_R, "enable_thinking")),
-        _knob("max_context_tokens", None, INT, ">= 1", into=(_R, "max_context_tokens")),
+        _knob("max_context_tokens", None, INT, AT_LEAST_ONE, into=(_R, "max_context_tokens")),
         _knob("independent_transitions", None, BOOL, into=(_R, "independent_transitions")),
-        _knob("env_reset_timeout_s", None, NUMBER, "> 0", why=_TIMEOUT, into=(_R, "env_reset_timeout_s")),
-        _knob("env_step_timeout_s", None, NUMBER, "> 0", why=_TIMEOUT, into=(_R, "env_step_timeout_s")),
+        _knob("env_reset_timeout_s", None, NUMBER, POSITIVE, why=_TIMEOUT, into=(_R, "env_reset_timeout_s")),
+        _knob("env_step_timeout_s", None, NUMBER, POSITIVE, why=_TIMEOUT, into=(_R, "env_step_timeout_s")),
         _knob("context_window", None, CHOICE, options=CONTEXT_WINDOWS, into=(_R, "context_window")),
         _knob("context_window_turns", None, INT, optional=True, into=(_R, "context_window_turns")),
         _knob("action_separator", None, OTHER, optional=True, check=_action_separator_error, check_is_kind=True,
@@ -254,89 +236,89 @@ KNOB_TABLE: tuple[Knob, ...] = (
     *_section(
         "inference",
         _knob("inference_backend", "hf", OTHER, check=_inference_backend_error),
-        _knob("inference_batch_size", 128, INT, ">= 1"),
-        _knob("max_concurrent_episodes", None, INT, ">= 1", why=", or None (every episode at once)", optional=True,
-              into=(_R, "max_concurrent_episodes")),
+        _knob("inference_batch_size", 128, INT, AT_LEAST_ONE),
+        _knob("max_concurrent_episodes", None, INT, AT_LEAST_ONE, why=", or None (every episode at once)",
+              optional=True, into=(_R, "max_concurrent_episodes")),
         _knob("rollout_dtype", None, CHOICE, options=ROLLOUT_DTYPES,
               why=" (None: the model's dtype, model_config['dtype'])"),
-        _knob("num_inference_engines", 1, INT, ">= 1"),
+        _knob("num_inference_engines", 1, INT, AT_LEAST_ONE),
         _knob("vllm_engine_config", {}, OTHER, check=_vllm_engine_config_error),
     ),
     *_section(
         "advantages and rollout filter",
         _knob("advantage_estimator", "gae", CHOICE, options=ADVANTAGE_ESTIMATORS),
         _knob("grpo_normalize_std", None, BOOL, into=(_A, "normalize_std")),
-        _knob("lambda_", None, NUMBER, "[0, 1]", into=(_A, "lam")),
+        _knob("lambda_", None, NUMBER, UNIT_INTERVAL, into=(_A, "lam")),
         _knob("turn_level_rewards", False, BOOL),
         _knob("whiten_advantages", None, BOOL, into=(_A, "whiten")),
-        _knob("gamma_turn", None, NUMBER, "(0, 1]", into=(_A, "gamma_turn")),
-        _knob("gamma_token", None, NUMBER, "(0, 1]", into=(_A, "gamma_token")),
-        _knob("gigpo_step_gamma", None, NUMBER, "(0, 1]", into=(_A, "step_gamma")),
-        _knob("gigpo_omega", None, NUMBER, ">= 0", why=" (0 is GRPO)", into=(_A, "omega")),
+        _knob("gamma_turn", None, NUMBER, ABOVE_ZERO_TO_ONE, into=(_A, "gamma_turn")),
+        _knob("gamma_token", None, NUMBER, ABOVE_ZERO_TO_ONE, into=(_A, "gamma_token")),
+        _knob("gigpo_step_gamma", None, NUMBER, ABOVE_ZERO_TO_ONE, into=(_A, "step_gamma")),
+        _knob("gigpo_omega", None, NUMBER, NON_NEGATIVE, why=" (0 is GRPO)", into=(_A, "omega")),
         _knob("rollout_filter", None, CHOICE, options=FILTER_MODES, into=(_F, "mode")),
         # The filter keeps ceil(ratio * groups) groups: 0 would keep nothing, > 1 more groups than exist.
-        _knob("rollout_filter_ratio", None, NUMBER, "(0, 1]", into=(_F, "ratio")),
+        _knob("rollout_filter_ratio", None, NUMBER, FILTER_RATIO_RANGE, into=(_F, "ratio")),
         _knob("rollout_filter_per_env", False, BOOL),
         # RAGEN's own filter strategies (rollout_filter="top_p", ...) and their settings
         _knob("rollout_filter_value", None, NUMBER, optional=True, into=(_F, "value")),
         _knob("rollout_filter_type", None, CHOICE, options=FILTER_TYPES, into=(_F, "filter_type")),
         _knob("rollout_filter_include_zero", None, BOOL, optional=True, into=(_F, "include_zero")),
         _knob("rollout_filter_top_p_mode", None, CHOICE, options=TOP_P_MODES, into=(_F, "top_p_mode")),
-        _knob("rollout_filter_selection_eps", None, NUMBER, ">= 0", into=(_F, "selection_eps")),
-        _knob("rollout_filter_empty_stop_steps", 5, INT, ">= 1"),
+        _knob("rollout_filter_selection_eps", None, NUMBER, NON_NEGATIVE, into=(_F, "selection_eps")),
+        _knob("rollout_filter_empty_stop_steps", 5, INT, AT_LEAST_ONE),
     ),
     *_section(
         "losses",
-        _knob("clip_ratio_low", 0.2, NUMBER, "[0, 1)"),
-        _knob("clip_ratio_high", 0.28, NUMBER, ">= 0"),
+        _knob("clip_ratio_low", 0.2, NUMBER, BELOW_ONE),
+        _knob("clip_ratio_high", 0.28, NUMBER, NON_NEGATIVE),
         # Dual clipping bounds a negative-advantage token's loss by c * |A|: c <= 1 would undercut the PPO clip.
-        _knob("dual_clip", 3.0, NUMBER, "> 1", why=", or None to switch it off", optional=True),
-        _knob("kl_coeff", 0.0, NUMBER, ">= 0"),
+        _knob("dual_clip", 3.0, NUMBER, ABOVE_ONE, why=", or None to switch it off", optional=True),
+        _knob("kl_coeff", 0.0, NUMBER, NON_NEGATIVE),
         _knob("kl_estimator", "k3", CHOICE, options=KL_ESTIMATORS),
-        _knob("entropy_coeff", 0.001, NUMBER, ">= 0"),
+        _knob("entropy_coeff", 0.001, NUMBER, NON_NEGATIVE),
         _knob("loss_aggregation", "token-mean", CHOICE, options=AGGREGATIONS),
         _knob("loss_mask", "all", CHOICE, options=LOSS_MASK_REGIONS),
-        _knob("value_clip", 0.5, NUMBER, "> 0", why=", or None to switch it off", optional=True),
-        _knob("vf_loss_coeff", 1.0, NUMBER, ">= 0"),
+        _knob("value_clip", 0.5, NUMBER, POSITIVE, why=", or None to switch it off", optional=True),
+        _knob("vf_loss_coeff", 1.0, NUMBER, NON_NEGATIVE),
         _knob("advantage_mask", "sampled", CHOICE, options=ADVANTAGE_MASKS),
         _knob("recompute_logprobs", True, BOOL),
     ),
     *_section(
         "optimisation",
-        _knob("critic_lr", 1e-5, NUMBER, "> 0"),  # <= 0 would train by gradient ascent, or not at all
-        _knob("weight_decay", 0.01, NUMBER, ">= 0"),
+        _knob("critic_lr", 1e-5, NUMBER, POSITIVE),  # <= 0 would train by gradient ascent, or not at all
+        _knob("weight_decay", 0.01, NUMBER, NON_NEGATIVE),
         _knob("adam_betas", (0.9, 0.999), OTHER, check=_adam_betas_error),
-        _knob("micro_batch_size", None, INT, ">= 1", why=" row, or None (the whole minibatch at once)",
+        _knob("micro_batch_size", None, INT, AT_LEAST_ONE, why=" row, or None (the whole minibatch at once)",
               optional=True),
         _knob("autocast_dtype", None, CHOICE, options=AUTOCAST_DTYPES,
               why=" (float16 would need a loss scaler; bfloat16 does not)"),
-        _knob("updates_per_rollout_batch", 1, INT, ">= 1"),
-        _knob("max_consecutive_skipped_steps", 5, INT, ">= 1"),
+        _knob("updates_per_rollout_batch", 1, INT, AT_LEAST_ONE),
+        _knob("max_consecutive_skipped_steps", 5, INT, AT_LEAST_ONE),
         # one-step off-policy rollouts: overlap iteration k+1's generation with iteration k's update
         _knob("max_policy_lag", 0, INT, options=(0, 1),
               why=" (0: synchronous, 1: one-step off-policy; longer lags are not implemented)"),
-        _knob("importance_weight_cap", 2.0, NUMBER, ">= 1", why=" (1 drops the correction's upside)"),
+        _knob("importance_weight_cap", 2.0, NUMBER, AT_LEAST_ONE, why=" (1 drops the correction's upside)"),
     ),
     *_section(
         "validation and seeds",
-        _knob("validation_interval", 10, INT, ">= 0", why=" (0 switches validation off)"),
-        _knob("validation_size", 256, INT, f"[1, {MAX_VALIDATION_STATES}]",
+        _knob("validation_interval", 10, INT, NON_NEGATIVE, why=" (0 switches validation off)"),
+        _knob("validation_size", 256, INT, Range(1, MAX_VALIDATION_STATES),
               why=" (a validation plays its states in one rollout, held in memory: play more in parts, each from "
                   "its own validation_seed_start)"),
-        _knob("validation_group_size", 1, INT, ">= 1"),
+        _knob("validation_group_size", 1, INT, AT_LEAST_ONE),
         _knob("validate_before_training", True, BOOL),
-        _knob("train_seed_start", None, INT, ">= 0", why=" (a reset seed)", into=(SeedSchedule, "next_train")),
-        _knob("validation_seed_start", 123, INT, ">= 0", why=" (a reset seed)"),
+        _knob("train_seed_start", None, INT, NON_NEGATIVE, why=" (a reset seed)", into=(SeedSchedule, "next_train")),
+        _knob("validation_seed_start", 123, INT, NON_NEGATIVE, why=" (a reset seed)"),
     ),
     *_section(
         "echo-trap diagnostics and the sentinel",  # collapse.py, sentinel.py
-        _knob("collapse_diagnostics_interval", 5, INT, ">= 0", why=" (0 switches the probe off)"),
-        _knob("gradient_analysis_interval", 50, INT, ">= 0", why=" (0 switches it off)"),
-        _knob("collapse_subsample", 8, INT, ">= 2", why=": cross-scoring compares prompts"),
+        _knob("collapse_diagnostics_interval", 5, INT, NON_NEGATIVE, why=" (0 switches the probe off)"),
+        _knob("gradient_analysis_interval", 50, INT, NON_NEGATIVE, why=" (0 switches it off)"),
+        _knob("collapse_subsample", 8, INT, AT_LEAST_TWO, why=": cross-scoring compares prompts"),
         _knob("sentinel_rules", [], OTHER, check=_rules_list_error, check_is_kind=True),
-        _knob("sentinel_max_rollbacks", 3, INT, ">= 0"),
-        _knob("sentinel_snapshot_interval", 1, INT, ">= 1"),
-        _knob("sentinel_rollback_depth", 3, INT, ">= 1"),
+        _knob("sentinel_max_rollbacks", 3, INT, NON_NEGATIVE),
+        _knob("sentinel_snapshot_interval", 1, INT, AT_LEAST_ONE),
+        _knob("sentinel_rollback_depth", 3, INT, AT_LEAST_ONE),
     ),
 )
 KNOBS: dict[str, Knob] = {k.name: k for k in KNOB_TABLE}
@@ -345,19 +327,19 @@ _GPUS = " (0: the CPU; a fraction shares a GPU)"
 # RLlib's own fields that StarPO sets a default for (RAGEN's) or checks (RLlib takes them as given).
 RLLIB_FIELDS: dict[str, Knob] = {k.name: k for k in (
     _knob("lr", 1e-6, OTHER, check=_lr_error),  # the actor's; a rate or RLlib's schedule
-    _knob("gamma", None, NUMBER, "(0, 1]", into=(_A, "gamma")),  # 1: trajectory-level credit
-    _knob("grad_clip", 1.0, NUMBER, "> 0", why=", or None to switch it off", optional=True),
+    _knob("gamma", None, NUMBER, ABOVE_ZERO_TO_ONE, into=(_A, "gamma")),  # 1: trajectory-level credit
+    _knob("grad_clip", 1.0, NUMBER, POSITIVE, why=", or None to switch it off", optional=True),
     _knob("grad_clip_by", "global_norm", OTHER),
     # learner rows per optimizer step; None: the kept batch split into updates_per_rollout_batch steps
-    _knob("minibatch_size", None, INT, ">= 1", why=" trajectory, or None (the kept batch split evenly)",
+    _knob("minibatch_size", None, INT, AT_LEAST_ONE, why=" trajectory, or None (the kept batch split evenly)",
           optional=True),
-    _knob("num_epochs", 1, INT, ">= 1"),
+    _knob("num_epochs", 1, INT, AT_LEAST_ONE),
     _knob("shuffle_batch_per_epoch", True, OTHER),
-    _knob("seed", RLLIB_DEFAULT, INT, "[0, 2**32)", why=" (numpy's seeds), or be None", optional=True),
-    _knob("num_env_runners", RLLIB_DEFAULT, INT, ">= 0"),
-    _knob("num_learners", RLLIB_DEFAULT, INT, ">= 0"),
-    _knob("num_gpus_per_env_runner", RLLIB_DEFAULT, NUMBER, ">= 0", why=_GPUS),
-    _knob("num_gpus_per_learner", RLLIB_DEFAULT, NUMBER, ">= 0", why=_GPUS),
+    _knob("seed", RLLIB_DEFAULT, INT, SEEDS, why=" (numpy's seeds), or be None", optional=True),
+    _knob("num_env_runners", RLLIB_DEFAULT, INT, NON_NEGATIVE),
+    _knob("num_learners", RLLIB_DEFAULT, INT, NON_NEGATIVE),
+    _knob("num_gpus_per_env_runner", RLLIB_DEFAULT, NUMBER, NON_NEGATIVE, why=_GPUS),
+    _knob("num_gpus_per_learner", RLLIB_DEFAULT, NUMBER, NON_NEGATIVE, why=_GPUS),
 )}
 
 # The flags' sections, and the StarPO-S defaults by name (rllib_ragen.STARPO_S_DEFAULTS).

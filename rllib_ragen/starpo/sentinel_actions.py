@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import pathlib
 import shutil
 import tempfile
@@ -18,6 +17,7 @@ from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from .. import metrics as M
+from ..files import written_whole
 from ..sentinel import Firing
 
 if TYPE_CHECKING:
@@ -84,8 +84,8 @@ class SentinelActions(RLlibCallback):
         state = self.algorithm.learner_group.get_state(components=[f"learner/{COMPONENT_RL_MODULE}",
                                                                    f"learner/{COMPONENT_OPTIMIZER}"])["learner"]
         path = pathlib.Path(self.snapshot_dir) / f"healthy_{iteration}.pt"
-        torch.save({"iteration": iteration, "learner": state}, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
+        with written_whole(path) as partial:
+            torch.save({"iteration": iteration, "learner": state}, partial)
         for old in self._snapshots()[:-self.algorithm.config.sentinel_rollback_depth]:
             old.unlink()
 

@@ -226,6 +226,8 @@ class StarPO(Algorithm):
 
     def _on_first_learner(self, func):
         """``func(learner)`` on the local learner or the first healthy remote one; its return value."""
+        # LearnerGroup (Ray 2.60) names its learner actors' health, and its local learner, on private fields only;
+        # no upstream issue asks for accessors (ray-project/ray searched 2026-12-06). Here and below.
         first = None if self.learner_group.is_local else self.learner_group._worker_manager.healthy_actor_ids()[:1]
         return next(iter(self.learner_group.foreach_learner(func, remote_actor_ids=first))).get()
 
@@ -237,7 +239,7 @@ class StarPO(Algorithm):
         """
         if self.learner_group.is_local:
             return
-        manager = self.learner_group._worker_manager
+        manager = self.learner_group._worker_manager  # private: see _on_first_learner
         dead = sorted(set(manager.actor_ids()) - set(manager.healthy_actor_ids()))
         if dead:
             why = str(cause).splitlines()[0] if cause is not None else "found dead before the update"
@@ -354,7 +356,7 @@ class StarPO(Algorithm):
         live in this process (``weight_sync.py``), else through the object store. Logs the bytes moved."""
         if self.learner_group.is_local and self.env_runner is not None \
                 and not self.env_runner_group.num_remote_env_runners():
-            learner = self.learner_group._learner
+            learner = self.learner_group._learner  # private: see _on_first_learner
             module = learner.module[DEFAULT_MODULE_ID].unwrapped()
             moved = self.env_runner.play_in_process(module.policy_tensors(), learner._weights_seq_no,
                                                     share=not self.config.max_policy_lag)
@@ -444,9 +446,8 @@ class StarPO(Algorithm):
     def _timer(self, name: str):
         """Time a block into the top-level metric ``name`` (seconds of this iteration), announced as a phase."""
         self.announce_phase(PHASES.get(name, name))
-        start = time.perf_counter()
-        yield
-        self._log({name: time.perf_counter() - start})
+        with self.metrics.log_time(name, reduce="mean", window=1):  # window 1: this iteration's, as _log's values
+            yield
 
     # ---- checkpoints and export ------------------------------------------------------------------------------------
     # RLlib hands a path string to pyarrow, which refuses relative ones ("URI has empty scheme"); resolve them.

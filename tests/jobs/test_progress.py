@@ -130,7 +130,7 @@ def test_on_a_terminal_progress_is_a_tqdm_bar():
 
 def test_the_engine_reports_the_episodes_ended_after_every_turn():
     from rllib_ragen.rollout.models import load_policy
-    from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy
+    from rllib_ragen.demonstrators import frozen_lake_optimal_policy
     from rllib_ragen.warm_start import collect_demonstrations
     from rllib_ragen.rollout import RolloutConfig
 

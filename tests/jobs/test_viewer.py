@@ -14,7 +14,7 @@ from rllib_ragen.jobs.outputs import AFTER_ROLLOUTS, SENTINEL_FILE, TRAINING_ROL
 from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.models import load_policy
-from rllib_ragen.rollout.scripted import frozen_lake_optimal_policy, sokoban_solver_policy
+from rllib_ragen.demonstrators import frozen_lake_optimal_policy, sokoban_solver_policy
 from rllib_ragen.jobs.viewer import find_chromium
 from rllib_ragen.jobs.viewer import main as viewer_main
 
@@ -172,7 +172,7 @@ def test_a_hostile_environment_name_is_shown_as_text_never_run_as_markup(tmp_pat
 
 
 def test_a_tool_episode_shows_each_call_and_what_it_returned(tmp_path):
-    from rllib_ragen.rollout.scripted import fact_lookup_solver_policy
+    from rllib_ragen.demonstrators import fact_lookup_solver_policy
 
     _, tokenizer = load_policy("tiny", seed=0)
     engine = RolloutEngine(RolloutConfig(env="rllib_ragen/FactLookup-v0", max_turns=3),

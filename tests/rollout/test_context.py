@@ -4,7 +4,7 @@ import pytest
 
 from rllib_ragen.rollout.context import (ChatFormat, TemplateError, TurnMessage, last_turn_message, turn_message)
 from rllib_ragen.rollout.models import build_tiny_tokenizer
-from rllib_ragen.rollout.scripted import (frozen_lake_hole_blind_policy, frozen_lake_optimal_policy,
+from rllib_ragen.demonstrators import (frozen_lake_hole_blind_policy, frozen_lake_optimal_policy,
                                           random_moves_policy, sokoban_solver_policy)
 
 

@@ -13,7 +13,7 @@ from rllib_ragen.objectives.episode_layout import EpisodeLayout
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.models import load_policy
-from rllib_ragen.rollout.scripted import sokoban_solver_policy
+from rllib_ragen.demonstrators import sokoban_solver_policy
 from rllib_ragen.starpo.batch_advantages import batch_advantages
 from rllib_ragen.starpo.update_batch import prepare_update_batch, token_advantages_by_trajectory
 

@@ -12,7 +12,7 @@ from rllib_ragen.rollout.context import RAW_REPLY_HINT
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.trajectory import SeedSchedule
 from rllib_ragen.rollout.models import load_policy
-from rllib_ragen.rollout.scripted import (countdown_solver_policy, frozen_lake_optimal_policy,
+from rllib_ragen.demonstrators import (countdown_solver_policy, frozen_lake_optimal_policy,
                                           guess_the_number_bisection_policy, guess_the_number_random_policy,
                                           sokoban_solver_policy, sudoku_solver_policy)
 

@@ -15,7 +15,7 @@ from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBack
 from rllib_ragen.rollout.context import ChatFormat, TemplateError
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.models import load_policy
-from rllib_ragen.rollout.scripted import fact_lookup_guess_policy, fact_lookup_solver_policy
+from rllib_ragen.demonstrators import fact_lookup_guess_policy, fact_lookup_solver_policy
 from rllib_ragen.rollout.tools import TOOL_CALL_FORMATS, HermesToolCalls, ToolCall, ToolSet
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "envs"))

@@ -9,7 +9,7 @@ from rllib_ragen import StarPOConfig
 from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.engine import RolloutEngine
 from rllib_ragen.rollout.models import load_policy
-from rllib_ragen.rollout.scripted import sokoban_solver_policy
+from rllib_ragen.demonstrators import sokoban_solver_policy
 
 SOKOBAN = "rllib_ragen/Sokoban-v0"
 ONE_MOVE = [{"iterations": 1, "env_config": {"max_solution_moves": 1}}]

@@ -12,6 +12,7 @@ import pytest
 import rllib_ragen
 from rllib_ragen import StarPOConfig
 from rllib_ragen.jobs.flags import JobSettings, config_flag_names, job_setting_rows, training_knob_help
+from rllib_ragen.ranges import Range
 from rllib_ragen.rollout import RolloutConfig
 from rllib_ragen.starpo.knobs import (BOOL, INT, KNOB_SECTIONS, KNOB_TABLE, KNOBS, NUMBER, RLLIB_DEFAULT,
                                       RLLIB_FIELDS, Knob, _knob)
@@ -50,31 +51,39 @@ def test_a_row_that_fills_a_settings_class_takes_its_default_from_there_only():
         _knob("max_turns", 7, INT, ">= 1", into=(RolloutConfig, "max_turns"))
 
 
-def _outside_and_edge(knob: Knob):
-    """A value just outside the row's range and the range's own edge, from the range's text."""
-    text = knob.range
-    if text.startswith(("[", "(")):
-        low, high = (float(eval(x)) for x in text[1:-1].split(", "))  # "2**32" reads as a number
-        outside = low - 1 if text[0] == "[" else low
-        edge = low if text[0] == "[" else high
-    else:
-        operator, bound = text.split(" ")
-        bound = float(bound)
-        outside = {">=": bound - 1, ">": bound, "<=": bound + 1, "<": bound}[operator]
-        edge = {">=": bound, ">": bound + 0.5, "<=": bound, "<": bound - 0.5}[operator]
+def _outside_and_edges(knob: Knob) -> tuple[list, list]:
+    """Values just outside each end of the row's range, and each end's nearest value inside it, from its numbers."""
+    bounds, step = knob.range, 1 if knob.kind == INT else 0.5
+    outside, edges = [], []
+    if bounds.low is not None:
+        outside.append(bounds.low if bounds.low_open else bounds.low - step)
+        edges.append(bounds.low + step if bounds.low_open else bounds.low)
+    if bounds.high is not None:
+        outside.append(bounds.high if bounds.high_open else bounds.high + step)
+        edges.append(bounds.high - step if bounds.high_open else bounds.high)
     cast = int if knob.kind == INT else float
-    return cast(outside), cast(math.ceil(edge) if knob.kind == INT else edge)
+    return [cast(v) for v in outside], [cast(v) for v in edges]
+
+
+def test_the_ranges_cover_every_kind_of_end():
+    """Closed and open lower ends, upper ends alone, and intervals open at either end, each among the rows."""
+    ranges = {k.range for k in [*ROWS, *JOB_ROWS] if k.range is not None}
+    assert all(isinstance(r, Range) for r in ranges)  # numbers, not text to parse
+    assert {(r.low is not None, r.high is not None, r.low_open, r.high_open) for r in ranges} >= {
+        (True, False, False, False), (True, False, True, False), (False, True, False, False),
+        (True, True, False, False), (True, True, True, False), (True, True, False, True)}
 
 
 @pytest.mark.parametrize("knob", [k for k in ROWS if k.range], ids=lambda k: k.name)
-def test_each_range_is_enforced_at_validate_and_its_edge_passes(knob):
-    outside, edge = _outside_and_edge(knob)
-    assert knob.value_error(edge) is None
-    assert knob.value_error(outside).startswith(f"{knob.name}={outside} must")
-    config = StarPOConfig()
-    setattr(config, knob.name, outside)
-    with pytest.raises(ValueError, match=f"{knob.name}={outside} must"):
-        config.validate()
+def test_each_range_is_enforced_at_validate_and_its_edges_pass(knob):
+    outsides, edges = _outside_and_edges(knob)
+    assert [edge for edge in edges if knob.value_error(edge) is not None] == []
+    for outside in outsides:
+        assert knob.value_error(outside).startswith(f"{knob.name}={outside} must")
+        config = StarPOConfig()
+        setattr(config, knob.name, outside)
+        with pytest.raises(ValueError, match=f"{knob.name}={outside} must"):
+            config.validate()
 
 
 @pytest.mark.parametrize("knob", [k for k in ROWS if k.kind in (INT, NUMBER, BOOL)], ids=lambda k: k.name)
@@ -112,6 +121,13 @@ def test_no_other_module_states_a_knobs_default_again():
 
 _NEGATION = {">=": ast.Lt, ">": ast.LtE, "<=": ast.Gt, "<": ast.GtE}
 _SAME = {">=": ast.GtE, ">": ast.Gt, "<=": ast.LtE, "<": ast.Lt}
+_FLIPPED = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE}
+
+
+def _ends(bounds) -> list[tuple[str, float]]:
+    """Each end of a range as a one-sided condition a value must meet: ``(">=", 0)``, ``("<", 1)``."""
+    ends = [(">" if bounds.low_open else ">=", bounds.low)] if bounds.low is not None else []
+    return ends + ([("<" if bounds.high_open else "<=", bounds.high)] if bounds.high is not None else [])
 
 
 def _a_config_knob(node) -> bool:
@@ -129,15 +145,18 @@ def test_no_other_module_checks_a_knobs_kind_or_range_again():
             if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("isinstance", "is_int", "is_number") \
                     and node.args and _a_config_knob(node.args[0]):
                 restated.append(f"{path.relative_to(PACKAGE)}:{node.lineno} kind of {node.args[0].attr}")
-            if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and _a_config_knob(node.left)
-                    and isinstance(node.comparators[0], ast.Constant)):
+            if not isinstance(node, ast.Compare):
                 continue
-            knob, constant = KNOBS[node.left.attr], node.comparators[0].value
-            if not knob.range or knob.range.startswith(("[", "(")):
-                continue
-            operator, bound = knob.range.split(" ")
-            if constant == float(bound) and isinstance(node.ops[0], (_NEGATION[operator], _SAME[operator])):
-                restated.append(f"{path.relative_to(PACKAGE)}:{node.lineno} range of {knob.name}")
+            operands = [node.left, *node.comparators]
+            for left, op, right in zip(operands, node.ops, operands[1:]):  # 0 < config.x <= 1: two comparisons
+                if _a_config_knob(right) and isinstance(left, ast.Constant) and type(op) in _FLIPPED:
+                    left, op, right = right, _FLIPPED[type(op)](), left
+                if not (_a_config_knob(left) and isinstance(right, ast.Constant)) or not KNOBS[left.attr].range:
+                    continue
+                knob = KNOBS[left.attr]
+                for operator, bound in _ends(knob.range):
+                    if right.value == bound and isinstance(op, (_NEGATION[operator], _SAME[operator])):
+                        restated.append(f"{path.relative_to(PACKAGE)}:{node.lineno} range of {knob.name}")
     assert restated == []
 
 
@@ -153,10 +172,12 @@ def test_every_job_setting_is_one_row_with_help():
 
 @pytest.mark.parametrize("row", [r for r in JOB_ROWS if r.range], ids=lambda r: r.name)
 def test_each_job_settings_range_is_enforced_at_validate_and_its_edge_passes(row, tmp_path):
-    outside, edge = _outside_and_edge(row)
-    JobSettings(output_dir=str(tmp_path), **{row.name: edge}).validate()
-    with pytest.raises(ValueError, match=f"{row.name}={outside} must"):
-        JobSettings(output_dir=str(tmp_path), **{row.name: outside}).validate()
+    outsides, edges = _outside_and_edges(row)
+    for edge in edges:
+        JobSettings(output_dir=str(tmp_path), **{row.name: edge}).validate()
+    for outside in outsides:
+        with pytest.raises(ValueError, match=f"{row.name}={outside} must"):
+            JobSettings(output_dir=str(tmp_path), **{row.name: outside}).validate()
 
 
 @pytest.mark.parametrize("row", [r for r in JOB_ROWS if r.kind in (INT, NUMBER, BOOL)], ids=lambda r: r.name)

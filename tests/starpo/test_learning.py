@@ -5,7 +5,7 @@ import pytest
 
 from rllib_ragen import StarPOConfig
 from rllib_ragen.rollout import RolloutConfig, load_policy
-from rllib_ragen.rollout.scripted import random_arm_policy
+from rllib_ragen.demonstrators import random_arm_policy
 from rllib_ragen.warm_start import collect_demonstrations, supervised_warm_start
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]

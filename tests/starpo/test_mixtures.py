@@ -158,7 +158,7 @@ def test_a_job_that_validates_only_on_environments_it_does_not_train_on_scores_t
     import pyarrow.parquet as pq
 
     from rllib_ragen.jobs.run import JobSettings, headline_environment, run_job
-    from rllib_ragen.rollout.scripted import random_arm_policy
+    from rllib_ragen.demonstrators import random_arm_policy
 
     held_out = "rllib_ragen/BanditHeldOut-v0"
     config = small_config("rllib_ragen/Bandit-v0", max_turns=1, validation_group_size=2).environment(

@@ -16,12 +16,12 @@ from typing import Sequence
 
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
-from ..envs.frozen_lake import ACTION_NAMES as LAKE_ACTIONS
-from ..envs.frozen_lake import SYMBOLS as LAKE_SYMBOLS
-from ..envs.frozen_lake import move_effects as lake_move_effects
-from ..envs.frozen_lake import optimal_policy
-from ..envs.sokoban_levels import ACTION_NAMES, SokobanLevel, move_effects, solve_level
-from .context import last_turn_message
+from .envs.frozen_lake import ACTION_NAMES as LAKE_ACTIONS
+from .envs.frozen_lake import SYMBOLS as LAKE_SYMBOLS
+from .envs.frozen_lake import move_effects as lake_move_effects
+from .envs.frozen_lake import optimal_policy
+from .envs.sokoban_levels import ACTION_NAMES, SokobanLevel, move_effects, solve_level
+from .rollout.context import last_turn_message
 
 
 def _reply(actions: list[str], thinking: str, enable_thinking: bool) -> str:
@@ -185,7 +185,7 @@ def guess_the_number_random_policy(enable_thinking: bool = False, seed: int = 0)
 def countdown_solver_policy(enable_thinking: bool = False):
     """Countdown (``rllib_ragen/Countdown-v0``) solved in one reply: an expression from the exhaustive solver for the
     numbers and target it is shown."""
-    from ..envs.countdown import solve
+    from .envs.countdown import solve
 
     shown = re.compile(r"Numbers: ([\d, ]+)\. Target: (\d+)\.")
 
@@ -201,7 +201,7 @@ def sudoku_solver_policy(max_actions_per_turn: int = 5, enable_thinking: bool = 
     """4x4 Sudoku (``rllib_ragen/Sudoku4x4-v0``): the solution's moves for the grid it is shown, in reading order."""
     import numpy as np
 
-    from ..envs.sudoku import solutions
+    from .envs.sudoku import solutions
 
     def policy(prompt: str) -> str:
         rows = last_turn_message(prompt).observation.strip().splitlines()
@@ -241,7 +241,7 @@ def fact_lookup_solver_policy():
 def fact_lookup_guess_policy(seed: int = 0):
     """FactLookup without its search tool: answer a city drawn at random (success 1 / len(CITIES)), the baseline
     that shows what the tools are worth. Seeded by ``seed`` and the conversation so far."""
-    from ..envs.lookup import CITIES
+    from .envs.lookup import CITIES
 
     def policy(prompt: str) -> str:
         rng = random.Random(f"{seed}:{hashlib.sha256(prompt.encode()).hexdigest()}")
