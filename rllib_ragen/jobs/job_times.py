@@ -42,7 +42,7 @@ JOB_TIMES: dict[str, tuple[JobTime, ...]] = {
     "starpo_sokoban.py --preset smollm2-cpu --quick": (JobTime(8.9, XEON_BF16, "2026-12-06"),),
     "starpo_frozenlake.py": (JobTime(36.9, AVX2, "2026-11-28"),),
     "starpo_frozenlake.py --quick": (JobTime(2.0, XEON_BF16, "2026-12-06"),),
-    "starpo_frozenlake.py --preset smollm2-cpu": (JobTime(44.8, XEON_BF16, "2026-12-05"),),
+    "starpo_frozenlake.py --preset smollm2-cpu": (JobTime(43.5, XEON_BF16, "2026-12-06"),),
     "starpo_frozenlake.py --preset smollm2-cpu --quick": (JobTime(11.1, XEON_BF16, "2026-12-06"),),
     "starpo_gem.py": (JobTime(40.6, AVX2, "2026-11-28"),),
     "starpo_tools.py": (JobTime(19.0, AVX2, "2026-11-28"),),
