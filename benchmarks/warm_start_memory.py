@@ -59,7 +59,7 @@ def main() -> None:
     demonstrations = warm_start_module.collect_demonstrations(
         demonstration_rollout_config(config, JobSettings()), demonstration_policy(config), tokenizer, args.episodes)
     if args.no_trim:
-        warm_start_module.release_freed_memory = lambda: False
+        warm_start_module.trim_heap = lambda: False
     loaded = resident_gib()
     start = time.perf_counter()
     losses = warm_start_module.supervised_warm_start(

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .hardware import cpu_computes_bfloat16, release_freed_memory
+from .hardware import cpu_computes_bfloat16, trim_heap
 from .objectives import scored_token_logprobs
 from .rollout.backends import SamplingParams, ScriptedBackend
 from .rollout.engine import RolloutConfig, RolloutEngine
@@ -212,7 +212,7 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         scheduler.step()
         # Each step's activations differ in size (batches of other lengths): without a trim glibc keeps the freed
         # pages between them, and a SmolLM2 warm start's resident memory crept up by gigabytes over 75 steps.
-        release_freed_memory()
+        trim_heap()
         if averaged is not None:
             average.update_parameters(model)
         if progress is not None:

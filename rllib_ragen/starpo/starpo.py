@@ -44,7 +44,7 @@ from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEA
 
 from .. import metrics as M
 from ..collapse import cross_scoring_pairs, probe_schedule, reply_diagnostics
-from ..hardware import peak_rss_gib, release_freed_memory
+from ..hardware import peak_rss_gib, trim_heap
 from ..rollout.trajectory import Trajectory
 from ..sentinel import Sentinel
 from .update_batch import prepare_update_batch, shard_by_groups, token_advantages_by_trajectory
@@ -129,7 +129,7 @@ class StarPO(Algorithm):
             self._log({M.PEAK_RSS: peak_rss_gib()})
             # The iteration's activations, KV caches and logits are freed; without a trim glibc keeps their pages, and
             # a SmolLM2 trial's resident memory grew by gigabytes over a run (docs/benchmarks.md).
-            release_freed_memory()
+            trim_heap()
 
     def _iterate(self) -> None:
         config, iteration = self.config, self.iteration
