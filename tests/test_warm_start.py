@@ -449,3 +449,49 @@ def test_a_checkpointed_warm_start_saves_the_same_weights_to_the_bit_under_the_s
     assert plain_key == checkpointed_key  # the cache serves either
     job = JobSettings(warm_start_episodes=6, warm_start_steps=3)
     assert warm_start_key(config, job, policy) != plain_key  # a setting that changes the weights changes the key
+
+
+def test_a_lora_warm_start_leaves_a_plain_model_computing_what_its_trained_adapters_computed(bandit_demos):
+    """Rank-4 adapters trained, then folded in: the model afterwards has its own parameters again (the same names,
+    each trainable as before), the frozen embeddings are untouched, every adapted linear layer moved, and its logits
+    are those the model gave with the adapters on after the last step (the ``evaluate`` call), to float rounding."""
+    demos, pad = bandit_demos
+    model, _ = load_policy("tiny", seed=0)
+    names_before = [name for name, _ in model.named_parameters()]
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    probe = torch.tensor([demos[0].token_ids])
+    with_adapters = {}
+
+    def evaluate(step, weights):
+        assert any(".lora_A." in name for name, _ in model.named_parameters())  # the adapters are on here
+        with torch.no_grad():
+            with_adapters[step] = model(probe).logits
+
+    losses = supervised_warm_start(model, demos, steps=3, batch_size=8, lr=2e-2, pad_token_id=pad, log_every=0,
+                                   lora_rank=4, evaluate=evaluate)
+    assert [name for name, _ in model.named_parameters()] == names_before
+    assert all(p.requires_grad for p in model.parameters())
+    after = dict(model.named_parameters())
+    assert torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
+    linear = [name for name in before if name.endswith("proj.weight")]
+    assert linear and all(not torch.equal(after[name], before[name]) for name in linear)
+    with torch.no_grad():
+        torch.testing.assert_close(model(probe).logits, with_adapters[3], rtol=0, atol=1e-5)
+    assert losses[-1] < losses[0]
+
+
+def test_a_negative_lora_rank_is_refused(bandit_demos):
+    demos, pad = bandit_demos
+    with pytest.raises(ValueError, match="lora_rank=-1"):
+        supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, pad_token_id=pad, lora_rank=-1)
+    with pytest.raises(ValueError, match="warm_start_lora_rank"):
+        JobSettings(warm_start_lora_rank=-1).validate()
+
+
+def test_a_lora_warm_start_without_peft_is_refused_naming_the_fix(monkeypatch):
+    import rllib_ragen.jobs.flags as flags
+
+    monkeypatch.setattr(flags, "peft_installed", lambda: False)
+    with pytest.raises(ValueError, match=r"warm_start_lora_rank=8 .* pip install 'rllib_ragen\[lora\]'"):
+        JobSettings(warm_start_lora_rank=8).validate()
+    JobSettings(warm_start_lora_rank=0).validate()

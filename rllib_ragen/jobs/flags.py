@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import importlib.util
 import inspect
 import json
 import os
@@ -69,6 +70,11 @@ def _setting(help: str, default: Any, kind: str, range: Range | None = None, **d
     """A job setting's one declaration: its help, default, and the kind and range its value is checked against
     (a :class:`~rllib_ragen.starpo.knobs.Knob` row, as StarPO's knobs are)."""
     return field(default=default, metadata={"help": help, "row": dict(kind=kind, range=range, **details)})
+
+
+def peft_installed() -> bool:
+    """Whether peft, which LoRA needs, is installed (the job layer does not import the rollout layer's check)."""
+    return importlib.util.find_spec("peft") is not None
 
 
 def _warm_start_device_error(device) -> str | None:
@@ -144,6 +150,10 @@ class JobSettings:
     warm_start_activation_checkpointing: bool = _setting(
         "keep only each layer's input in a warm-start step and run the layer again in its backward pass: the same "
         "weights to the bit in less memory, for longer steps (figures: the Benchmarks page)", False, BOOL)
+    warm_start_lora_rank: int = _setting("train rank-r LoRA adapters on every linear layer in the warm start and fold "
+                                         "them into the weights at its end: no gradients or AdamW moments for the "
+                                         "frozen weights (SmolLM2: 1.6 GB less); needs peft (0: train every weight)",
+                                         0, INT, NON_NEGATIVE)
     warm_start_precision: str = _setting("the warm start's forward pass: 'float32', or 'bfloat16' autocast "
                                          "(weights, optimizer and loss stay float32; faster on a CPU that computes "
                                          "bfloat16 natively and on GPUs, slower where it is emulated: the Benchmarks "
@@ -202,6 +212,9 @@ class JobSettings:
         if config is not None and is_int(turns) and turns > config.max_turns:
             errors.append(f"warm_start_max_turns={turns} exceeds max_turns={config.max_turns}: demonstrations would "
                           "show turns the agent never plays. Lower it, or raise --max-turns.")
+        if is_int(self.warm_start_lora_rank) and self.warm_start_lora_rank > 0 and not peft_installed():
+            errors.append(f"warm_start_lora_rank={self.warm_start_lora_rank} trains LoRA adapters, which needs peft: "
+                          f"pip install 'rllib_ragen[lora]', or --warm-start-lora-rank 0 to train every weight.")
         if not _output_dir_error(self.output_dir) and isinstance(self.run_name, str):
             errors += self._run_folder_errors()
         try:
@@ -293,12 +306,13 @@ GPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
     "smollm2-gpu": {"iterations": 200, "max_minutes": 5.0, "warm_start_precision": "bfloat16"},
 }
 # The CPU presets' job settings, laid over the job's own as the GPU presets' are. smollm2-cpu: a short warm start that
-# teaches the reply format (SmolLM2 already reads text), in bfloat16 where the CPU computes it natively, each layer
-# re-run in the backward pass (the same weights in less memory), and a trial that ends within 30 minutes of training, so
-# that a seed's whole run stays within 45 minutes on 2 cores; the iterations are a cap the budget may meet first.
+# teaches the reply format (SmolLM2 already reads text), with LoRA adapters folded in at its end (full fine-tuning's
+# gradients and AdamW moments alone were 1.6 GB), in bfloat16 where the CPU computes it natively, each layer re-run in
+# the backward pass (the same weights in less memory), and a trial that ends within 30 minutes of training, so that a
+# seed's whole run stays within 45 minutes on 2 cores; the iterations are a cap the budget may meet first.
 CPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
     "smollm2-cpu": {"iterations": 80, "max_minutes": 30.0, "warm_start_steps": 75, "warm_start_episodes": 1200,
-                    "warm_start_lr": 1e-4, "warm_start_average_decay": 0.0,
+                    "warm_start_lr": 1e-3, "warm_start_lora_rank": 16, "warm_start_average_decay": 0.0,
                     "warm_start_micro_batch_size": 4, "warm_start_group_by_length": True,
                     "warm_start_activation_checkpointing": True,
                     "warm_start_precision": "bfloat16" if cpu_computes_bfloat16() else "float32"},

@@ -118,6 +118,7 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
                                    lr_schedule=job.warm_start_lr_schedule,
                                    group_by_length=job.warm_start_group_by_length,
                                    micro_batch_size=job.warm_start_micro_batch_size,
+                                   lora_rank=job.warm_start_lora_rank,
                                    precision=job.warm_start_precision,
                                    evaluate=curve and functools.partial(curve, model),
                                    evaluate_every=job.warm_start_eval_interval,
