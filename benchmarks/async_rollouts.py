@@ -27,7 +27,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 from main_jobs import demonstration_policy, job_module  # noqa: E402  (benchmarks/)
 
-from rllib_ragen.jobs.outputs import state_of, trajectory_outcomes  # noqa: E402
+from rllib_ragen.jobs.readers import state_of, trajectory_outcomes  # noqa: E402
 from rllib_ragen.jobs.paired_stats import paired_comparison  # noqa: E402
 from rllib_ragen.jobs.warm_start import warm_start  # noqa: E402
 

@@ -161,7 +161,7 @@ def echo_trap_rules(action: str = "warn") -> list[Rule]:
 
 def replay(rules, rows, max_rollbacks: int = 3) -> list[Firing]:
     """The firings ``rules`` would have had over a finished run's rows (a trial's flat result rows, oldest first, as
-    ``rllib_ragen.jobs.outputs.read_results`` gives them): thresholds can be tried offline. Rollbacks are counted but
+    ``rllib_ragen.jobs.readers.read_results`` gives them): thresholds can be tried offline. Rollbacks are counted but
     not acted on (the run went on as it did)."""
     sentinel = Sentinel([as_rule(r) for r in rules], max_rollbacks)
     for index, row in enumerate(rows, 1):

@@ -205,7 +205,7 @@ def test_an_exported_policy_evaluated_on_the_gpu_plays_the_runs_validation_state
                                                                                            tmp_path):
     # python -m rllib_ragen.jobs.evaluate --device cuda: a run that sampled on the GPU is reproduced there.
     from rllib_ragen import StarPO
-    from rllib_ragen.jobs.outputs import trajectory_outcomes
+    from rllib_ragen.jobs.readers import trajectory_outcomes
 
     config = small_config(validation_size=8).learners(num_gpus_per_learner=1).env_runners(num_gpus_per_env_runner=1)
     algo = config.build_algo()

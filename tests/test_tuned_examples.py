@@ -15,7 +15,8 @@ import pytest
 from ray import tune
 
 from rllib_ragen.jobs.run import parse_job_args
-from rllib_ragen.jobs.outputs import learning_curve_panels, read_results
+from rllib_ragen.jobs.readers import read_results
+from rllib_ragen.jobs.curves import learning_curve_panels
 from rllib_ragen.starpo.config import STARPO_S_DEFAULTS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

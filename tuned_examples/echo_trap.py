@@ -26,8 +26,9 @@ import runpy
 
 from rllib_ragen import metrics as M
 from rllib_ragen.jobs.run import run_job
-from rllib_ragen.jobs.outputs import (LEARNER, VALIDATED_AT, VALIDATION, read_results, validations_of,
-                                      write_text_atomically)
+from rllib_ragen.jobs.outputs import LEARNER, VALIDATED_AT, VALIDATION, write_text_atomically
+from rllib_ragen.jobs.readers import read_results
+from rllib_ragen.jobs.curves import validations_of
 from rllib_ragen.jobs.report import trial_folders
 
 SIGNALS = {"in-group reward std": M.FILTER_REWARD_STD, "entropy": LEARNER + M.ENTROPY,

@@ -31,7 +31,8 @@ import pathlib
 import runpy
 from statistics import mean
 
-from rllib_ragen.jobs.outputs import read_results, write_text_atomically
+from rllib_ragen.jobs.outputs import write_text_atomically
+from rllib_ragen.jobs.readers import read_results
 from rllib_ragen.jobs.paired_stats import PairedComparison
 from rllib_ragen.jobs.run import run_job
 

@@ -28,8 +28,9 @@ import tempfile
 import time
 
 from ..progress import Progress
-from .outputs import (BASELINES, baseline_name, close_run_log, json_ready, keep_notices_off_the_console, read_outcomes,
-                      send_notices_to, state_of, trajectory_outcomes)
+from .outputs import BASELINES, json_ready
+from .console import close_run_log, keep_notices_off_the_console, send_notices_to
+from .readers import baseline_name, read_outcomes, state_of, trajectory_outcomes
 from ..files import write_text_atomically
 from .paired_stats import PairedComparison, paired_comparison
 from .report import RunFolderImportError, trial_config

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .job_times import JOB_TIMES
-from .outputs import LATEST, keep_notices_off_the_console
+from .outputs import LATEST
+from .console import keep_notices_off_the_console
 from ..hardware import cpu_computes_bfloat16
 from ..ranges import AT_LEAST_ONE, BELOW_ONE, NON_NEGATIVE, POSITIVE, Range
 from ..warm_start import LR_SCHEDULES, WARM_START_PRECISIONS

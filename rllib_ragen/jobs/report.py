@@ -29,10 +29,10 @@ from .. import metrics as M
 from .callbacks import NEXT_TRAINING_SEED, TIME_BUDGET_STOP
 from ..collapse import reasoning_entropy
 from .outputs import (RunFileError, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES,
-                      BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER, MACHINE, LEARNING_CURVE, baseline_name,
-                      RUN_CONFIG, TRAINING, VALIDATED_AT, VALIDATION, json_ready, plot_learning_curve,
-                      read_first_reasonings, read_outcomes, read_reasoning_claims, read_results, state_of,
-                      validations_of, VIEWER_PAGE)
+                      BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER, MACHINE, LEARNING_CURVE, RUN_CONFIG, TRAINING,
+                      VALIDATED_AT, VALIDATION, json_ready, VIEWER_PAGE)
+from .readers import baseline_name, read_first_reasonings, read_outcomes, read_reasoning_claims, read_results, state_of
+from .curves import plot_learning_curve, validations_of
 from ..files import write_text_atomically
 from .flags import JobSettings
 from .validation_states import demonstrated_seeds, initial_states, trained_seeds_by_env

@@ -49,9 +49,11 @@ from .. import metrics as M
 from .callbacks import BEFORE_RL, TENSORBOARD, TIME_BUDGET_STOP, JobOutputs, TensorBoardLogs
 from .flags import JobSettings, parse_job_args, user_model_config
 from .job_times import timing_sentence
-from .outputs import (BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LATEST, LEARNER, PHASE_FILE, SMOOTHING,
-                      TRAINING, VALIDATED_AT, VALIDATION, baseline_file, close_run_log, read_outcomes, read_run_json,
-                      state_of, keep_notices_off_the_console, send_notices_to, start_run_folder, write_rollouts)
+from .outputs import (BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LATEST, LEARNER, PHASE_FILE, TRAINING,
+                      VALIDATED_AT, VALIDATION, baseline_file, read_run_json, start_run_folder, write_rollouts)
+from .console import close_run_log, keep_notices_off_the_console, send_notices_to
+from .readers import read_outcomes, state_of
+from .curves import SMOOTHING
 from ..files import write_text_atomically
 from .report import headline_environment, report_experiment
 from ..hardware import cpu_computes_bfloat16

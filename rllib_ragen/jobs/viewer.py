@@ -26,8 +26,9 @@ import math
 import pathlib
 
 from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, read_run_json,
-                      LEARNING_CURVE, PANEL_EXPLANATIONS, RUN_CONFIG, SENTINEL_FILE, TRAINING_ROLLOUTS, VIEWER_PAGE,
-                      drawn_panels, plot_learning_curve, read_results, validations_of)
+                      LEARNING_CURVE, RUN_CONFIG, SENTINEL_FILE, TRAINING_ROLLOUTS, VIEWER_PAGE)
+from .readers import read_results
+from .curves import PANEL_EXPLANATIONS, drawn_panels, plot_learning_curve, validations_of
 from ..files import write_text_atomically
 
 # In the list's order: the trained policy's validation episodes first (the page opens on the first of them).
@@ -92,7 +93,7 @@ def _finite(value):
     return None if isinstance(value, float) and not math.isfinite(value) else str(value)
 
 
-# ---- curves: the report's learning curve (outputs.plot_learning_curve), embedded in the page ---------------------
+# ---- curves: the report's learning curve (curves.plot_learning_curve), embedded in the page ---------------------
 def curves_html(run_dir: pathlib.Path, rows: list[dict], firings: list[dict], env: str,
                 validation_env: str | None = None) -> str:
     """The run's learning curve as an embedded image: the report's file, or drawn now from ``rows``."""

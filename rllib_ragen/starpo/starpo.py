@@ -354,15 +354,20 @@ class StarPO(Algorithm):
     def _send_policy_to_env_runners(self) -> None:
         """The learner's policy to the env runners: shared or copied in place when the learner and the only env runner
         live in this process (``weight_sync.py``), else through the object store. Logs the bytes moved."""
-        if self.learner_group.is_local and self.env_runner is not None \
-                and not self.env_runner_group.num_remote_env_runners():
-            learner = self.learner_group._learner  # private: see _on_first_learner
-            module = learner.module[DEFAULT_MODULE_ID].unwrapped()
-            moved = self.env_runner.play_in_process(module.policy_tensors(), learner._weights_seq_no,
-                                                    share=not self.config.max_policy_lag)
-        else:
+        moved = self._play_learner_in_process(share=not self.config.max_policy_lag)
+        if moved is None:
             moved = self._push_weights_to_env_runners()
         self._log({M.SYNC_BYTES: float(moved)})
+
+    def _play_learner_in_process(self, *, share: bool) -> int | None:
+        """Where the learner and the only env runner live in this process: the runner takes the learner's policy
+        tensor by tensor (``EnvRunner.play_in_process``) and the bytes copied are returned; elsewhere None."""
+        if not (self.learner_group.is_local and self.env_runner is not None
+                and not self.env_runner_group.num_remote_env_runners()):
+            return None
+        learner = self.learner_group._learner  # private: see _on_first_learner
+        module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+        return self.env_runner.play_in_process(module.policy_tensors(), learner._weights_seq_no, share=share)
 
     def _push_weights_to_env_runners(self) -> int:
         """Load the learner's policy into every healthy env runner, waiting until each has it.
@@ -531,10 +536,14 @@ class StarPO(Algorithm):
         path = pathlib.Path(path)
         if path.exists() and not path.is_dir():  # save_pretrained would only log an error and write nothing
             raise NotADirectoryError(f"cannot export the policy to {path}: it is a file.")
-        weights = self._learner_module_state()
-        module = self.env_runner.module if self.env_runner is not None else self.config.get_rl_module_spec(
-            spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True).build()
-        module.set_state(weights)
+        # A runner that plays the learner's own tensors takes them in place, one merged LoRA layer at a time; else a
+        # module loads the whole merged state (SmolLM2: a float32 copy of every weight, 0.54 GB at once).
+        if self.config.max_policy_lag or self._play_learner_in_process(share=True) is None:
+            module = self.env_runner.module if self.env_runner is not None else self.config.get_rl_module_spec(
+                spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True).build()
+            module.set_state(self._learner_module_state())
+        else:
+            module = self.env_runner.module
         module.save_pretrained(path)
         if not (path / "config.json").is_file():
             raise OSError(f"exporting the policy to {path} wrote no config.json; see the errors above.")

@@ -24,7 +24,7 @@ def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_sessio
     """The algorithm validates after one update; its exported policy, evaluated from the folder, scores each state
     as that validation did, sampled (the validation's temperature and sampling seed) and greedy; the untrained
     policy beside it is paired against it on the same states."""
-    from rllib_ragen.jobs.outputs import trajectory_outcomes
+    from rllib_ragen.jobs.readers import trajectory_outcomes
 
     config = small_config("rllib_ragen/Bandit-v0", validation_size=6, validation_interval=1, num_groups=2,
                           max_turns=1)

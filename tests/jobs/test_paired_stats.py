@@ -39,7 +39,7 @@ def test_states_must_match():
 
 
 def test_several_episodes_of_one_state_are_averaged_into_one_paired_state():
-    from rllib_ragen.jobs.outputs import outcomes_by_state, state_of
+    from rllib_ragen.jobs.readers import outcomes_by_state, state_of
 
     # validation_group_size=2: two episodes per state. The state is the unit: its episodes share its difficulty,
     # and the k-th before pairs with the k-th after no better than with any other. Two environments share seed 123

@@ -77,7 +77,9 @@ def test_the_page_is_self_contained(run_dir):
 
 
 def test_the_viewer_shows_the_reports_learning_curve_and_the_firings_are_drawn_on_it(run_dir):
-    from rllib_ragen.jobs.outputs import LEARNING_CURVE, plot_learning_curve, read_results, validations_of
+    from rllib_ragen.jobs.outputs import LEARNING_CURVE
+    from rllib_ragen.jobs.readers import read_results
+    from rllib_ragen.jobs.curves import plot_learning_curve, validations_of
     from rllib_ragen.jobs.viewer import build_page
 
     out, _, _ = run_dir
@@ -112,7 +114,8 @@ def test_filters_list_the_expected_episodes(run_dir):
 
 
 def test_each_panel_of_the_curves_is_explained_in_one_line(run_dir):
-    from rllib_ragen.jobs.outputs import PANEL_EXPLANATIONS, drawn_panels, read_results
+    from rllib_ragen.jobs.readers import read_results
+    from rllib_ragen.jobs.curves import PANEL_EXPLANATIONS, drawn_panels
 
     out, _, _ = run_dir
     page = (out / "rollouts.html").read_text()

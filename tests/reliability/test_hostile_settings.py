@@ -66,7 +66,7 @@ def test_countdown_settings_that_draw_no_target_fail_in_bounded_time_instead_of_
 def test_a_damaged_result_file_is_named_with_its_line(tmp_path, bad_line):
     import json
 
-    from rllib_ragen.jobs.outputs import read_results
+    from rllib_ragen.jobs.readers import read_results
 
     good = json.dumps({"training_iteration": 1, "env_runners": {"x": 0.5}})
     (tmp_path / "result.json").write_text(good + "\n" + bad_line + "\n")

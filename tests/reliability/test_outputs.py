@@ -218,7 +218,7 @@ def test_a_run_record_too_large_to_be_one_is_refused_unread(tmp_path, monkeypatc
 def test_library_notices_are_held_then_written_to_the_run_log_never_to_the_console(tmp_path, capfd):
     """A notice raised before the run folder exists waits in memory, then lands in job.log with the later ones;
     after the run, notices go back to waiting, never into that folder."""
-    from rllib_ragen.jobs.outputs import close_run_log, keep_notices_off_the_console, send_notices_to
+    from rllib_ragen.jobs.console import close_run_log, keep_notices_off_the_console, send_notices_to
 
     keep_notices_off_the_console()
     logging.getLogger("ray.rllib.algorithms.algorithm_config").warning("early notice, before the run folder")

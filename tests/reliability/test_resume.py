@@ -10,7 +10,8 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen import StarPOConfig
 from rllib_ragen.jobs.run import JobSettings, run_job
-from rllib_ragen.jobs.outputs import changed_settings, read_results, start_run_folder
+from rllib_ragen.jobs.outputs import changed_settings, start_run_folder
+from rllib_ragen.jobs.readers import read_results
 
 
 def test_resume_without_a_run_fails_before_any_work(tmp_path):

@@ -94,7 +94,8 @@ def test_a_lost_learner_is_survived_by_tune_restarting_the_trial_from_its_checkp
     from safetensors.torch import load_file
 
     from rllib_ragen.jobs.run import JobSettings, run_job
-    from rllib_ragen.jobs.outputs import POLICY, read_results
+    from rllib_ragen.jobs.outputs import POLICY
+    from rllib_ragen.jobs.readers import read_results
 
     config = small_config(validation_interval=0).learners(num_learners=1)
     job = JobSettings(iterations=3, checkpoint_interval=1, warm_start_steps=0, threads=1, max_failures=1)

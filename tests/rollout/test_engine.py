@@ -384,8 +384,9 @@ def test_the_ungrounded_reasoning_penalty_lands_on_the_turn_whose_reasoning_erre
 
 
 def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_validation_splits(tiny):
-    from rllib_ragen.jobs.outputs import LEARNER, TRAINING, VALIDATED_AT, VALIDATION, validation_points
-    from rllib_ragen.jobs.outputs import learning_curve_panels
+    from rllib_ragen.jobs.outputs import LEARNER, TRAINING, VALIDATED_AT, VALIDATION
+    from rllib_ragen.jobs.curves import validation_points
+    from rllib_ragen.jobs.curves import learning_curve_panels
 
     _, tokenizer = tiny
     config = RolloutConfig(env="rllib_ragen/FrozenLakeNotSlippery-v0", max_turns=10, max_actions_per_turn=1)

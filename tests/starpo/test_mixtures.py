@@ -183,7 +183,9 @@ def test_a_job_that_validates_only_on_environments_it_does_not_train_on_scores_t
     import base64
 
     from rllib_ragen import metrics as M
-    from rllib_ragen.jobs.outputs import LEARNING_CURVE, TRAINING, read_results, validation_points, validations_of
+    from rllib_ragen.jobs.outputs import LEARNING_CURVE, TRAINING
+    from rllib_ragen.jobs.readers import read_results
+    from rllib_ragen.jobs.curves import validation_points, validations_of
 
     success = TRAINING + M.env_metric("rllib_ragen/Bandit-v0", M.SUCCESS)
     assert validation_points(validations_of(read_results(run)), success, "rllib_ragen/Bandit-v0", held_out)
