@@ -106,8 +106,9 @@ def main() -> None:
     moves = ["Up", "Down", "Left", "Right"]
     local = rate(lambda: any(env.step(str(rng.choice(moves)))[2:4]), lambda seed: env.reset(seed=seed), args.seconds)
     print(f"  {'in-process (baseline)':40s} {local:8.0f}/s")
-    server = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.serve", "--env", "rllib_ragen/Sokoban-v0",
-                               "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    server = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.remote.server", "--env",
+                               "rllib_ragen/Sokoban-v0", "--port", "0"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
     try:
         url = server.stdout.readline().split(" on ")[1].strip()
         for clients in (1, 4):

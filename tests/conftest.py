@@ -75,7 +75,7 @@ def learner_state():
 
 @pytest.fixture(scope="session")  # a function, stateless: module fixtures may share one server through it
 def env_server():
-    """Start an environment server process on 127.0.0.1 (``python -m rllib_ragen.envs.serve``): ``with
+    """Start an environment server process on 127.0.0.1 (``python -m rllib_ragen.envs.remote.server``): ``with
     env_server(env_id, *flags, port=0) as server:`` gives it with ``server.url``, and stops it (SIGTERM, then kill)
     at the end of the block; ``server.stop()`` stops it earlier. It can serve the test environments of
     ``tests/envs/served_envs.py``."""
@@ -85,8 +85,8 @@ def env_server():
 @contextlib.contextmanager
 def _serving(env_id, *flags, port=0):
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS / "envs"), os.environ.get("PYTHONPATH", "")]))
-    process = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.serve", "--env", env_id, "--port", str(port),
-                                "--register", "served_envs", *flags],
+    process = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.remote.server", "--env", env_id, "--port",
+                                str(port), "--register", "served_envs", *flags],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environ)
     process.stop = lambda: _stop(process)
     try:

@@ -489,9 +489,9 @@ def test_a_negative_lora_rank_is_refused(bandit_demos):
 
 
 def test_a_lora_warm_start_without_peft_is_refused_naming_the_fix(monkeypatch):
-    import rllib_ragen.jobs.flags as flags
+    import rllib_ragen.jobs.settings as settings
 
-    monkeypatch.setattr(flags, "peft_installed", lambda: False)
+    monkeypatch.setattr(settings, "peft_installed", lambda: False)
     with pytest.raises(ValueError, match=r"warm_start_lora_rank=8 .* pip install 'rllib_ragen\[lora\]'"):
         JobSettings(warm_start_lora_rank=8).validate()
     JobSettings(warm_start_lora_rank=0).validate()

@@ -42,17 +42,18 @@ def register_text_env(
 
     Args:
         env_id: a versioned gymnasium id, e.g. ``"myproject/Maze-v0"``.
-        entry_point: a :class:`TextEnv` subclass, or its import path ``"package.module:ClassName"``. Either
-            reaches Ray's worker processes: a ``StarPOConfig`` naming the id carries the registration
-            (:func:`registrations_of`).
+        entry_point: a :class:`TextEnv` subclass, or a function that builds one (``make_text_env`` checks what it
+            built), or the import path of either, ``"package.module:Name"``. Each reaches Ray's worker processes: a
+            ``StarPOConfig`` naming the id carries the registration (:func:`registrations_of`).
         max_episode_steps: env steps (single actions) before gymnasium's ``TimeLimit`` truncates. The agent's
             own per-episode action budget is a rollout setting; this is only a safety net.
         reward_threshold: the return at which the env counts as solved, if known.
         **kwargs: default constructor arguments; ``gymnasium.make(env_id, **overrides)`` overrides them.
     """
     cls = entry_point if not isinstance(entry_point, str) else load_import_path(entry_point, "entry_point")
-    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
-        raise TypeError(f"{env_id}: entry_point {entry_point!r} must be a subclass of rllib_ragen.envs.TextEnv.")
+    if not (isinstance(cls, type) and issubclass(cls, TextEnv) or callable(cls) and not isinstance(cls, type)):
+        raise TypeError(f"{env_id}: entry_point {entry_point!r} must be a subclass of rllib_ragen.envs.TextEnv, or "
+                        "a function that builds one.")
     if env_id in gym.registry:
         if env_id in _TEXT_ENV_IDS and gym.registry[env_id].entry_point == entry_point:
             return  # re-import of the same module: nothing to do
@@ -70,7 +71,7 @@ def register_text_env(
 ADAPTED_NAMESPACES = {"gem/": "rllib_ragen.envs.gem_env:GemTextEnv",
                       "textarena/": "rllib_ragen.envs.textarena_env:TextArenaTextEnv",
                       "reasoning_gym/": "rllib_ragen.envs.reasoning_gym_env:ReasoningGymTextEnv"}
-# An environment served over HTTP (rllib_ragen.envs.serve), played with env_config={"url": ...}; registered on first
+# An environment served over HTTP (rllib_ragen.envs.remote), played with env_config={"url": ...}; registered on first
 # use too, so that code iterating over the built-ins never builds it without a url.
 REMOTE_ENV_ID = "rllib_ragen/Remote-v0"
 # A class written for TRL's environment_factory, played with env_config={"environment": "pkg.module:Class", ...}.
@@ -84,7 +85,7 @@ def ensure_registered(env_id: Any) -> None:
     if not isinstance(env_id, str) or env_id in gym.registry:
         return
     if env_id == REMOTE_ENV_ID:
-        register_text_env(env_id, "rllib_ragen.envs.remote:RemoteTextEnv", max_episode_steps=None)
+        register_text_env(env_id, "rllib_ragen.envs.remote:remote_text_env", max_episode_steps=None)
     if env_id == TRL_ENV_ID:
         register_text_env(env_id, "rllib_ragen.envs.tool_env:TRLEnvironment", max_episode_steps=None)
     for namespace, entry_point in ADAPTED_NAMESPACES.items():

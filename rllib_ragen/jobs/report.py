@@ -34,7 +34,7 @@ from .outputs import (RunFileError, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_
 from .readers import baseline_name, read_first_reasonings, read_outcomes, read_reasoning_claims, read_results, state_of
 from .curves import plot_learning_curve, validations_of
 from ..files import write_text_atomically
-from .flags import JobSettings
+from .settings import JobSettings
 from .validation_states import demonstrated_seeds, initial_states, trained_seeds_by_env
 from .paired_stats import PairedComparison, paired_by_subset, paired_comparison
 

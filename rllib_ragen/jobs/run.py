@@ -47,7 +47,8 @@ from ray.tune import Callback
 
 from .. import metrics as M
 from .callbacks import BEFORE_RL, TENSORBOARD, TIME_BUDGET_STOP, JobOutputs, TensorBoardLogs
-from .flags import JobSettings, parse_job_args, user_model_config
+from .flags import parse_job_args, user_model_config
+from .settings import JobSettings
 from .job_times import timing_sentence
 from .outputs import (BASELINES, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LATEST, LEARNER, PHASE_FILE, TRAINING,
                       VALIDATED_AT, VALIDATION, baseline_file, read_run_json, start_run_folder, write_rollouts)

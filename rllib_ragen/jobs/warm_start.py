@@ -33,7 +33,7 @@ WARM_STARTS = "warm_starts"  # in a job's output folder: one warm-start model pe
 
 
 def cached_warm_start(config, job, policy: Callable[[str], str]) -> str:
-    """The warm-start model for ``config`` and ``job`` (a :class:`~rllib_ragen.jobs.flags.JobSettings`):
+    """The warm-start model for ``config`` and ``job`` (a :class:`~rllib_ragen.jobs.settings.JobSettings`):
     trained once into ``<output_dir>/warm_starts/<key>/`` (``key``: :func:`warm_start_key`), then reused by every
     later run, seed and trial with the same settings. Written to a side folder and renamed, so a killed warm start
     leaves no cache behind."""

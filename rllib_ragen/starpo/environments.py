@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 from typing import Any
 
 import gymnasium as gym
@@ -37,12 +38,14 @@ def env_name(env) -> str:
 
 
 def env_class(env) -> type:
-    """The class a registered id (or a TextEnv class) builds. A registration's entry point is the class itself or its
-    import path (``register_text_env`` takes both); only a path is imported."""
+    """The class a registered id (or a TextEnv class) builds. A registration's entry point is the class itself, a
+    function that builds it (its return annotation names the class), or the import path of either
+    (``register_text_env`` takes each); only a path is imported."""
     if isinstance(env, type):
         return env
     entry_point = gym.spec(env).entry_point
-    return load_import_path(entry_point, "entry_point") if isinstance(entry_point, str) else entry_point
+    built = load_import_path(entry_point, "entry_point") if isinstance(entry_point, str) else entry_point
+    return built if isinstance(built, type) else typing.get_type_hints(built).get("return", built)
 
 
 def env_arguments(env) -> set[str] | None:

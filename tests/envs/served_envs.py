@@ -1,5 +1,5 @@
 """Environments for the HTTP server's tests, registered on import: the server process imports this module
-(``python -m rllib_ragen.envs.serve --register served_envs``)."""
+(``python -m rllib_ragen.envs.remote.server --register served_envs``)."""
 
 import time
 

@@ -1,5 +1,5 @@
-"""Environments served over HTTP: real server processes on 127.0.0.1 (``python -m rllib_ragen.envs.serve``), played
-through RemoteTextEnv and the rollout engine, including a server killed mid-episode and a slow one."""
+"""Environments served over HTTP: real server processes on 127.0.0.1 (``python -m rllib_ragen.envs.remote.server``),
+played through RemoteTextEnv and the rollout engine, including a server killed mid-episode and a slow one."""
 
 import http.client
 import json
@@ -146,7 +146,7 @@ def _serve_with_log(env_id, *flags):
 
     paths = [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-    process = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.serve", "--env", env_id, "--port", "0",
+    process = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.remote.server", "--env", env_id, "--port", "0",
                                 "--register", "served_envs", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=environ)
     line = process.stdout.readline()
@@ -229,7 +229,7 @@ def test_the_server_holds_under_abuse_and_logs_each_kind_of_environment_error_on
                                             (["--session-ttl-s", "nan"], "--session-ttl-s nan: give a number"),
                                             (["--max-sessions", "0"], "--max-sessions 0: give at least 1")])
 def test_bad_server_limits_are_refused_before_it_listens(flags, message, capsys):
-    from rllib_ragen.envs.serve import main
+    from rllib_ragen.envs.remote.server import main
 
     with pytest.raises(SystemExit) as stopped:
         main(["--env", "rllib_ragen/Sokoban-v0", "--port", "0", *flags])
@@ -240,7 +240,8 @@ def test_an_unknown_environment_is_one_line_and_exit_code_2():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "rllib_ragen.envs.serve", "--env", "nope/Nope-v0", "--port", "0"],
+    done = subprocess.run([sys.executable, "-m", "rllib_ragen.envs.remote.server", "--env", "nope/Nope-v0", "--port",
+                           "0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "cannot serve --env nope/Nope-v0" in done.stderr.splitlines()[-1]
@@ -301,3 +302,20 @@ def test_the_openenv_server_holds_the_same_limits_under_abuse():
             connection.close()
         process.terminate()
         process.communicate(timeout=30)
+
+
+def test_the_remote_id_builds_each_protocols_client_through_one_factory():
+    """``rllib_ragen/Remote-v0`` names a factory, not a class that swaps itself: each protocol gets its own client
+    (nothing connects before the first reset), and the id still reads as RemoteTextEnv's arguments."""
+    from rllib_ragen.envs.remote import RemoteTextEnv, remote_text_env
+    from rllib_ragen.envs.remote.openenv import OpenEnvTextEnv
+    from rllib_ragen.starpo.environments import env_arguments, env_class
+
+    ours, theirs = remote_text_env("http://127.0.0.1:9"), remote_text_env("http://127.0.0.1:9", protocol="openenv")
+    assert type(ours) is RemoteTextEnv and type(theirs) is OpenEnvTextEnv
+    assert type(make_text_env("rllib_ragen/Remote-v0", url="http://127.0.0.1:9", protocol="openenv").unwrapped) \
+        is OpenEnvTextEnv
+    assert env_class("rllib_ragen/Remote-v0") is RemoteTextEnv and "connect_retries" in env_arguments(
+        "rllib_ragen/Remote-v0")
+    with pytest.raises(ValueError, match=r"protocol='openenv' is played by OpenEnvTextEnv.*remote_text_env"):
+        RemoteTextEnv("http://127.0.0.1:9", protocol="openenv")

@@ -41,7 +41,7 @@ def test_an_interrupted_job_says_so_exits_non_zero_and_resumes(tmp_path):
     # resume to its end; a run is not played again here, for CI's time).
     from ray import tune
 
-    from rllib_ragen.jobs.flags import _experiment_state_errors
+    from rllib_ragen.jobs.settings import _experiment_state_errors
 
     run = tmp_path / "cut"
     assert tune.Tuner.can_restore(str(run)) and _experiment_state_errors(run) == []
@@ -64,7 +64,7 @@ def _state_folder(tmp_path, tuner_bytes: bytes, state_text: str | None):
     (b"\x80\x05...", None, r"has no experiment_state-\*.json"),
 ])
 def test_resume_refuses_a_damaged_experiment_state_naming_the_file(tmp_path, tuner_bytes, state_text, message):
-    from rllib_ragen.jobs.flags import _experiment_state_errors
+    from rllib_ragen.jobs.settings import _experiment_state_errors
 
     errors = _experiment_state_errors(_state_folder(tmp_path, tuner_bytes, state_text))
     assert errors and any(__import__("re").search(message, e) for e in errors), errors

@@ -11,7 +11,8 @@ import pytest
 
 import rllib_ragen
 from rllib_ragen import StarPOConfig
-from rllib_ragen.jobs.flags import JobSettings, config_flag_names, job_setting_rows, training_knob_help
+from rllib_ragen.jobs.flags import config_flag_names, training_knob_help
+from rllib_ragen.jobs.settings import JobSettings, job_setting_rows
 from rllib_ragen.ranges import Range
 from rllib_ragen.rollout import RolloutConfig
 from rllib_ragen.starpo.knobs import (BOOL, INT, KNOB_SECTIONS, KNOB_TABLE, KNOBS, NUMBER, RLLIB_DEFAULT,

@@ -1,10 +1,10 @@
-"""A text environment that lives in another process, container or machine, reached over HTTP.
+"""Our protocol's client: a text environment that lives in another process, container or machine, reached over HTTP.
 
 ``make_text_env("rllib_ragen/Remote-v0", url="http://127.0.0.1:8000")``, or in a config
 ``.environment("rllib_ragen/Remote-v0", env_config={"url": ...})``, plays whatever
-``python -m rllib_ragen.envs.serve --env ID --port P`` serves there (the routes are in
-:mod:`rllib_ragen.envs.serve`). With ``protocol="openenv"`` it plays an OpenEnv server instead
-(:class:`rllib_ragen.envs.openenv_bridge.OpenEnvTextEnv`, on the ``openenv`` extra).
+``python -m rllib_ragen.envs.remote.server --env ID --port P`` serves there (the routes are in
+:mod:`rllib_ragen.envs.remote.server`). With ``protocol="openenv"`` the id builds
+:class:`rllib_ragen.envs.remote.openenv.OpenEnvTextEnv` instead (:func:`rllib_ragen.envs.remote.remote_text_env`).
 
 Failures stay inside the episode. A refused or dropped connection is retried with exponential backoff
 (``connect_retries``); a step is sent with its index, so a retry after a lost response never steps twice. A server
@@ -25,8 +25,9 @@ from urllib.parse import urlparse
 
 import regex
 
-from .base import TextEnv
-from .external import AnyText, move_matching
+from ..base import TextEnv
+from ..external import AnyText, move_matching
+from .wire import PROTOCOLS, RemoteEnvError
 
 # A server is trusted with its game, not with this process: what it sends is checked before it is used.
 MAX_ACTION_PATTERN_CHARS = 256  # a served move syntax (a regular expression) longer than this is refused
@@ -35,23 +36,6 @@ MAX_REPLY_OVERHEAD_BYTES = 65_536  # a reply's bytes beyond its texts (JSON esca
 
 # Errors of a connection that may succeed when made again (the server restarting, a dropped keep-alive socket).
 _CONNECTION_ERRORS = (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine, BrokenPipeError)
-
-
-PROTOCOLS = ("rllib_ragen", "openenv")
-
-
-class RemoteEnvError(RuntimeError):
-    """The remote environment could not be reached, or answered with an error."""
-
-
-def episode_start(text_env: TextEnv) -> dict[str, Any]:
-    """What a client needs at the start of an episode besides the observation, from the (unwrapped) environment
-    just reset: both servers send it."""
-    return {"description": text_env.describe(), "action_names": list(text_env.action_names),
-            "action_pattern": getattr(text_env, "action_pattern", None),
-            "max_turns": getattr(text_env, "max_turns", None), "state_key": text_env.state_key(),
-            "raw_replies": bool(getattr(text_env, "raw_replies", False)),
-            "tools": [dict(tool) for tool in getattr(text_env, "tools", None) or ()]}
 
 
 class RemoteTextEnv(TextEnv):
@@ -72,24 +56,14 @@ class RemoteTextEnv(TextEnv):
 
     ## Arguments
     ``url``: the server, e.g. ``"http://127.0.0.1:8000"``. ``protocol``: ``"rllib_ragen"`` (default; the server
-    of ``python -m rllib_ragen.envs.serve``) or ``"openenv"`` (any OpenEnv server, or ours with ``--protocol
+    of ``python -m rllib_ragen.envs.remote.server``) or ``"openenv"`` (any OpenEnv server, or ours with ``--protocol
     openenv``). ``request_timeout_s`` (30): the longest wait for one answer. ``connect_retries`` (4) and
     ``retry_backoff_s`` (0.2): a failed connection is retried after 0.2, 0.4, 0.8, ... seconds (``"rllib_ragen"``
     only: an OpenEnv episode lives on one connection). For OpenEnv servers that are not ours: ``action_field``,
     ``observation_field``, ``success_reward`` and ``raw_replies`` (see
-    :class:`~rllib_ragen.envs.openenv_bridge.OpenEnvTextEnv`). A server of ours says itself whether its environment
+    :class:`~rllib_ragen.envs.remote.openenv.OpenEnvTextEnv`). A server of ours says itself whether its environment
     reads raw replies (:attr:`TextEnv.raw_replies`).
     """
-
-    def __new__(cls, *args, protocol: str = "rllib_ragen", **kwargs):
-        if cls is RemoteTextEnv and protocol == "openenv":  # one registered id, two transports
-            try:
-                from .openenv_bridge import OpenEnvTextEnv
-            except ImportError as error:
-                raise ImportError(f"protocol='openenv' needs the openenv package ({error}): "
-                                  'pip install "rllib_ragen[openenv]"') from None
-            cls = OpenEnvTextEnv
-        return super().__new__(cls)
 
     def __init__(self, url: str, protocol: str = "rllib_ragen", request_timeout_s: float = 30.0,
                  connect_retries: int = 4, retry_backoff_s: float = 0.2, max_observation_chars: int = 16384,
@@ -98,10 +72,15 @@ class RemoteTextEnv(TextEnv):
                  render_mode: str | None = "ansi"):
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol={protocol!r}: choose one of {PROTOCOLS}.")
+        if protocol == "openenv" and type(self) is RemoteTextEnv:  # this class speaks our protocol only
+            raise ValueError("protocol='openenv' is played by OpenEnvTextEnv: build it with "
+                             "rllib_ragen.envs.remote.remote_text_env(url, protocol='openenv') or make_text_env("
+                             "'rllib_ragen/Remote-v0', url=..., protocol='openenv').")
         parsed = urlparse(url) if isinstance(url, str) else None
         if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname or (
                 protocol == "rllib_ragen" and parsed.scheme != "http"):
-            raise ValueError(f"url={url!r}: give the server as http://HOST:PORT (python -m rllib_ragen.envs.serve).")
+            raise ValueError(f"url={url!r}: give the server as http://HOST:PORT "
+                             "(python -m rllib_ragen.envs.remote.server).")
         openenv_only = {"action_field": action_field, "observation_field": observation_field,
                         "success_reward": success_reward, "raw_replies": raw_replies}
         for name, value in openenv_only.items():
@@ -133,7 +112,7 @@ class RemoteTextEnv(TextEnv):
         self._connection: http.client.HTTPConnection | None = None
         self._client = None  # OpenEnv's client, with protocol="openenv"
         self._ours, self._action_schema, self._server_description = True, {}, ""
-        self._mcp = False  # an OpenEnv MCP tool server (openenv_bridge)
+        self._mcp = False  # an OpenEnv MCP tool server (openenv.py)
         self._session: str | None = None
         self._steps = 0
         self._description, self._observation, self._state_key = "", "", ""
@@ -165,7 +144,7 @@ class RemoteTextEnv(TextEnv):
                 if attempt == self.connect_retries:
                     raise RemoteEnvError(f"cannot reach the environment server at {self.url} after "
                                          f"{attempt + 1} attempts ({type(error).__name__}: {error}); is "
-                                         "`python -m rllib_ragen.envs.serve` running there?") from error
+                                         "`python -m rllib_ragen.envs.remote.server` running there?") from error
                 time.sleep(self.retry_backoff_s * 2 ** attempt)
         if len(raw) > self._max_reply_bytes:
             self._drop_connection()  # the rest of that reply is never read

@@ -2,8 +2,8 @@
 
 - **Serving**: :func:`openenv_app` wraps any registered text environment in an OpenEnv ``Environment`` and builds
   OpenEnv's own FastAPI app around it (``create_fastapi_app``), so OpenEnv's clients (``GenericEnvClient``, TRL's,
-  SkyRL's) play it over ``/ws`` and ``openenv validate --url`` passes. ``python -m rllib_ragen.envs.serve --env ID
-  --protocol openenv`` runs it with uvicorn. The action is :class:`TextAction` (``{"message": "Up"}``); the
+  SkyRL's) play it over ``/ws`` and ``openenv validate --url`` passes. ``python -m rllib_ragen.envs.remote.server --env
+  ID --protocol openenv`` runs it with uvicorn. The action is :class:`TextAction` (``{"message": "Up"}``); the
   observation, :class:`TextObservation`, carries the text and everything ``RemoteTextEnv`` needs to play the episode
   as it plays in process (the action list, the state key, success, truncation).
 - **Playing**: :class:`OpenEnvTextEnv` plays any OpenEnv server as a text environment, through OpenEnv's own
@@ -11,8 +11,8 @@
   is rendered to text and its action schema told to the policy; ``done`` is ``terminated``; seeds pass through.
 
 Why two remote protocols: OpenEnv keeps an episode on one WebSocket, and its HTTP ``/reset`` and ``/step`` are
-stateless, so a dropped connection ends the episode. ``rllib_ragen``'s own HTTP protocol (``serve.py``,
-``remote.py``) keeps the episode in a server session and numbers each step, so a client reconnects and retries a
+stateless, so a dropped connection ends the episode. ``rllib_ragen``'s own HTTP protocol (``server.py``,
+``client.py``) keeps the episode in a server session and numbers each step, so a client reconnects and retries a
 step whose answer was lost without stepping twice; and it needs nothing beyond the standard library.
 """
 
@@ -30,10 +30,10 @@ from openenv.core.env_server.http_server import create_fastapi_app
 from openenv.core.env_server.types import ConcurrencyConfig, EnvironmentMetadata
 from pydantic import Field
 
-from . import make_text_env
-from .base import TextEnv
-from .remote import RemoteEnvError, RemoteTextEnv, episode_start
-from .serve import EnvironmentErrorLog
+from .. import make_text_env
+from ..base import TextEnv
+from .client import RemoteTextEnv
+from .wire import EnvironmentErrorLog, RemoteEnvError, episode_start
 
 logger = logging.getLogger(__name__)
 
@@ -236,8 +236,8 @@ _OPENENV_RESERVED = frozenset({"done", "reward", "metadata"})
 
 
 class OpenEnvTextEnv(RemoteTextEnv):
-    """An OpenEnv server played as a text environment (``RemoteTextEnv(url, protocol="openenv")``; the arguments
-    are ``RemoteTextEnv``'s).
+    """An OpenEnv server played as a text environment (``remote_text_env(url, protocol="openenv")``; the
+    arguments are ``RemoteTextEnv``'s).
 
     One episode is one WebSocket session of OpenEnv's ``GenericEnvClient``. At the first reset the server's
     ``/schema`` and ``/metadata`` are read:
@@ -299,8 +299,8 @@ class OpenEnvTextEnv(RemoteTextEnv):
                 raw = response.read(self._max_reply_bytes + 1)
         except urllib.error.HTTPError as error:
             raise RemoteEnvError(f"{self.url}{path} answered HTTP {error.code}: not an OpenEnv server? (A "
-                                 "`python -m rllib_ragen.envs.serve` server without --protocol openenv is played "
-                                 "with protocol='rllib_ragen'.)") from None
+                                 "`python -m rllib_ragen.envs.remote.server` server without --protocol openenv is "
+                                 "played with protocol='rllib_ragen'.)") from None
         except (urllib.error.URLError, OSError) as error:
             raise RemoteEnvError(f"cannot reach the OpenEnv server at {self.url} ({error}).") from None
         try:

@@ -1,6 +1,6 @@
-"""Serve any registered text environment over HTTP: ``python -m rllib_ragen.envs.serve --env ID --port P``.
+"""Serve any registered text environment over HTTP: ``python -m rllib_ragen.envs.remote.server --env ID --port P``.
 
-rllib_ragen's own protocol (``--protocol openenv`` serves OpenEnv's instead: ``openenv_bridge.py``): one session per
+rllib_ragen's own protocol (``--protocol openenv`` serves OpenEnv's instead: ``openenv.py``): one session per
 episode, JSON over HTTP/1.1 with keep-alive:
 
 - ``POST /reset`` ``{"seed": int | null, "options": {...}, "close": previous session id | null}`` starts an episode
@@ -15,7 +15,7 @@ episode, JSON over HTTP/1.1 with keep-alive:
 
 Errors come back as ``{"error": message}`` with status 400 (a bad request), 404 (an unknown session), 413 (a body
 over ``--max-body-bytes``), 503 (too many sessions) or 500 (the environment raised; logged once per kind of
-error with a count, :class:`EnvironmentErrorLog`). The client is :class:`rllib_ragen.envs.remote.RemoteTextEnv`.
+error with a count, :class:`EnvironmentErrorLog`). The client is :class:`rllib_ragen.envs.remote.client.RemoteTextEnv`.
 
 What a client cannot do to the server: hold a thread with a request it never finishes (``--request-timeout-s``),
 make it read a body of any size, crash a request with a deeply nested body, or fill the session table with resets
@@ -38,9 +38,7 @@ import socket
 import sys
 import threading
 import time
-import traceback
 import uuid
-from collections import Counter
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -48,32 +46,10 @@ from urllib.parse import parse_qs, urlparse
 
 import gymnasium as gym
 
-from . import make_text_env
-from .remote import PROTOCOLS, episode_start
+from .. import make_text_env
+from .wire import PROTOCOLS, EnvironmentErrorLog, episode_start
 
 logger = logging.getLogger(__name__)
-
-
-class EnvironmentErrorLog:
-    """The environment's errors, logged once per kind (the route and the exception's type) with a count: the first
-    in full (one line, its traceback at debug level), then at the 10th, 100th, 1,000th, ... of the kind, so a client
-    that repeats a bad request cannot flood the log."""
-
-    def __init__(self, log: logging.Logger):
-        self.log, self.counts, self.lock = log, Counter(), threading.Lock()
-
-    def record(self, where: str, error: BaseException) -> None:
-        kind = (where, type(error).__name__)
-        with self.lock:
-            self.counts[kind] += 1
-            count = self.counts[kind]
-        if count == 1:
-            first = str(error).splitlines()[0] if str(error) else ""
-            self.log.error("%s: the environment raised %s: %s (repeats of this kind are counted, not logged)",
-                           where, kind[1], first)
-            self.log.debug("traceback:\n%s", traceback.format_exc())
-        elif math.log10(count).is_integer():
-            self.log.error("%s: the environment has raised %s %d times", where, kind[1], count)
 
 
 class _RequestError(Exception):
@@ -276,7 +252,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllib_ragen.envs.serve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rllib_ragen.envs.remote.server",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--env", required=True, help="a registered text-environment id, e.g. rllib_ragen/Sokoban-v0")
     parser.add_argument("--env-config", default="{}", help="the environment's constructor arguments, as JSON")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
@@ -361,14 +338,14 @@ def head_deadline_protocol(timeout_s: float):
 
 
 def _serve_openenv(parser: argparse.ArgumentParser, args: argparse.Namespace, env_config: dict) -> None:
-    """OpenEnv's app (``openenv_bridge.openenv_app``) under uvicorn, with this server's limits: a WebSocket message,
+    """OpenEnv's app (``openenv.openenv_app``) under uvicorn, with this server's limits: a WebSocket message,
     request head or body over ``--max-body-bytes`` is refused; a connection whose request has not arrived whole within
     ``--request-timeout-s`` is closed (``HeadDeadlineH11``), and so is an idle keep-alive one; an idle WebSocket
     session ends after ``--session-ttl-s``."""
     try:
         import uvicorn
 
-        from .openenv_bridge import openenv_app
+        from .openenv import openenv_app
     except ImportError as error:
         parser.error(f"--protocol openenv needs the openenv package ({error}): pip install \"rllib_ragen[openenv]\"")
     try:
