@@ -308,7 +308,7 @@ def test_the_remote_id_builds_each_protocols_client_through_one_factory():
     """``rllib_ragen/Remote-v0`` names a factory, not a class that swaps itself: each protocol gets its own client
     (nothing connects before the first reset), and the id still reads as RemoteTextEnv's arguments."""
     from rllib_ragen.envs.remote import RemoteTextEnv, remote_text_env
-    from rllib_ragen.envs.remote.openenv import OpenEnvTextEnv
+    from rllib_ragen.envs.remote.openenv_client import OpenEnvTextEnv
     from rllib_ragen.starpo.environments import env_arguments, env_class
 
     ours, theirs = remote_text_env("http://127.0.0.1:9"), remote_text_env("http://127.0.0.1:9", protocol="openenv")

@@ -5,8 +5,9 @@
   reconnects and retries a step whose answer was lost without stepping twice);
 - ``server.py``: our protocol's server, ``python -m rllib_ragen.envs.remote.server --env ID --port P`` (``--protocol
   openenv`` serves OpenEnv's instead);
-- ``openenv.py``: OpenEnv's protocol on the ``openenv`` extra: any registered environment served to OpenEnv's clients,
-  and any OpenEnv server played (:class:`~rllib_ragen.envs.remote.openenv.OpenEnvTextEnv`).
+- ``openenv.py``, ``openenv_server.py``, ``openenv_client.py``: OpenEnv's protocol on the ``openenv`` extra, its wire
+  types, any registered environment served to OpenEnv's clients, and any OpenEnv server played
+  (:class:`~rllib_ragen.envs.remote.openenv_client.OpenEnvTextEnv`).
 
 ``rllib_ragen/Remote-v0`` builds either client through :func:`remote_text_env`.
 """
@@ -26,7 +27,7 @@ def remote_text_env(url: str, protocol: str = "rllib_ragen", **kwargs: Any) -> R
     if protocol != "openenv":
         return RemoteTextEnv(url, protocol=protocol, **kwargs)
     try:
-        from .openenv import OpenEnvTextEnv
+        from .openenv_client import OpenEnvTextEnv
     except ImportError as error:
         raise ImportError(f"protocol='openenv' needs the openenv package ({error}): "
                           'pip install "rllib_ragen[openenv]"') from None

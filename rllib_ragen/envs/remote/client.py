@@ -4,7 +4,8 @@
 ``.environment("rllib_ragen/Remote-v0", env_config={"url": ...})``, plays whatever
 ``python -m rllib_ragen.envs.remote.server --env ID --port P`` serves there (the routes are in
 :mod:`rllib_ragen.envs.remote.server`). With ``protocol="openenv"`` the id builds
-:class:`rllib_ragen.envs.remote.openenv.OpenEnvTextEnv` instead (:func:`rllib_ragen.envs.remote.remote_text_env`).
+:class:`rllib_ragen.envs.remote.openenv_client.OpenEnvTextEnv` instead
+(:func:`rllib_ragen.envs.remote.remote_text_env`).
 
 Failures stay inside the episode. A refused or dropped connection is retried with exponential backoff
 (``connect_retries``); a step is sent with its index, so a retry after a lost response never steps twice. A server
@@ -61,8 +62,8 @@ class RemoteTextEnv(TextEnv):
     ``retry_backoff_s`` (0.2): a failed connection is retried after 0.2, 0.4, 0.8, ... seconds (``"rllib_ragen"``
     only: an OpenEnv episode lives on one connection). For OpenEnv servers that are not ours: ``action_field``,
     ``observation_field``, ``success_reward`` and ``raw_replies`` (see
-    :class:`~rllib_ragen.envs.remote.openenv.OpenEnvTextEnv`). A server of ours says itself whether its environment
-    reads raw replies (:attr:`TextEnv.raw_replies`).
+    :class:`~rllib_ragen.envs.remote.openenv_client.OpenEnvTextEnv`). A server of ours says itself whether its
+    environment reads raw replies (:attr:`TextEnv.raw_replies`).
     """
 
     def __init__(self, url: str, protocol: str = "rllib_ragen", request_timeout_s: float = 30.0,
@@ -112,7 +113,7 @@ class RemoteTextEnv(TextEnv):
         self._connection: http.client.HTTPConnection | None = None
         self._client = None  # OpenEnv's client, with protocol="openenv"
         self._ours, self._action_schema, self._server_description = True, {}, ""
-        self._mcp = False  # an OpenEnv MCP tool server (openenv.py)
+        self._mcp = False  # an OpenEnv MCP tool server (openenv_client.py)
         self._session: str | None = None
         self._steps = 0
         self._description, self._observation, self._state_key = "", "", ""

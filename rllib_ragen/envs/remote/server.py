@@ -1,6 +1,6 @@
 """Serve any registered text environment over HTTP: ``python -m rllib_ragen.envs.remote.server --env ID --port P``.
 
-rllib_ragen's own protocol (``--protocol openenv`` serves OpenEnv's instead: ``openenv.py``): one session per
+rllib_ragen's own protocol (``--protocol openenv`` serves OpenEnv's instead: ``openenv_server.py``): one session per
 episode, JSON over HTTP/1.1 with keep-alive:
 
 - ``POST /reset`` ``{"seed": int | null, "options": {...}, "close": previous session id | null}`` starts an episode
@@ -338,14 +338,14 @@ def head_deadline_protocol(timeout_s: float):
 
 
 def _serve_openenv(parser: argparse.ArgumentParser, args: argparse.Namespace, env_config: dict) -> None:
-    """OpenEnv's app (``openenv.openenv_app``) under uvicorn, with this server's limits: a WebSocket message,
+    """OpenEnv's app (``openenv_server.openenv_app``) under uvicorn, with this server's limits: a WebSocket message,
     request head or body over ``--max-body-bytes`` is refused; a connection whose request has not arrived whole within
     ``--request-timeout-s`` is closed (``HeadDeadlineH11``), and so is an idle keep-alive one; an idle WebSocket
     session ends after ``--session-ttl-s``."""
     try:
         import uvicorn
 
-        from .openenv import openenv_app
+        from .openenv_server import openenv_app
     except ImportError as error:
         parser.error(f"--protocol openenv needs the openenv package ({error}): pip install \"rllib_ragen[openenv]\"")
     try:
