@@ -29,7 +29,7 @@ from rllib_ragen.jobs.run import run_job
 from rllib_ragen.jobs.outputs import LEARNER, VALIDATED_AT, VALIDATION, write_text_atomically
 from rllib_ragen.jobs.readers import read_results
 from rllib_ragen.jobs.curves import validations_of
-from rllib_ragen.jobs.report import trial_folders
+from rllib_ragen.jobs.readers import trial_folders
 
 SIGNALS = {"in-group reward std": M.FILTER_REWARD_STD, "entropy": LEARNER + M.ENTROPY,
            "actor grad norm": LEARNER + M.GRAD_NORM.format(optimizer="actor"), "MI estimate (nats)": M.MI_ESTIMATE,

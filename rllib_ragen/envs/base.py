@@ -99,7 +99,7 @@ class TextEnv(gym.Env[str, str]):
 
     ``import_path_arguments``: the constructor arguments this environment imports when given as text (an import path
     ``"package.module:Name"``; importing a module runs its code). A run folder's settings that name one are refused
-    by the readers unless the user allows it (``rllib_ragen.jobs.report.trial_config``).
+    by the readers unless the user allows it (``rllib_ragen.jobs.readers.trial_config``).
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}

@@ -33,7 +33,7 @@ from .console import close_run_log, keep_notices_off_the_console, send_notices_t
 from .readers import baseline_name, read_outcomes, state_of, trajectory_outcomes
 from ..files import write_text_atomically
 from .paired_stats import PairedComparison, paired_comparison
-from .report import RunFolderImportError, trial_config
+from .readers import RunFolderImportError, trial_config
 
 __all__ = ["evaluate", "evaluation_config", "main"]
 
@@ -44,7 +44,7 @@ def evaluation_config(run: pathlib.Path, env: str | None = None, env_config: dic
                       states: int | None = None, seed_start: int | None = None, allow_imports: bool = False):
     """The trial ``run``'s config (its ``params.json``), validating on ``env`` (with ``env_config``) instead of its
     own validation environments where given, ``states`` states from ``seed_start``. ``allow_imports``: import the
-    modules the run's settings name (``report.trial_config``); else such a setting is refused."""
+    modules the run's settings name (``readers.trial_config``); else such a setting is refused."""
     config = trial_config(run, allow_imports)
     if env is not None or env_config is not None:
         config.environment(env or config.env, env_config=env_config if env_config is not None else config.env_config,

@@ -1,5 +1,5 @@
 """What a main job writes, and where: run folders, their JSON records, and rollout files. Three neighbours hold the
-rest: the quiet console (``console.py``), what reads a run back (``readers.py``) and the learning curve (``curves.py``).
+rest: the console (``console.py``), what reads a run back (``readers.py``) and the learning curve (``curves.py``).
 
 A run folder is a Tune experiment folder, ``<output_dir>/<YYYYmmdd-HHMMSS>_seed<seed>/`` (or
 ``<output_dir>/<run_name>/``), and ``<output_dir>/latest`` points at the newest. It holds ``run_config.json`` (the

@@ -1,4 +1,5 @@
-"""Reading what a run recorded: Tune's results as flat rows, episodes' outcomes by validation state, baselines'
+"""Reading what a run recorded: its trials and each one's config (from Tune's ``params.json``, never its pickle, and
+refusing import paths unless allowed), Tune's results as flat rows, episodes' outcomes by validation state, baselines'
 names, and the reasoning columns of rollout files. The report, the evaluator and the studies read through these;
 none of them writes into the run folder.
 """
@@ -101,3 +102,99 @@ def read_reasoning_claims(path: pathlib.Path, envs: set[str] | None = None) -> t
     kept = [r for r in records if envs is None or r["env"] in envs]
     return sum(r["reasoning_claims"] for r in kept), sum(r["reasoning_claims_true"] for r in kept)
 
+
+def trial_folders(run_dir: pathlib.Path) -> list[pathlib.Path]:
+    """The trial folders of an experiment folder (each holds Tune's ``result.json``), or ``[run_dir]`` for a trial."""
+    run_dir = pathlib.Path(run_dir)
+    if (run_dir / "result.json").is_file():
+        return [run_dir]
+    return sorted(p.parent for p in run_dir.glob("*/result.json"))
+
+
+class RunFolderImportError(ValueError):
+    """A run folder's settings name an import path: playing them would import that module and run its code."""
+
+
+def trial_config(trial: pathlib.Path, allow_imports: bool = False):
+    """The trial's ``StarPOConfig``, from the parameters Tune stored (``params.json``).
+
+    A run folder is data: an environment argument that is an import path (TRL-v0's ``environment`` and ``tasks``;
+    ``TextEnv.import_path_arguments``) raises :class:`RunFolderImportError` naming the setting, unless
+    ``allow_imports`` (the user's own run, or ``--allow-run-imports``)."""
+    from ..starpo.config import StarPOConfig
+    from ..starpo.environments import import_paths
+
+    config = StarPOConfig.from_dict(trial_params(trial))
+    found = [] if allow_imports else import_paths(config)
+    if found:
+        where, path = found[0]
+        raise RunFolderImportError(
+            f"{trial / 'params.json'}: {where}={path!r} is an import path; playing this run would import "
+            f"{path.partition(':')[0]!r} and run its code. A run folder is data: pass --allow-run-imports only for a "
+            "run you trust.")
+    return config
+
+
+def headline_environment(config):
+    """The validation environment a run's table, paired statistics, baselines and validation splits score: the first
+    one that builds the first training environment (the same environment with the same arguments, whatever its
+    name), else the first validation environment (a run that validates only on environments it does not train on,
+    as a transfer study does)."""
+    first = config.training_environments()[0]
+    entries = config.validation_environments()
+    return next((e for e in entries if (e.env, e.env_config) == (first.env, first.env_config)), entries[0])
+
+
+# Settings Tune writes to params.json only as their repr (classes, functions, gymnasium specs): the report keeps the
+# library's defaults for them, and needs none of them. Besides, the keys RLlib's update_from_dict resolves as import
+# paths (deserialize_type: a run folder's text there would import a module); StarPO reads none of them.
+_NOT_DATA = frozenset({"text_env_registrations", "callbacks_class", "exploration_config", "model",
+                       "replay_buffer_config", "sample_collector", "multiagent"})
+
+
+def trial_params(trial: pathlib.Path) -> dict:
+    """The trial's settings from Tune's ``params.json``: plain JSON, never its pickle (``params.pkl``), so that a
+    report on a folder from elsewhere runs none of that folder's code. A setting whose default is no plain value (a
+    class, a function) comes back as its repr: it keeps the library's default, except ``env``, whose text names the
+    environment (a ``TextEnv`` class given as ``env`` is shown by its repr). Sentinel rules given as ``Rule`` objects
+    are stored as their reprs too, which are not read back as code: the restored config has none (the firings are in
+    the trial's ``sentinel.json``); rules given as dicts, as a main job gives them, come back."""
+    from ..starpo.config import PRESET_LABEL, VARIANT_LABEL, StarPOConfig
+
+    path = trial / "params.json"
+    try:
+        params = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is missing: the report reads a trial's settings from Tune's params.json "
+                                "(never from params.pkl, a pickle that would run code). Is this a trial folder of a "
+                                "finished or resumed job?") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not valid JSON ({error}): the trial's settings cannot be read.") from None
+    if not isinstance(params, dict):
+        raise ValueError(f"{path} holds a {type(params).__name__}, not the trial's settings (a JSON object).")
+    defaults = StarPOConfig().to_dict()
+    kept = {}
+    for key, value in params.items():
+        default = defaults.get(key)
+        # Only settings this version has (an unknown key would be set as an attribute nothing reads), and a grid's
+        # labels (the sweep's trials are told apart by them).
+        if key in (PRESET_LABEL, VARIANT_LABEL):
+            kept[key] = value
+            continue
+        if key in _NOT_DATA or key not in defaults or not (key == "env" or _plain(default)):
+            continue
+        if key == "sentinel_rules" and not all(isinstance(rule, dict) for rule in value or []):
+            continue
+        kept[key] = tuple(value) if isinstance(default, tuple) and isinstance(value, list) else value
+    return kept
+
+
+def _plain(value) -> bool:
+    """Whether a value is JSON's kind of data (what params.json holds as itself, not as a repr)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False

@@ -51,6 +51,9 @@ class InferenceBackend(Protocol):
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
+    # Optional: ``conversations_ended()``, called by the rollout engine when every conversation it was playing has
+    # ended (a wave, a rollout); a backend that keeps per-conversation state (HFBackend's KV caches) drops it there.
+
 
 # How HFBackend decodes: "growing" (a KV cache grown in place, the CPU's fastest), "static" (a static KV cache, each
 # decode step a CUDA graph on a GPU: static_decode.py), "auto" (static on a CUDA device, else growing).
@@ -306,6 +309,13 @@ class HFBackend:
         self.model.load_state_dict(state_dict)
         self.weights_changed()
 
+    def conversations_ended(self) -> None:
+        """Every conversation the caches hold has ended (the rollout engine's wave or rollout is over): drop them. A
+        cache outlives its last turn otherwise, and SmolLM2's, a gigabyte for 64 episodes, stayed resident through
+        the learner's update and beside the next wave's."""
+        for chunk in list(self._caches):
+            self._drop_cache(chunk)
+
     def weights_changed(self) -> None:
         """The model's weights changed in place (a learner sharing its tensors stepped): drop the KV cache, whose
         keys and values belong to the old weights. A captured CUDA graph reads the weights at the addresses it was
@@ -409,6 +419,7 @@ class HFBackend:
         previous = self._caches.pop(chunk, None) if self.prefix_cache else None
         rows = previous.match(prompts) if previous is not None else None
         if rows is None:
+            previous = None  # its buffers go before the new cache's are filled, not after
             cache, mask, new = _new_cache(self.model, self._whole_buffer), None, prompts
         else:
             index = torch.tensor(rows, device=self.device)

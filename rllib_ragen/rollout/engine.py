@@ -378,6 +378,9 @@ class RolloutEngine:
                     self._finish_turn(episode, generation, turn, result, counts)
                 if progress is not None:
                     progress(sum(e.done for e in episodes), len(episodes))
+            ended = getattr(self.backend, "conversations_ended", None)  # InferenceBackend's optional method
+            if ended is not None:
+                ended()
         trajectories = [e.trajectory for e in episodes if not e.failed]
         for t in trajectories:
             t.text = self.tokenizer.decode(t.token_ids)

@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from rllib_ragen.jobs.run import _Clock
+from rllib_ragen.jobs.console import _Clock
 
 
 def test_time_left_counts_typical_iterations_and_the_validations_still_due():

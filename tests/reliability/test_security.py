@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rllib_ragen.jobs import report
+from rllib_ragen.jobs import readers
 
 
 def test_a_jobs_local_ray_keeps_token_authentication(tmp_path):
@@ -60,7 +60,7 @@ def _trial_folder(tmp_path, params_json):
 
 def test_the_report_reads_a_trials_settings_from_params_json_and_never_unpickles(tmp_path):
     trial, marker = _trial_folder(tmp_path, "tune")
-    config = report.trial_config(trial)
+    config = readers.trial_config(trial)
     assert not marker.exists()  # params.pkl was not unpickled
     assert (config.env, config.validation_size, config.seed) == ("rllib_ragen/FrozenLake-v0", 7, 3)
     assert config.adam_betas == (0.9, 0.999)  # a tuple again
@@ -72,13 +72,13 @@ def test_a_missing_or_broken_params_json_is_named_not_replaced_by_the_pickle(tmp
 
     trial, marker = _trial_folder(tmp_path, None)
     with pytest.raises(FileNotFoundError, match="params.json is missing.*never from params.pkl"):
-        report.trial_config(trial)
+        readers.trial_config(trial)
     (trial / "params.json").write_text('{"env": "rllib_ragen/FrozenLake-v0", ')
     with pytest.raises(ValueError, match="params.json is not valid JSON"):
-        report.trial_config(trial)
+        readers.trial_config(trial)
     (trial / "params.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="holds a list"):
-        report.trial_config(trial)
+        readers.trial_config(trial)
     assert not marker.exists()
 
 
@@ -95,8 +95,8 @@ def test_the_report_finds_trials_without_tunes_experiment_state_which_runs_the_p
     (trial / "result.json").write_text("")
     blob = {"_type": "CLOUDPICKLE_FALLBACK", "value": cloudpickle.dumps(_Payload(marker)).hex()}
     (tmp_path / "experiment_state-2026-11-28_00-00-00.json").write_text(json.dumps({"trial_data": blob}))
-    assert report.trial_folders(tmp_path) == [trial]
-    report.trial_config(trial)
+    assert readers.trial_folders(tmp_path) == [trial]
+    readers.trial_config(trial)
     assert not marker.exists()
     with pytest.raises(Exception):  # the payload is not trial data: Tune fails, after running it
         tune.ExperimentAnalysis(str(tmp_path))
@@ -157,7 +157,7 @@ def test_rllibs_own_import_paths_in_a_run_folder_are_never_resolved(tmp_path):
         "sample_collector": "evil_mod.E", "callbacks_class": "evil_mod.E", "not_a_setting": "evil_mod.E"}))
     (tmp_path / "evil_mod.py").write_text(EVIL_MODULE)
     script = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
-              "from rllib_ragen.jobs.report import trial_config\n"
+              "from rllib_ragen.jobs.readers import trial_config\n"
               f"config = trial_config(__import__('pathlib').Path({str(trial)!r}))\n"
               "print(config.env, 'evil_mod' in sys.modules, hasattr(config, 'not_a_setting'))\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -168,5 +168,5 @@ def test_rllibs_own_import_paths_in_a_run_folder_are_never_resolved(tmp_path):
 
 def test_the_import_paths_of_a_trusted_run_are_read_when_allowed(tmp_path):
     trial = _policy_and_trial(tmp_path, {"env_config": {"environment": "evil_mod:E"}})
-    config = report.trial_config(trial, allow_imports=True)
+    config = readers.trial_config(trial, allow_imports=True)
     assert config.env_config == {"environment": "evil_mod:E"}  # read; importing waits for the environment's build

@@ -213,3 +213,32 @@ def test_only_plain_full_attention_layers_are_swapped_for_growing_ones(tiny):
                                            use_sliding_window=True, sliding_window=64, max_window_layers=0))
     layers = _new_cache(sliding).layers  # Hugging Face's sliding-window layers, kept as they are
     assert layers and not any(type(layer) in (DynamicLayer, _growing_kv_layer()) for layer in layers)
+
+
+def test_a_rollouts_kv_caches_go_when_its_conversations_end_and_nothing_played_changes(tiny, monkeypatch):
+    """The engine tells the backend when a wave (here two waves of one group of 2) and the rollout end: the caches go
+    then, not at the next weight sync (a SmolLM2 rollout's gigabyte stayed resident through the update, and beside
+    the next wave's). Every token and log-prob is what the rollout played with the caches kept."""
+    import weakref
+
+    model, tokenizer = tiny
+    config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3, max_concurrent_episodes=2)
+    params = SamplingParams(max_new_tokens=20, stop_strings=("e",))
+    dropped = HFBackend(model, tokenizer)
+    caches_seen = []
+    generate = dropped.generate
+
+    def watched(*args, **kwargs):  # each call's caches, watched without keeping them alive
+        out = generate(*args, **kwargs)
+        caches_seen.extend(weakref.ref(cached.cache) for cached in dropped._caches.values())
+        return out
+
+    monkeypatch.setattr(dropped, "generate", watched)
+    played, _ = RolloutEngine(config, dropped, tokenizer).rollout([1, 2], 2, params, sample_seed=7)
+    assert caches_seen and dropped._caches == {} and all(ref() is None for ref in caches_seen)
+    kept = HFBackend(model, tokenizer)
+    monkeypatch.setattr(kept, "conversations_ended", lambda: None)
+    replayed, _ = RolloutEngine(config, kept, tokenizer).rollout([1, 2], 2, params, sample_seed=7)
+    assert kept._caches  # the last wave's caches, kept as before
+    assert [t.token_ids for t in played] == [t.token_ids for t in replayed]
+    assert [t.behaviour_logprobs for t in played] == [t.behaviour_logprobs for t in replayed]

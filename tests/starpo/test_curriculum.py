@@ -132,7 +132,8 @@ def test_a_remote_runner_plays_each_stage_beside_the_update_and_a_resumed_run_ke
 
 def test_the_job_flag_sets_the_stages_and_the_plan_line_states_them():
     from rllib_ragen.jobs.flags import parse_job_args
-    from rllib_ragen.jobs.run import JobSettings, _curriculum_plan
+    from rllib_ragen.jobs.run import JobSettings
+    from rllib_ragen.jobs.console import _curriculum_plan
 
     flag = '[{"iterations": 20, "env_config": {"max_solution_moves": 2}}, {"iterations": 10, "env_config": {"dim": 5}}]'
     config, job = parse_job_args(StarPOConfig().environment(SOKOBAN), JobSettings(iterations=80),
@@ -145,7 +146,7 @@ def test_the_job_flag_sets_the_stages_and_the_plan_line_states_them():
         "; the run's 30 iterations end before env_config as given is ever trained on)")
     assert _curriculum_plan(StarPOConfig(), 30) == ""
     # A curriculum given in a grid variant gets its own plan line; a variant with the config's own gets none.
-    from rllib_ragen.jobs.run import _variant_curriculum_plans
+    from rllib_ragen.jobs.console import _variant_curriculum_plans
 
     grid = {"variant": {"plain": {}, "easy_first": {"curriculum": [{"iterations": 40, "env_config": {
         "max_solution_moves": 3}}]}}}
