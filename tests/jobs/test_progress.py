@@ -149,11 +149,11 @@ def test_the_console_prints_the_before_rl_score_once_the_trial_has_written_it(tm
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rllib_ragen.jobs import run as run_module
+    from rllib_ragen.jobs import console as console_module
     from rllib_ragen.jobs.outputs import BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS
 
-    monkeypatch.setattr(run_module, "EARLY_LOOK_S", 0.0)
-    console = run_module.JobConsole(iterations=5, validation_interval=0, env="rllib_ragen/Bandit-v0",
+    monkeypatch.setattr(console_module, "EARLY_LOOK_S", 0.0)
+    console = console_module.JobConsole(iterations=5, validation_interval=0, env="rllib_ragen/Bandit-v0",
                                     headline="rllib_ragen/Bandit-v0", trials=1)
     trial = types.SimpleNamespace(trial_id="t0", path=str(tmp_path), storage=types.SimpleNamespace(
         trial_dir_name="seed0"))
@@ -198,23 +198,23 @@ def test_after_a_quiet_stretch_the_console_says_what_each_running_trial_is_doing
     from the phase.json the trial writes as each phase starts."""
     import types
 
-    from rllib_ragen.jobs import run as run_module
+    from rllib_ragen.jobs import console as console_module
     from rllib_ragen.jobs.callbacks import PhaseFile
     from rllib_ragen.jobs.outputs import PHASE_FILE
 
-    monkeypatch.setattr(run_module, "EARLY_LOOK_S", 0.0)
-    console = run_module.JobConsole(iterations=5, validation_interval=0, env="rllib_ragen/Bandit-v0",
+    monkeypatch.setattr(console_module, "EARLY_LOOK_S", 0.0)
+    console = console_module.JobConsole(iterations=5, validation_interval=0, env="rllib_ragen/Bandit-v0",
                                     headline="rllib_ragen/Bandit-v0", trials=1)
     trial = types.SimpleNamespace(trial_id="t0", path=str(tmp_path), status="RUNNING",
                                   storage=types.SimpleNamespace(trial_dir_name="seed0"))
     console.on_step_end(iteration=1, trials=[trial])
     assert capsys.readouterr().out == ""  # a line was printed less than QUIET_S ago (the console's start)
-    console.last_line -= run_module.QUIET_S
+    console.last_line -= console_module.QUIET_S
     console.on_step_end(iteration=1, trials=[trial])
     assert capsys.readouterr().out.splitlines() == [
         "  starting the trial: Ray places it, then it builds the algorithm and loads the model"]
     PhaseFile(types.SimpleNamespace(iteration=3), tmp_path / PHASE_FILE)("updating")  # the trial's side
-    console.last_line -= run_module.QUIET_S
+    console.last_line -= console_module.QUIET_S
     console.on_step_end(iteration=2, trials=[trial])
     assert capsys.readouterr().out.splitlines() == ["  iteration 4: updating (0 s so far)"]
     console.on_step_end(iteration=3, trials=[trial])
@@ -222,10 +222,10 @@ def test_after_a_quiet_stretch_the_console_says_what_each_running_trial_is_doing
     ending = PhaseFile(types.SimpleNamespace(iteration=5), tmp_path / PHASE_FILE)
     ending.ending = True
     ending("exporting the trained policy")
-    console.last_line -= run_module.QUIET_S
+    console.last_line -= console_module.QUIET_S
     console.on_step_end(iteration=4, trials=[trial])
     assert capsys.readouterr().out.splitlines() == ["  after iteration 5: exporting the trained policy (0 s so far)"]
-    console.last_line -= run_module.QUIET_S
+    console.last_line -= console_module.QUIET_S
     trial.status = "TERMINATED"
     console.on_step_end(iteration=4, trials=[trial])
     assert capsys.readouterr().out == ""  # only running trials

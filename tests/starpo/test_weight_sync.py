@@ -7,6 +7,7 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 
 from rllib_ragen import metrics as M
 from rllib_ragen.hardware import peak_rss_gib
+from rllib_ragen.rollout.backends import SamplingParams
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.starpo.weight_sync import share_or_copy, shares_storage, state_bytes
 
@@ -51,10 +52,12 @@ def test_the_sampler_does_not_keep_a_kv_cache_of_old_weights(ray_session, small_
         algo.train()
         backend = algo.env_runner.backend
         assert not backend._caches  # train() ended with a sync after its update
-        algo.play_validation_states(temperature=0.0)
-        assert backend._caches  # the rollout's last turn left its keys and values
+        played = algo.play_validation_states(temperature=0.0)
+        assert not backend._caches  # the rollout's conversations ended, and their keys and values went with them
+        backend.generate([played[0].token_ids[:8]], SamplingParams(max_new_tokens=2, stop_strings=()), seed=0)
+        assert backend._caches  # a conversation still open keeps its cache...
         algo.sync_rollout_weights()
-        assert not backend._caches
+        assert not backend._caches  # ...until new weights come
     finally:
         algo.stop()
 
