@@ -63,12 +63,13 @@ def test_micro_batches_take_the_same_step_as_one_pass(bandit_demos):
     assert any(not torch.equal(a, s) for a, s in zip(whole, start))
 
 
-def test_a_negative_micro_batch_size_is_refused(bandit_demos):
+@pytest.mark.parametrize("argument", ["micro_batch_size", "lora_rank"])
+def test_a_negative_micro_batch_size_or_lora_rank_is_refused(bandit_demos, argument):
     demos, pad = bandit_demos
-    with pytest.raises(ValueError, match="micro_batch_size=-1"):
-        supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, pad_token_id=pad, micro_batch_size=-1)
-    with pytest.raises(ValueError, match="warm_start_micro_batch_size"):
-        JobSettings(warm_start_micro_batch_size=-1).validate()
+    with pytest.raises(ValueError, match=f"{argument}=-1"):
+        supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, pad_token_id=pad, **{argument: -1})
+    with pytest.raises(ValueError, match=f"warm_start_{argument}"):
+        JobSettings(**{f"warm_start_{argument}": -1}).validate()
 
 
 @pytest.mark.parametrize("decay", [1.0, -0.1, 1.5])
@@ -478,14 +479,6 @@ def test_a_lora_warm_start_leaves_a_plain_model_computing_what_its_trained_adapt
     with torch.no_grad():
         torch.testing.assert_close(model(probe).logits, with_adapters[3], rtol=0, atol=1e-5)
     assert losses[-1] < losses[0]
-
-
-def test_a_negative_lora_rank_is_refused(bandit_demos):
-    demos, pad = bandit_demos
-    with pytest.raises(ValueError, match="lora_rank=-1"):
-        supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, pad_token_id=pad, lora_rank=-1)
-    with pytest.raises(ValueError, match="warm_start_lora_rank"):
-        JobSettings(warm_start_lora_rank=-1).validate()
 
 
 def test_a_lora_warm_start_without_peft_is_refused_naming_the_fix(monkeypatch):

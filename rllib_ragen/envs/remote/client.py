@@ -223,16 +223,21 @@ class RemoteTextEnv(TextEnv):
         if "session_id" not in reply and isinstance(reply.get("observation"), dict) and "done" in reply:
             raise RemoteEnvError(f"{self.url}/reset answered in OpenEnv's shape (an observation object and 'done', no "
                                  "session): play it with env_config protocol='openenv'.")
-        field = lambda name, kind, **kw: self._field(reply, "/reset", name, kind, **kw)  # noqa: E731
-        self._session, self._steps, self._success = field("session_id", str), 0, False
-        self._description, self._observation = field("description", str), field("observation", str)
+        self._session, self._steps, self._success = self._field(reply, "/reset", "session_id", str), 0, False
+        return self._start_episode(reply, "/reset", "observation")
+
+    def _start_episode(self, reply: dict, where: str, text_field: str) -> tuple[str, dict]:
+        """Take what a server of ours sends at a reset (``wire.episode_start``, and the observation under
+        ``text_field``), each field checked; return the observation and the info."""
+        field = lambda name, kind, **kw: self._field(reply, where, name, kind, **kw)  # noqa: E731
+        self._description, self._observation = field("description", str), field(text_field, str)
         self._state_key = field("state_key", str)
         self.action_names = tuple(field("action_names", list))
         self._action_lookup = {name.lower(): i for i, name in enumerate(self.action_names)}
         self._action_regex = self._compile_action_pattern(field("action_pattern", str, optional=True) or None)
         self.max_turns = field("max_turns", int, optional=True)
         self.raw_replies = bool(field("raw_replies", bool, optional=True))
-        self.tools = self._served_tools(reply, "/reset")
+        self.tools = self._served_tools(reply, where)
         return self._observation, field("info", dict)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:

@@ -132,16 +132,7 @@ class OpenEnvTextEnv(RemoteTextEnv):
         self._steps, self._success = 0, False
         observation = self._checked_observation(result.observation, "reset")
         if self._ours:
-            reply = lambda name, kind, **kw: self._field(observation, "/ws reset", name, kind, **kw)  # noqa: E731
-            self._description, self._observation = reply("description", str), reply("text", str)
-            self._state_key = reply("state_key", str)
-            self.action_names = tuple(reply("action_names", list))
-            self._action_lookup = {name.lower(): i for i, name in enumerate(self.action_names)}
-            self._action_regex = self._compile_action_pattern(reply("action_pattern", str, optional=True) or None)
-            self.max_turns = reply("max_turns", int, optional=True)
-            self.raw_replies = reply("raw_replies", bool)
-            self.tools = self._served_tools(observation, "/ws reset")
-            return self._observation, reply("info", dict)
+            return self._start_episode(observation, "/ws reset", "text")
         self.action_names, self._action_lookup, self.max_turns = (), {}, None
         self._observation = self._foreign_text(observation)
         self._state_key, self._description = self._observation, self._foreign_description()
