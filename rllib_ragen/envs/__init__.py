@@ -7,6 +7,7 @@ imported, so ``gymnasium.make("rllib_ragen/Sokoban-v0", dim=8, num_boxes=2)`` wo
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -51,9 +52,11 @@ def register_text_env(
         **kwargs: default constructor arguments; ``gymnasium.make(env_id, **overrides)`` overrides them.
     """
     cls = entry_point if not isinstance(entry_point, str) else load_import_path(entry_point, "entry_point")
-    if not (isinstance(cls, type) and issubclass(cls, TextEnv) or callable(cls) and not isinstance(cls, type)):
+    if not isinstance(cls, type) and callable(cls):  # a factory: the config's checks read the class it names
+        cls = typing.get_type_hints(cls).get("return")
+    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
         raise TypeError(f"{env_id}: entry_point {entry_point!r} must be a subclass of rllib_ragen.envs.TextEnv, or "
-                        "a function that builds one.")
+                        "a function that builds one with its return annotated as that class.")
     if env_id in gym.registry:
         if env_id in _TEXT_ENV_IDS and gym.registry[env_id].entry_point == entry_point:
             return  # re-import of the same module: nothing to do

@@ -39,8 +39,8 @@ def env_name(env) -> str:
 
 def env_class(env) -> type:
     """The class a registered id (or a TextEnv class) builds. A registration's entry point is the class itself, a
-    function that builds it (its return annotation names the class), or the import path of either
-    (``register_text_env`` takes each); only a path is imported."""
+    function that builds it (its return annotation names the class: ``register_text_env`` checks it), or the import
+    path of either; only a path is imported."""
     if isinstance(env, type):
         return env
     entry_point = gym.spec(env).entry_point

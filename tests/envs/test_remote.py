@@ -319,3 +319,15 @@ def test_the_remote_id_builds_each_protocols_client_through_one_factory():
         "rllib_ragen/Remote-v0")
     with pytest.raises(ValueError, match=r"protocol='openenv' is played by OpenEnvTextEnv.*remote_text_env"):
         RemoteTextEnv("http://127.0.0.1:9", protocol="openenv")
+
+
+def test_a_factory_registered_without_the_class_it_builds_is_refused_at_registration():
+    """The config's checks read a factory's class from its return annotation: without one, registering fails now,
+    naming the fix, not later inside a config check."""
+    from rllib_ragen.envs import register_text_env
+
+    def unannotated(url):
+        return None
+
+    with pytest.raises(TypeError, match="return annotated as that class"):
+        register_text_env("test/Unannotated-v0", unannotated)
