@@ -310,9 +310,8 @@ class HFBackend:
         self.weights_changed()
 
     def conversations_ended(self) -> None:
-        """Every conversation the caches hold has ended (the rollout engine's wave or rollout is over): drop them. A
-        cache outlives its last turn otherwise, and SmolLM2's, a gigabyte for 64 episodes, stayed resident through
-        the learner's update and beside the next wave's."""
+        """Every conversation the caches hold has ended (the rollout engine's wave or rollout is over): drop them,
+        rather than keep them through the learner's update until the next weight sync."""
         for chunk in list(self._caches):
             self._drop_cache(chunk)
 
