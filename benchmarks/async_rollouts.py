@@ -45,8 +45,13 @@ def train(config, iterations: int) -> dict:
             seconds.append(time.perf_counter() - t0)
             lags.append(result["rollout/policy_lag"])
             weights.append(result["learners"]["default_policy"].get("off_policy/importance_weight_mean", 1.0))
-        return {"seconds": seconds, "lag": statistics.mean(lags), "weight": statistics.mean(weights),
-                "before": before, "after": outcomes(algo)}
+        return {
+            "seconds": seconds,
+            "lag": statistics.mean(lags),
+            "weight": statistics.mean(weights),
+            "before": before,
+            "after": outcomes(algo),
+        }
     finally:
         algo.stop()
 
@@ -77,17 +82,22 @@ def main() -> None:
         model = warm_start(config, job, demonstration_policy(config), pathlib.Path(folder) / "warm_start")
         runs = {}
         for lag in (0, 1):
-            run_config = (config.copy(copy_frozen=False).rl_module(model_config={"model": model})
-                          .training(validation_interval=0, max_policy_lag=lag)
-                          .env_runners(num_env_runners=1, num_cpus_per_env_runner=args.runner_cpus))
+            run_config = (
+                config.copy(copy_frozen=False)
+                .rl_module(model_config={"model": model})
+                .training(validation_interval=0, max_policy_lag=lag)
+                .env_runners(num_env_runners=1, num_cpus_per_env_runner=args.runner_cpus)
+            )
             runs[lag] = train(run_config, args.iterations)
     ray.shutdown()
 
     sync, off = runs[0], runs[1]
     # The first iteration is synchronous in both (nothing to overlap yet) and pays for warm-up: timed apart.
     per_minute = {lag: 60 / statistics.mean(run["seconds"][1:]) for lag, run in runs.items()}
-    print(f"{config.env}, {args.iterations} iterations each, one remote env runner ({args.runner_cpus} CPU), "
-          f"learner in this process ({args.learner_threads} threads), {os.cpu_count()} cores")
+    print(
+        f"{config.env}, {args.iterations} iterations each, one remote env runner ({args.runner_cpus} CPU), "
+        f"learner in this process ({args.learner_threads} threads), {os.cpu_count()} cores"
+    )
     print(f"{'':34s} {'synchronous':>12s} {'one-step off-policy':>20s}")
     print(f"{'iterations per minute (2nd on)':34s} {per_minute[0]:12.1f} {per_minute[1]:20.1f}")
     print(f"{'first iteration, s':34s} {sync['seconds'][0]:12.2f} {off['seconds'][0]:20.2f}")
@@ -101,8 +111,10 @@ def main() -> None:
         for name, run in (("synchronous", sync), ("one-step off-policy", off)):
             comparison = paired_comparison(*of_env(env, run["before"], run["after"]))
             print(f"  validation, {name:20s}: {comparison.describe()}")
-        print(f"  after, off-policy vs synchronous (same states): "
-              f"{paired_comparison(*of_env(env, sync['after'], off['after'])).describe()}")
+        print(
+            f"  after, off-policy vs synchronous (same states): "
+            f"{paired_comparison(*of_env(env, sync['after'], off['after'])).describe()}"
+        )
 
 
 if __name__ == "__main__":

@@ -30,11 +30,24 @@ from rllib_ragen import metrics as M  # noqa: E402
 
 
 def base_config(groups: int) -> StarPOConfig:
-    return (StarPOConfig().environment("rllib_ragen/Sokoban-v0").rl_module(model_config={"model": "tiny"})
-            .training(num_groups=groups, group_size=4, max_turns=2, max_new_tokens_per_turn=24, validation_interval=0,
-                      validate_before_training=False, collapse_diagnostics_interval=0, rollout_filter_ratio=1.0,
-                      lr=1e-4, critic_lr=1e-4)
-            .debugging(seed=0))
+    return (
+        StarPOConfig()
+        .environment("rllib_ragen/Sokoban-v0")
+        .rl_module(model_config={"model": "tiny"})
+        .training(
+            num_groups=groups,
+            group_size=4,
+            max_turns=2,
+            max_new_tokens_per_turn=24,
+            validation_interval=0,
+            validate_before_training=False,
+            collapse_diagnostics_interval=0,
+            rollout_filter_ratio=1.0,
+            lr=1e-4,
+            critic_lr=1e-4,
+        )
+        .debugging(seed=0)
+    )
 
 
 def measure(config: StarPOConfig, iterations: int) -> dict[str, float]:
@@ -51,10 +64,13 @@ def measure(config: StarPOConfig, iterations: int) -> dict[str, float]:
     finally:
         algo.stop()
     timed = results[1:]
-    return {"rollout_s": statistics.median(r[M.TIME_SAMPLE] for r in timed),
-            "update_s": statistics.median(r[M.TIME_UPDATE] for r in timed),
-            "sync_s": statistics.median(r[M.TIME_SYNC] for r in timed),
-            "tokens": statistics.median(tokens[1:]), "weight_bytes": weight_bytes}
+    return {
+        "rollout_s": statistics.median(r[M.TIME_SAMPLE] for r in timed),
+        "update_s": statistics.median(r[M.TIME_UPDATE] for r in timed),
+        "sync_s": statistics.median(r[M.TIME_SYNC] for r in timed),
+        "tokens": statistics.median(tokens[1:]),
+        "weight_bytes": weight_bytes,
+    }
 
 
 def main() -> None:
@@ -81,11 +97,15 @@ def main() -> None:
         ray.shutdown()
         cluster.shutdown()
 
-    print(f"tiny model, Sokoban, {args.groups} groups x 4 episodes, 2 turns, 24 new tokens; medians of "
-          f"{args.iterations} iterations; each actor on a 1-CPU node of its own")
+    print(
+        f"tiny model, Sokoban, {args.groups} groups x 4 episodes, 2 turns, 24 new tokens; medians of "
+        f"{args.iterations} iterations; each actor on a 1-CPU node of its own"
+    )
     for name, f in figures.items():
-        print(f"  {name:24s} rollout {f['rollout_s']:6.2f} s ({f['tokens'] / f['rollout_s']:7.1f} tokens/s)  "
-              f"update {f['update_s']:6.2f} s  weight sync {f['sync_s'] * 1e3:7.1f} ms")
+        print(
+            f"  {name:24s} rollout {f['rollout_s']:6.2f} s ({f['tokens'] / f['rollout_s']:7.1f} tokens/s)  "
+            f"update {f['update_s']:6.2f} s  weight sync {f['sync_s'] * 1e3:7.1f} ms"
+        )
     one, two = figures["1 env runner, 1 node"], figures["2 env runners, 2 nodes"]
     rollout_speedup = (two["tokens"] / two["rollout_s"]) / (one["tokens"] / one["rollout_s"])
     update_speedup = figures["1 learner"]["update_s"] / figures["2 learners (DDP)"]["update_s"]
@@ -93,25 +113,35 @@ def main() -> None:
     sync_per_node = two["sync_s"] - one["sync_s"]
     print(f"rollout throughput, 2 runners / 1: {rollout_speedup:.2f}x (ideal 2x)")
     print(f"update time, 1 learner / 2: {update_speedup:.2f}x (ideal 2x)")
-    print(f"weight broadcast of {megabytes:.1f} MB: {one['sync_s'] * 1e3:.1f} ms to 1 node, "
-          f"{two['sync_s'] * 1e3:.1f} ms to 2 ({sync_per_node * 1e3:+.1f} ms for the second node: "
-          f"{megabytes / max(sync_per_node, 1e-9):.0f} MB/s)")
+    print(
+        f"weight broadcast of {megabytes:.1f} MB: {one['sync_s'] * 1e3:.1f} ms to 1 node, "
+        f"{two['sync_s'] * 1e3:.1f} ms to 2 ({sync_per_node * 1e3:+.1f} ms for the second node: "
+        f"{megabytes / max(sync_per_node, 1e-9):.0f} MB/s)"
+    )
 
     # 8 nodes x 8 GPUs, a 0.5B-parameter policy in bfloat16 (Qwen2.5-0.5B): the same three costs as arithmetic.
     policy_gb, link_gb_s, nodes = 0.99, 12.5, 8  # 100 Gb/s between nodes
     print("\nexpected at 8 nodes x 8 GPUs (0.5B policy, bf16: 0.99 GB; 100 Gb/s = 12.5 GB/s between nodes):")
-    print(f"  weight broadcast: one object per update, pulled once per node; from the head alone "
-          f"{nodes - 1} x {policy_gb} GB / {link_gb_s} GB/s = {(nodes - 1) * policy_gb / link_gb_s:.2f} s, at most "
-          f"(Ray also pulls from nodes that already hold a copy). On this machine the second node cost "
-          f"{sync_per_node * 1e3:.0f} ms for {megabytes:.0f} MB.")
-    print(f"  rollouts: groups split evenly over runners, so throughput grows with runners while each keeps a "
-          f"full generation batch; measured here {rollout_speedup:.2f}x for 2 (ideal 2x).")
-    print(f"  updates: each of 64 learners trains 1/64 of the kept groups and all-reduces gradients "
-          f"(2 x {policy_gb} GB per step over {link_gb_s} GB/s ring: {2 * policy_gb / link_gb_s:.2f} s); measured here "
-          f"{update_speedup:.2f}x for 2 learners. Keep at least one group per learner: kept groups >= learners.")
-    print(f"  what limits the 2-core figures: two 1-CPU nodes share this machine's 2 cores with the driver, so "
-          f"neither ratio can reach 2x when the driver or Ray's own processes are busy. Ratios: "
-          f"{np.round([rollout_speedup, update_speedup], 2).tolist()}.")
+    print(
+        f"  weight broadcast: one object per update, pulled once per node; from the head alone "
+        f"{nodes - 1} x {policy_gb} GB / {link_gb_s} GB/s = {(nodes - 1) * policy_gb / link_gb_s:.2f} s, at most "
+        f"(Ray also pulls from nodes that already hold a copy). On this machine the second node cost "
+        f"{sync_per_node * 1e3:.0f} ms for {megabytes:.0f} MB."
+    )
+    print(
+        f"  rollouts: groups split evenly over runners, so throughput grows with runners while each keeps a "
+        f"full generation batch; measured here {rollout_speedup:.2f}x for 2 (ideal 2x)."
+    )
+    print(
+        f"  updates: each of 64 learners trains 1/64 of the kept groups and all-reduces gradients "
+        f"(2 x {policy_gb} GB per step over {link_gb_s} GB/s ring: {2 * policy_gb / link_gb_s:.2f} s); measured here "
+        f"{update_speedup:.2f}x for 2 learners. Keep at least one group per learner: kept groups >= learners."
+    )
+    print(
+        f"  what limits the 2-core figures: two 1-CPU nodes share this machine's 2 cores with the driver, so "
+        f"neither ratio can reach 2x when the driver or Ray's own processes are busy. Ratios: "
+        f"{np.round([rollout_speedup, update_speedup], 2).tolist()}."
+    )
 
 
 if __name__ == "__main__":

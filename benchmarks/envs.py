@@ -54,8 +54,10 @@ def main() -> None:
         start = time.perf_counter()
         lengths = [len(solve_level(level)) for level in levels[:2000]]
         solve_ms = (time.perf_counter() - start) / len(lengths) * 1e3
-        print(f"  {dim}x{dim}, {boxes} box(es): {gen:8.0f} levels/s   solver {solve_ms:.3f} ms/level   "
-              f"optimal length mean {np.mean(lengths):.2f} (max {max(lengths)})")
+        print(
+            f"  {dim}x{dim}, {boxes} box(es): {gen:8.0f} levels/s   solver {solve_ms:.3f} ms/level   "
+            f"optimal length mean {np.mean(lengths):.2f} (max {max(lengths)})"
+        )
 
     print("Env steps per second (random actions, resets included)")
     baseline = steps_per_second("FrozenLake-v1", args.seconds, is_slippery=True)

@@ -44,7 +44,8 @@ from main_jobs import job_module  # noqa: E402  (benchmarks/)
 
 # The previous decode path, by name, for the "before" layout (registered in this process, which holds the runner).
 INFERENCE_BACKENDS["hf_growing_cache"] = lambda model, tokenizer, config: HFBackend(
-    model, tokenizer, max_batch_size=config.inference_batch_size, decode="growing")
+    model, tokenizer, max_batch_size=config.inference_batch_size, decode="growing"
+)
 
 
 class StarPOBefore(StarPO):
@@ -69,15 +70,22 @@ def measure(name: str, algo_class, config, iterations: int) -> dict[str, float]:
             generated = sum(sum(t.response_mask) for t in algo.last_rollout)
             learner = result["learners"]["default_policy"]
             row = {phase: float(result.get(key, 0.0)) for phase, key in PHASES.items()}
-            row.update(iteration=wall, generate=float(result["env_runners"][M.TIME_GENERATE]), tokens=generated,
-                       update_tokens_per_s=float(learner[M.UPDATE_TOKENS_PER_S]),
-                       sync_bytes=float(result.get(M.SYNC_BYTES, float("nan"))),
-                       logprob_gap=float(learner[M.LOGPROB_GAP_MAX]),
-                       first_step_deviation=float(learner[M.FIRST_STEP_LOGPROB_DEVIATION]))
+            row.update(
+                iteration=wall,
+                generate=float(result["env_runners"][M.TIME_GENERATE]),
+                tokens=generated,
+                update_tokens_per_s=float(learner[M.UPDATE_TOKENS_PER_S]),
+                sync_bytes=float(result.get(M.SYNC_BYTES, float("nan"))),
+                logprob_gap=float(learner[M.LOGPROB_GAP_MAX]),
+                first_step_deviation=float(learner[M.FIRST_STEP_LOGPROB_DEVIATION]),
+            )
             row["decode_tokens_per_s"] = generated / max(row["generate"], 1e-9)
             rows.append(row)
-            print(f"{name} iteration {i}{' (warm-up, not counted)' if i == 0 else ''}: "
-                  + ", ".join(f"{k} {v:.3g}" for k, v in row.items()), flush=True)
+            print(
+                f"{name} iteration {i}{' (warm-up, not counted)' if i == 0 else ''}: "
+                + ", ".join(f"{k} {v:.3g}" for k, v in row.items()),
+                flush=True,
+            )
         graph_failures = algo.env_runner.backend.stats.get("graph_failures", 0)
     finally:
         algo.stop()
@@ -102,43 +110,67 @@ def main() -> None:
     if not gpu:
         torch.set_num_threads(2)
 
-    base = (job_module("starpo_sokoban.py").config.copy(copy_frozen=False)
-            .rl_module(model_config={"model": args.model})
-            .training(validation_interval=0, validate_before_training=False, collapse_diagnostics_interval=1,
-                      gradient_analysis_interval=1)
-            .learners(num_gpus_per_learner=1 if gpu else 0)
-            .env_runners(num_gpus_per_env_runner=1 if gpu else 0))
+    base = (
+        job_module("starpo_sokoban.py")
+        .config.copy(copy_frozen=False)
+        .rl_module(model_config={"model": args.model})
+        .training(
+            validation_interval=0,
+            validate_before_training=False,
+            collapse_diagnostics_interval=1,
+            gradient_analysis_interval=1,
+        )
+        .learners(num_gpus_per_learner=1 if gpu else 0)
+        .env_runners(num_gpus_per_env_runner=1 if gpu else 0)
+    )
     before = base.copy(copy_frozen=False).training(inference_backend="hf_growing_cache")
     after = base.copy(copy_frozen=False).training(
-        autocast_dtype=None if args.autocast_dtype == "none" else args.autocast_dtype)
-    ray.init(num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), include_dashboard=False,
-             log_to_driver=False)
+        autocast_dtype=None if args.autocast_dtype == "none" else args.autocast_dtype
+    )
+    ray.init(num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
     device = torch.cuda.get_device_name() if gpu else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"{device}; model {args.model}; {base.num_groups} x {base.group_size} Sokoban episodes per iteration, "
-          f"{base.max_turns} turns of up to {base.max_new_tokens_per_turn} tokens", flush=True)
+    print(
+        f"{device}; model {args.model}; {base.num_groups} x {base.group_size} Sokoban episodes per iteration, "
+        f"{base.max_turns} turns of up to {base.max_new_tokens_per_turn} tokens",
+        flush=True,
+    )
     try:
-        results = {"before": measure("before", StarPOBefore, before, args.iterations),
-                   "after": measure("after", StarPO, after, args.iterations)}
+        results = {
+            "before": measure("before", StarPOBefore, before, args.iterations),
+            "after": measure("after", StarPO, after, args.iterations),
+        }
     finally:
         ray.shutdown()
 
-    print(f"\n{device}, {args.model}, median of {args.iterations} iterations (after: autocast "
-          f"{args.autocast_dtype}; the whole probe runs every iteration here; in the job every 5th, its gradient "
-          "norms every 50th)")
+    print(
+        f"\n{device}, {args.model}, median of {args.iterations} iterations (after: autocast "
+        f"{args.autocast_dtype}; the whole probe runs every iteration here; in the job every 5th, its gradient "
+        "norms every 50th)"
+    )
     print(f"{'':28s} {'before':>12s} {'after':>12s} {'after/before':>13s}")
-    for key, label in [("iteration", "iteration s"), ("sample", "sample s"), ("sync", "weight sync s"),
-                       ("update", "update s"), ("probe", "echo-trap probe s"),
-                       ("decode_tokens_per_s", "decode tokens/s"), ("update_tokens_per_s", "update tokens/s"),
-                       ("sync_bytes", "bytes per sync"), ("logprob_gap", "log-prob gap (max)"),
-                       ("first_step_deviation", "first-step deviation"), ("graph_failures", "CUDA graph failures")]:
+    for key, label in [
+        ("iteration", "iteration s"),
+        ("sample", "sample s"),
+        ("sync", "weight sync s"),
+        ("update", "update s"),
+        ("probe", "echo-trap probe s"),
+        ("decode_tokens_per_s", "decode tokens/s"),
+        ("update_tokens_per_s", "update tokens/s"),
+        ("sync_bytes", "bytes per sync"),
+        ("logprob_gap", "log-prob gap (max)"),
+        ("first_step_deviation", "first-step deviation"),
+        ("graph_failures", "CUDA graph failures"),
+    ]:
         b, a = results["before"][key], results["after"][key]
         ratio = f"{a / b:12.2f}x" if b else f"{'':>13s}"
         print(f"{label:28s} {b:12.4g} {a:12.4g} {ratio}")
     for name, r in results.items():
         shares = ", ".join(f"{phase} {r[phase] / r['iteration']:.0%}" for phase in PHASES)
-        print(f"{name}: shares of the iteration: {shares}; 80 iterations with the whole probe every 5th (an "
-              "upper bound): "
-              f"{80 * (r['iteration'] - 0.8 * r['probe']) / 60:.1f} min of RL")
+        print(
+            f"{name}: shares of the iteration: {shares}; 80 iterations with the whole probe every 5th (an "
+            "upper bound): "
+            f"{80 * (r['iteration'] - 0.8 * r['probe']) / 60:.1f} min of RL"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "model": args.model, **results}, f, indent=1)

@@ -39,10 +39,19 @@ from ray.rllib.core import DEFAULT_MODULE_ID  # noqa: E402
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch  # noqa: E402
 
 from rllib_ragen import StarPOConfig  # noqa: E402
-from rllib_ragen.objectives import (ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageSettings,  # noqa: E402
-                                    aggregate, compute_advantages, compute_gae, masked_whiten, place_rewards,
-                                    policy_loss,
-                                    token_logprobs_and_entropy, value_loss)
+from rllib_ragen.objectives import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    AdvantageSettings,  # noqa: E402
+    aggregate,
+    compute_advantages,
+    compute_gae,
+    masked_whiten,
+    place_rewards,
+    policy_loss,
+    token_logprobs_and_entropy,
+    value_loss,
+)
 from rllib_ragen.objectives.losses import shift_right  # noqa: E402
 from rllib_ragen.starpo.update_batch import prepare_update_batch  # noqa: E402
 from rllib_ragen.starpo.llm_rl_module import ValueModel  # noqa: E402
@@ -74,8 +83,16 @@ class BareLoop:
         advantages, returns = compute_gae(batch["token_rewards"], old_values, mask, c.gamma, c.lambda_)
         if c.whiten_advantages:  # as the learner does (RAGEN's GAE whitening over generated tokens)
             advantages = masked_whiten(advantages, mask)
-        pg, _ = policy_loss(logp, old_logp * mask, advantages, mask, clip_low=c.clip_ratio_low,
-                            clip_high=c.clip_ratio_high, dual_clip=c.dual_clip, aggregation=c.loss_aggregation)
+        pg, _ = policy_loss(
+            logp,
+            old_logp * mask,
+            advantages,
+            mask,
+            clip_low=c.clip_ratio_low,
+            clip_high=c.clip_ratio_high,
+            dual_clip=c.dual_clip,
+            aggregation=c.loss_aggregation,
+        )
         vf, _ = value_loss(values, old_values, returns, mask, clip=c.value_clip, aggregation=c.loss_aggregation)
         loss = pg - c.entropy_coeff * aggregate(entropy, mask, c.loss_aggregation) + c.vf_loss_coeff * vf
         self.actor_opt.zero_grad(set_to_none=True)
@@ -99,15 +116,21 @@ def estimator_inputs(batch: int = 128, width: int = 4096, turns: int = 8, group_
         row_ends = []
         for turn in range(turns):
             start = turn * span + span // 3  # the first third of each span is the observation
-            mask[row, start:(turn + 1) * span] = 1
+            mask[row, start : (turn + 1) * span] = 1
             row_ends.append((turn + 1) * span - 1)
         ends.append(row_ends)
         rewards.append(torch.randn(turns, generator=generator).tolist())
         states.append([f"state {int(torch.randint(3, (1,), generator=generator))}" for _ in range(turns)])
     token_rewards = place_rewards(ends, rewards, (batch, width), per_turn=True)
-    return AdvantageInputs(token_rewards=token_rewards, response_mask=mask, returns=token_rewards.sum(-1),
-                           group_ids=torch.arange(batch) // group_size, values=torch.randn(batch, width),
-                           turn_rewards=rewards, turn_states=states)
+    return AdvantageInputs(
+        token_rewards=token_rewards,
+        response_mask=mask,
+        returns=token_rewards.sum(-1),
+        group_ids=torch.arange(batch) // group_size,
+        values=torch.randn(batch, width),
+        turn_rewards=rewards,
+        turn_states=states,
+    )
 
 
 def time_estimators(repeats: int) -> None:
@@ -122,8 +145,10 @@ def time_estimators(repeats: int) -> None:
             compute_advantages(name, inputs, settings)
             runs.append(time.perf_counter() - t0)
         timings[name] = statistics.median(runs)
-    print(f"advantage estimators on a {shape[0]} x {shape[1]} batch of 8-turn trajectories (median of {repeats}, "
-          f"{torch.get_num_threads()} threads):")
+    print(
+        f"advantage estimators on a {shape[0]} x {shape[1]} batch of 8-turn trajectories (median of {repeats}, "
+        f"{torch.get_num_threads()} threads):"
+    )
     for name, seconds in timings.items():
         verdict = "ok" if seconds < 0.2 else "OVER the 0.2 s target"
         print(f"  {name:13s} {seconds * 1000:8.1f} ms  ({seconds / timings['gae']:.2f} x gae)  {verdict}")
@@ -146,8 +171,12 @@ def build_with_one_rollout(config):
     and that rollout as the learner's batch columns."""
     algo = config.build_algo()
     runner = algo.env_runner
-    trajectories = runner.sample(seeds=list(range(config.num_groups)), group_size=config.group_size,
-                                 sampling=config.sampling_params(), sample_seed=0)
+    trajectories = runner.sample(
+        seeds=list(range(config.num_groups)),
+        group_size=config.group_size,
+        sampling=config.sampling_params(),
+        sample_seed=0,
+    )
     columns, _ = prepare_update_batch(trajectories, config, runner.tokenizer.pad_token_id)
     return algo, trajectories, columns
 
@@ -166,12 +195,23 @@ def _update_footprint(lora: dict | None, args, queue) -> None:
 
     torch.set_num_threads(args.threads)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    config = (StarPOConfig().environment("rllib_ragen/Bandit-v0")
-              .rl_module(model_config={"model": "smollm2-135m", "lora": lora})
-              .training(num_groups=args.groups, group_size=args.group_size, max_turns=1, rollout_filter="none",
-                        advantage_estimator="grpo", max_new_tokens_per_turn=args.max_new_tokens, lr=1e-5,
-                        validation_interval=0, micro_batch_size=args.micro_batch_size)
-              .debugging(seed=0))
+    config = (
+        StarPOConfig()
+        .environment("rllib_ragen/Bandit-v0")
+        .rl_module(model_config={"model": "smollm2-135m", "lora": lora})
+        .training(
+            num_groups=args.groups,
+            group_size=args.group_size,
+            max_turns=1,
+            rollout_filter="none",
+            advantage_estimator="grpo",
+            max_new_tokens_per_turn=args.max_new_tokens,
+            lr=1e-5,
+            validation_interval=0,
+            micro_batch_size=args.micro_batch_size,
+        )
+        .debugging(seed=0)
+    )
     algo, trajectories, columns = build_with_one_rollout(config)
     batch = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=len(trajectories))
     module = algo.learner_group._learner.module[DEFAULT_MODULE_ID]
@@ -203,12 +243,19 @@ def _update_footprint(lora: dict | None, args, queue) -> None:
         checkpoint = sum(f.stat().st_size for f in pathlib.Path(folder).rglob("*") if f.is_file())
     algo.stop()
     ray.shutdown()
-    queue.put({"tokens": int(columns["attention_mask"].sum()), "trained": trained,
-               "batch": hashlib.sha1(columns["input_ids"].tobytes()).hexdigest()[:12],
-               "first_s": seconds[0], "update_s": statistics.median(seconds[1:]), "apart_s": statistics.median(apart),
-               "rise_mib": (peak[0] - before) / 2**20,
-               "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-               "checkpoint_mib": checkpoint / 2**20})
+    queue.put(
+        {
+            "tokens": int(columns["attention_mask"].sum()),
+            "trained": trained,
+            "batch": hashlib.sha1(columns["input_ids"].tobytes()).hexdigest()[:12],
+            "first_s": seconds[0],
+            "update_s": statistics.median(seconds[1:]),
+            "apart_s": statistics.median(apart),
+            "rise_mib": (peak[0] - before) / 2**20,
+            "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "checkpoint_mib": checkpoint / 2**20,
+        }
+    )
 
 
 def compare_full_and_lora(args) -> None:
@@ -226,17 +273,26 @@ def compare_full_and_lora(args) -> None:
     full, low = results["full"], results["lora"]
     if full["batch"] != low["batch"]:
         raise SystemExit("the two sides played different rollouts; the comparison would not be like for like")
-    print(f"SmolLM2-135M, {args.groups * args.group_size} bandit episodes, {full['tokens']} tokens per update, "
-          f"GRPO, {args.threads} threads, median of {args.repeats} updates after the first")
+    print(
+        f"SmolLM2-135M, {args.groups * args.group_size} bandit episodes, {full['tokens']} tokens per update, "
+        f"GRPO, {args.threads} threads, median of {args.repeats} updates after the first"
+    )
     print(f"{'':22s} {'full fine-tuning':>18s} {'LoRA r=' + str(args.lora_rank):>18s} {'LoRA / full':>12s}")
-    rows = [("trained parameters", "trained", "{:,.0f}"), ("first update, s", "first_s", "{:.2f}"),
-            ("seconds per update", "update_s", "{:.2f}"), ("  scoring pass apart", "apart_s", "{:.2f}"),
-            ("memory rise in updates, MiB", "rise_mib", "{:.0f}"),
-            ("process peak RSS, MiB", "peak_mib", "{:.0f}"), ("checkpoint, MiB", "checkpoint_mib", "{:.1f}")]
+    rows = [
+        ("trained parameters", "trained", "{:,.0f}"),
+        ("first update, s", "first_s", "{:.2f}"),
+        ("seconds per update", "update_s", "{:.2f}"),
+        ("  scoring pass apart", "apart_s", "{:.2f}"),
+        ("memory rise in updates, MiB", "rise_mib", "{:.0f}"),
+        ("process peak RSS, MiB", "peak_mib", "{:.0f}"),
+        ("checkpoint, MiB", "checkpoint_mib", "{:.1f}"),
+    ]
     for label, key, fmt in rows:
         print(f"{label:28s} {fmt.format(full[key]):>12s} {fmt.format(low[key]):>18s} {low[key] / full[key]:>12.3f}")
-    print(f"reading the batch once is {full['apart_s'] / full['update_s']:.2f}x faster (full), "
-          f"{low['apart_s'] / low['update_s']:.2f}x (LoRA)")
+    print(
+        f"reading the batch once is {full['apart_s'] / full['update_s']:.2f}x faster (full), "
+        f"{low['apart_s'] / low['update_s']:.2f}x (LoRA)"
+    )
 
 
 def main() -> None:
@@ -248,8 +304,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--estimators-only", action="store_true", help="time the advantage estimators only")
-    parser.add_argument("--full-vs-lora", action="store_true",
-                        help="SmolLM2-135M: full fine-tuning against LoRA (memory, seconds, checkpoint size)")
+    parser.add_argument(
+        "--full-vs-lora",
+        action="store_true",
+        help="SmolLM2-135M: full fine-tuning against LoRA (memory, seconds, checkpoint size)",
+    )
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--micro-batch-size", type=int, default=None)
     args = parser.parse_args()
@@ -263,11 +322,21 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
     # Filter off and one minibatch: the whole rollout batch is one optimizer step on both sides.
-    config = (StarPOConfig().environment("rllib_ragen/Sokoban-v0").rl_module(model_config={"model": args.model})
-              .training(num_groups=args.groups, group_size=args.group_size, rollout_filter="none",
-                        max_new_tokens_per_turn=args.max_new_tokens, lr=1e-4, critic_lr=1e-4,
-                        validation_interval=0)
-              .debugging(seed=0))
+    config = (
+        StarPOConfig()
+        .environment("rllib_ragen/Sokoban-v0")
+        .rl_module(model_config={"model": args.model})
+        .training(
+            num_groups=args.groups,
+            group_size=args.group_size,
+            rollout_filter="none",
+            max_new_tokens_per_turn=args.max_new_tokens,
+            lr=1e-4,
+            critic_lr=1e-4,
+            validation_interval=0,
+        )
+        .debugging(seed=0)
+    )
     algo, trajectories, columns = build_with_one_rollout(config)
     tokens = int(columns["attention_mask"].sum())
     bare = BareLoop(algo.learner_group._learner.module[DEFAULT_MODULE_ID].policy, config)
@@ -276,8 +345,9 @@ def main() -> None:
     def starpo_update(scoring_pass: bool = False) -> float:
         """One learner update; ``scoring_pass``: score in a no-gradient pass of its own first."""
         with scoring_pass_apart() if scoring_pass else contextlib.nullcontext():
-            result = algo.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)},
-                                                                     env_steps=len(trajectories)))
+            result = algo.learner_group.update(
+                batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(columns)}, env_steps=len(trajectories))
+            )
         return float(result[0][DEFAULT_MODULE_ID]["total_loss"].peek())  # one result per learner
 
     # Same weights, same batch: the first losses must agree, or the comparison is not like for like.
@@ -287,8 +357,11 @@ def main() -> None:
         raise SystemExit("the two updates compute different losses; the timing below would not compare like for like")
 
     timings = {"starpo": [], "bare": [], "scoring pass": []}
-    sides = [("starpo", starpo_update), ("bare", lambda: bare.update(bare_batch)),
-             ("scoring pass", lambda: starpo_update(scoring_pass=True))]
+    sides = [
+        ("starpo", starpo_update),
+        ("bare", lambda: bare.update(bare_batch)),
+        ("scoring pass", lambda: starpo_update(scoring_pass=True)),
+    ]
     for repeat in range(args.repeats):  # interleaved, first side alternating: noise and order hit both alike
         for name, update in sides if repeat % 2 == 0 else sides[::-1]:
             t0 = time.perf_counter()
@@ -300,8 +373,10 @@ def main() -> None:
     print(f"StarPO learner update : {starpo * 1000:8.1f} ms  ({tokens / starpo:,.0f} tokens/s)")
     print(f"bare PyTorch loop     : {bare_s * 1000:8.1f} ms  ({tokens / bare_s:,.0f} tokens/s)")
     print(f"overhead ratio        : {starpo / bare_s:.3f}  (target < 1.15; median of {args.repeats})")
-    print(f"learner, scoring pass apart: {two_pass * 1000:8.1f} ms; reading the batch once is {two_pass / starpo:.2f}x "
-          f"faster (median of {args.repeats})")
+    print(
+        f"learner, scoring pass apart: {two_pass * 1000:8.1f} ms; reading the batch once is {two_pass / starpo:.2f}x "
+        f"faster (median of {args.repeats})"
+    )
     algo.stop()
     ray.shutdown()
 

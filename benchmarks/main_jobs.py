@@ -16,8 +16,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def job_module(file_name: str):
     """``tuned_examples/<file_name>`` as a module: its ``config`` and ``job``; runs nothing (the job runs under
     ``__main__``)."""
-    spec = importlib.util.spec_from_file_location(f"job_{pathlib.Path(file_name).stem}",
-                                                  ROOT / "tuned_examples" / file_name)
+    spec = importlib.util.spec_from_file_location(
+        f"job_{pathlib.Path(file_name).stem}", ROOT / "tuned_examples" / file_name
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -52,8 +53,13 @@ def time_job(command: str, output_dir: pathlib.Path) -> tuple[float, int]:
 
     file_name, *flags = shlex.split(command)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(ROOT / "tuned_examples" / file_name), "--output-dir", str(output_dir),
-                           *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tuned_examples" / file_name), "--output-dir", str(output_dir), *flags],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seconds = time.perf_counter() - start
     if done.returncode:
         print(f"{command} exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}", flush=True)
@@ -72,13 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     from rllib_ragen.jobs.job_times import JOB_TIMES, job_time
 
     parser = argparse.ArgumentParser(description=main.__doc__.split(";")[0])
-    parser.add_argument("--jobs", default=";".join(JOB_TIMES),
-                        help="';'-separated commands of tuned_examples/ with their flags, e.g. 'starpo_bandit.py;"
-                             "starpo_frozenlake.py --warm-start-precision float32' (default: every command of the "
-                             "table)")
-    parser.add_argument("--keep", metavar="DIR", default=None,
-                        help="keep the jobs' run folders in DIR/job<n> (default: a temporary folder, removed at the "
-                             "end)")
+    parser.add_argument(
+        "--jobs",
+        default=";".join(JOB_TIMES),
+        help="';'-separated commands of tuned_examples/ with their flags, e.g. 'starpo_bandit.py;"
+        "starpo_frozenlake.py --warm-start-precision float32' (default: every command of the "
+        "table)",
+    )
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        default=None,
+        help="keep the jobs' run folders in DIR/job<n> (default: a temporary folder, removed at the end)",
+    )
     args = parser.parse_args(argv)
     native = cpu_computes_bfloat16()
     print(f"{os.cpu_count()} CPUs; native bfloat16 (AVX512-BF16 or AMX): {'yes' if native else 'no'}")
@@ -91,12 +103,16 @@ def main(argv: list[str] | None = None) -> int:
             failed += code != 0
             stated, _ = job_time(command, native)
             if stated is None:
-                print(f"{command:60s} {'':>8s} {seconds / 60:8.1f}m  (not in the table for this kind of CPU)",
-                      flush=True)
+                print(
+                    f"{command:60s} {'':>8s} {seconds / 60:8.1f}m  (not in the table for this kind of CPU)", flush=True
+                )
                 continue
             ratio = seconds / 60 / stated.minutes
-            print(f"{command:60s} {stated.minutes:7.1f}m {seconds / 60:8.1f}m {ratio:6.2f}  "
-                  f"{'yes' if abs(ratio - 1) <= TOLERANCE else 'NO'}", flush=True)
+            print(
+                f"{command:60s} {stated.minutes:7.1f}m {seconds / 60:8.1f}m {ratio:6.2f}  "
+                f"{'yes' if abs(ratio - 1) <= TOLERANCE else 'NO'}",
+                flush=True,
+            )
     return 1 if failed else 0
 
 

@@ -17,10 +17,12 @@ _OLD = re.compile(r"\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</
 
 def hostile(size: int) -> dict[str, str]:
     unit = "</think><answer>"
-    return {"repeated close/open tags": "<think>" + unit * (size // len(unit)),
-            "repeated open tags": "<think>" * (size // 7),
-            "unclosed answer": "<think>x</think><answer>" + "Up || " * (size // 6),
-            "well-formed, long answer": "<think>x</think><answer>" + "Up || " * (size // 6) + "</answer>"}
+    return {
+        "repeated close/open tags": "<think>" + unit * (size // len(unit)),
+        "repeated open tags": "<think>" * (size // 7),
+        "unclosed answer": "<think>x</think><answer>" + "Up || " * (size // 6),
+        "well-formed, long answer": "<think>x</think><answer>" + "Up || " * (size // 6) + "</answer>",
+    }
 
 
 def best_of(fn, text: str, repeats: int = 3) -> float:
@@ -39,8 +41,10 @@ def main() -> None:
         new_mb = best_of(parse_reply, text)
         small = hostile(baseline_size)[name]
         old_small, new_small = best_of(_OLD.fullmatch, small, 1), best_of(parse_reply, small)
-        print(f"{name:28s}{new_mb * 1e3:15.1f} ms{old_small * 1e3:15.1f} ms{new_small * 1e3:9.2f} ms"
-              f"{old_small / new_small:14.0f}x")
+        print(
+            f"{name:28s}{new_mb * 1e3:15.1f} ms{old_small * 1e3:15.1f} ms{new_small * 1e3:9.2f} ms"
+            f"{old_small / new_small:14.0f}x"
+        )
     print("target: any 1 MB input under 50 ms")
 
 

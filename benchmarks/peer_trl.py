@@ -48,13 +48,30 @@ def bandit_reward(texts: list[str], seed: int) -> list[float]:
 
 
 def starpo_side(args, model_dir: str) -> tuple[dict, list[str]]:
-    config = (StarPOConfig().environment(ENV).rl_module(model_config={"model": model_dir})
-              .training(advantage_estimator="grpo", num_groups=args.groups, group_size=args.group_size,
-                        max_turns=1, max_new_tokens_per_turn=args.max_new_tokens, temperature=1.0,
-                        rollout_filter="none", kl_coeff=0.0, entropy_coeff=0.0, lr=1e-5,
-                        loss_aggregation="token-mean", clip_ratio_low=0.2, clip_ratio_high=0.28, dual_clip=None,
-                        validation_interval=0, collapse_diagnostics_interval=0)
-              .debugging(seed=0))
+    config = (
+        StarPOConfig()
+        .environment(ENV)
+        .rl_module(model_config={"model": model_dir})
+        .training(
+            advantage_estimator="grpo",
+            num_groups=args.groups,
+            group_size=args.group_size,
+            max_turns=1,
+            max_new_tokens_per_turn=args.max_new_tokens,
+            temperature=1.0,
+            rollout_filter="none",
+            kl_coeff=0.0,
+            entropy_coeff=0.0,
+            lr=1e-5,
+            loss_aggregation="token-mean",
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            dual_clip=None,
+            validation_interval=0,
+            collapse_diagnostics_interval=0,
+        )
+        .debugging(seed=0)
+    )
     algo = config.build_algo()
     rows = []
     try:
@@ -64,10 +81,18 @@ def starpo_side(args, model_dir: str) -> tuple[dict, list[str]]:
             total = time.perf_counter() - t0
             generated = sum(sum(t.response_mask) for t in algo.last_rollout)
             tokens = sum(len(t.token_ids) for t in algo.last_rollout)
-            rows.append({"seconds": total, "generate_s": result["env_runners"]["time/generate_s"],
-                         "generated": generated, "tokens": tokens, "update_s": result["time/update_s"]})
-        prompts = [algo.tokenizer.decode(t.token_ids[:t.turn_spans[0][0]]) for t in algo.last_rollout
-                   if t.group < args.groups][::args.group_size]
+            rows.append(
+                {
+                    "seconds": total,
+                    "generate_s": result["env_runners"]["time/generate_s"],
+                    "generated": generated,
+                    "tokens": tokens,
+                    "update_s": result["time/update_s"],
+                }
+            )
+        prompts = [
+            algo.tokenizer.decode(t.token_ids[: t.turn_spans[0][0]]) for t in algo.last_rollout if t.group < args.groups
+        ][:: args.group_size]
     finally:
         algo.stop()
     return summarise(rows[1:]), prompts
@@ -100,22 +125,49 @@ def trl_side(args, model_dir: str, prompts: list[str]) -> dict:
             clock["t0"], clock["generate"] = time.perf_counter(), len(generation_s)
 
         def on_step_end(self, *a, **k):
-            rows.append({"seconds": time.perf_counter() - clock["t0"],
-                         "generate_s": sum(generation_s[clock["generate"]:])})
+            rows.append(
+                {"seconds": time.perf_counter() - clock["t0"], "generate_s": sum(generation_s[clock["generate"] :])}
+            )
 
     def reward(completions, **kwargs):
         lengths.append([len(tokenizer(c, add_special_tokens=False).input_ids) for c in completions])
         return bandit_reward(completions, seed=len(lengths))
 
     with tempfile.TemporaryDirectory() as out:
-        grpo = GRPOConfig(output_dir=out, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
-                          num_generations=args.group_size, max_completion_length=args.max_new_tokens,
-                          temperature=1.0, top_p=1.0, top_k=0, beta=0.0, loss_type="dapo", epsilon=0.2,
-                          epsilon_high=0.28, learning_rate=1e-5, max_steps=steps, use_cpu=True, bf16=False,
-                          logging_steps=1, report_to="none", save_strategy="no", disable_dropout=True,
-                          num_iterations=1, shuffle_dataset=False, seed=0, dataloader_num_workers=0)
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=grpo, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[Timer()])
+        grpo = GRPOConfig(
+            output_dir=out,
+            per_device_train_batch_size=batch,
+            gradient_accumulation_steps=1,
+            num_generations=args.group_size,
+            max_completion_length=args.max_new_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            beta=0.0,
+            loss_type="dapo",
+            epsilon=0.2,
+            epsilon_high=0.28,
+            learning_rate=1e-5,
+            max_steps=steps,
+            use_cpu=True,
+            bf16=False,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            disable_dropout=True,
+            num_iterations=1,
+            shuffle_dataset=False,
+            seed=0,
+            dataloader_num_workers=0,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=grpo,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[Timer()],
+        )
         trainer.train()
     prompt_tokens = sum(len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts) * args.group_size
     for row, step_lengths in zip(rows, lengths):
@@ -127,10 +179,15 @@ def trl_side(args, model_dir: str, prompts: list[str]) -> dict:
 
 def summarise(rows: list[dict]) -> dict:
     median = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
-    return {"seconds": median("seconds"), "generate_s": median("generate_s"), "update_s": median("update_s"),
-            "generated": median("generated"), "tokens": median("tokens"),
-            "generated_per_s": statistics.median(r["generated"] / r["generate_s"] for r in rows),
-            "update_tokens_per_s": statistics.median(r["tokens"] / r["update_s"] for r in rows)}
+    return {
+        "seconds": median("seconds"),
+        "generate_s": median("generate_s"),
+        "update_s": median("update_s"),
+        "generated": median("generated"),
+        "tokens": median("tokens"),
+        "generated_per_s": statistics.median(r["generated"] / r["generate_s"] for r in rows),
+        "update_tokens_per_s": statistics.median(r["tokens"] / r["update_s"] for r in rows),
+    }
 
 
 def main() -> None:
@@ -152,18 +209,23 @@ def main() -> None:
         trl = trl_side(args, model_dir, prompts)
     import trl as trl_package
 
-    print(f"one GRPO iteration: {args.groups} bandit prompts x {args.group_size} completions, up to "
-          f"{args.max_new_tokens} new tokens, T = 1.0, tiny model, {args.threads} threads, median of "
-          f"{args.iterations} after a warm-up; TRL {trl_package.__version__}")
+    print(
+        f"one GRPO iteration: {args.groups} bandit prompts x {args.group_size} completions, up to "
+        f"{args.max_new_tokens} new tokens, T = 1.0, tiny model, {args.threads} threads, median of "
+        f"{args.iterations} after a warm-up; TRL {trl_package.__version__}"
+    )
     print(f"{'':28s} {'StarPO':>10s} {'TRL GRPOTrainer':>16s} {'StarPO / TRL':>13s}")
-    rows = [("seconds per iteration", "seconds", "{:.2f}", True), ("generation seconds", "generate_s", "{:.2f}", True),
-            ("update seconds", "update_s", "{:.2f}", True), ("generated tokens", "generated", "{:.0f}", False),
-            ("tokens per update", "tokens", "{:.0f}", False),
-            ("generated tokens/s", "generated_per_s", "{:,.0f}", False),
-            ("update tokens/s", "update_tokens_per_s", "{:,.0f}", False)]
+    rows = [
+        ("seconds per iteration", "seconds", "{:.2f}", True),
+        ("generation seconds", "generate_s", "{:.2f}", True),
+        ("update seconds", "update_s", "{:.2f}", True),
+        ("generated tokens", "generated", "{:.0f}", False),
+        ("tokens per update", "tokens", "{:.0f}", False),
+        ("generated tokens/s", "generated_per_s", "{:,.0f}", False),
+        ("update tokens/s", "update_tokens_per_s", "{:,.0f}", False),
+    ]
     for label, key, fmt, _ in rows:
-        print(f"{label:28s} {fmt.format(starpo[key]):>10s} {fmt.format(trl[key]):>16s} "
-              f"{starpo[key] / trl[key]:>13.2f}")
+        print(f"{label:28s} {fmt.format(starpo[key]):>10s} {fmt.format(trl[key]):>16s} {starpo[key] / trl[key]:>13.2f}")
     print(f"TRL / StarPO seconds per iteration: {trl['seconds'] / starpo['seconds']:.2f}x")
 
 

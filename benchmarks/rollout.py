@@ -43,12 +43,22 @@ class GenerateBackend:
         ids = torch.full((len(prompts), width), pad)
         mask = torch.zeros_like(ids)
         for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):], mask[row, width - len(prompt):] = torch.tensor(prompt), 1
+            ids[row, width - len(prompt) :], mask[row, width - len(prompt) :] = torch.tensor(prompt), 1
         ids, mask = ids.to(self.model.device), mask.to(self.model.device)
         torch.manual_seed(seed or 0)
-        out = self.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=params.temperature,
-                                  top_k=0, top_p=1.0, max_new_tokens=params.max_new_tokens, pad_token_id=pad,
-                                  eos_token_id=eos, stop_strings=list(params.stop_strings), tokenizer=self.tokenizer)
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=params.temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=params.max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            stop_strings=list(params.stop_strings),
+            tokenizer=self.tokenizer,
+        )
         replies = []
         for row in out[:, width:].tolist():
             end = next((j + 1 for j, t in enumerate(row) if t == eos), len(row))
@@ -65,8 +75,9 @@ def naive_rollout(config: RolloutConfig, backend, tokenizer, seeds, group_size, 
         for _ in range(group_size):
             env = gym.make(config.env, **config.env_config)
             obs, _ = env.reset(seed=seed)
-            first = env.unwrapped.describe() + "\n" + turn_message(obs, turn=1,
-                                                                   actions_left=config.max_actions_per_episode)
+            first = (
+                env.unwrapped.describe() + "\n" + turn_message(obs, turn=1, actions_left=config.max_actions_per_episode)
+            )
             envs.append(env)
             chats.append([{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": first}])
             budgets.append(config.max_actions_per_episode)
@@ -84,15 +95,25 @@ def naive_rollout(config: RolloutConfig, backend, tokenizer, seeds, group_size, 
         for i, generation in zip(active, generations):
             generated_tokens += len(generation.token_ids)
             reply = tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-            result = execute_turn(envs[i], parse_reply(reply, max_actions_per_turn=config.max_actions_per_turn),
-                                  actions_left=budgets[i], format_penalty=config.format_penalty,
-                                  ineffective_action_penalty=config.ineffective_action_penalty)
+            result = execute_turn(
+                envs[i],
+                parse_reply(reply, max_actions_per_turn=config.max_actions_per_turn),
+                actions_left=budgets[i],
+                format_penalty=config.format_penalty,
+                ineffective_action_penalty=config.ineffective_action_penalty,
+            )
             env_steps += len(result.executed)
             budgets[i] -= len(result.executed)
             done[i] = result.terminated or result.truncated or budgets[i] <= 0 or turn >= config.max_turns
-            chats[i] += [{"role": "assistant", "content": reply},
-                         {"role": "user", "content": turn_message(result.observation, turn=turn + 1,
-                                                                  actions_left=budgets[i], reward=result.reward)}]
+            chats[i] += [
+                {"role": "assistant", "content": reply},
+                {
+                    "role": "user",
+                    "content": turn_message(
+                        result.observation, turn=turn + 1, actions_left=budgets[i], reward=result.reward
+                    ),
+                },
+            ]
     return generated_tokens, env_steps, t_generate
 
 
@@ -107,8 +128,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each; the best is reported")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="where the model samples: cpu, cuda, cuda:1, ...")
-    parser.add_argument("--batch-size", type=int, default=128,
-                        help="rows the engine decodes at once (StarPOConfig.inference_batch_size); more are split")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=128,
+        help="rows the engine decodes at once (StarPOConfig.inference_batch_size); more are split",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -117,20 +142,36 @@ def main() -> None:
     config = RolloutConfig(env=args.env, max_turns=args.max_turns)
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
     seeds = list(range(args.groups))
-    print(f"model={args.model} on {args.device}, env={args.env} {args.groups}x{args.group_size} envs, "
-          f"{args.max_turns} turns, {args.max_new_tokens} new tokens/turn, best of {args.repeats}")
+    print(
+        f"model={args.model} on {args.device}, env={args.env} {args.groups}x{args.group_size} envs, "
+        f"{args.max_turns} turns, {args.max_new_tokens} new tokens/turn, best of {args.repeats}"
+    )
     # The engine keeps the KV cache across turns; the naive loop re-reads the whole history every turn with
     # Hugging Face's own generate.
-    compare("sampling from the model", config, params, seeds, args,
-            engine_backend=HFBackend(model, tokenizer, max_batch_size=args.batch_size),
-            naive_backend=GenerateBackend(model, tokenizer),
-            tokenizer=tokenizer)
+    compare(
+        "sampling from the model",
+        config,
+        params,
+        seeds,
+        args,
+        engine_backend=HFBackend(model, tokenizer, max_batch_size=args.batch_size),
+        naive_backend=GenerateBackend(model, tokenizer),
+        tokenizer=tokenizer,
+    )
     compare_caches(model, tokenizer, config, params, seeds, args)
     # No model: what is left is each loop's own cost (contexts, parsing, env stepping).
     player, name = scripted_player(args.env, config)
     played = ScriptedBackend(player, tokenizer)
-    compare(f"scripted {name}, no model", config, params, seeds, args, engine_backend=played, naive_backend=played,
-            tokenizer=tokenizer)
+    compare(
+        f"scripted {name}, no model",
+        config,
+        params,
+        seeds,
+        args,
+        engine_backend=played,
+        naive_backend=played,
+        tokenizer=tokenizer,
+    )
 
 
 def scripted_player(env_id: str, config: RolloutConfig):
@@ -167,8 +208,9 @@ def compare(title, config, params, seeds, args, engine_backend, naive_backend, t
         best["engine"] = max(best["engine"] or run, run)
 
         start = time.perf_counter()
-        tokens, steps, t_generate = naive_rollout(config, naive_backend, tokenizer, seeds, args.group_size, params,
-                                                  repeat)
+        tokens, steps, t_generate = naive_rollout(
+            config, naive_backend, tokenizer, seeds, args.group_size, params, repeat
+        )
         wall = time.perf_counter() - start
         run = (tokens / wall, steps / wall, 1 - t_generate / wall, wall)
         best["naive"] = max(best["naive"] or run, run)
@@ -177,8 +219,10 @@ def compare(title, config, params, seeds, args, engine_backend, naive_backend, t
     print(f"{'':8s} {'gen tok/s':>10s} {'env steps/s':>12s} {'time outside generate':>22s} {'wall s':>8s}")
     for name, (tok_s, step_s, outside, wall) in best.items():
         print(f"{name:8s} {tok_s:10.1f} {step_s:12.1f} {outside:21.1%} {wall:8.3f}")
-    print(f"engine / naive: {best['engine'][0] / best['naive'][0]:.2f}x tokens/s, "
-          f"{best['engine'][1] / max(best['naive'][1], 1e-9):.2f}x env steps/s")
+    print(
+        f"engine / naive: {best['engine'][0] / best['naive'][0]:.2f}x tokens/s, "
+        f"{best['engine'][1] / max(best['naive'][1], 1e-9):.2f}x env steps/s"
+    )
 
 
 def compare_caches(model, tokenizer, config, params, seeds, args) -> None:

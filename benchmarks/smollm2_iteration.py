@@ -40,8 +40,14 @@ def build_config(model: str, baseline: bool):
     out without the settings this preset added."""
     config = job_module("starpo_frozenlake.py").config.copy(copy_frozen=False)
     if baseline:
-        config.training(lr=1e-4, advantage_estimator="grpo", grpo_normalize_std=False, group_size=4,
-                        micro_batch_size=4, validation_interval=0)
+        config.training(
+            lr=1e-4,
+            advantage_estimator="grpo",
+            grpo_normalize_std=False,
+            group_size=4,
+            micro_batch_size=4,
+            validation_interval=0,
+        )
         config.rl_module(model_config={"model": model, "lora": {"r": 16}})
     else:
         config.preset("smollm2-cpu")
@@ -107,11 +113,13 @@ def main() -> None:
     from rllib_ragen.starpo.starpo import StarPO
 
     StarPO.on_phase = staticmethod(lambda phase: setattr(peaks, "phase", phase))
-    print(f"rllib_ragen from {os.path.dirname(rllib_ragen.__file__)}; "
-          f"{'baseline (the release before: float32)' if args.baseline else 'the smollm2-cpu preset'}; "
-          f"sampler {getattr(config, 'rollout_dtype', None) or 'float32'}, "
-          f"learner {config.autocast_dtype or 'float32'}; micro-batches of {config.micro_batch_size}, "
-          f"waves of {config.max_concurrent_episodes}, model_config {config.model_config}")
+    print(
+        f"rllib_ragen from {os.path.dirname(rllib_ragen.__file__)}; "
+        f"{'baseline (the release before: float32)' if args.baseline else 'the smollm2-cpu preset'}; "
+        f"sampler {getattr(config, 'rollout_dtype', None) or 'float32'}, "
+        f"learner {config.autocast_dtype or 'float32'}; micro-batches of {config.micro_batch_size}, "
+        f"waves of {config.max_concurrent_episodes}, model_config {config.model_config}"
+    )
     algo = config.build_algo()
     rows = []
     for iteration in range(args.iterations + 1):
@@ -119,18 +127,30 @@ def main() -> None:
         result = algo.train()
         wall = time.perf_counter() - start
         learner = result["learners"]["default_policy"]
-        row = {"wall": wall, "sample": result["time/sample_s"], "update": result["time/update_s"],
-               "update tokens/s": learner["perf/update_tokens_per_s"]}
-        print(f"iteration {iteration + 1}{' (untimed)' if iteration == 0 else ''}: "
-              + ", ".join(f"{k} {v:.1f}" for k, v in row.items()) + f"; peak RSS (GiB) {peaks.take()}", flush=True)
+        row = {
+            "wall": wall,
+            "sample": result["time/sample_s"],
+            "update": result["time/update_s"],
+            "update tokens/s": learner["perf/update_tokens_per_s"],
+        }
+        print(
+            f"iteration {iteration + 1}{' (untimed)' if iteration == 0 else ''}: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in row.items())
+            + f"; peak RSS (GiB) {peaks.take()}",
+            flush=True,
+        )
         peaks.phase = "sampling"  # until the next iteration announces its first phase
         if iteration:
             rows.append(row)
     algo.stop()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"median of {len(rows)}: " + ", ".join(f"{k} {statistics.median(r[k] for r in rows):.1f}"
-                                                  for k in ("wall", "sample", "update", "update tokens/s"))
-          + f" s; peak RSS {peak:.2f} GiB")
+    print(
+        f"median of {len(rows)}: "
+        + ", ".join(
+            f"{k} {statistics.median(r[k] for r in rows):.1f}" for k in ("wall", "sample", "update", "update tokens/s")
+        )
+        + f" s; peak RSS {peak:.2f} GiB"
+    )
 
 
 if __name__ == "__main__":

@@ -23,11 +23,15 @@ from rllib_ragen.envs import make_text_env
 
 # (adapted id, the package's own id, moves to draw from)
 DIRECTIONS = ["up", "down", "left", "right"]
-GEM_GAMES = [("game:GuessTheNumber-v0-easy", [str(n) for n in range(1, 11)]),
-             ("game:Sudoku-v0-easy", [f"{r} {c} {d}" for r in range(1, 5) for c in range(1, 5) for d in range(1, 5)]),
-             ("game:Game2048-v0-easy", DIRECTIONS)]
-TEXTARENA_GAMES = [("GuessTheNumber-v0-train", [str(n) for n in range(1, 21)]),
-                   ("2048-v0-ultra-easy-train", DIRECTIONS)]
+GEM_GAMES = [
+    ("game:GuessTheNumber-v0-easy", [str(n) for n in range(1, 11)]),
+    ("game:Sudoku-v0-easy", [f"{r} {c} {d}" for r in range(1, 5) for c in range(1, 5) for d in range(1, 5)]),
+    ("game:Game2048-v0-easy", DIRECTIONS),
+]
+TEXTARENA_GAMES = [
+    ("GuessTheNumber-v0-train", [str(n) for n in range(1, 21)]),
+    ("2048-v0-ultra-easy-train", DIRECTIONS),
+]
 
 
 def rate(step, reset, seconds: float) -> float:
@@ -48,8 +52,11 @@ def adapter_rows(seconds: float) -> list[tuple[str, float, float]]:
     rows = []
     for game_id, moves in GEM_GAMES:
         rng, direct = np.random.default_rng(0), gem.make(game_id)
-        alone = rate(lambda: direct.step("\\boxed{" + str(rng.choice(moves)) + "}")[2],
-                     lambda seed: direct.reset(seed=seed), seconds)
+        alone = rate(
+            lambda: direct.step("\\boxed{" + str(rng.choice(moves)) + "}")[2],
+            lambda seed: direct.reset(seed=seed),
+            seconds,
+        )
         rng, adapted = np.random.default_rng(0), make_text_env("gem/" + game_id.replace(":", ".", 1))
         through = rate(lambda: adapted.step(str(rng.choice(moves)))[2], lambda seed: adapted.reset(seed=seed), seconds)
         rows.append((f"gem/{game_id}", alone, through))
@@ -63,8 +70,9 @@ def adapter_rows(seconds: float) -> list[tuple[str, float, float]]:
                 direct.close()
             return done
 
-        alone = rate(step_direct, lambda seed: (direct.reset(num_players=1, seed=seed), direct.get_observation()),
-                     seconds)
+        alone = rate(
+            step_direct, lambda seed: (direct.reset(num_players=1, seed=seed), direct.get_observation()), seconds
+        )
         rng, adapted = np.random.default_rng(0), make_text_env("textarena/" + game_id)
         through = rate(lambda: adapted.step(str(rng.choice(moves)))[2], lambda seed: adapted.reset(seed=seed), seconds)
         rows.append((f"textarena/{game_id}", alone, through))
@@ -78,8 +86,7 @@ def served_rate(url: str, clients: int, seconds: float) -> float:
     def client(i):
         env, rng = make_text_env("rllib_ragen/Remote-v0", url=url), np.random.default_rng(i)
         moves = ["Up", "Down", "Left", "Right"]
-        counts[i] = rate(lambda: any(env.step(str(rng.choice(moves)))[2:4]), lambda seed: env.reset(seed=seed),
-                         seconds)
+        counts[i] = rate(lambda: any(env.step(str(rng.choice(moves)))[2:4]), lambda seed: env.reset(seed=seed), seconds)
         env.close()
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
@@ -106,15 +113,20 @@ def main() -> None:
     moves = ["Up", "Down", "Left", "Right"]
     local = rate(lambda: any(env.step(str(rng.choice(moves)))[2:4]), lambda seed: env.reset(seed=seed), args.seconds)
     print(f"  {'in-process (baseline)':40s} {local:8.0f}/s")
-    server = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.remote.server", "--env",
-                               "rllib_ragen/Sokoban-v0", "--port", "0"], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rllib_ragen.envs.remote.server", "--env", "rllib_ragen/Sokoban-v0", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         url = server.stdout.readline().split(" on ")[1].strip()
         for clients in (1, 4):
             served = served_rate(url, clients, args.seconds)
-            print(f"  {f'served, {clients} client(s)':40s} {served:8.0f}/s   {served / local:.3f}x baseline   "
-                  f"{1e6 / served * clients:8.0f} us/step per client")
+            print(
+                f"  {f'served, {clients} client(s)':40s} {served:8.0f}/s   {served / local:.3f}x baseline   "
+                f"{1e6 / served * clients:8.0f} us/step per client"
+            )
     finally:
         server.terminate()
         server.wait(timeout=10)

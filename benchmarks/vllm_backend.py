@@ -58,13 +58,19 @@ def compare_backends(args, model, tokenizer, path):
     # 1. Agreement on identical prompts, greedy.
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.max_new_tokens)
     first, _, _ = rollout(hf, tokenizer, seeds, 1, greedy, max_turns=1)
-    prompts = [t.token_ids[:t.turn_spans[0][0]] for t in first]
+    prompts = [t.token_ids[: t.turn_spans[0][0]] for t in first]
     hf_out, vllm_out = hf.generate(prompts, greedy), vllm.generate(prompts, greedy)
     same = sum(a.token_ids == b.token_ids for a, b in zip(hf_out, vllm_out))
-    gaps = [abs(x - y) for a, b in zip(hf_out, vllm_out) if a.token_ids == b.token_ids
-            for x, y in zip(a.logprobs, b.logprobs)]
-    print(f"greedy replies token-identical: {same}/{len(prompts)}; "
-          f"log-prob gap on identical replies: max {max(gaps, default=0):.2e}")
+    gaps = [
+        abs(x - y)
+        for a, b in zip(hf_out, vllm_out)
+        if a.token_ids == b.token_ids
+        for x, y in zip(a.logprobs, b.logprobs)
+    ]
+    print(
+        f"greedy replies token-identical: {same}/{len(prompts)}; "
+        f"log-prob gap on identical replies: max {max(gaps, default=0):.2e}"
+    )
 
     # 2. Throughput on the same multi-turn rollout.
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
@@ -88,14 +94,24 @@ def train_iteration(args, path):
     from rllib_ragen import StarPOConfig
 
     ray.init(include_dashboard=False, log_to_driver=False)
-    config = (StarPOConfig()
-              .environment(ENV)
-              .rl_module(model_config={"model": path})
-              .training(num_groups=args.groups, group_size=args.group_size, rollout_filter_ratio=0.5, lr=1e-4,
-                        critic_lr=1e-3, max_new_tokens_per_turn=args.max_new_tokens, max_turns=args.max_turns,
-                        inference_backend="vllm", vllm_engine_config={"enforce_eager": args.enforce_eager},
-                        validation_interval=0)
-              .debugging(seed=0))
+    config = (
+        StarPOConfig()
+        .environment(ENV)
+        .rl_module(model_config={"model": path})
+        .training(
+            num_groups=args.groups,
+            group_size=args.group_size,
+            rollout_filter_ratio=0.5,
+            lr=1e-4,
+            critic_lr=1e-3,
+            max_new_tokens_per_turn=args.max_new_tokens,
+            max_turns=args.max_turns,
+            inference_backend="vllm",
+            vllm_engine_config={"enforce_eager": args.enforce_eager},
+            validation_interval=0,
+        )
+        .debugging(seed=0)
+    )
     t0 = time.perf_counter()
     algo = config.build_algo()
     print(f"\nStarPO with inference_backend='vllm': built in {time.perf_counter() - t0:.1f} s")
@@ -109,8 +125,14 @@ def train_iteration(args, path):
         print(f"  env_runners/{key:28s}{float(rollout[key]):12.4f}")
     for key in ("update/kept_trajectories", "time/sample_s", "time/update_s", "time/weight_load_s", "time/sync_s"):
         print(f"  {key:40s}{float(result[key]):12.4f}")
-    for key in ("rollout/logprob_gap_mean", "rollout/logprob_gap_max", "actor/first_step_logprob_deviation",
-                "actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+    for key in (
+        "rollout/logprob_gap_mean",
+        "rollout/logprob_gap_max",
+        "actor/first_step_logprob_deviation",
+        "actor/pg_loss",
+        "actor/entropy",
+        "actor/grad_norm",
+    ):
         print(f"  learner/{key:32s}{float(learner[key]):12.4g}")
 
     # The weight-sync check: a sequence the policy sampled, scored by the engine and by the learner's weights.

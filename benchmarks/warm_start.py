@@ -51,36 +51,59 @@ def main() -> None:
     module = job_module(JOBS[args.job])
     config, job = module.config, module.job
     _, tokenizer = load_policy("tiny", seed=0)
-    demos = collect_demonstrations(demonstration_rollout_config(config, job), demonstration_policy(config), tokenizer,
-                                   args.episodes)
+    demos = collect_demonstrations(
+        demonstration_rollout_config(config, job), demonstration_policy(config), tokenizer, args.episodes
+    )
     lengths = [len(t.token_ids) for t in demos]
-    print(f"{args.job}: {len(demos)} demonstrations, {np.mean(lengths):.0f} tokens on average "
-          f"({min(lengths)}-{max(lengths)}); batch {job.warm_start_batch_size}, {args.steps} steps, "
-          f"{args.threads} threads")
+    print(
+        f"{args.job}: {len(demos)} demonstrations, {np.mean(lengths):.0f} tokens on average "
+        f"({min(lengths)}-{max(lengths)}); batch {job.warm_start_batch_size}, {args.steps} steps, "
+        f"{args.threads} threads"
+    )
+
     def plain_pass(model, ids, attention):
         return {"logits": model(input_ids=ids, attention_mask=attention, use_cache=False).logits}
 
     rows = {}
-    for name, logits_fn, grouped, precision in (("every row whole", plain_pass, False, "float32"),
-                                                ("shared prefix", forward_sharing_prefix, False, "float32"),
-                                                ("shared + grouped", forward_sharing_prefix, True, "float32"),
-                                                ("shared, bfloat16", forward_sharing_prefix, False, "bfloat16")):
+    for name, logits_fn, grouped, precision in (
+        ("every row whole", plain_pass, False, "float32"),
+        ("shared prefix", forward_sharing_prefix, False, "float32"),
+        ("shared + grouped", forward_sharing_prefix, True, "float32"),
+        ("shared, bfloat16", forward_sharing_prefix, False, "bfloat16"),
+    ):
         warm_start_module.forward_sharing_prefix = logits_fn
         model, _ = load_policy("tiny", seed=0)
-        supervised_warm_start(model, demos, steps=3, batch_size=job.warm_start_batch_size, lr=job.warm_start_lr,
-                              pad_token_id=tokenizer.pad_token_id, log_every=0,
-                              precision=precision)  # warm-up: allocator, kernels
+        supervised_warm_start(
+            model,
+            demos,
+            steps=3,
+            batch_size=job.warm_start_batch_size,
+            lr=job.warm_start_lr,
+            pad_token_id=tokenizer.pad_token_id,
+            log_every=0,
+            precision=precision,
+        )  # warm-up: allocator, kernels
         model, _ = load_policy("tiny", seed=0)
         t0 = time.perf_counter()
-        losses = supervised_warm_start(model, demos, steps=args.steps, batch_size=job.warm_start_batch_size,
-                                       lr=job.warm_start_lr, pad_token_id=tokenizer.pad_token_id, log_every=0,
-                                       group_by_length=grouped, precision=precision)
+        losses = supervised_warm_start(
+            model,
+            demos,
+            steps=args.steps,
+            batch_size=job.warm_start_batch_size,
+            lr=job.warm_start_lr,
+            pad_token_id=tokenizer.pad_token_id,
+            log_every=0,
+            group_by_length=grouped,
+            precision=precision,
+        )
         seconds = (time.perf_counter() - t0) / args.steps
         tokens, real_share = padding(lengths, job.warm_start_batch_size, args.steps, grouped)
         rows[name] = seconds
-        print(f"{name:17s} {seconds:.3f} s/step | {tokens:,.0f} padded tokens per batch, {real_share:.0%} real | "
-              f"loss {losses[0]:.3f} -> {np.mean(losses[-10:]):.3f} (mean of the last 10) | "
-              f"speed-up {rows['every row whole'] / seconds:.2f}x")
+        print(
+            f"{name:17s} {seconds:.3f} s/step | {tokens:,.0f} padded tokens per batch, {real_share:.0%} real | "
+            f"loss {losses[0]:.3f} -> {np.mean(losses[-10:]):.3f} (mean of the last 10) | "
+            f"speed-up {rows['every row whole'] / seconds:.2f}x"
+        )
     warm_start_module.forward_sharing_prefix = forward_sharing_prefix
 
 

@@ -62,15 +62,18 @@ def main() -> None:
     if args.checkpointing:
         enable_activation_checkpointing(model)
     demonstrations = warm_start_module.collect_demonstrations(
-        demonstration_rollout_config(config, JobSettings()), demonstration_policy(config), tokenizer, args.episodes)
+        demonstration_rollout_config(config, JobSettings()), demonstration_policy(config), tokenizer, args.episodes
+    )
     if args.no_trim:
         warm_start_module.trim_heap = lambda: False
     loaded = resident_gib()
     step_peak = [0.0]
 
     def after_step(done: int, loss: float) -> None:
-        print(f"  step {done}: peak {step_peak[0]:.2f} GiB, {resident_gib():.2f} GiB held after it, loss {loss:.4f}",
-              flush=True)
+        print(
+            f"  step {done}: peak {step_peak[0]:.2f} GiB, {resident_gib():.2f} GiB held after it, loss {loss:.4f}",
+            flush=True,
+        )
         step_peak[0] = 0.0
 
     def watch_step() -> None:
@@ -81,14 +84,27 @@ def main() -> None:
     threading.Thread(target=watch_step, daemon=True).start()
     start = time.perf_counter()
     losses = warm_start_module.supervised_warm_start(
-        model, demonstrations, steps=args.steps, batch_size=16, lr=args.lr, seed=0, pad_token_id=tokenizer.pad_token_id,
-        group_by_length=True, micro_batch_size=args.micro_batch_size, lora_rank=args.lora_rank,
-        precision="bfloat16" if cpu_computes_bfloat16() else "float32", log_every=0, progress=after_step)
+        model,
+        demonstrations,
+        steps=args.steps,
+        batch_size=16,
+        lr=args.lr,
+        seed=0,
+        pad_token_id=tokenizer.pad_token_id,
+        group_by_length=True,
+        micro_batch_size=args.micro_batch_size,
+        lora_rank=args.lora_rank,
+        precision="bfloat16" if cpu_computes_bfloat16() else "float32",
+        log_every=0,
+        progress=after_step,
+    )
     seconds = (time.perf_counter() - start) / args.steps
-    print(f"micro-batches of {args.micro_batch_size}, checkpointing {args.checkpointing}, trim after each step "
-          f"{not args.no_trim}, LoRA rank {args.lora_rank} (lr {args.lr:g}), oneDNN kernels kept "
-          f"{os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY')}: {seconds:.1f} s a step, peak RSS {peak[0]:.2f} GiB "
-          f"({loaded:.2f} GiB loaded, before the first step); loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    print(
+        f"micro-batches of {args.micro_batch_size}, checkpointing {args.checkpointing}, trim after each step "
+        f"{not args.no_trim}, LoRA rank {args.lora_rank} (lr {args.lr:g}), oneDNN kernels kept "
+        f"{os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY')}: {seconds:.1f} s a step, peak RSS {peak[0]:.2f} GiB "
+        f"({loaded:.2f} GiB loaded, before the first step); loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -32,18 +32,24 @@ def main() -> None:
     args = parser.parse_args()
     gpu = args.device.startswith("cuda")
     torch.set_num_threads(2 if not gpu else torch.get_num_threads())
-    config = (StarPOConfig().environment("rllib_ragen/Sokoban-v0").rl_module(model_config={"model": args.model})
-              .training(validation_size=4).learners(num_gpus_per_learner=int(gpu))
-              .env_runners(num_gpus_per_env_runner=int(gpu)))
-    ray.init(num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), include_dashboard=False,
-             log_to_driver=False)
+    config = (
+        StarPOConfig()
+        .environment("rllib_ragen/Sokoban-v0")
+        .rl_module(model_config={"model": args.model})
+        .training(validation_size=4)
+        .learners(num_gpus_per_learner=int(gpu))
+        .env_runners(num_gpus_per_env_runner=int(gpu))
+    )
+    ray.init(num_cpus=os.cpu_count(), num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
     algo = config.build_algo()
     timings: dict[str, list[float]] = {"object store (before)": [], "in process (after)": []}
     moved = {}
     try:
         for _ in range(args.repeats):
-            for name, sync in (("object store (before)", algo._push_weights_to_env_runners),
-                               ("in process (after)", algo._send_policy_to_env_runners)):
+            for name, sync in (
+                ("object store (before)", algo._push_weights_to_env_runners),
+                ("in process (after)", algo._send_policy_to_env_runners),
+            ):
                 if gpu:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()

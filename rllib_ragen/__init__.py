@@ -15,6 +15,14 @@ def __getattr__(name):
         return getattr(starpo, name)
     raise AttributeError(f"module 'rllib_ragen' has no attribute {name!r}")
 
+
 __version__ = "0.1.0"
-__all__ = ["StarPO", "StarPOConfig", "envs", "make_text_env", "register_text_env", "registered_text_envs",
-           "__version__"]
+__all__ = [
+    "StarPO",
+    "StarPOConfig",
+    "envs",
+    "make_text_env",
+    "register_text_env",
+    "registered_text_envs",
+    "__version__",
+]

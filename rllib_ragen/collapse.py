@@ -72,8 +72,9 @@ def reply_diagnostics(trajectories: Sequence) -> dict[str, float]:
         M.THINK_TOKENS_PER_TURN: float(np.mean(think)),
         M.ANSWER_TOKENS_PER_TURN: float(np.mean(answer)),
         M.DISTINCT_2: distinct_n(all_replies, 2),
-        M.DISTINCT_2_IN_GROUP: float(np.mean([distinct_n([r for _, r in replies], 2)
-                                              for replies in replies_by_group.values()])),
+        M.DISTINCT_2_IN_GROUP: float(
+            np.mean([distinct_n([r for _, r in replies], 2) for replies in replies_by_group.values()])
+        ),
         M.REPEAT_RATE: repeated / len(all_replies),
         **entropy,
     }
@@ -97,7 +98,7 @@ def distinct_n(replies: Sequence[Sequence[int]], n: int = 2) -> float:
 
     1.0: no n-gram repeats anywhere; near 0: the replies are one template. 1.0 when there are no n-grams.
     """
-    grams = [tuple(reply[i:i + n]) for reply in replies for i in range(len(reply) - n + 1)]
+    grams = [tuple(reply[i : i + n]) for reply in replies for i in range(len(reply) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
@@ -150,7 +151,7 @@ def cross_scoring_pairs(trajectories: Sequence, subsample: int) -> CrossScoringP
         think = np.flatnonzero(regions == REGION_THINK)
         # The reasoning when there is some (its template prefix is context, not scored), else the whole reply.
         stop = start + int(think[-1]) + 1 if len(think) else end
-        mask = (regions[:stop - start] == REGION_THINK) if len(think) else np.ones(end - start, dtype=bool)
+        mask = (regions[: stop - start] == REGION_THINK) if len(think) else np.ones(end - start, dtype=bool)
         if stop <= start or not mask.any():
             continue
         seen.add(t.group)
@@ -174,21 +175,25 @@ def cross_scoring(scores: np.ndarray) -> dict[str, float]:
     others = np.where(np.eye(m, dtype=bool), -np.inf, scores)
     best_other = others.max(axis=1)
     log_mean = np.logaddexp.reduce(scores, axis=1) - math.log(m)
-    return {M.RETRIEVAL_ACCURACY: float(np.mean(own > best_other)),
-            M.MI_ESTIMATE: float(np.mean(own - log_mean)),
-            M.CROSS_SCORE_MARGIN: float(np.mean(own - best_other))}
+    return {
+        M.RETRIEVAL_ACCURACY: float(np.mean(own > best_other)),
+        M.MI_ESTIMATE: float(np.mean(own - log_mean)),
+        M.CROSS_SCORE_MARGIN: float(np.mean(own - best_other)),
+    }
 
 
 # ---- reward-variance buckets ---------------------------------------------------------------------------------------
-def variance_buckets(returns: np.ndarray, group_ids: np.ndarray,
-                     episode_ids: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def variance_buckets(
+    returns: np.ndarray, group_ids: np.ndarray, episode_ids: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Rows of each reward-variance bucket of groups: ``zero`` (every episode of the group earned the same),
     ``low`` (std at most the median std of the other groups) and ``high`` (above it). Empty buckets are left out.
     ``episode_ids``: each row's episode, when an episode has several rows (its turns): each counts once.
     """
     returns, group_ids = np.asarray(returns, dtype=np.float64), np.asarray(group_ids)
-    first = np.unique(np.asarray(episode_ids), return_index=True)[1] if episode_ids is not None \
-        else np.arange(len(returns))
+    first = (
+        np.unique(np.asarray(episode_ids), return_index=True)[1] if episode_ids is not None else np.arange(len(returns))
+    )
     stds = {g: float(returns[first][group_ids[first] == g].std()) for g in np.unique(group_ids)}
     varied = [s for s in stds.values() if s > 1e-8]
     median = float(np.median(varied)) if varied else 0.0

@@ -83,8 +83,12 @@ def frozen_lake_hole_blind_policy(enable_thinking: bool = True, is_slippery: boo
     return _lake_policy(enable_thinking, is_slippery, "plain", sees_holes=False)
 
 
-_LAKE_LETTERS = {LAKE_SYMBOLS["frozen"]: "F", LAKE_SYMBOLS["hole"]: "H", LAKE_SYMBOLS["goal"]: "G",
-                 LAKE_SYMBOLS["player"]: "S"}
+_LAKE_LETTERS = {
+    LAKE_SYMBOLS["frozen"]: "F",
+    LAKE_SYMBOLS["hole"]: "H",
+    LAKE_SYMBOLS["goal"]: "G",
+    LAKE_SYMBOLS["player"]: "S",
+}
 
 
 def _lake_policy(enable_thinking: bool, is_slippery: bool, reasoning: str, sees_holes: bool):
@@ -116,8 +120,7 @@ def random_moves_policy(moves: Sequence[str], per_reply: int = 1, enable_thinkin
     far, so a state played twice gets the same moves, whatever order the episodes are played in."""
     moves = list(moves)
     if per_reply < 1 or not moves:
-        raise ValueError(f"random_moves_policy needs moves to draw from and per_reply >= 1 (got {moves}, "
-                         f"{per_reply}).")
+        raise ValueError(f"random_moves_policy needs moves to draw from and per_reply >= 1 (got {moves}, {per_reply}).")
 
     def policy(prompt: str) -> str:
         rng = random.Random(f"{seed}:{hashlib.sha256(prompt.encode()).hexdigest()}")

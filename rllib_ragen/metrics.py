@@ -51,8 +51,19 @@ FIRST_ENV_ERROR = "first_env_error"
 TOOL_CALLS = "rollout/tool_calls"
 TOOL_CALL_ERRORS = "rollout/tool_call_errors"
 MALFORMED_TOOL_CALLS = "rollout/malformed_tool_calls"
-ROLLOUT_COUNTERS = (ENV_ERRORS, ENV_TIMEOUTS, NONFINITE_REWARDS, UNENCODABLE_TEXTS, CONTROL_TEXTS, PROMPTS_TOO_LONG,
-                    OBSERVATIONS_TOO_LONG, TOOL_CALLS, TOOL_CALL_ERRORS, MALFORMED_TOOL_CALLS, TOOL_RESULTS_CUT)
+ROLLOUT_COUNTERS = (
+    ENV_ERRORS,
+    ENV_TIMEOUTS,
+    NONFINITE_REWARDS,
+    UNENCODABLE_TEXTS,
+    CONTROL_TEXTS,
+    PROMPTS_TOO_LONG,
+    OBSERVATIONS_TOO_LONG,
+    TOOL_CALLS,
+    TOOL_CALL_ERRORS,
+    MALFORMED_TOOL_CALLS,
+    TOOL_RESULTS_CUT,
+)
 CURRICULUM_STAGE = "curriculum/stage"  # the training rollout's curriculum stage; the stage count once they are over
 ENV_RUNNER_RESTARTS = "rollout/env_runner_restarts"  # remote env runners that died mid-rollout and were restarted
 WEIGHTS_SEQ_NO = "perf/weights_seq_no"
@@ -125,6 +136,7 @@ SKIPPED_OPTIMIZER_STEPS = "perf/skipped_optimizer_steps"  # non-finite loss or g
 def env_metric(env_id: str, name: str) -> str:
     """The name of a per-environment metric: ``env_metric("rllib_ragen/Sokoban-v0", SUCCESS)``."""
     return f"{env_id}/{name}"
+
 
 # ---- echo-trap diagnostics (``collapse.py``) ----------------------------------------------------------------------
 # Every iteration, from the training rollout (top level).

@@ -18,15 +18,19 @@ PLAIN_FORMAT = "{desc}: {n_fmt}/{total_fmt} %s [{elapsed}<{remaining}, {rate_fmt
 class Progress:
     """``with Progress(total, "warm start", "steps") as progress: ... progress.update(done, loss=0.4)``."""
 
-    def __init__(self, total: int, description: str, unit: str, stream: TextIO | None = None,
-                 every_s: float = PLAIN_LINE_EVERY_S):
+    def __init__(
+        self, total: int, description: str, unit: str, stream: TextIO | None = None, every_s: float = PLAIN_LINE_EVERY_S
+    ):
         self.total, self.description, self.unit = total, description, unit
         self.stream = stream or sys.stdout
         self.every_s, self.done, self.postfix, self.printed = every_s, 0, "", None
         self.start = self.last_line = self.last_update = time.perf_counter()
         terminal = getattr(self.stream, "isatty", lambda: False)()
-        self.bar = tqdm(total=total, desc=description, unit=unit.rstrip("s"), file=self.stream,
-                        dynamic_ncols=True) if terminal else None
+        self.bar = (
+            tqdm(total=total, desc=description, unit=unit.rstrip("s"), file=self.stream, dynamic_ncols=True)
+            if terminal
+            else None
+        )
 
     def update(self, done: int, **postfix: float | str) -> None:
         """``done`` of ``total`` finished (a count, not an increment); ``postfix``: figures to show beside it."""
@@ -50,9 +54,15 @@ class Progress:
 
     def _line(self, now: float) -> None:
         self.last_line, self.printed = now, self.done
-        text = tqdm.format_meter(self.done, self.total, now - self.start, prefix=self.description,
-                                 unit=self.unit.rstrip("s"), bar_format=PLAIN_FORMAT % self.unit,
-                                 postfix=self.postfix or None)
+        text = tqdm.format_meter(
+            self.done,
+            self.total,
+            now - self.start,
+            prefix=self.description,
+            unit=self.unit.rstrip("s"),
+            bar_format=PLAIN_FORMAT % self.unit,
+            postfix=self.postfix or None,
+        )
         print(text, file=self.stream, flush=True)
 
     def __enter__(self) -> "Progress":

@@ -111,8 +111,10 @@ class Firing:
     done: str = ""  # what the algorithm did, in words (filled by the algorithm)
 
     def describe(self) -> str:
-        return (f"sentinel: iteration {self.iteration}: rule '{self.rule}' fired ({self.signal} = {self.value:.4g}, "
-                f"compared with {self.compared_with:.4g}): {self.action}{' - ' + self.done if self.done else ''}")
+        return (
+            f"sentinel: iteration {self.iteration}: rule '{self.rule}' fired ({self.signal} = {self.value:.4g}, "
+            f"compared with {self.compared_with:.4g}): {self.action}{' - ' + self.done if self.done else ''}"
+        )
 
 
 def as_rule(item) -> Rule:
@@ -122,8 +124,9 @@ def as_rule(item) -> Rule:
     if isinstance(item, Mapping):
         unknown = set(item) - {f.name for f in fields(Rule)}
         if unknown:
-            raise ValueError(f"rule {dict(item)} has unknown fields {sorted(unknown)}; a Rule has "
-                             f"{[f.name for f in fields(Rule)]}.")
+            raise ValueError(
+                f"rule {dict(item)} has unknown fields {sorted(unknown)}; a Rule has {[f.name for f in fields(Rule)]}."
+            )
         try:
             return Rule(**item)
         except TypeError as error:
@@ -146,16 +149,48 @@ def echo_trap_rules(action: str = "warn") -> list[Rule]:
     """
     knobs = {"lr_factor": 0.5} if action == "rollback" else {}
     return [
-        Rule(M.FILTER_REWARD_STD, "below", 0.01, patience=3, warmup=3, action=action, knobs=knobs,
-             name="reward std vanished"),
-        Rule("learners/default_policy/" + M.ENTROPY, "drop_from_peak", 0.7, patience=3, warmup=3, action=action,
-             knobs=knobs, name="entropy collapsed"),
-        Rule("learners/default_policy/" + M.GRAD_NORM.format(optimizer="actor"), "spike_over_median", 10.0,
-             patience=1, warmup=5, action=action, knobs=knobs, name="grad-norm spike"),
+        Rule(
+            M.FILTER_REWARD_STD,
+            "below",
+            0.01,
+            patience=3,
+            warmup=3,
+            action=action,
+            knobs=knobs,
+            name="reward std vanished",
+        ),
+        Rule(
+            "learners/default_policy/" + M.ENTROPY,
+            "drop_from_peak",
+            0.7,
+            patience=3,
+            warmup=3,
+            action=action,
+            knobs=knobs,
+            name="entropy collapsed",
+        ),
+        Rule(
+            "learners/default_policy/" + M.GRAD_NORM.format(optimizer="actor"),
+            "spike_over_median",
+            10.0,
+            patience=1,
+            warmup=5,
+            action=action,
+            knobs=knobs,
+            name="grad-norm spike",
+        ),
         # Template collapse: the first turn's reasoning stops depending on the state. Silent while replies carry
         # no reasoning (no value) or one fixed sentence from the start (peak 0).
-        Rule(M.REASONING_ENTROPY, "drop_from_peak", 0.4, patience=3, warmup=3, action=action, knobs=knobs,
-             name="reasoning collapsed"),
+        Rule(
+            M.REASONING_ENTROPY,
+            "drop_from_peak",
+            0.4,
+            patience=3,
+            warmup=3,
+            action=action,
+            knobs=knobs,
+            name="reasoning collapsed",
+        ),
     ]
 
 
@@ -259,9 +294,14 @@ class Sentinel:
 
     # ---- state (checkpoints: a resumed run keeps its knobs, peaks and firings) ------------------------------------
     def get_state(self) -> dict:
-        return {"firings": [asdict(f) for f in self.firings], "rollbacks": self.rollbacks,
-                "lr_factor": self.lr_factor, "rollout_filter_ratio": self.rollout_filter_ratio,
-                "stopped": self.stopped, "tracks": [dict(t, history=list(t["history"])) for t in self._tracks]}
+        return {
+            "firings": [asdict(f) for f in self.firings],
+            "rollbacks": self.rollbacks,
+            "lr_factor": self.lr_factor,
+            "rollout_filter_ratio": self.rollout_filter_ratio,
+            "stopped": self.stopped,
+            "tracks": [dict(t, history=list(t["history"])) for t in self._tracks],
+        }
 
     def set_state(self, state: dict) -> None:
         self.firings = [Firing(**f) for f in state["firings"]]
@@ -270,5 +310,9 @@ class Sentinel:
         if len(state["tracks"]) == len(self._tracks):
             self._tracks = [dict(t, history=list(t["history"])) for t in state["tracks"]]
         else:
-            logger.warning("the checkpoint's sentinel watched %d rules and this one %d: the rules' running peaks and "
-                           "medians start afresh.", len(state["tracks"]), len(self._tracks))
+            logger.warning(
+                "the checkpoint's sentinel watched %d rules and this one %d: the rules' running peaks and "
+                "medians start afresh.",
+                len(state["tracks"]),
+                len(self._tracks),
+            )

@@ -36,10 +36,15 @@ logger = logging.getLogger(__name__)
 DEMONSTRATION_SEED_START = 1_000_000
 
 
-def collect_demonstrations(rollout_config: RolloutConfig, policy: Callable[[str], str], tokenizer,
-                           num_episodes: int, seed_start: int = DEMONSTRATION_SEED_START,
-                           only_successful: bool = False,
-                           progress: Callable[[int, int], None] | None = None) -> list[Trajectory]:
+def collect_demonstrations(
+    rollout_config: RolloutConfig,
+    policy: Callable[[str], str],
+    tokenizer,
+    num_episodes: int,
+    seed_start: int = DEMONSTRATION_SEED_START,
+    only_successful: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Trajectory]:
     """Play ``num_episodes`` episodes (distinct initial states) with a scripted ``policy``.
 
     Args:
@@ -51,8 +56,9 @@ def collect_demonstrations(rollout_config: RolloutConfig, policy: Callable[[str]
     """
     engine = RolloutEngine(rollout_config, ScriptedBackend(policy, tokenizer), tokenizer)
     seeds = list(range(seed_start, seed_start + num_episodes))
-    trajectories, _ = engine.rollout(seeds, group_size=1, sampling=SamplingParams(max_new_tokens=512),
-                                     progress=progress)
+    trajectories, _ = engine.rollout(
+        seeds, group_size=1, sampling=SamplingParams(max_new_tokens=512), progress=progress
+    )
     return [t for t in trajectories if t.success] if only_successful else trajectories
 
 
@@ -85,8 +91,9 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=getattr(torch, precision))
 
 
-def demonstration_batches(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
-                          group_by_length: bool = False) -> Iterator[list[int]]:
+def demonstration_batches(
+    lengths: Sequence[int], batch_size: int, generator: torch.Generator, group_by_length: bool = False
+) -> Iterator[list[int]]:
     """Index batches of the demonstrations, endlessly: passes in random order, one pass running into the next.
 
     With ``group_by_length``, ``LENGTH_GROUP_BATCHES`` batches are drawn at once, sorted by ``lengths`` and cut
@@ -102,18 +109,32 @@ def demonstration_batches(lengths: Sequence[int], batch_size: int, generator: to
             yield drawn
             continue
         drawn.sort(key=lambda i: lengths[i])
-        grouped = [drawn[k:k + batch_size] for k in range(0, len(drawn), batch_size)]
+        grouped = [drawn[k : k + batch_size] for k in range(0, len(drawn), batch_size)]
         for k in torch.randperm(len(grouped), generator=generator).tolist():
             yield grouped[k]
 
 
-def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Trajectory], *, steps: int = 200,
-                          batch_size: int = 16, lr: float = 1e-3, weight_decay: float = 0.0, seed: int = 0,
-                          pad_token_id: int = 0, log_every: int = 50, average_decay: float = 0.0,
-                          lr_schedule: str = "constant", group_by_length: bool = False,
-                          precision: str = "float32", evaluate: Callable[[int, str], None] | None = None,
-                          evaluate_every: int = 0, micro_batch_size: int = 0, lora_rank: int = 0,
-                          progress: Callable[[int, float], None] | None = None) -> list[float]:
+def supervised_warm_start(
+    model: torch.nn.Module,
+    demonstrations: Sequence[Trajectory],
+    *,
+    steps: int = 200,
+    batch_size: int = 16,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    seed: int = 0,
+    pad_token_id: int = 0,
+    log_every: int = 50,
+    average_decay: float = 0.0,
+    lr_schedule: str = "constant",
+    group_by_length: bool = False,
+    precision: str = "float32",
+    evaluate: Callable[[int, str], None] | None = None,
+    evaluate_every: int = 0,
+    micro_batch_size: int = 0,
+    lora_rank: int = 0,
+    progress: Callable[[int, float], None] | None = None,
+) -> list[float]:
     """Fine-tune ``model`` in place on the reply tokens of ``demonstrations`` (cross-entropy, AdamW). Demonstrations
     played under a context window train each turn as its own row (``Trajectory.rows``), the prompt RL will show.
 
@@ -156,8 +177,10 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
     if not demonstrations:
         raise ValueError("supervised_warm_start needs at least one demonstration.")
     if not 0.0 <= average_decay < 1.0:
-        raise ValueError(f"average_decay={average_decay!r} must be in [0, 1): 0 keeps the last weights, 0.98 "
-                         f"averages over about the last 50 steps.")
+        raise ValueError(
+            f"average_decay={average_decay!r} must be in [0, 1): 0 keeps the last weights, 0.98 "
+            f"averages over about the last 50 steps."
+        )
     if lr_schedule not in LR_SCHEDULES:
         raise ValueError(f"lr_schedule={lr_schedule!r}: choose one of {list(LR_SCHEDULES)}.")
     if precision not in WARM_START_PRECISIONS:
@@ -170,9 +193,11 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         raise ValueError(f"lora_rank={lora_rank!r} must be >= 0 (0: train every weight).")
     device = next(model.parameters()).device
     if precision == "bfloat16" and emulated_bfloat16(device):
-        logger.warning("warm start: precision 'bfloat16' on this CPU (no AVX512-BF16 or AMX) runs emulated, far "
-                       "slower than 'float32' (--warm-start-precision float32), which trains the same float32 "
-                       "model")
+        logger.warning(
+            "warm start: precision 'bfloat16' on this CPU (no AVX512-BF16 or AMX) runs emulated, far "
+            "slower than 'float32' (--warm-start-precision float32), which trains the same float32 "
+            "model"
+        )
     generator = torch.Generator().manual_seed(seed)
     # peft injects the adapters into model's own layers and freezes the rest; merge_and_unload puts plain layers back.
     trains = {p: p.requires_grad for p in model.parameters()}
@@ -183,23 +208,23 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
     losses, t0 = [], time.perf_counter()
     # With a context window each demonstrated turn is its own row, as in RL: the prompt it read and its reply.
     demonstrations = [row for t in demonstrations for row in t.rows]
-    batches = demonstration_batches([len(t.token_ids) for t in demonstrations], batch_size, generator,
-                                    group_by_length)
+    batches = demonstration_batches([len(t.token_ids) for t in demonstrations], batch_size, generator, group_by_length)
     # The learning rate of step k is lr * factor(k); LambdaLR sets it before each step.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warm_start_lr(1.0, step, steps, lr_schedule))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warm_start_lr(1.0, step, steps, lr_schedule))
     params = list(model.parameters())
     averaged = None
     if average_decay > 0:  # EMA of the weights, starting from the weights before the first step
         average = torch.optim.swa_utils.AveragedModel(
-            model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(average_decay))
+            model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(average_decay)
+        )
         average.update_parameters(model)
         averaged = list(average.module.parameters())
     trunk, head = model.get_decoder(), model.get_output_embeddings()
     for step in range(steps):
         batch = pad_trajectories([demonstrations[i] for i in next(batches)], pad_token_id)
-        ids, attention, mask = (torch.from_numpy(batch[key]).to(device)
-                                for key in ("input_ids", "attention_mask", "response_mask"))
+        ids, attention, mask = (
+            torch.from_numpy(batch[key]).to(device) for key in ("input_ids", "attention_mask", "response_mask")
+        )
         tokens = mask.sum().clamp(min=1)
         optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), device=device)
@@ -229,8 +254,9 @@ def supervised_warm_start(model: torch.nn.Module, demonstrations: Sequence[Traje
         if progress is not None:
             progress(step + 1, losses[-1])
         if log_every and (step + 1) % log_every == 0:
-            logger.info("warm start step %d/%d: loss %.4f (%.1f s)", step + 1, steps, losses[-1],
-                        time.perf_counter() - t0)
+            logger.info(
+                "warm start step %d/%d: loss %.4f (%.1f s)", step + 1, steps, losses[-1], time.perf_counter() - t0
+            )
         if evaluate is not None and (step + 1 == steps or (evaluate_every and (step + 1) % evaluate_every == 0)):
             _evaluate_weights(model, params, averaged, evaluate, step + 1)
     if averaged is not None:
@@ -255,8 +281,13 @@ def _load(params: list[torch.Tensor], values: list[torch.Tensor]) -> None:
         p.copy_(value)
 
 
-def _evaluate_weights(model: torch.nn.Module, params: list[torch.Tensor], averaged: list[torch.Tensor] | None,
-                      evaluate: Callable[[int, str], None], step: int) -> None:
+def _evaluate_weights(
+    model: torch.nn.Module,
+    params: list[torch.Tensor],
+    averaged: list[torch.Tensor] | None,
+    evaluate: Callable[[int, str], None],
+    step: int,
+) -> None:
     """``evaluate(step, "last")`` and, with averaging, ``evaluate(step, "averaged")``; then the last weights and
     train mode again."""
     device = params[0].device

@@ -34,12 +34,20 @@ def make_small_config(env="rllib_ragen/Sokoban-v0", **training):
     probe is off (it would run at every algorithm's first iteration); its tests switch it on."""
     from rllib_ragen import StarPOConfig
 
-    knobs = dict(num_groups=2, group_size=4, max_new_tokens_per_turn=12, max_turns=2, validation_size=4,
-                 validation_interval=2, lr=1e-3, critic_lr=1e-3, rollout_filter_ratio=0.5,
-                 collapse_diagnostics_interval=0)
+    knobs = dict(
+        num_groups=2,
+        group_size=4,
+        max_new_tokens_per_turn=12,
+        max_turns=2,
+        validation_size=4,
+        validation_interval=2,
+        lr=1e-3,
+        critic_lr=1e-3,
+        rollout_filter_ratio=0.5,
+        collapse_diagnostics_interval=0,
+    )
     knobs.update(training)
-    return (StarPOConfig().environment(env).rl_module(model_config={"model": "tiny"}).training(**knobs)
-            .debugging(seed=7))
+    return StarPOConfig().environment(env).rl_module(model_config={"model": "tiny"}).training(**knobs).debugging(seed=7)
 
 
 @pytest.fixture
@@ -85,9 +93,24 @@ def env_server():
 @contextlib.contextmanager
 def _serving(env_id, *flags, port=0):
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS / "envs"), os.environ.get("PYTHONPATH", "")]))
-    process = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.remote.server", "--env", env_id, "--port",
-                                str(port), "--register", "served_envs", *flags],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environ)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rllib_ragen.envs.remote.server",
+            "--env",
+            env_id,
+            "--port",
+            str(port),
+            "--register",
+            "served_envs",
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=environ,
+    )
     process.stop = lambda: _stop(process)
     try:
         line = process.stdout.readline()  # "serving ID on http://127.0.0.1:PORT", once it listens

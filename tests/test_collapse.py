@@ -8,8 +8,15 @@ import pytest
 
 from rllib_ragen import StarPOConfig
 from rllib_ragen import metrics as M
-from rllib_ragen.collapse import (cross_scoring, cross_scoring_pairs, probe_schedule, distinct_n, reasoning_entropy,
-                                  reply_diagnostics, variance_buckets)
+from rllib_ragen.collapse import (
+    cross_scoring,
+    cross_scoring_pairs,
+    probe_schedule,
+    distinct_n,
+    reasoning_entropy,
+    reply_diagnostics,
+    variance_buckets,
+)
 from rllib_ragen.rollout.trajectory import Trajectory
 from rllib_ragen.rollout.protocol import REGION_ANSWER, REGION_OTHER, REGION_THINK
 
@@ -23,9 +30,17 @@ def trajectory(group, prompt, replies, regions):
         spans.append((len(ids), len(ids) + len(reply)))
         ids += reply
         token_regions += reply_regions
-    return Trajectory(env_name="e", group=group, seed=group, token_ids=ids, response_mask=[0] * len(ids),
-                      behaviour_logprobs=[0.0] * len(ids), turn_spans=spans, turn_rewards=[0.0] * len(spans),
-                      token_regions=token_regions)
+    return Trajectory(
+        env_name="e",
+        group=group,
+        seed=group,
+        token_ids=ids,
+        response_mask=[0] * len(ids),
+        behaviour_logprobs=[0.0] * len(ids),
+        turn_spans=spans,
+        turn_rewards=[0.0] * len(spans),
+        token_regions=token_regions,
+    )
 
 
 def test_reply_diagnostics_by_hand():
@@ -146,11 +161,14 @@ def test_jobs_report_the_reasoning_entropy_of_the_validation_episodes(tmp_path, 
     seeds = list(range(123, 135))
     config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=1)
     solver = sokoban_solver_policy()
-    policies = {"before": solver, "after": lambda prompt: re.sub("<think>.*</think>", "<think>Push.</think>",
-                                                                 solver(prompt))}
+    policies = {
+        "before": solver,
+        "after": lambda prompt: re.sub("<think>.*</think>", "<think>Push.</think>", solver(prompt)),
+    }
     for when, policy in policies.items():
         episodes, _ = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
-            seeds, 1, SamplingParams())
+            seeds, 1, SamplingParams()
+        )
         for mode, files in SAMPLED_AND_GREEDY.items():
             write_rollouts(tmp_path / files[0 if when == "before" else 1], episodes, tokenizer, iteration=0)
     env = gym.make("rllib_ragen/Sokoban-v0")
@@ -165,8 +183,10 @@ def test_jobs_report_the_reasoning_entropy_of_the_validation_episodes(tmp_path, 
     for mode in ("sampled", "greedy"):
         assert entropy[mode] == {"before": pytest.approx(expected_before), "after": 0.0, "episodes": 12}
     _print_paired({"reasoning_entropy": entropy}, StarPOConfig())
-    assert f"reasoning entropy, greedy   {expected_before:.3f} -> 0.000 nats over 12 first turns (at most 2.48)" in \
-        capsys.readouterr().out
+    assert (
+        f"reasoning entropy, greedy   {expected_before:.3f} -> 0.000 nats over 12 first turns (at most 2.48)"
+        in capsys.readouterr().out
+    )
 
 
 def test_the_probe_schedule_puts_the_gradient_norms_on_the_first_probe_of_each_window():

@@ -17,10 +17,20 @@ from tests.test_readme import _python_block_after
 
 def train_one_iteration(config: StarPOConfig) -> dict:
     """One training iteration of ``config``'s environment on the tiny model, at the smallest sizes that train."""
-    config = (config.rl_module(model_config={"model": "tiny"})
-              .training(num_groups=1, group_size=2, max_turns=2, max_new_tokens_per_turn=8, validation_size=2,
-                        validation_interval=0, collapse_diagnostics_interval=0, rollout_filter_ratio=1.0)
-              .debugging(seed=0))
+    config = (
+        config.rl_module(model_config={"model": "tiny"})
+        .training(
+            num_groups=1,
+            group_size=2,
+            max_turns=2,
+            max_new_tokens_per_turn=8,
+            validation_size=2,
+            validation_interval=0,
+            collapse_diagnostics_interval=0,
+            rollout_filter_ratio=1.0,
+        )
+        .debugging(seed=0)
+    )
     algo = config.build_algo()
     try:
         result = algo.train()

@@ -4,14 +4,17 @@ on the CPU. Skipped on machines without one (CI has none); run with `pytest -m g
 import pytest
 import torch
 
-from rllib_ragen.objectives.advantages import (ADVANTAGE_ESTIMATORS, AdvantageInputs, AdvantageSettings,
-                                               compute_advantages)
+from rllib_ragen.objectives.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    AdvantageSettings,
+    compute_advantages,
+)
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def _multi_turn_batch(device: str) -> AdvantageInputs:
@@ -26,9 +29,15 @@ def _multi_turn_batch(device: str) -> AdvantageInputs:
     values = torch.randn(3, 12, generator=generator) * mask
     turn_rewards = [[0.5, 1.0], [0.0, 0.0, 1.0], [0.0, -0.2]]
     turn_states = [["a", "b"], ["a", "c", "d"], ["a", "b"]]
-    return AdvantageInputs(token_rewards=rewards.to(device), response_mask=mask.to(device),
-                           returns=rewards.sum(-1).to(device), group_ids=torch.tensor([0, 0, 0], device=device),
-                           values=values.to(device), turn_rewards=turn_rewards, turn_states=turn_states)
+    return AdvantageInputs(
+        token_rewards=rewards.to(device),
+        response_mask=mask.to(device),
+        returns=rewards.sum(-1).to(device),
+        group_ids=torch.tensor([0, 0, 0], device=device),
+        values=values.to(device),
+        turn_rewards=turn_rewards,
+        turn_states=turn_states,
+    )
 
 
 @pytest.mark.parametrize("estimator", sorted(ADVANTAGE_ESTIMATORS))
@@ -45,12 +54,15 @@ def test_every_advantage_estimator_gives_on_the_gpu_what_it_gives_on_the_cpu(est
 def test_the_gpu_sampler_records_the_logprobs_a_fresh_gpu_forward_pass_gives():
     model, tokenizer = load_policy("tiny", seed=0)
     model.to("cuda")
-    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3), HFBackend(model, tokenizer),
-                           tokenizer)
-    trajectories, _ = engine.rollout([5, 6], group_size=2, sampling=SamplingParams(temperature=0.7,
-                                                                                   max_new_tokens=24), sample_seed=1)
-    again, _ = engine.rollout([5, 6], group_size=2, sampling=SamplingParams(temperature=0.7, max_new_tokens=24),
-                              sample_seed=1)
+    engine = RolloutEngine(
+        RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3), HFBackend(model, tokenizer), tokenizer
+    )
+    trajectories, _ = engine.rollout(
+        [5, 6], group_size=2, sampling=SamplingParams(temperature=0.7, max_new_tokens=24), sample_seed=1
+    )
+    again, _ = engine.rollout(
+        [5, 6], group_size=2, sampling=SamplingParams(temperature=0.7, max_new_tokens=24), sample_seed=1
+    )
     assert [t.token_ids for t in again] == [t.token_ids for t in trajectories]  # seeded on the GPU too
     for t in trajectories:
         ids = torch.tensor([t.token_ids], device="cuda")
@@ -71,8 +83,11 @@ def test_starpo_trains_with_its_learner_and_its_sampler_on_the_gpu(small_config,
     from rllib_ragen import StarPO
     from rllib_ragen import metrics as M
 
-    config = (small_config(advantage_estimator=estimator, collapse_diagnostics_interval=1)
-              .learners(num_gpus_per_learner=1).env_runners(num_gpus_per_env_runner=1))
+    config = (
+        small_config(advantage_estimator=estimator, collapse_diagnostics_interval=1)
+        .learners(num_gpus_per_learner=1)
+        .env_runners(num_gpus_per_env_runner=1)
+    )
     algo = config.build_algo()
     try:
         runner = algo.env_runner_group.local_env_runner
@@ -111,8 +126,11 @@ def test_a_remote_learner_and_a_remote_runner_share_one_gpu(small_config, ray_se
 
     from rllib_ragen import metrics as M
 
-    config = (small_config(validation_interval=0).learners(num_learners=1, num_gpus_per_learner=0.5)
-              .env_runners(num_env_runners=1, num_gpus_per_env_runner=0.5))
+    config = (
+        small_config(validation_interval=0)
+        .learners(num_learners=1, num_gpus_per_learner=0.5)
+        .env_runners(num_env_runners=1, num_gpus_per_env_runner=0.5)
+    )
     algo = config.build_algo()
     try:
         for _ in range(2):
@@ -120,10 +138,18 @@ def test_a_remote_learner_and_a_remote_runner_share_one_gpu(small_config, ray_se
         assert result["learners"][DEFAULT_MODULE_ID][M.LOGPROB_GAP_MAX] < 1e-3
         runner_device, runner_state = algo.env_runner_group.foreach_env_runner(
             lambda runner: (str(next(runner.module.parameters()).device), runner.module.get_state()),
-            local_env_runner=False)[0]
-        learner_device, learner_state = next(iter(algo.learner_group.foreach_learner(
-            lambda learner: (str(next(learner.module[DEFAULT_MODULE_ID].parameters()).device),
-                             learner.module[DEFAULT_MODULE_ID].get_state(inference_only=True))))).get()
+            local_env_runner=False,
+        )[0]
+        learner_device, learner_state = next(
+            iter(
+                algo.learner_group.foreach_learner(
+                    lambda learner: (
+                        str(next(learner.module[DEFAULT_MODULE_ID].parameters()).device),
+                        learner.module[DEFAULT_MODULE_ID].get_state(inference_only=True),
+                    )
+                )
+            )
+        ).get()
         assert runner_device.startswith("cuda") and learner_device.startswith("cuda")
         assert all(torch.equal(runner_state[k], learner_state[k]) for k in runner_state)
     finally:
@@ -186,8 +212,11 @@ def test_a_bf16_autocast_update_on_the_gpu_keeps_a_first_ratio_of_one(small_conf
 
     from rllib_ragen import metrics as M
 
-    config = (small_config(autocast_dtype="bfloat16", validation_interval=0)
-              .learners(num_gpus_per_learner=1).env_runners(num_gpus_per_env_runner=1))
+    config = (
+        small_config(autocast_dtype="bfloat16", validation_interval=0)
+        .learners(num_gpus_per_learner=1)
+        .env_runners(num_gpus_per_env_runner=1)
+    )
     algo = config.build_algo()
     try:
         result = algo.train()
@@ -201,8 +230,9 @@ def test_a_bf16_autocast_update_on_the_gpu_keeps_a_first_ratio_of_one(small_conf
         algo.stop()
 
 
-def test_an_exported_policy_evaluated_on_the_gpu_plays_the_runs_validation_state_for_state(small_config, ray_session,
-                                                                                           tmp_path):
+def test_an_exported_policy_evaluated_on_the_gpu_plays_the_runs_validation_state_for_state(
+    small_config, ray_session, tmp_path
+):
     # python -m rllib_ragen.jobs.evaluate --device cuda: a run that sampled on the GPU is reproduced there.
     from rllib_ragen import StarPO
     from rllib_ragen.jobs.readers import trajectory_outcomes
@@ -216,7 +246,8 @@ def test_an_exported_policy_evaluated_on_the_gpu_plays_the_runs_validation_state
     finally:
         algo.stop()
     for temperature, trajectories in played.items():
-        again = StarPO.play_validation_states_with(config, str(tmp_path / "policy"), temperature=temperature,
-                                                   device="cuda")
+        again = StarPO.play_validation_states_with(
+            config, str(tmp_path / "policy"), temperature=temperature, device="cuda"
+        )
         assert trajectory_outcomes(again) == trajectory_outcomes(trajectories)
         assert [t.token_ids for t in again] == [t.token_ids for t in trajectories]

@@ -5,11 +5,13 @@ import sys
 
 
 def test_envs_rollout_and_objectives_import_with_ray_unimportable():
-    code = ("import sys; sys.modules['ray'] = None\n"  # any `import ray` now raises ImportError
-            "import rllib_ragen.envs, rllib_ragen.rollout, rllib_ragen.objectives, rllib_ragen.metrics\n"
-            "import rllib_ragen.warm_start\n"
-            "import rllib_ragen.rollout.vllm_backend\n"
-            "print('ok')")
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # any `import ray` now raises ImportError
+        "import rllib_ragen.envs, rllib_ragen.rollout, rllib_ragen.objectives, rllib_ragen.metrics\n"
+        "import rllib_ragen.warm_start\n"
+        "import rllib_ragen.rollout.vllm_backend\n"
+        "print('ok')"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
@@ -21,8 +23,11 @@ def test_the_starpo_layer_does_need_ray():
     assert done.returncode != 0 and "ray" in done.stderr
 
 
-WARM_START_STEP_ROLLOUT_NAMES = {"rollout.models.load_policy", "rollout.models.enable_activation_checkpointing",
-                                 "rollout.engine.rollout_metrics"}
+WARM_START_STEP_ROLLOUT_NAMES = {
+    "rollout.models.load_policy",
+    "rollout.models.enable_activation_checkpointing",
+    "rollout.engine.rollout_metrics",
+}
 
 
 def test_the_job_layer_runs_no_rollouts_of_its_own():
@@ -36,19 +41,35 @@ def test_the_job_layer_runs_no_rollouts_of_its_own():
 
     jobs = pathlib.Path(__file__).resolve().parents[1] / "rllib_ragen" / "jobs"
     modules = sorted(jobs.glob("*.py"))
-    assert {p.stem for p in modules} >= {"run", "flags", "outputs", "callbacks", "report", "viewer", "paired_stats",
-                                          "validation_states", "storage"}
+    assert {p.stem for p in modules} >= {
+        "run",
+        "flags",
+        "outputs",
+        "callbacks",
+        "report",
+        "viewer",
+        "paired_stats",
+        "validation_states",
+        "storage",
+    }
     for path in modules:  # every module of the job layer, one added later too
         name = path.stem
         tree = ast.parse(path.read_text())
         imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
         imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
-        type_only = [node for node in ast.walk(tree) if isinstance(node, ast.If)
-                     and getattr(node.test, "id", "") == "TYPE_CHECKING"]
+        type_only = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+        ]
         hinted = {n.module for node in type_only for n in ast.walk(node) if isinstance(n, ast.ImportFrom)}
         allowed = WARM_START_STEP_ROLLOUT_NAMES if name == "warm_start" else set()
-        from_rollout = {f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                        and "rollout" in (node.module or "") and node.module not in hinted for alias in node.names}
+        from_rollout = {
+            f"{node.module}.{alias.name}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and "rollout" in (node.module or "") and node.module not in hinted
+            for alias in node.names
+        }
         assert from_rollout - allowed == set(), name
         assert [m for m in imported if "rollout" in m and m not in hinted and m.startswith("rllib_ragen")] == [], name
 
@@ -57,8 +78,15 @@ def test_the_job_layer_runs_no_rollouts_of_its_own():
 # aside). At the bottom the modules every layer may ask (metric names, the machine, progress bars, whole-or-absent
 # files, ranges of numbers); the warm start, the echo-trap measures and the sentinel's rules sit on the rollout core
 # and the math, under the RLlib algorithm; the job layer is on top.
-LAYERS = [("metrics", "hardware", "progress", "files", "ranges"), ("envs",), ("rollout",), ("objectives",),
-          ("warm_start", "demonstrators", "collapse", "sentinel"), ("starpo",), ("jobs",)]
+LAYERS = [
+    ("metrics", "hardware", "progress", "files", "ranges"),
+    ("envs",),
+    ("rollout",),
+    ("objectives",),
+    ("warm_start", "demonstrators", "collapse", "sentinel"),
+    ("starpo",),
+    ("jobs",),
+]
 
 
 def _layer(module: str) -> int | None:
@@ -78,13 +106,17 @@ def test_no_module_imports_from_a_layer_above_its_own():
         if own is None:  # the package's __init__ (its lazy StarPO import) and viewer assets
             continue
         tree = ast.parse(path.read_text())
-        type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                     and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+        type_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+            for n in ast.walk(node)
+        }
         for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom) or id(node) in type_only:
                 continue
             if node.level:  # relative: resolve against the module's own package
-                base = list(relative.parts[:-1])[:len(relative.parts) - node.level]
+                base = list(relative.parts[:-1])[: len(relative.parts) - node.level]
                 target = ".".join([*base, node.module or ""]).strip(".")
             elif (node.module or "").startswith("rllib_ragen."):
                 target = node.module.removeprefix("rllib_ragen.")
@@ -105,9 +137,12 @@ def test_the_rollout_core_imports_no_game():
     import pathlib
 
     rollout = pathlib.Path(__file__).resolve().parents[1] / "rllib_ragen" / "rollout"
-    reached = {(path.stem, node.module) for path in rollout.glob("*.py")
-               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ImportFrom)
-               and node.level == 2 and (node.module or "").startswith("envs")}
+    reached = {
+        (path.stem, node.module)
+        for path in rollout.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level == 2 and (node.module or "").startswith("envs")
+    }
     assert {module for _, module in reached} <= {"envs", "envs.base"}, reached
 
 
@@ -123,28 +158,35 @@ def test_no_import_cycles_among_the_packages_modules():
     import pathlib
 
     package = pathlib.Path(__file__).resolve().parents[1] / "rllib_ragen"
-    modules = {".".join(p.relative_to(package).with_suffix("").parts).removesuffix(".__init__"): p
-               for p in package.rglob("*.py")}
+    modules = {
+        ".".join(p.relative_to(package).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in package.rglob("*.py")
+    }
     graph = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
-        type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                     and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+        type_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+            for n in ast.walk(node)
+        }
         own_package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
         edges = set()
         for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom) or id(node) in type_only:
                 continue
             if node.level:
-                base = own_package[:len(own_package) - (node.level - 1)]
+                base = own_package[: len(own_package) - (node.level - 1)]
                 target = ".".join([*base, node.module or ""]).strip(".")
             elif (node.module or "").startswith("rllib_ragen."):
                 target = node.module.removeprefix("rllib_ragen.")
             else:
                 continue
             for alias in node.names:  # "from .x import y": y is a module of the package, or a name in x
-                edges.add(f"{target}.{alias.name}".strip(".") if f"{target}.{alias.name}".strip(".") in modules
-                          else target)
+                edges.add(
+                    f"{target}.{alias.name}".strip(".") if f"{target}.{alias.name}".strip(".") in modules else target
+                )
         graph[name] = {e for e in edges if e in modules} - {name}
     cycles = [component for component in _strongly_connected(graph) if len(component) > 1]
     assert [c for c in cycles if c not in ALLOWED_CYCLES] == []

@@ -22,8 +22,11 @@ BLOCK = re.compile(r"^(<!--[^\n]*-->)?\n?```(\w*)\n(.*?)^```", re.DOTALL | re.MU
 
 def code_blocks() -> list[tuple[pathlib.Path, str, str, str]]:
     """Every fenced block of the README and the docs: (page, the marker line before it, language, code)."""
-    return [(page, marker or "", language, code)
-            for page in PAGES for marker, language, code in BLOCK.findall(page.read_text())]
+    return [
+        (page, marker or "", language, code)
+        for page in PAGES
+        for marker, language, code in BLOCK.findall(page.read_text())
+    ]
 
 
 def blocks(name: str) -> list[str]:
@@ -186,9 +189,22 @@ def test_the_job_file_shown_in_the_readme_is_the_bandit_job():
     exec(compile(block, "README job file", "exec"), shown)  # defines config and job; does not run
     real = runpy.run_path(str(README.parent / "tuned_examples" / "starpo_bandit.py"), run_name="imported")
     assert shown["job"] == real["job"]
-    knobs = ("env", "validation_envs", "num_groups", "group_size", "rollout_filter_ratio", "lr", "critic_lr",
-             "max_turns", "max_new_tokens_per_turn", "independent_transitions", "whiten_advantages",
-             "validation_size", "validation_interval", "seed")
+    knobs = (
+        "env",
+        "validation_envs",
+        "num_groups",
+        "group_size",
+        "rollout_filter_ratio",
+        "lr",
+        "critic_lr",
+        "max_turns",
+        "max_new_tokens_per_turn",
+        "independent_transitions",
+        "whiten_advantages",
+        "validation_size",
+        "validation_interval",
+        "seed",
+    )
     assert {k: getattr(shown["config"], k) for k in knobs} == {k: getattr(real["config"], k) for k in knobs}
 
 
@@ -225,8 +241,9 @@ def test_every_main_job_command_in_the_readme_parses(monkeypatch):
     monkeypatch.setattr(config_rules, "vllm_available", lambda: True)  # the GPU cluster's command assumes vLLM
     commands = readme_job_commands()
     assert {job for job, _ in commands} == set(MAIN_JOBS) and len(commands) >= 15
-    jobs = {name: runpy.run_path(str(README.parent / "tuned_examples" / name), run_name="imported")
-            for name in MAIN_JOBS}
+    jobs = {
+        name: runpy.run_path(str(README.parent / "tuned_examples" / name), run_name="imported") for name in MAIN_JOBS
+    }
     for name, flags in commands:
         job = jobs[name]
         # A GPU preset's command is for a GPU machine (its driver samples on the GPU): parsed as there.
@@ -246,11 +263,13 @@ def test_sentinel_example_builds_a_valid_config_and_bad_rules_fail_validate():
     exec(compile(_python_block_after("sentinel-example"), "README sentinel", "exec"), namespace)
     rules = namespace["config"].sentinel_rules
     assert [r.action for r in rules] == ["stop", "warn", "rollback"]
-    broken = namespace["config"].copy(copy_frozen=False).training(
-        sentinel_rules=[namespace["Rule"]("x", "below", 1.0, action="rollback", knobs={"lr_factor": 3.0})])
+    broken = (
+        namespace["config"]
+        .copy(copy_frozen=False)
+        .training(sentinel_rules=[namespace["Rule"]("x", "below", 1.0, action="rollback", knobs={"lr_factor": 3.0})])
+    )
     with pytest.raises(ValueError, match=r"knobs\['lr_factor'\]=3.0 must lie in \(0, 1\)"):
         broken.validate()
-
 
 
 def test_lora_example_trains_adapters_and_exports_a_plain_model(ray_session, tmp_path, monkeypatch):
@@ -308,8 +327,9 @@ def test_every_code_block_is_run_by_a_test_or_says_why_not():
         if named:
             assert f'"{named.group(1)}"' in source, f"{where} is marked for a test that does not exist"
         else:
-            assert re.fullmatch(r"<!-- not run: .{10,} -->", marker), \
+            assert re.fullmatch(r"<!-- not run: .{10,} -->", marker), (
                 f"{where} has no <!-- test: --> or <!-- not run: --> marker"
+            )
 
 
 def test_the_readme_is_a_five_minute_manual():

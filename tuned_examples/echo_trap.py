@@ -31,9 +31,13 @@ from rllib_ragen.jobs.readers import read_results
 from rllib_ragen.jobs.curves import validations_of
 from rllib_ragen.jobs.readers import trial_folders
 
-SIGNALS = {"in-group reward std": M.FILTER_REWARD_STD, "entropy": LEARNER + M.ENTROPY,
-           "actor grad norm": LEARNER + M.GRAD_NORM.format(optimizer="actor"), "MI estimate (nats)": M.MI_ESTIMATE,
-           "repeat rate": M.REPEAT_RATE}
+SIGNALS = {
+    "in-group reward std": M.FILTER_REWARD_STD,
+    "entropy": LEARNER + M.ENTROPY,
+    "actor grad norm": LEARNER + M.GRAD_NORM.format(optimizer="actor"),
+    "MI estimate (nats)": M.MI_ESTIMATE,
+    "repeat rate": M.REPEAT_RATE,
+}
 
 
 def study(job_name: str):
@@ -41,10 +45,15 @@ def study(job_name: str):
     main_job = runpy.run_path(str(pathlib.Path(__file__).with_name(f"{job_name}.py")), run_name="imported")
     config = main_job["config"].copy(copy_frozen=False)
     config.environment(validation_envs=None).training(  # validate on the training environment alone
-        lr=5e-3, validation_interval=1, collapse_diagnostics_interval=1, gradient_analysis_interval=1)
-    job = dataclasses.replace(main_job["job"], output_dir=f"outputs/echo_trap/{job_name}",
-                              grid={"preset": ["starpo", "starpo-s"]}, pass_bar=0.0,
-                              timed_command=f"echo_trap.py --job {job_name}".replace(" --job starpo_bandit", ""))
+        lr=5e-3, validation_interval=1, collapse_diagnostics_interval=1, gradient_analysis_interval=1
+    )
+    job = dataclasses.replace(
+        main_job["job"],
+        output_dir=f"outputs/echo_trap/{job_name}",
+        grid={"preset": ["starpo", "starpo-s"]},
+        pass_bar=0.0,
+        timed_command=f"echo_trap.py --job {job_name}".replace(" --job starpo_bandit", ""),
+    )
     return main_job, config, job
 
 
@@ -66,19 +75,25 @@ def write_echo_trap(run_dir: pathlib.Path, drop: float) -> str:
     import matplotlib.pyplot as plt
 
     trials = trial_folders(run_dir)
-    fig, axes = plt.subplots(1 + len(SIGNALS), len(trials), figsize=(5 * len(trials), 2.0 * (1 + len(SIGNALS))),
-                             sharex=True, squeeze=False)
-    lines = ["| trial | validation: first / best / last | collapse from | first firing (rule) | lead (iterations) |",
-             "|---|---|---|---|---|"]
+    fig, axes = plt.subplots(
+        1 + len(SIGNALS), len(trials), figsize=(5 * len(trials), 2.0 * (1 + len(SIGNALS))), sharex=True, squeeze=False
+    )
+    lines = [
+        "| trial | validation: first / best / last | collapse from | first firing (rule) | lead (iterations) |",
+        "|---|---|---|---|---|",
+    ]
     for column, trial in enumerate(trials):
         rows = read_results(trial)
         success = VALIDATION + M.env_metric(json.loads((trial / "summary.json").read_text())["env"], M.SUCCESS)
-        points = [(int(v[VALIDATED_AT]), v[success]) for v in validations_of(rows)
-                  if math.isfinite(v.get(success, math.nan))]
+        points = [
+            (int(v[VALIDATED_AT]), v[success]) for v in validations_of(rows) if math.isfinite(v.get(success, math.nan))
+        ]
         firings = json.loads((trial / "sentinel.json").read_text()) if (trial / "sentinel.json").is_file() else []
         fall = validation_fall(points, drop)
-        series = {"validation success": points, **{name: [(r["training_iteration"], r.get(key, math.nan))
-                                                          for r in rows] for name, key in SIGNALS.items()}}
+        series = {
+            "validation success": points,
+            **{name: [(r["training_iteration"], r.get(key, math.nan)) for r in rows] for name, key in SIGNALS.items()},
+        }
         for line, (name, values) in enumerate(series.items()):
             ax = axes[line][column]
             ax.plot(*zip(*values), marker=".", color="#1f5fa8")
@@ -93,14 +108,17 @@ def write_echo_trap(run_dir: pathlib.Path, drop: float) -> str:
         lead = fall - first["iteration"] if first and fall is not None else "-"
         fired = f"{first['iteration']} ({first['rule']})" if first else "never"
         values = [value for _, value in points]
-        lines.append(f"| {trial.name} | {values[0]:.3f} / {max(values):.3f} / {values[-1]:.3f} | {fall or 'never'} | "
-                     f"{fired} | {lead} |")
+        lines.append(
+            f"| {trial.name} | {values[0]:.3f} / {max(values):.3f} / {values[-1]:.3f} | {fall or 'never'} | "
+            f"{fired} | {lead} |"
+        )
     fig.tight_layout()
     fig.savefig(run_dir / "echo_trap.png", dpi=110)
     plt.close(fig)
     table = "\n".join(lines) + "\n"
-    write_text_atomically(run_dir / "echo_trap.md", f"# Echo trap: {run_dir.name}, collapse = a lasting fall of "
-                                                    f"{drop:g}\n\n{table}")
+    write_text_atomically(
+        run_dir / "echo_trap.md", f"# Echo trap: {run_dir.name}, collapse = a lasting fall of {drop:g}\n\n{table}"
+    )
     return table
 
 
@@ -110,8 +128,9 @@ if __name__ == "__main__":
     chooser.add_argument("--fall", type=float, default=0.10)
     chosen, flags = chooser.parse_known_args()
     main_job, config, job = study(chosen.job)
-    config, job, demonstrations, baselines = main_job["parse_args"](config, job, flags,
-                                                                    description=__doc__.splitlines()[0])
+    config, job, demonstrations, baselines = main_job["parse_args"](
+        config, job, flags, description=__doc__.splitlines()[0]
+    )
     report = run_job(config, job, demonstrations, baselines=baselines)
     run_dir = pathlib.Path(next(iter(report["trials"].values()))["run_dir"]).parent
     print("\n" + write_echo_trap(run_dir, chosen.fall) + f"\nwrote {run_dir / 'echo_trap.png'}")

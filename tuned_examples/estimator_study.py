@@ -32,11 +32,18 @@ from rllib_ragen.jobs.run import run_job
 ESTIMATORS = ["gae", "bi_level_gae", "turn_gae", "gigpo", "grpo"]  # gae first: the others are paired against it
 # FrozenLake's study starts from the job's earlier, shorter warm start, which leaves RL room to gain; the job's
 # own leaves the estimators little to tell apart (docs/results/estimators.md).
-FROZEN_LAKE_WARM_START = {"warm_start_steps": 300, "warm_start_episodes": 1000, "warm_start_lr": 2e-3,
-                          "warm_start_average_decay": 0.0, "warm_start_precision": "float32"}
+FROZEN_LAKE_WARM_START = {
+    "warm_start_steps": 300,
+    "warm_start_episodes": 1000,
+    "warm_start_lr": 2e-3,
+    "warm_start_average_decay": 0.0,
+    "warm_start_precision": "float32",
+}
 # main job -> (its environment's arguments, iterations, its warm start's settings changed, its RL rate changed)
-STUDIES = {"starpo_frozenlake": ({}, 25, FROZEN_LAKE_WARM_START, {"lr": 3e-4}),
-           "starpo_sokoban": ({"reward": "shaped"}, 40, {}, {})}
+STUDIES = {
+    "starpo_frozenlake": ({}, 25, FROZEN_LAKE_WARM_START, {"lr": 3e-4}),
+    "starpo_sokoban": ({"reward": "shaped"}, 40, {}, {}),
+}
 
 
 def study(job_name: str):
@@ -46,11 +53,16 @@ def study(job_name: str):
     timed_command = "estimator_study.py" + ("" if job_name == "starpo_frozenlake" else f" --job {job_name}")
     config = main_job["config"].copy(copy_frozen=False)
     config.environment(config.env, env_config={**config.env_config, **env_config}).training(
-        turn_level_rewards=True, validation_size=512, validation_interval=0, **training)  # before and after RL only
-    job = dataclasses.replace(main_job["job"], output_dir=f"outputs/estimator_study/{job_name}", iterations=iterations,
-                              grid={"advantage_estimator": ESTIMATORS},
-                              timed_command=timed_command,
-                              **warm_start)
+        turn_level_rewards=True, validation_size=512, validation_interval=0, **training
+    )  # before and after RL only
+    job = dataclasses.replace(
+        main_job["job"],
+        output_dir=f"outputs/estimator_study/{job_name}",
+        iterations=iterations,
+        grid={"advantage_estimator": ESTIMATORS},
+        timed_command=timed_command,
+        **warm_start,
+    )
     return main_job, config, job
 
 
@@ -59,6 +71,7 @@ if __name__ == "__main__":
     chooser.add_argument("--job", choices=sorted(STUDIES), default="starpo_frozenlake")
     chosen, flags = chooser.parse_known_args()
     main_job, config, job = study(chosen.job)
-    config, job, demonstrations, baselines = main_job["parse_args"](config, job, flags,
-                                                                    description=__doc__.splitlines()[0])
+    config, job, demonstrations, baselines = main_job["parse_args"](
+        config, job, flags, description=__doc__.splitlines()[0]
+    )
     run_job(config, job, demonstrations, baselines=baselines)

@@ -50,8 +50,10 @@ FILTERS = {
 def filter_table(summary: dict, filters: list[str]) -> dict:
     """Per trial (by filter, and seed with several), in the order of ``filters``: its settings, its RL gain, its
     pairing against the first filter's trial of its seed after RL, and what it kept."""
-    params = {name: json.loads((pathlib.Path(trial["run_dir"]) / "params.json").read_text())
-              for name, trial in summary["trials"].items()}
+    params = {
+        name: json.loads((pathlib.Path(trial["run_dir"]) / "params.json").read_text())
+        for name, trial in summary["trials"].items()
+    }
     seeds = {p["seed"] for p in params.values()}
     table = {}
     for trial_name in sorted(params, key=lambda t: (params[t]["seed"], filters.index(params[t]["variant"]))):
@@ -59,11 +61,13 @@ def filter_table(summary: dict, filters: list[str]) -> dict:
         rows = read_results(pathlib.Path(trial["run_dir"]))
         versus = summary["versus_control"].get(trial_name, {})
         key = name if len(seeds) == 1 else f"{name}_seed{params[trial_name]['seed']}"
-        table[key] = {"settings": FILTERS[name],
-                      "rl_gain": {"sampled": trial["paired"], "greedy": trial["paired_greedy"]},
-                      "against_control": {mode: versus.get(mode) for mode in ("sampled", "greedy")},
-                      "kept_share": mean(r.get("rollout_filter/kept_share", math.nan) for r in rows),
-                      "iterations_without_update": sum(r.get("rollout_filter/empty_steps", 0) > 0 for r in rows)}
+        table[key] = {
+            "settings": FILTERS[name],
+            "rl_gain": {"sampled": trial["paired"], "greedy": trial["paired_greedy"]},
+            "against_control": {mode: versus.get(mode) for mode in ("sampled", "greedy")},
+            "kept_share": mean(r.get("rollout_filter/kept_share", math.nan) for r in rows),
+            "iterations_without_update": sum(r.get("rollout_filter/empty_steps", 0) > 0 for r in rows),
+        }
     return table
 
 
@@ -78,23 +82,34 @@ if __name__ == "__main__":
     estimator_study = runpy.run_path(str(pathlib.Path(__file__).with_name("estimator_study.py")), run_name="imported")
     main_job, base_config, base_job = estimator_study["study"]("starpo_frozenlake")
     # A short study: 8 iterations, 128 validation maps (the results page's runs).
-    base_job = dataclasses.replace(base_job, output_dir="outputs/filter_study", iterations=8,
-                                   timed_command="filter_study.py",
-                                   grid={"variant": {name: FILTERS[name] for name in names}})
+    base_job = dataclasses.replace(
+        base_job,
+        output_dir="outputs/filter_study",
+        iterations=8,
+        timed_command="filter_study.py",
+        grid={"variant": {name: FILTERS[name] for name in names}},
+    )
     base_config.training(advantage_estimator="gae", validation_size=128)
     config, job, demonstrations, baselines = main_job["parse_args"](
-        base_config, base_job, flags, description=__doc__.splitlines()[0])
+        base_config, base_job, flags, description=__doc__.splitlines()[0]
+    )
     summary = run_job(config, job, demonstrations, baselines=baselines)
     table = filter_table(summary, names)
     run_dir = pathlib.Path(next(iter(summary["trials"].values()))["run_dir"]).parent
     write_text_atomically(run_dir / "filter_study.json", json.dumps(table, indent=2, allow_nan=True))
-    print(f"\nRL gain of each filter (before -> after RL), and after RL against {names[0]} (it -> the filter), "
-          "on the same validation states; kept: the mean share of groups an update kept")
+    print(
+        f"\nRL gain of each filter (before -> after RL), and after RL against {names[0]} (it -> the filter), "
+        "on the same validation states; kept: the mean share of groups an update kept"
+    )
     for name, entry in table.items():
-        print(f"{name} (kept {entry['kept_share']:.2f}, {entry['iterations_without_update']} iterations without an "
-              "update)")
+        print(
+            f"{name} (kept {entry['kept_share']:.2f}, {entry['iterations_without_update']} iterations without an "
+            "update)"
+        )
         for mode in ("sampled", "greedy"):
-            for label, comparison in ((f"RL gain, {mode}", entry["rl_gain"][mode]),
-                                      (f"vs {names[0]}, {mode}", entry["against_control"][mode])):
+            for label, comparison in (
+                (f"RL gain, {mode}", entry["rl_gain"][mode]),
+                (f"vs {names[0]}, {mode}", entry["against_control"][mode]),
+            ):
                 if comparison:
                     print(f"  {label:22s}{PairedComparison(**comparison).describe()}")

@@ -22,13 +22,16 @@ from rllib_ragen.jobs.run import run_job
 sokoban = runpy.run_path(str(pathlib.Path(__file__).with_name("starpo_sokoban.py")), run_name="generalization")
 SOKOBAN_CONFIG = sokoban["config"].env_config  # the training reward, {"reward": "success"}: variants are scored alike
 config = (
-    sokoban["config"].copy(copy_frozen=False)
-    .environment(validation_envs=[
-        {"env": "rllib_ragen/Sokoban-v0", "env_config": SOKOBAN_CONFIG},  # the training distribution, held out
-        {"env": "rllib_ragen/SokobanAltSymbols-v0", "env_config": SOKOBAN_CONFIG},  # same levels, other symbols
-        {"env": "rllib_ragen/Sokoban8x8TwoBoxes-v0", "env_config": SOKOBAN_CONFIG},  # bigger, two boxes
-        {"env": "rllib_ragen/FrozenLake-v0"},  # another game (slippery 4x4 lakes)
-    ])
+    sokoban["config"]
+    .copy(copy_frozen=False)
+    .environment(
+        validation_envs=[
+            {"env": "rllib_ragen/Sokoban-v0", "env_config": SOKOBAN_CONFIG},  # the training distribution, held out
+            {"env": "rllib_ragen/SokobanAltSymbols-v0", "env_config": SOKOBAN_CONFIG},  # same levels, other symbols
+            {"env": "rllib_ragen/Sokoban8x8TwoBoxes-v0", "env_config": SOKOBAN_CONFIG},  # bigger, two boxes
+            {"env": "rllib_ragen/FrozenLake-v0"},  # another game (slippery 4x4 lakes)
+        ]
+    )
     .training(validation_interval=40)  # before, halfway, after: each pass plays 4 x 256 states
 )
 job = dataclasses.replace(sokoban["job"], output_dir="outputs/generalization", timed_command="generalization.py")

@@ -16,26 +16,45 @@ from rllib_ragen.demonstrators import random_arm_policy
 
 config = (
     StarPOConfig()
-    .environment("rllib_ragen/Bandit-v0",
-                 # Beside the training bandit: the same game with unseen arm names, and with the names' roles
-                 # swapped (Dragon safe, Phoenix risky). A policy that reads the description chooses the risky arm
-                 # in all three; one that learned "say Dragon" fails the reversed one.
-                 validation_envs=[{"env": "rllib_ragen/Bandit-v0"}, {"env": "rllib_ragen/BanditHeldOut-v0"},
-                                  {"env": "rllib_ragen/BanditReversed-v0"}])
-    .training(num_groups=8, group_size=8, rollout_filter_ratio=1.0,  # single-turn: every group informs the update
-              lr=5e-4, critic_lr=1e-3, max_turns=1, max_new_tokens_per_turn=32,
-              # Each pull of a group draws its own payoff; with RAGEN's shared draw, an update rests on
-              # one coin flip per group.
-              independent_transitions=True,
-              whiten_advantages=False,  # raw R - V: the setting these CPU jobs were tuned with
-              validation_size=128, validation_interval=2)  # 6 validation points; 128 states take ~2 s
+    .environment(
+        "rllib_ragen/Bandit-v0",
+        # Beside the training bandit: the same game with unseen arm names, and with the names' roles
+        # swapped (Dragon safe, Phoenix risky). A policy that reads the description chooses the risky arm
+        # in all three; one that learned "say Dragon" fails the reversed one.
+        validation_envs=[
+            {"env": "rllib_ragen/Bandit-v0"},
+            {"env": "rllib_ragen/BanditHeldOut-v0"},
+            {"env": "rllib_ragen/BanditReversed-v0"},
+        ],
+    )
+    .training(
+        num_groups=8,
+        group_size=8,
+        rollout_filter_ratio=1.0,  # single-turn: every group informs the update
+        lr=5e-4,
+        critic_lr=1e-3,
+        max_turns=1,
+        max_new_tokens_per_turn=32,
+        # Each pull of a group draws its own payoff; with RAGEN's shared draw, an update rests on
+        # one coin flip per group.
+        independent_transitions=True,
+        whiten_advantages=False,  # raw R - V: the setting these CPU jobs were tuned with
+        validation_size=128,
+        validation_interval=2,
+    )  # 6 validation points; 128 states take ~2 s
     .debugging(seed=0)
 )
-job = JobSettings(output_dir="outputs/starpo_bandit", iterations=20, warm_start_episodes=256, warm_start_steps=60,
-                  pass_bar=0.15,  # the better arm's share on validation must rise at least this much
-                  timed_command="starpo_bandit.py")
+job = JobSettings(
+    output_dir="outputs/starpo_bandit",
+    iterations=20,
+    warm_start_episodes=256,
+    warm_start_steps=60,
+    pass_bar=0.15,  # the better arm's share on validation must rise at least this much
+    timed_command="starpo_bandit.py",
+)
 # Success is choosing Dragon: a random choice gets it half the time, the optimal policy always.
 KNOWN_SCORES = {"random arm": 0.5, "optimal policy": 1.0}
+
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
     """The job flags; returns (config, job, demonstration policy, baselines), as every main job's does."""

@@ -20,21 +20,36 @@ config = (
     # reward="success": GEM pays a last guess that misses 1 - distance / range, which RL can learn to collect
     # instead of winning (docs/results/third-party.md has the runs behind each setting here).
     .environment("gem/game.GuessTheNumber-v0-hard", env_config={"reward": "success"})
-    .training(num_groups=8, group_size=8, rollout_filter_ratio=0.5, lr=1e-4, enable_thinking=False,
-              # Critic-free: a critic that cannot yet predict the return adds its noise to every token's advantage.
-              advantage_estimator="grpo", grpo_normalize_std=False,
-              temperature=0.7,  # at 1.0 the tiny model's training replies break the format often
-              max_turns=10, max_actions_per_turn=1, max_actions_per_episode=10, max_new_tokens_per_turn=16,
-              validation_size=128, validation_interval=40)
+    .training(
+        num_groups=8,
+        group_size=8,
+        rollout_filter_ratio=0.5,
+        lr=1e-4,
+        enable_thinking=False,
+        # Critic-free: a critic that cannot yet predict the return adds its noise to every token's advantage.
+        advantage_estimator="grpo",
+        grpo_normalize_std=False,
+        temperature=0.7,  # at 1.0 the tiny model's training replies break the format often
+        max_turns=10,
+        max_actions_per_turn=1,
+        max_actions_per_episode=10,
+        max_new_tokens_per_turn=16,
+        validation_size=128,
+        validation_interval=40,
+    )
     .debugging(seed=0)
 )
-job = JobSettings(output_dir="outputs/starpo_gem", iterations=80,
-                  # Short on purpose: a warm start that already plays bisection leaves RL nothing to add.
-                  warm_start_episodes=1000, warm_start_steps=150,
-                  warm_start_lr=5e-4,
-                  warm_start_precision="float32",  # bfloat16 runs emulated, 12x slower, on CPUs without its units
-                  pass_bar=0.05,  # validation success must rise at least this much
-                  timed_command="starpo_gem.py")
+job = JobSettings(
+    output_dir="outputs/starpo_gem",
+    iterations=80,
+    # Short on purpose: a warm start that already plays bisection leaves RL nothing to add.
+    warm_start_episodes=1000,
+    warm_start_steps=150,
+    warm_start_lr=5e-4,
+    warm_start_precision="float32",  # bfloat16 runs emulated, 12x slower, on CPUs without its units
+    pass_bar=0.05,  # validation success must rise at least this much
+    timed_command="starpo_gem.py",
+)
 
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):

@@ -21,18 +21,34 @@ from rllib_ragen.demonstrators import fact_lookup_guess_policy, fact_lookup_solv
 config = (
     StarPOConfig()
     .environment("rllib_ragen/FactLookup-v0")
-    .training(num_groups=8, group_size=8, rollout_filter_ratio=1.0, lr=1e-4, critic_lr=1e-3,
-              whiten_advantages=False,  # raw R - V: the setting these CPU jobs were tuned with
-              max_turns=3, max_actions_per_turn=1, max_actions_per_episode=3, max_new_tokens_per_turn=64,
-              validation_size=128, validation_interval=5)
+    .training(
+        num_groups=8,
+        group_size=8,
+        rollout_filter_ratio=1.0,
+        lr=1e-4,
+        critic_lr=1e-3,
+        whiten_advantages=False,  # raw R - V: the setting these CPU jobs were tuned with
+        max_turns=3,
+        max_actions_per_turn=1,
+        max_actions_per_episode=3,
+        max_new_tokens_per_turn=64,
+        validation_size=128,
+        validation_interval=5,
+    )
     .debugging(seed=0)
 )
 # 4,000 demonstrations, each seen about 2.4 times: on 512 seen 12 or 37 times the warm start learns their names and
 # cities instead of copying them (docs/results/tools.md, runs 1 and 2).
-job = JobSettings(output_dir="outputs/starpo_tools", iterations=10, warm_start_episodes=4000, warm_start_steps=600,
-                  warm_start_lr=2e-3, warm_start_lr_schedule="cosine",
-                  pass_bar=0.0,  # the paired change is reported whatever it is; the warm start does most of the work
-                  timed_command="starpo_tools.py")
+job = JobSettings(
+    output_dir="outputs/starpo_tools",
+    iterations=10,
+    warm_start_episodes=4000,
+    warm_start_steps=600,
+    warm_start_lr=2e-3,
+    warm_start_lr_schedule="cosine",
+    pass_bar=0.0,  # the paired change is reported whatever it is; the warm start does most of the work
+    timed_command="starpo_tools.py",
+)
 # Success on the validation questions: a random city without searching, and the solver.
 KNOWN_SCORES = {"random city": 1 / len(CITIES), "solver": 1.0}
 
@@ -45,5 +61,6 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
 
 if __name__ == "__main__":
     config, job, demonstrations, baselines = parse_args(config, job)
-    run_job(config, job, demonstrations, KNOWN_SCORES if config.env_name == "rllib_ragen/FactLookup-v0" else None,
-            baselines)
+    run_job(
+        config, job, demonstrations, KNOWN_SCORES if config.env_name == "rllib_ragen/FactLookup-v0" else None, baselines
+    )

@@ -17,12 +17,21 @@ import runpy
 from rllib_ragen.jobs.run import run_job
 
 sokoban = runpy.run_path(str(pathlib.Path(__file__).with_name("starpo_sokoban.py")), run_name="imported")
-config = sokoban["config"].copy(copy_frozen=False).training(
-    num_groups=4, group_size=8, rollout_filter_ratio=0.5, validation_size=64, validation_interval=8)
+config = (
+    sokoban["config"]
+    .copy(copy_frozen=False)
+    .training(num_groups=4, group_size=8, rollout_filter_ratio=0.5, validation_size=64, validation_interval=8)
+)
 job = dataclasses.replace(
-    sokoban["job"], output_dir="outputs/tune_sokoban", iterations=8, warm_start_episodes=1000, warm_start_steps=300,
-    threads=1, timed_command="tune_sokoban.py",
-    grid={"max_actions_per_turn": [1, 5], "updates_per_rollout_batch": [1, 2], "rollout_filter_ratio": [0.25, 1.0]})
+    sokoban["job"],
+    output_dir="outputs/tune_sokoban",
+    iterations=8,
+    warm_start_episodes=1000,
+    warm_start_steps=300,
+    threads=1,
+    timed_command="tune_sokoban.py",
+    grid={"max_actions_per_turn": [1, 5], "updates_per_rollout_batch": [1, 2], "rollout_filter_ratio": [0.25, 1.0]},
+)
 
 if __name__ == "__main__":
     config, job, demonstrations, baselines = sokoban["parse_args"](config, job, description=__doc__.splitlines()[0])

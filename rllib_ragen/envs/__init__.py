@@ -23,9 +23,23 @@ from .sudoku import SudokuEnv
 from .tool_env import ToolTextEnv, TRLEnvironment
 
 __all__ = [
-    "BanditEnv", "CountdownEnv", "FactLookupEnv", "FrozenLakeTextEnv", "SokobanEnv", "SokobanLevel", "SudokuEnv",
-    "TRANSITION_SEED", "TextEnv", "ToolTextEnv", "TRLEnvironment", "ensure_registered", "generate_level",
-    "make_text_env", "register_text_env", "registered_text_envs", "solve_level",
+    "BanditEnv",
+    "CountdownEnv",
+    "FactLookupEnv",
+    "FrozenLakeTextEnv",
+    "SokobanEnv",
+    "SokobanLevel",
+    "SudokuEnv",
+    "TRANSITION_SEED",
+    "TextEnv",
+    "ToolTextEnv",
+    "TRLEnvironment",
+    "ensure_registered",
+    "generate_level",
+    "make_text_env",
+    "register_text_env",
+    "registered_text_envs",
+    "solve_level",
 ]
 
 _TEXT_ENV_IDS: list[str] = []
@@ -55,15 +69,20 @@ def register_text_env(
     if not isinstance(cls, type) and callable(cls):  # a factory: the config's checks read the class it names
         cls = typing.get_type_hints(cls).get("return")
     if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
-        raise TypeError(f"{env_id}: entry_point {entry_point!r} must be a subclass of rllib_ragen.envs.TextEnv, or "
-                        "a function that builds one with its return annotated as that class.")
+        raise TypeError(
+            f"{env_id}: entry_point {entry_point!r} must be a subclass of rllib_ragen.envs.TextEnv, or "
+            "a function that builds one with its return annotated as that class."
+        )
     if env_id in gym.registry:
         if env_id in _TEXT_ENV_IDS and gym.registry[env_id].entry_point == entry_point:
             return  # re-import of the same module: nothing to do
         raise ValueError(f"{env_id!r} is already registered with gymnasium; choose another id or version.")
     gym.register(
-        id=env_id, entry_point=entry_point, max_episode_steps=max_episode_steps,
-        reward_threshold=reward_threshold, kwargs=kwargs,
+        id=env_id,
+        entry_point=entry_point,
+        max_episode_steps=max_episode_steps,
+        reward_threshold=reward_threshold,
+        kwargs=kwargs,
     )
     _TEXT_ENV_IDS.append(env_id)
 
@@ -71,9 +90,11 @@ def register_text_env(
 # Other packages' games, registered on first use under these namespaces: "gem/<GEM id>", "textarena/<id>",
 # "reasoning_gym/<task>". A colon in a GEM id is written as a dot ("gem/game.Sudoku-v0-easy" plays
 # "game:Sudoku-v0-easy"): gymnasium.make reads a colon as "import this module first".
-ADAPTED_NAMESPACES = {"gem/": "rllib_ragen.envs.gem_env:GemTextEnv",
-                      "textarena/": "rllib_ragen.envs.textarena_env:TextArenaTextEnv",
-                      "reasoning_gym/": "rllib_ragen.envs.reasoning_gym_env:ReasoningGymTextEnv"}
+ADAPTED_NAMESPACES = {
+    "gem/": "rllib_ragen.envs.gem_env:GemTextEnv",
+    "textarena/": "rllib_ragen.envs.textarena_env:TextArenaTextEnv",
+    "reasoning_gym/": "rllib_ragen.envs.reasoning_gym_env:ReasoningGymTextEnv",
+}
 # An environment served over HTTP (rllib_ragen.envs.remote), played with env_config={"url": ...}; registered on first
 # use too, so that code iterating over the built-ins never builds it without a url.
 REMOTE_ENV_ID = "rllib_ragen/Remote-v0"
@@ -93,7 +114,7 @@ def ensure_registered(env_id: Any) -> None:
         register_text_env(env_id, "rllib_ragen.envs.tool_env:TRLEnvironment", max_episode_steps=None)
     for namespace, entry_point in ADAPTED_NAMESPACES.items():
         if env_id.startswith(namespace) and len(env_id) > len(namespace):
-            game_id = env_id[len(namespace):]
+            game_id = env_id[len(namespace) :]
             if namespace == "gem/":
                 game_id = game_id.replace(".", ":", 1)
             register_text_env(env_id, entry_point, max_episode_steps=None, game_id=game_id)
@@ -105,16 +126,24 @@ def registrations_of(env_ids) -> dict[str, Any]:
     :func:`register_text_env` calls; :func:`register_carried` registers them there."""
     for env_id in env_ids:
         ensure_registered(env_id)
-    return {env_id: gym.spec(env_id) for env_id in env_ids
-            if isinstance(env_id, str) and env_id in _TEXT_ENV_IDS and env_id not in BUILT_IN_TEXT_ENVS}
+    return {
+        env_id: gym.spec(env_id)
+        for env_id in env_ids
+        if isinstance(env_id, str) and env_id in _TEXT_ENV_IDS and env_id not in BUILT_IN_TEXT_ENVS
+    }
 
 
 def register_carried(specs: dict[str, Any]) -> None:
     """Register, in this process, each carried spec (:func:`registrations_of`) it does not know yet."""
     for env_id, spec in specs.items():
         if env_id not in gym.registry:
-            register_text_env(env_id, spec.entry_point, max_episode_steps=spec.max_episode_steps,
-                              reward_threshold=spec.reward_threshold, **spec.kwargs)
+            register_text_env(
+                env_id,
+                spec.entry_point,
+                max_episode_steps=spec.max_episode_steps,
+                reward_threshold=spec.reward_threshold,
+                **spec.kwargs,
+            )
 
 
 def registered_text_envs() -> list[str]:
@@ -138,37 +167,50 @@ def make_text_env(env: str | type[TextEnv] | Callable[..., gym.Env], **config: A
     return built
 
 
-
 # ---- built-ins: one id per variant, like gymnasium's own registrations ---------------------------------------
 # Bandit: the best expected return is 0.25 (always pull the risky arm).
 register_text_env("rllib_ragen/Bandit-v0", "rllib_ragen.envs.bandit:BanditEnv", reward_threshold=0.25)
 register_text_env(
-    "rllib_ragen/BanditHeldOut-v0", "rllib_ragen.envs.bandit:BanditEnv", reward_threshold=0.25,
-    low_risk_name="Librarian", high_risk_name="Trader",
+    "rllib_ragen/BanditHeldOut-v0",
+    "rllib_ragen.envs.bandit:BanditEnv",
+    reward_threshold=0.25,
+    low_risk_name="Librarian",
+    high_risk_name="Trader",
 )
 register_text_env(
-    "rllib_ragen/BanditReversed-v0", "rllib_ragen.envs.bandit:BanditEnv", reward_threshold=0.25,
-    low_risk_name="Dragon", high_risk_name="Phoenix",
+    "rllib_ragen/BanditReversed-v0",
+    "rllib_ragen.envs.bandit:BanditEnv",
+    reward_threshold=0.25,
+    low_risk_name="Dragon",
+    high_risk_name="Phoenix",
 )
 # Sokoban: solving a 1-box level in L moves returns 11 - 0.1 L; >= 10 means solved within 10 moves.
 register_text_env("rllib_ragen/Sokoban-v0", "rllib_ragen.envs.sokoban:SokobanEnv", reward_threshold=10.0)
 register_text_env(
-    "rllib_ragen/Sokoban8x8TwoBoxes-v0", "rllib_ragen.envs.sokoban:SokobanEnv", reward_threshold=10.0,
-    dim=8, num_boxes=2,
+    "rllib_ragen/Sokoban8x8TwoBoxes-v0",
+    "rllib_ragen.envs.sokoban:SokobanEnv",
+    reward_threshold=10.0,
+    dim=8,
+    num_boxes=2,
 )
 register_text_env(
-    "rllib_ragen/SokobanAltSymbols-v0", "rllib_ragen.envs.sokoban:SokobanEnv", reward_threshold=10.0,
+    "rllib_ragen/SokobanAltSymbols-v0",
+    "rllib_ragen.envs.sokoban:SokobanEnv",
+    reward_threshold=10.0,
     symbols="alternate",
 )
 register_text_env(  # RAGEN's CoordSokoban: the same levels as cell coordinates instead of a drawn grid
-    "rllib_ragen/SokobanCoordinates-v0", "rllib_ragen.envs.sokoban:SokobanEnv", reward_threshold=10.0,
+    "rllib_ragen/SokobanCoordinates-v0",
+    "rllib_ragen.envs.sokoban:SokobanEnv",
+    reward_threshold=10.0,
     render="coordinates",
 )
 # FrozenLake: the return is the success probability; gymnasium's fixed 4x4 map uses 0.70.
-register_text_env("rllib_ragen/FrozenLake-v0", "rllib_ragen.envs.frozen_lake:FrozenLakeTextEnv",
-                  reward_threshold=0.7)
+register_text_env("rllib_ragen/FrozenLake-v0", "rllib_ragen.envs.frozen_lake:FrozenLakeTextEnv", reward_threshold=0.7)
 register_text_env(
-    "rllib_ragen/FrozenLakeNotSlippery-v0", "rllib_ragen.envs.frozen_lake:FrozenLakeTextEnv", reward_threshold=1.0,
+    "rllib_ragen/FrozenLakeNotSlippery-v0",
+    "rllib_ragen.envs.frozen_lake:FrozenLakeTextEnv",
+    reward_threshold=1.0,
     is_slippery=False,
 )
 # Countdown (multi-turn) and 4x4 Sudoku, two of RAGEN's 2026 environments; the return of a solved game is 1.

@@ -28,6 +28,7 @@ def load_import_path(path: str, what: str = "an import path") -> Any:
         value = getattr(value, part)
     return value
 
+
 # Observations may contain any printable ASCII plus the few non-ASCII symbols our grids use.
 OBSERVATION_CHARSET = frozenset(string.printable) | frozenset("√")
 ACTION_CHARSET = frozenset(string.ascii_letters + string.digits + " _-")
@@ -35,8 +36,9 @@ ACTION_CHARSET = frozenset(string.ascii_letters + string.digits + " _-")
 TRANSITION_SEED = "transition_seed"
 
 
-def check_effect_claims(reasoning: str | None, truth: Mapping[str, str],
-                        effect_words: Sequence[str]) -> tuple[int, int]:
+def check_effect_claims(
+    reasoning: str | None, truth: Mapping[str, str], effect_words: Sequence[str]
+) -> tuple[int, int]:
     """``(checked, true)`` for claims "<move> <effect>" in ``reasoning`` ("Up wall", "left push to target").
 
     ``truth`` maps each move name to what it would do now, ``effect_words`` is every word an effect can be.

@@ -23,6 +23,7 @@ def evaluate(expression: str) -> tuple[Fraction, list[int]]:
     Raises:
         ValueError: if it is anything else (a unary minus, a power, a name), or divides by zero.
     """
+
     def value(node) -> Fraction:
         if isinstance(node, ast.Constant) and type(node.value) is int:
             used.append(node.value)
@@ -44,6 +45,7 @@ def evaluate(expression: str) -> tuple[Fraction, list[int]]:
 def solve(numbers: list[int], target: int) -> str | None:
     """An expression using every number exactly once that equals ``target``, or None (exhaustive search over the
     order of combination; at most 4 numbers keep it to a few thousand expressions)."""
+
     def search(items: list[tuple[Fraction, str]]) -> str | None:
         if len(items) == 1:
             return items[0][1] if items[0][0] == target else None
@@ -98,12 +100,15 @@ class CountdownEnv(TextEnv):
     v0: initial release.
     """
 
-    instructions = ("You are playing Countdown. Combine all the given numbers, each exactly once, with + - * / and "
-                    "parentheses into an expression equal to the target. Answer with the expression alone, e.g. "
-                    "(6 - 2) * 5. After each attempt you are told its value.")
+    instructions = (
+        "You are playing Countdown. Combine all the given numbers, each exactly once, with + - * / and "
+        "parentheses into an expression equal to the target. Answer with the expression alone, e.g. "
+        "(6 - 2) * 5. After each attempt you are told its value."
+    )
 
-    def __init__(self, num_numbers: int = 3, max_number: int = 20, max_target: int = 100,
-                 render_mode: str | None = "ansi"):
+    def __init__(
+        self, num_numbers: int = 3, max_number: int = 20, max_target: int = 100, render_mode: str | None = "ansi"
+    ):
         if isinstance(num_numbers, bool) or num_numbers not in (2, 3, 4):
             raise ValueError(f"num_numbers={num_numbers!r} must be 2, 3 or 4 (the solver searches them all).")
         for name, value in (("max_number", max_number), ("max_target", max_target)):
@@ -146,16 +151,23 @@ class CountdownEnv(TextEnv):
             if value.denominator == 1 and 1 <= value <= self.max_target:
                 break
         else:  # settings under which a target in range is (nearly) never drawn: say so rather than spin
-            raise ValueError(f"no Countdown puzzle with a target from 1 to max_target={self.max_target} in "
-                             f"{MAX_DRAWS:,} draws of {self.num_numbers} numbers up to max_number={self.max_number}: "
-                             "raise max_target or lower max_number.")
+            raise ValueError(
+                f"no Countdown puzzle with a target from 1 to max_target={self.max_target} in "
+                f"{MAX_DRAWS:,} draws of {self.num_numbers} numbers up to max_number={self.max_number}: "
+                "raise max_target or lower max_number."
+            )
         self.numbers, self.target, self.feedback = [int(n) for n in self.np_random.permutation(numbers)], int(value), ""
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         expression = self.canonical_action(action)
         if expression is None:
-            return self._render_text(), 0.0, False, False, {
-                "success": False, "action_is_valid": False, "action_is_effective": False}
+            return (
+                self._render_text(),
+                0.0,
+                False,
+                False,
+                {"success": False, "action_is_valid": False, "action_is_effective": False},
+            )
         effective = False
         try:
             value, used = evaluate(expression)

@@ -105,8 +105,15 @@ class ExternalTextEnv(TextEnv):
     action_pattern: str | None = None  # a game without a known syntax takes any non-empty move
     action_syntax: str = "the move as the game's instructions write it"
 
-    def __init__(self, game_id: str, reward: str = "game", raw_replies: bool = False,
-                 max_observation_chars: int = 16384, render_mode: str | None = "ansi", **game_kwargs: Any):
+    def __init__(
+        self,
+        game_id: str,
+        reward: str = "game",
+        raw_replies: bool = False,
+        max_observation_chars: int = 16384,
+        render_mode: str | None = "ansi",
+        **game_kwargs: Any,
+    ):
         if reward not in REWARDS:
             raise ValueError(f"reward={reward!r}: choose one of {REWARDS}.")
         if not isinstance(raw_replies, bool):
@@ -121,15 +128,18 @@ class ExternalTextEnv(TextEnv):
         self._instructions, self._observation = "", ""
         name = self.game_name(game_id)
         if name in self.needs_downloads:
-            raise ValueError(f"{game_id}: {self.module}'s {name} downloads NLTK word lists at run time "
-                             "(nltk.download), which needs a network; it is not offered here.")
+            raise ValueError(
+                f"{game_id}: {self.module}'s {name} downloads NLTK word lists at run time "
+                "(nltk.download), which needs a network; it is not offered here."
+            )
         self.action_pattern, self.action_syntax = self.move_syntax.get(name, (None, self.action_syntax))
         self._action_regex = re.compile(self.action_pattern, re.IGNORECASE) if self.action_pattern else None
         try:
             package = importlib.import_module(self.module)
         except ImportError as error:
-            raise ImportError(f"{game_id} needs the {self.distribution!r} package: pip install "
-                              f"'rllib_ragen[{self.extra}]' ({error})") from error
+            raise ImportError(
+                f"{game_id} needs the {self.distribution!r} package: pip install 'rllib_ragen[{self.extra}]' ({error})"
+            ) from error
         with self._package_generators():  # the package may draw at construction (GEM resets in __init__)
             self.game = self._make(package, game_id, **game_kwargs)
 
@@ -138,8 +148,10 @@ class ExternalTextEnv(TextEnv):
     def _package_generators(self):
         """Run the block with this episode's global-generator states, then put the process's own back."""
         if not _GLOBAL_GENERATORS.acquire(timeout=GENERATOR_LOCK_TIMEOUT_S):
-            raise TimeoutError(f"{self.game_id}: another adapted game's call has held the process's random "
-                               f"generators for {GENERATOR_LOCK_TIMEOUT_S:g} s (stuck inside its package?)")
+            raise TimeoutError(
+                f"{self.game_id}: another adapted game's call has held the process's random "
+                f"generators for {GENERATOR_LOCK_TIMEOUT_S:g} s (stuck inside its package?)"
+            )
         try:
             process = _generator_states()
             try:
@@ -161,9 +173,11 @@ class ExternalTextEnv(TextEnv):
     def describe(self) -> str:
         if self.raw_replies:
             return self._instructions.strip()
-        return (f"{self._instructions.strip()}\n"
-                f"Write each move inside <answer></answer> as {self.action_syntax}; this environment passes it to "
-                "the game in the game's own format.").strip()
+        return (
+            f"{self._instructions.strip()}\n"
+            f"Write each move inside <answer></answer> as {self.action_syntax}; this environment passes it to "
+            "the game in the game's own format."
+        ).strip()
 
     def state_key(self) -> str:
         return self._observation
@@ -189,8 +203,13 @@ class ExternalTextEnv(TextEnv):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         move = self.canonical_action(action)
         if move is None:  # never sent: the protocol charges its format penalty
-            return self._observation, 0.0, False, False, {
-                "success": self._success, "action_is_valid": False, "action_is_effective": False}
+            return (
+                self._observation,
+                0.0,
+                False,
+                False,
+                {"success": self._success, "action_is_valid": False, "action_is_effective": False},
+            )
         with self._package_generators():
             observation, reward, terminated, truncated, self._success = self._step_game(move)
         if self.reward == "success":

@@ -95,10 +95,14 @@ def optimal_policy(transitions: dict, num_states: int, horizon: int) -> tuple[np
     actions = np.zeros((horizon + 1, num_states), dtype=np.int64)
     for k in range(1, horizon + 1):
         for s in range(num_states):
-            q = [sum(p * (r + (0.0 if done else values[k - 1, s2])) for p, s2, r, done in transitions[s][a])
-                 for a in range(4)]
-            q_fast = [sum(p * (r + (0.0 if done else 0.9 * speed[k - 1, s2])) for p, s2, r, done in transitions[s][a])
-                      for a in range(4)]
+            q = [
+                sum(p * (r + (0.0 if done else values[k - 1, s2])) for p, s2, r, done in transitions[s][a])
+                for a in range(4)
+            ]
+            q_fast = [
+                sum(p * (r + (0.0 if done else 0.9 * speed[k - 1, s2])) for p, s2, r, done in transitions[s][a])
+                for a in range(4)
+            ]
             best = max(q)
             chosen = max((a for a in range(4) if q[a] >= best - 1e-12), key=lambda a: q_fast[a])
             actions[k, s], values[k, s], speed[k, s] = chosen, best, q_fast[chosen]
@@ -138,9 +142,14 @@ class FrozenLakeTextEnv(TextEnv):
     """
 
     action_names = ACTION_NAMES
-    legend = {SYMBOLS["player"]: "you", SYMBOLS["frozen"]: "frozen ice", SYMBOLS["hole"]: "hole",
-              SYMBOLS["goal"]: "goal", SYMBOLS["player_in_hole"]: "you in a hole",
-              SYMBOLS["player_on_goal"]: "you on the goal"}
+    legend = {
+        SYMBOLS["player"]: "you",
+        SYMBOLS["frozen"]: "frozen ice",
+        SYMBOLS["hole"]: "hole",
+        SYMBOLS["goal"]: "goal",
+        SYMBOLS["player_in_hole"]: "you in a hole",
+        SYMBOLS["player_on_goal"]: "you on the goal",
+    }
     instructions = (
         "You are walking on a frozen lake. Reach the goal without falling into a hole. The ice is slippery: "
         "you may move in a direction perpendicular to the one you chose."
@@ -200,8 +209,9 @@ class FrozenLakeTextEnv(TextEnv):
         """Checks claims "<move> <effect>" ("Down hole", "Left edge"; the words of ``move_effects``, as
         ``frozen_lake_optimal_policy(reasoning="effects")`` demonstrates them) against the player's cell now."""
         rows = [row.tobytes().decode() for row in self.lake.desc]
-        return check_effect_claims(reasoning, dict(zip(self.action_names, move_effects(rows, self.position))),
-                                   EFFECT_WORDS)
+        return check_effect_claims(
+            reasoning, dict(zip(self.action_names, move_effects(rows, self.position))), EFFECT_WORDS
+        )
 
     def _render_text(self) -> str:
         tile_symbol = {b"S": "frozen", b"F": "frozen", b"H": "hole", b"G": "goal"}
@@ -212,4 +222,4 @@ class FrozenLakeTextEnv(TextEnv):
             else:
                 key = tile_symbol[tile]
             cells.append(SYMBOLS[key])
-        return "\n".join("".join(cells[r * self.size:(r + 1) * self.size]) for r in range(self.size))
+        return "\n".join("".join(cells[r * self.size : (r + 1) * self.size]) for r in range(self.size))

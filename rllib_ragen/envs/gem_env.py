@@ -15,9 +15,14 @@ from .external import CODE, DIRECTION, NO_MOVE_YET, NUMBER, SUDOKU_MOVE, TOWERS,
 NEEDS_DOWNLOADS = ("Wordle", "Hangman", "Crosswords", "WordSearch")
 # The move syntax inside ``\boxed{...}`` that each game's step() parses (GEM's own regexes), and how to write it.
 MOVE_SYNTAX = {
-    "GuessTheNumber": NUMBER, "Mastermind": CODE, "Sudoku": SUDOKU_MOVE, "TowerofHanoi": TOWERS,
+    "GuessTheNumber": NUMBER,
+    "Mastermind": CODE,
+    "Sudoku": SUDOKU_MOVE,
+    "TowerofHanoi": TOWERS,
     "Minesweeper": (r"[a-z]+ \d+ \d+", "reveal or flag, then the row and column, e.g. reveal 3 2"),
-    "Game2048": DIRECTION, "FifteenPuzzle": DIRECTION, "Sokoban": DIRECTION,
+    "Game2048": DIRECTION,
+    "FifteenPuzzle": DIRECTION,
+    "Sokoban": DIRECTION,
 }
 # A GEM game's success message: every game's winning step returns an observation that starts with it.
 SUCCESS_PREFIX = "Congratulations"

@@ -10,8 +10,24 @@ from __future__ import annotations
 
 from .tool_env import ToolTextEnv
 
-PEOPLE = ("Ada", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hana", "Ivo", "Jade", "Kai", "Lena", "Milo", "Nora",
-          "Otto", "Pia")
+PEOPLE = (
+    "Ada",
+    "Ben",
+    "Cleo",
+    "Dan",
+    "Eve",
+    "Finn",
+    "Gus",
+    "Hana",
+    "Ivo",
+    "Jade",
+    "Kai",
+    "Lena",
+    "Milo",
+    "Nora",
+    "Otto",
+    "Pia",
+)
 CITIES = ("Paris", "Oslo", "Lima", "Rome", "Cairo", "Quito", "Dakar", "Hanoi")
 
 
@@ -22,8 +38,10 @@ class FactLookupEnv(ToolTextEnv):
         directory_size: people in each episode's directory (each lives in a city drawn at random).
     """
 
-    instructions = ("Answer the question with the answer tool. You cannot know the answer: search the directory for "
-                    "the person first, then answer with the city the search returns.")
+    instructions = (
+        "Answer the question with the answer tool. You cannot know the answer: search the directory for "
+        "the person first, then answer with the city the search returns."
+    )
     tool_names = ("search", "answer")
 
     def __init__(self, directory_size: int = 6, render_mode: str | None = "ansi", max_observation_chars: int = 4096):

@@ -20,8 +20,10 @@ from .external import ExternalTextEnv
 _DATASETS: dict[tuple, Any] = {}
 _DATASETS_LOCK = threading.Lock()
 
-INSTRUCTIONS = ("Solve the task. Write your final answer alone inside <answer></answer>, in the form the task asks "
-                "for; it is checked exactly as written.")
+INSTRUCTIONS = (
+    "Solve the task. Write your final answer alone inside <answer></answer>, in the form the task asks "
+    "for; it is checked exactly as written."
+)
 
 
 class ReasoningGymTextEnv(ExternalTextEnv):
@@ -56,18 +58,29 @@ class ReasoningGymTextEnv(ExternalTextEnv):
     module, distribution, extra = "reasoning_gym", "reasoning-gym", "reasoning_gym"
     max_turns = 1
 
-    def __init__(self, game_id: str, size: int = 100_000, dataset_seed: int = 0, reward: str = "game",
-                 max_observation_chars: int = 16384, render_mode: str | None = "ansi", **task_config: Any):
+    def __init__(
+        self,
+        game_id: str,
+        size: int = 100_000,
+        dataset_seed: int = 0,
+        reward: str = "game",
+        max_observation_chars: int = 16384,
+        render_mode: str | None = "ansi",
+        **task_config: Any,
+    ):
         for name, value, least in (("size", size, 1), ("dataset_seed", dataset_seed, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be a whole number >= {least}.")
         if "raw_replies" in task_config:
-            raise ValueError("raw_replies: reasoning-gym's verifiers read the answer alone; the protocol hands them "
-                             "the <answer> text (for GEM's boxed form, play gem/rg.<task> with raw_replies=True).")
+            raise ValueError(
+                "raw_replies: reasoning-gym's verifiers read the answer alone; the protocol hands them "
+                "the <answer> text (for GEM's boxed form, play gem/rg.<task> with raw_replies=True)."
+            )
         self.size, self.dataset_seed = size, dataset_seed
         self._entry: dict | None = None
-        super().__init__(game_id, reward=reward, max_observation_chars=max_observation_chars,
-                         render_mode=render_mode, **task_config)
+        super().__init__(
+            game_id, reward=reward, max_observation_chars=max_observation_chars, render_mode=render_mode, **task_config
+        )
 
     @staticmethod
     def game_name(game_id: str) -> str:
@@ -77,13 +90,14 @@ class ReasoningGymTextEnv(ExternalTextEnv):
         from reasoning_gym.factory import DATASETS
 
         if game_id not in DATASETS:
-            raise ValueError(f"reasoning_gym/{game_id}: reasoning-gym has no task {game_id!r}; its tasks: "
-                             f"{', '.join(sorted(DATASETS))}.")
+            raise ValueError(
+                f"reasoning_gym/{game_id}: reasoning-gym has no task {game_id!r}; its tasks: "
+                f"{', '.join(sorted(DATASETS))}."
+            )
         key = (game_id, self.size, self.dataset_seed, json.dumps(task_config, sort_keys=True, default=repr))
         with _DATASETS_LOCK:
             if key not in _DATASETS:  # some tasks take seconds to build (acre: 29 s at 100,000): once a process
-                _DATASETS[key] = package.create_dataset(game_id, size=self.size, seed=self.dataset_seed,
-                                                        **task_config)
+                _DATASETS[key] = package.create_dataset(game_id, size=self.size, seed=self.dataset_seed, **task_config)
             return _DATASETS[key]
 
     def canonical_action(self, text: str) -> str | None:

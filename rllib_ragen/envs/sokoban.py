@@ -5,11 +5,26 @@ from __future__ import annotations
 from typing import Mapping
 
 from .base import TextEnv, check_effect_claims
-from .sokoban_levels import (ACTION_NAMES, EFFECT_WORDS, SYMBOL_SETS, SokobanLevel, generate_level, move_effects,
-                             move_offsets, solve_level)
+from .sokoban_levels import (
+    ACTION_NAMES,
+    EFFECT_WORDS,
+    SYMBOL_SETS,
+    SokobanLevel,
+    generate_level,
+    move_effects,
+    move_offsets,
+    solve_level,
+)
 
-_MEANINGS = {"wall": "wall", "floor": "empty floor", "target": "target", "box": "box",
-             "box_on_target": "box on target", "player": "you", "player_on_target": "you on a target"}
+_MEANINGS = {
+    "wall": "wall",
+    "floor": "empty floor",
+    "target": "target",
+    "box": "box",
+    "box_on_target": "box on target",
+    "player": "you",
+    "player_on_target": "you on a target",
+}
 
 STEP_PENALTY = -0.1
 BOX_ON_TARGET_REWARD = 1.0
@@ -92,19 +107,26 @@ class SokobanEnv(TextEnv):
         max_solution_moves: int | None = None,
         render_mode: str | None = "ansi",
     ):
-        for name, value, low, high in (("dim", dim, 4, MAX_DIM), ("num_boxes", num_boxes, 1, MAX_DIM),
-                                       ("search_depth", search_depth, 1, 10_000)):
+        for name, value, low, high in (
+            ("dim", dim, 4, MAX_DIM),
+            ("num_boxes", num_boxes, 1, MAX_DIM),
+            ("search_depth", search_depth, 1, 10_000),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ValueError(f"{name}={value!r} must be a whole number from {low} to {high}.")
         if reward not in REWARDS:
             raise ValueError(f"reward={reward!r}: choose one of {REWARDS}.")
         if render not in RENDERINGS:
             raise ValueError(f"render={render!r}: choose one of {RENDERINGS}.")
-        if isinstance(distance_shaping, bool) or not isinstance(distance_shaping, (int, float)) \
-                or not 0 <= distance_shaping < float("inf"):  # NaN fails too
+        if (
+            isinstance(distance_shaping, bool)
+            or not isinstance(distance_shaping, (int, float))
+            or not 0 <= distance_shaping < float("inf")
+        ):  # NaN fails too
             raise ValueError(f"distance_shaping={distance_shaping!r} must be a finite number >= 0 (0: off).")
-        if max_solution_moves is not None and (isinstance(max_solution_moves, bool)
-                                               or not isinstance(max_solution_moves, int) or max_solution_moves < 1):
+        if max_solution_moves is not None and (
+            isinstance(max_solution_moves, bool) or not isinstance(max_solution_moves, int) or max_solution_moves < 1
+        ):
             raise ValueError(f"max_solution_moves={max_solution_moves!r} must be a whole number >= 1 (None: off).")
         self.max_solution_moves = max_solution_moves
         self.reward, self.render_as, self.distance_shaping = reward, render, float(distance_shaping)
@@ -144,9 +166,11 @@ class SokobanEnv(TextEnv):
             solution = solve_level(level)
             if solution is not None and len(solution) <= self.max_solution_moves:
                 return level
-        raise RuntimeError(f"no level of {MAX_LEVEL_DRAWS} drawn (dim={self.dim}, num_boxes={self.num_boxes}, "
-                           f"search_depth={self.search_depth}) is solved in max_solution_moves="
-                           f"{self.max_solution_moves} moves: raise it, or lower num_boxes.")
+        raise RuntimeError(
+            f"no level of {MAX_LEVEL_DRAWS} drawn (dim={self.dim}, num_boxes={self.num_boxes}, "
+            f"search_depth={self.search_depth}) is solved in max_solution_moves="
+            f"{self.max_solution_moves} moves: raise it, or lower num_boxes."
+        )
 
     def _current_level(self) -> SokobanLevel:
         """The level as it stands now (boxes and player moved)."""
@@ -176,6 +200,7 @@ class SokobanEnv(TextEnv):
     def distance_potential(self) -> float:
         """The shaping potential now: minus the boxes' Manhattan distances to their nearest targets and the
         player's to the nearest box off a target (0 when solved)."""
+
         def cells_apart(a: int, b: int) -> int:
             (ar, ac), (br, bc) = divmod(a, self.dim), divmod(b, self.dim)
             return abs(ar - br) + abs(ac - bc)
@@ -217,4 +242,4 @@ class SokobanEnv(TextEnv):
             else:
                 key = "target" if on_target else "floor"
             cells.append(s[key])
-        return "\n".join("".join(cells[r * self.dim:(r + 1) * self.dim]) for r in range(self.dim))
+        return "\n".join("".join(cells[r * self.dim : (r + 1) * self.dim]) for r in range(self.dim))

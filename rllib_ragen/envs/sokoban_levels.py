@@ -21,10 +21,24 @@ ACTION_NAMES = ("Up", "Down", "Left", "Right")
 # The symbol sets levels are drawn with. "default" is RAGEN's; "alternate" draws the same levels with
 # other symbols, to test whether a policy learned the game or the glyphs.
 SYMBOL_SETS: dict[str, dict[str, str]] = {
-    "default": {"wall": "#", "floor": "_", "target": "O", "box": "X", "box_on_target": "√",
-                "player": "P", "player_on_target": "S"},
-    "alternate": {"wall": "+", "floor": ".", "target": "*", "box": "B", "box_on_target": "$",
-                  "player": "@", "player_on_target": "&"},
+    "default": {
+        "wall": "#",
+        "floor": "_",
+        "target": "O",
+        "box": "X",
+        "box_on_target": "√",
+        "player": "P",
+        "player_on_target": "S",
+    },
+    "alternate": {
+        "wall": "+",
+        "floor": ".",
+        "target": "*",
+        "box": "B",
+        "box_on_target": "$",
+        "player": "@",
+        "player_on_target": "&",
+    },
 }
 
 
@@ -100,21 +114,31 @@ class SokobanLevel:
 
         Boxes on a target are listed as "Boxes on target", a player on one as "Player on target"."""
         cell = lambda p: f"({p // self.dim}, {p % self.dim})"  # noqa: E731
-        inner = [p for p in range(self.dim * self.dim) if not self.floor.flat[p]
-                 and 0 < p // self.dim < self.dim - 1 and 0 < p % self.dim < self.dim - 1]
-        groups = [("Targets", sorted(self.targets - self.boxes)), ("Boxes", sorted(self.boxes - self.targets)),
-                  ("Boxes on target", sorted(self.boxes & self.targets)),
-                  ("Player on target" if self.player in self.targets else "Player", [self.player])]
-        lines = [f"{_BOARD_SIZE} {self.dim} rows x {self.dim} cols (zero-indexed).",
-                 "Walls: the border" + (", and " + ", ".join(map(cell, inner)) if inner else "")]
+        inner = [
+            p
+            for p in range(self.dim * self.dim)
+            if not self.floor.flat[p] and 0 < p // self.dim < self.dim - 1 and 0 < p % self.dim < self.dim - 1
+        ]
+        groups = [
+            ("Targets", sorted(self.targets - self.boxes)),
+            ("Boxes", sorted(self.boxes - self.targets)),
+            ("Boxes on target", sorted(self.boxes & self.targets)),
+            ("Player on target" if self.player in self.targets else "Player", [self.player]),
+        ]
+        lines = [
+            f"{_BOARD_SIZE} {self.dim} rows x {self.dim} cols (zero-indexed).",
+            "Walls: the border" + (", and " + ", ".join(map(cell, inner)) if inner else ""),
+        ]
         lines += [f"{label}: {', '.join(map(cell, cells))}" for label, cells in groups if cells]
         return "\n".join(lines)
 
     @classmethod
     def _from_coordinates(cls, text: str) -> "SokobanLevel":
         dim = int(re.search(rf"{_BOARD_SIZE} (\d+) rows", text).group(1))
-        cells = {label: {int(r) * dim + int(c) for r, c in re.findall(r"\((\d+), (\d+)\)", rest)}
-                 for label, rest in re.findall(r"^([A-Za-z ]+): (.*)$", text, re.MULTILINE)}
+        cells = {
+            label: {int(r) * dim + int(c) for r, c in re.findall(r"\((\d+), (\d+)\)", rest)}
+            for label, rest in re.findall(r"^([A-Za-z ]+): (.*)$", text, re.MULTILINE)
+        }
         floor = np.ones((dim, dim), dtype=bool)
         floor[0, :] = floor[-1, :] = floor[:, 0] = floor[:, -1] = False
         floor.flat[sorted(cells.get("Walls", ()))] = False

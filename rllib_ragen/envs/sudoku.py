@@ -39,7 +39,7 @@ def solutions(grid: np.ndarray, limit: int = 2) -> list[np.ndarray]:
 def fits(grid: np.ndarray, row: int, col: int, digit: int) -> bool:
     """Whether ``digit`` can go at (row, col), 0-based: not yet in its row, column or box."""
     r0, c0 = row - row % BOX, col - col % BOX
-    return not (digit in grid[row] or digit in grid[:, col] or digit in grid[r0:r0 + BOX, c0:c0 + BOX])
+    return not (digit in grid[row] or digit in grid[:, col] or digit in grid[r0 : r0 + BOX, c0 : c0 + BOX])
 
 
 def generate_puzzle(rng: np.random.Generator, num_empty: int) -> tuple[np.ndarray, np.ndarray]:
@@ -94,9 +94,11 @@ class SudokuEnv(TextEnv):
     """
 
     action_names = MOVES
-    instructions = ("You are solving a 4x4 Sudoku. Fill every empty cell (.) so that each row, each column and each "
-                    "2x2 box contains the digits 1 to 4 exactly once. A move is the row, the column (both from 1 to "
-                    "4) and the digit, separated by spaces: 2 3 4 puts 4 in row 2, column 3.")
+    instructions = (
+        "You are solving a 4x4 Sudoku. Fill every empty cell (.) so that each row, each column and each "
+        "2x2 box contains the digits 1 to 4 exactly once. A move is the row, the column (both from 1 to "
+        "4) and the digit, separated by spaces: 2 3 4 puts 4 in row 2, column 3."
+    )
 
     def __init__(self, num_empty: int = 6, render_mode: str | None = "ansi"):
         if isinstance(num_empty, bool) or not isinstance(num_empty, int) or not 1 <= num_empty <= 10:

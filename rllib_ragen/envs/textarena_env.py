@@ -13,14 +13,29 @@ from typing import Any
 from .external import CODE, DIRECTION, NO_MOVE_YET, NUMBER, SUDOKU_MOVE, TOWERS, ExternalTextEnv
 
 # TextArena's word games download NLTK word lists when their module is imported, which fails without a network.
-NEEDS_DOWNLOADS = ("Codenames", "Crosswords", "DontSayIt", "Hangman", "LetterAuction", "SpellingBee", "WordChains",
-                   "WordLadder", "WordSearch", "Wordle")
+NEEDS_DOWNLOADS = (
+    "Codenames",
+    "Crosswords",
+    "DontSayIt",
+    "Hangman",
+    "LetterAuction",
+    "SpellingBee",
+    "WordChains",
+    "WordLadder",
+    "WordSearch",
+    "Wordle",
+)
 # The move syntax inside TextArena's square brackets that each game's step() parses, and how to write it.
 MOVE_SYNTAX = {
-    "GuessTheNumber": NUMBER, "Mastermind": CODE, "Sudoku": SUDOKU_MOVE, "TowerOfHanoi": TOWERS, "2048": DIRECTION,
+    "GuessTheNumber": NUMBER,
+    "Mastermind": CODE,
+    "Sudoku": SUDOKU_MOVE,
+    "TowerOfHanoi": TOWERS,
+    "2048": DIRECTION,
     "Minesweeper": (r"\d+ \d+", "the row and column to reveal, e.g. 3 2"),
     # TextArena's grid games also take w, a, s, d for the directions.
-    "FrozenLake": (DIRECTION[0] + "|w|a|s|d", DIRECTION[1]), "Sokoban": (DIRECTION[0] + "|w|a|s|d", DIRECTION[1]),
+    "FrozenLake": (DIRECTION[0] + "|w|a|s|d", DIRECTION[1]),
+    "Sokoban": (DIRECTION[0] + "|w|a|s|d", DIRECTION[1]),
 }
 
 

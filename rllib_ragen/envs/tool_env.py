@@ -98,8 +98,13 @@ class ToolTextEnv(TextEnv):
         except Exception as error:  # the tool's own failure is the policy's to see, as in TRL's tool loop
             result, failed = f"Error: {type(error).__name__}: {error}", True
         text, cut = _result_text(result, self.max_observation_chars)
-        info = {"success": self._success, "action_is_valid": True, "action_is_effective": not failed,
-                "tool_error": failed, "tool_result_cut": cut}
+        info = {
+            "success": self._success,
+            "action_is_valid": True,
+            "action_is_effective": not failed,
+            "tool_error": failed,
+            "tool_result_cut": cut,
+        }
         return text, self._turn_reward, self._terminated, False, info
 
     def _apply(self, action_index: int) -> tuple[float, bool, bool]:
@@ -125,7 +130,7 @@ def _result_text(result: Any, max_chars: int) -> tuple[str, bool]:
     for _ in range(2):  # the note's own length changes what is kept, and so the number it states
         kept = max(max_chars - len(note), 0)
         note = f"\n[cut: {len(text) - kept:,} more characters]"
-    return text[:max(max_chars - len(note), 0)] + note, True
+    return text[: max(max_chars - len(note), 0)] + note, True
 
 
 class TRLEnvironment(ToolTextEnv):
@@ -148,8 +153,14 @@ class TRLEnvironment(ToolTextEnv):
     instructions = ""
     import_path_arguments = ("environment", "tasks")
 
-    def __init__(self, environment: Any, tasks: Any = None, success_reward: float | None = None,
-                 render_mode: str | None = "ansi", max_observation_chars: int = 4096):
+    def __init__(
+        self,
+        environment: Any,
+        tasks: Any = None,
+        success_reward: float | None = None,
+        render_mode: str | None = "ansi",
+        max_observation_chars: int = 4096,
+    ):
         super().__init__(render_mode, max_observation_chars)
         factory = load_import_path(environment, "environment") if isinstance(environment, str) else environment
         self.environment = factory()
@@ -164,13 +175,18 @@ class TRLEnvironment(ToolTextEnv):
         if not callable(getattr(self.environment, "reset", None)):
             raise TypeError(f"{name} has no reset(): TRL's environment contract needs one.")
         if not callable(getattr(self.environment, "get_reward", None)):
-            raise TypeError(f"{name} has no get_reward(): rllib_ragen trains on the environment's own reward, so a "
-                            "TRL environment must define get_reward() (TRL's reward_funcs have no place here).")
+            raise TypeError(
+                f"{name} has no get_reward(): rllib_ragen trains on the environment's own reward, so a "
+                "TRL environment must define get_reward() (TRL's reward_funcs have no place here)."
+            )
         if inspect.iscoroutinefunction(self.environment.get_reward):
             raise TypeError(f"{name}.get_reward is async; rllib_ragen calls environments synchronously.")
         self.success_reward = success_reward
-        self._functions = {member: method for member, method in inspect.getmembers(self.environment, inspect.ismethod)
-                           if not member.startswith("_") and member not in ("reset", "get_reward")}
+        self._functions = {
+            member: method
+            for member, method in inspect.getmembers(self.environment, inspect.ismethod)
+            if not member.startswith("_") and member not in ("reset", "get_reward")
+        }
         if not self._functions:
             raise TypeError(f"{name} has no public methods besides reset and get_reward: it offers no tools.")
         self._prompt, self._reward_so_far = "", 0.0
@@ -182,8 +198,7 @@ class TRLEnvironment(ToolTextEnv):
         task = {} if self.tasks is None else dict(self.tasks[int(self.np_random_seed or 0) % len(self.tasks)])
         prompt = _prompt_text(task.get("prompt", ""))
         observation = self.environment.reset(**task)
-        self._prompt = "\n".join(part for part in (prompt, observation if isinstance(observation, str) else "")
-                                 if part)
+        self._prompt = "\n".join(part for part in (prompt, observation if isinstance(observation, str) else "") if part)
         self._reward_so_far = 0.0  # so that an episode's return is get_reward() at its end
 
     def _render_text(self) -> str:
@@ -200,8 +215,9 @@ class TRLEnvironment(ToolTextEnv):
     def _read_reward(self) -> float:
         reward = self.environment.get_reward()
         if not isinstance(reward, numbers.Real) or not math.isfinite(reward):  # numpy's numbers too
-            raise ValueError(f"{type(self.environment).__name__}.get_reward() returned {reward!r}: it must be a "
-                             "finite number.")
+            raise ValueError(
+                f"{type(self.environment).__name__}.get_reward() returned {reward!r}: it must be a finite number."
+            )
         return float(reward)
 
     def close(self) -> None:

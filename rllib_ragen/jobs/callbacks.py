@@ -32,9 +32,20 @@ from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, EVALUATION_RESULTS
 from .. import metrics as M
 from ..hardware import peak_rss_gib
 from .storage import is_local_storage
-from .outputs import (BEFORE_RL, PHASE_FILE, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS,
-                      BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, MACHINE, POLICY, SENTINEL_FILE, TRAINING_ROLLOUTS,
-                      write_rollouts)
+from .outputs import (
+    BEFORE_RL,
+    PHASE_FILE,
+    read_run_json,
+    AFTER_GREEDY_ROLLOUTS,
+    AFTER_ROLLOUTS,
+    BEFORE_GREEDY_ROLLOUTS,
+    BEFORE_ROLLOUTS,
+    MACHINE,
+    POLICY,
+    SENTINEL_FILE,
+    TRAINING_ROLLOUTS,
+    write_rollouts,
+)
 from ..files import write_text_atomically
 
 logger = logging.getLogger(__name__)
@@ -51,8 +62,11 @@ def machine_record() -> dict:
     trial records where it ran."""
     cpu = platform.processor() or platform.machine()
     try:  # Linux names the CPU model here; platform.processor() often gives only the architecture
-        cpu = next(line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     packages = {}
@@ -61,10 +75,16 @@ def machine_record() -> dict:
             packages[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             packages[name] = None
-    return {"cpu": cpu, "cpu_kernels": torch.backends.cpu.get_cpu_capability(), "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-            "python": platform.python_version(), "platform": sys.platform, "packages": packages}
+    return {
+        "cpu": cpu,
+        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "python": platform.python_version(),
+        "platform": sys.platform,
+        "packages": packages,
+    }
 
 
 def record_machine(folder: pathlib.Path) -> None:
@@ -95,8 +115,12 @@ class PhaseFile:
         except OSError as error:  # a full disk: said once (the trial's log); the run's own records matter more
             if not self.failed:
                 self.failed = True
-                logger.warning("the trial's phase file %s cannot be written (%s); the console will not say what a "
-                               "quiet trial is doing", self.path, error)
+                logger.warning(
+                    "the trial's phase file %s cannot be written (%s); the console will not say what a "
+                    "quiet trial is doing",
+                    self.path,
+                    error,
+                )
 
 
 def trial_folder(algorithm) -> pathlib.Path:
@@ -150,11 +174,9 @@ class JobOutputs(RLlibCallback):
         if iteration == 0:  # before any update: kept for the paired comparison, greedy too
             self._before = dict(evaluation_metrics)
             write_rollouts(folder / BEFORE_ROLLOUTS, algorithm.last_validation, algorithm.tokenizer)
-            write_rollouts(folder / BEFORE_GREEDY_ROLLOUTS, algorithm.play_validation_states(0.0),
-                           algorithm.tokenizer)
+            write_rollouts(folder / BEFORE_GREEDY_ROLLOUTS, algorithm.play_validation_states(0.0), algorithm.tokenizer)
         else:  # the latest validation; after the last iteration, the trained policy's
-            write_rollouts(folder / AFTER_ROLLOUTS, algorithm.last_validation, algorithm.tokenizer,
-                           iteration=iteration)
+            write_rollouts(folder / AFTER_ROLLOUTS, algorithm.last_validation, algorithm.tokenizer, iteration=iteration)
 
     def on_train_result(self, *, algorithm, result: dict, **kwargs) -> None:
         folder, iteration = trial_folder(algorithm), algorithm.iteration
@@ -166,11 +188,17 @@ class JobOutputs(RLlibCallback):
         if algorithm.last_token_advantages:  # the probe ran: one file per iteration, so a replayed one replaces it
             self._write_training_sample(algorithm, folder / TRAINING_ROLLOUTS / f"iteration_{iteration:06d}.parquet")
         if algorithm.sentinel.rules:
-            write_text_atomically(folder / SENTINEL_FILE, json.dumps(
-                [dataclasses.asdict(f) for f in algorithm.sentinel.firings], indent=2))
+            write_text_atomically(
+                folder / SENTINEL_FILE,
+                json.dumps([dataclasses.asdict(f) for f in algorithm.sentinel.firings], indent=2),
+            )
         self._ending_s = max(self._ending_s, float(result.get(M.TIME_VALIDATE, 0.0)))
-        if self.max_minutes and iteration < self.iterations and not result.get("done") and out_of_time(
-                result, self.max_minutes * 60, self._ending_s):
+        if (
+            self.max_minutes
+            and iteration < self.iterations
+            and not result.get("done")
+            and out_of_time(result, self.max_minutes * 60, self._ending_s)
+        ):
             result["done"] = True  # ends the Tune trial, as the sentinel's stop does
             result["job"][TIME_BUDGET_STOP] = 1.0
         if iteration >= self.iterations or result.get("done"):
@@ -185,8 +213,12 @@ class JobOutputs(RLlibCallback):
             algorithm.announce_phase("validating the trained policy")
             metrics = algorithm.evaluate_validation_set()
             result.setdefault(EVALUATION_RESULTS, {})[ENV_RUNNER_RESULTS] = metrics
-        write_rollouts(folder / AFTER_GREEDY_ROLLOUTS, algorithm.play_validation_states(0.0), algorithm.tokenizer,
-                       iteration=algorithm.iteration)
+        write_rollouts(
+            folder / AFTER_GREEDY_ROLLOUTS,
+            algorithm.play_validation_states(0.0),
+            algorithm.tokenizer,
+            iteration=algorithm.iteration,
+        )
         algorithm.announce_phase("exporting the trained policy")
         algorithm.export_pretrained(folder / POLICY)
         result[M.PEAK_RSS] = peak_rss_gib()  # the closing validations and the export can set the trial's peak
@@ -194,12 +226,16 @@ class JobOutputs(RLlibCallback):
     def _write_training_sample(self, algorithm, path: pathlib.Path) -> None:
         """This iteration's trained episodes (with their token advantages) and a few the rollout filter left out."""
         advantages = algorithm.last_token_advantages
-        left_out = [i for i in range(len(algorithm.last_rollout)) if i not in advantages][:self.training_sample]
+        left_out = [i for i in range(len(algorithm.last_rollout)) if i not in advantages][: self.training_sample]
         chosen = sorted([*advantages, *left_out])
         path.parent.mkdir(exist_ok=True)
-        write_rollouts(path, [algorithm.last_rollout[i] for i in chosen], algorithm.tokenizer,
-                       iteration=algorithm.iteration,
-                       advantages={new: advantages[old] for new, old in enumerate(chosen) if old in advantages})
+        write_rollouts(
+            path,
+            [algorithm.last_rollout[i] for i in chosen],
+            algorithm.tokenizer,
+            iteration=algorithm.iteration,
+            advantages={new: advantages[old] for new, old in enumerate(chosen) if old in advantages},
+        )
 
 
 TENSORBOARD = "tensorboard"  # <output_dir>/tensorboard/<run>/<trial>: one TensorBoard run per trial

@@ -21,8 +21,18 @@ from .. import metrics as M
 from .callbacks import TIME_BUDGET_STOP
 from .curves import SMOOTHING
 from .job_times import timing_sentence
-from .outputs import (BEFORE_GREEDY_ROLLOUTS, BEFORE_RL, BEFORE_ROLLOUTS, LATEST, LEARNER, PHASE_FILE, TRAINING,
-                      VALIDATED_AT, VALIDATION, read_run_json)
+from .outputs import (
+    BEFORE_GREEDY_ROLLOUTS,
+    BEFORE_RL,
+    BEFORE_ROLLOUTS,
+    LATEST,
+    LEARNER,
+    PHASE_FILE,
+    TRAINING,
+    VALIDATED_AT,
+    VALIDATION,
+    read_run_json,
+)
 from .readers import read_outcomes, state_of
 from .settings import JobSettings
 from ..hardware import cpu_computes_bfloat16
@@ -35,6 +45,7 @@ NOISY_LOGGERS = ("ray", "ray.rllib", "transformers", "huggingface_hub", "torch",
 _EARLY_NOTICES = logging.handlers.MemoryHandler(capacity=100_000, flushLevel=logging.CRITICAL + 1)
 
 _run_log: logging.Handler | None = None  # the current run's job.log
+
 
 def keep_notices_off_the_console() -> None:
     """Library and framework notices (RLlib's API-stack notice and deprecations, "Install gputil", Python
@@ -58,6 +69,7 @@ def keep_notices_off_the_console() -> None:
     hf_logging.disable_progress_bar()  # "Loading weights" bars
     disable_progress_bars()  # "Writing model shards" bars
 
+
 def send_notices_to(log_file: pathlib.Path) -> None:
     """Write the held notices, and every later one, to ``log_file`` (until :func:`close_run_log`)."""
     global _run_log
@@ -72,6 +84,7 @@ def send_notices_to(log_file: pathlib.Path) -> None:
         if _EARLY_NOTICES in logger.handlers:
             logger.removeHandler(_EARLY_NOTICES)
             logger.addHandler(_run_log)
+
 
 def close_run_log() -> None:
     """Stop writing to the run's log file: notices after a run must not land in its folder."""
@@ -89,6 +102,7 @@ def close_run_log() -> None:
         _run_log.report(error)  # the job's own error, which must be the job's last words
     _run_log = None
 
+
 class _RunLog(logging.FileHandler):
     """The run's ``job.log``. A notice it cannot write (a full disk) is reported once on stderr, and the rest go
     nowhere, instead of logging's traceback for every notice burying the job's own last words."""
@@ -101,8 +115,9 @@ class _RunLog(logging.FileHandler):
     def report(self, error) -> None:
         if not self.failed:
             self.failed = True
-            print(f"{self.baseFilename}: notices from here on could not be written ({error})", file=sys.stderr,
-                  flush=True)
+            print(
+                f"{self.baseFilename}: notices from here on could not be written ({error})", file=sys.stderr, flush=True
+            )
 
 
 EARLY_LOOK_S = 2.0  # how often the console looks for a trial's before-RL validation and phase on disk
@@ -116,8 +131,9 @@ class JobConsole(Callback):
     iteration with an honest time left (:class:`_Clock`), each validation. With several trials each line starts
     with the trial's folder name."""
 
-    def __init__(self, iterations: int, validation_interval: int, env: str, headline: str, trials: int,
-                 max_minutes: float = 0.0):
+    def __init__(
+        self, iterations: int, validation_interval: int, env: str, headline: str, trials: int, max_minutes: float = 0.0
+    ):
         self.iterations, self.interval, self.env, self.headline = iterations, validation_interval, env, headline
         self.max_minutes = max_minutes
         super().__init__()
@@ -156,12 +172,15 @@ class JobConsole(Callback):
             except (OSError, ValueError):
                 continue
             if phase is None:  # no phase yet: Ray is placing the trial, or it builds its algorithm
-                self._say(f"{label}  starting the trial: Ray places it, then it builds the algorithm and loads the "
-                          "model")
+                self._say(
+                    f"{label}  starting the trial: Ray places it, then it builds the algorithm and loads the model"
+                )
             elif isinstance(phase, dict) and {"phase", "iteration", "since"} <= set(phase):
                 when = "after iteration" if phase.get("ending") else "iteration"
-                self._say(f"{label}  {when} {phase['iteration']}: {phase['phase']} "
-                          f"({max(0.0, time.time() - float(phase['since'])):.0f} s so far)")
+                self._say(
+                    f"{label}  {when} {phase['iteration']}: {phase['phase']} "
+                    f"({max(0.0, time.time() - float(phase['since'])):.0f} s so far)"
+                )
 
     def _show_early_scores(self, trials) -> None:
         for trial in trials:
@@ -176,8 +195,10 @@ class JobConsole(Callback):
                     continue
                 shown.add(name)
                 label = f"[{trial.storage.trial_dir_name}] " if self.several else ""
-                self._say(f"{label}before RL: validation success {statistics.fmean(outcomes):.3f} {mode} on "
-                          f"{len(outcomes)} validation states of {self.headline}")
+                self._say(
+                    f"{label}before RL: validation success {statistics.fmean(outcomes):.3f} {mode} on "
+                    f"{len(outcomes)} validation states of {self.headline}"
+                )
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         from ray.tune.utils import flatten_dict
@@ -189,37 +210,49 @@ class JobConsole(Callback):
         if before_key in row:
             self.before[trial.trial_id] = row[before_key]
             if BEFORE_ROLLOUTS not in self.shown_early.get(trial.trial_id, ()):  # not printed from disk already
-                self._say(f"{label}before RL: validation success {row[before_key]:.3f} on the validation states of "
-                          f"{self.headline}")
+                self._say(
+                    f"{label}before RL: validation success {row[before_key]:.3f} on the validation states of "
+                    f"{self.headline}"
+                )
         done = int(row["training_iteration"])
         clock = self.clocks.setdefault(trial.trial_id, _Clock(self.iterations, self.interval))
         validated = row.get(VALIDATED_AT) == done
-        clock.record(float(row.get("time_this_iter_s", math.nan)), validated, row.get(M.TIME_VALIDATE),
-                     int(row.get(M.VALIDATIONS_IN_ITERATION, 0)))
+        clock.record(
+            float(row.get("time_this_iter_s", math.nan)),
+            validated,
+            row.get(M.TIME_VALIDATE),
+            int(row.get(M.VALIDATIONS_IN_ITERATION, 0)),
+        )
         rows = self.recent.setdefault(trial.trial_id, [])
-        rows[:] = [*rows[-(SMOOTHING - 1):], row]
+        rows[:] = [*rows[-(SMOOTHING - 1) :], row]
         success = TRAINING + M.env_metric(self.env, M.SUCCESS)
         smoothed = statistics.fmean([r.get(success, math.nan) for r in rows])
         left_s = clock.seconds_left(done)
         if self.max_minutes:  # the time budget ends the trial sooner than its iterations would
             left_s = min(left_s, max(0.0, self.max_minutes * 60 - float(row.get("time_total_s", 0.0))))
         out_of_time = bool(row.get(f"job/{TIME_BUDGET_STOP}"))
-        self._say(f"{label}iter {done:3d}/{self.iterations} | success {row.get(success, math.nan):.2f} "
-                  f"({SMOOTHING}-it mean {smoothed:.2f}) "
-                  f"| reward {row.get(TRAINING + M.EPISODE_RETURN_MEAN, math.nan):+.3f} "
-                  f"(in-group std {row.get(M.FILTER_REWARD_STD, math.nan):.3f}) "
-                  f"| entropy {row.get(LEARNER + M.ENTROPY, math.nan):.3f} "
-                  f"| format errors {row.get(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), math.nan):.2f} "
-                  f"| {clock.last_s:.1f} s/it | left ~{0.0 if out_of_time else left_s / 60:.1f} min"
-                  + (" | no update: the rollout filter kept no group" if row.get(M.FILTER_EMPTY_STEPS, 0) > 0 else ""))
+        self._say(
+            f"{label}iter {done:3d}/{self.iterations} | success {row.get(success, math.nan):.2f} "
+            f"({SMOOTHING}-it mean {smoothed:.2f}) "
+            f"| reward {row.get(TRAINING + M.EPISODE_RETURN_MEAN, math.nan):+.3f} "
+            f"(in-group std {row.get(M.FILTER_REWARD_STD, math.nan):.3f}) "
+            f"| entropy {row.get(LEARNER + M.ENTROPY, math.nan):.3f} "
+            f"| format errors {row.get(TRAINING + M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE), math.nan):.2f} "
+            f"| {clock.last_s:.1f} s/it | left ~{0.0 if out_of_time else left_s / 60:.1f} min"
+            + (" | no update: the rollout filter kept no group" if row.get(M.FILTER_EMPTY_STEPS, 0) > 0 else "")
+        )
         if out_of_time:
-            self._say(f"{label}time budget: the trial ends after iteration {done} "
-                      f"({row['time_total_s'] / 60:.1f} of {self.max_minutes:g} min of training; one more iteration "
-                      "and the closing validation would not fit)")
+            self._say(
+                f"{label}time budget: the trial ends after iteration {done} "
+                f"({row['time_total_s'] / 60:.1f} of {self.max_minutes:g} min of training; one more iteration "
+                "and the closing validation would not fit)"
+            )
         if validated or ((done >= self.iterations or out_of_time) and key in row):
             before = self.before.get(trial.trial_id)
-            self._say(f"{label}  validation at iteration {done}: success {row.get(key, math.nan):.3f}"
-                      + (f" (before RL {before:.3f})" if before is not None else ""))
+            self._say(
+                f"{label}  validation at iteration {done}: success {row.get(key, math.nan):.3f}"
+                + (f" (before RL {before:.3f})" if before is not None else "")
+            )
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         name = trial.storage.trial_dir_name
@@ -243,23 +276,40 @@ def print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, t
     if warm_starts and job.warm_start_steps > 0 and job.warm_start_episodes > 0 and not job.resume:
         cut = f" of at most {job.warm_start_max_turns} turns" if job.warm_start_max_turns else ""
         steps.append(f"warm start {job.warm_start_steps} steps on {job.warm_start_episodes} demonstrations{cut}")
-    groups = " + ".join(f"{e.count} {e.name}" for e in config.training_environments()) \
-        if config.train_envs else f"{config.num_groups}"
+    groups = (
+        " + ".join(f"{e.count} {e.name}" for e in config.training_environments())
+        if config.train_envs
+        else f"{config.num_groups}"
+    )
     budget = f" (or fewer: each trial ends within {job.max_minutes:g} min of training)" if job.max_minutes else ""
-    steps.append(f"{job.iterations} StarPO iterations{budget} of {groups} groups x {config.group_size} episodes"
-                 + (f" in each of {trials} trials" if trials > 1 else "") + _curriculum_plan(config, job.iterations))
-    states = ", ".join(f"{e.count} of {e.name}" for e in config.validation_environments()) \
-        if config.is_mixture else f"{config.validation_size}"
-    when = [*(["before RL"] if config.validate_before_training and not job.resume else []),
-            *([f"every {config.validation_interval} iterations"] if config.validation_interval else [])]
-    steps.append(f"validation on {states} validation states {', '.join(when)}{' and ' if when else ''}"
-                 "after the last iteration")
+    steps.append(
+        f"{job.iterations} StarPO iterations{budget} of {groups} groups x {config.group_size} episodes"
+        + (f" in each of {trials} trials" if trials > 1 else "")
+        + _curriculum_plan(config, job.iterations)
+    )
+    states = (
+        ", ".join(f"{e.count} of {e.name}" for e in config.validation_environments())
+        if config.is_mixture
+        else f"{config.validation_size}"
+    )
+    when = [
+        *(["before RL"] if config.validate_before_training and not job.resume else []),
+        *([f"every {config.validation_interval} iterations"] if config.validation_interval else []),
+    ]
+    steps.append(
+        f"validation on {states} validation states {', '.join(when)}{' and ' if when else ''}after the last iteration"
+    )
     if config.rollout_dtype or config.autocast_dtype:
         native = "natively" if cpu_computes_bfloat16() else "only emulated, several times slower than float32"
-        steps.append(f"sampling in {config.sampling_dtype}, the learner's passes in "
-                     f"{config.autocast_dtype or config.model_config.get('dtype', 'float32')}"
-                     + (f" (this CPU computes bfloat16 {native})" if "bfloat16" in (config.sampling_dtype,
-                                                                                     config.autocast_dtype) else ""))
+        steps.append(
+            f"sampling in {config.sampling_dtype}, the learner's passes in "
+            f"{config.autocast_dtype or config.model_config.get('dtype', 'float32')}"
+            + (
+                f" (this CPU computes bfloat16 {native})"
+                if "bfloat16" in (config.sampling_dtype, config.autocast_dtype)
+                else ""
+            )
+        )
     # The table's time for this command (its preset and --quick included) on this kind of CPU: other flags (another
     # model, more iterations) can change it a lot.
     timing = timing_sentence(job.timed_command, cpu_computes_bfloat16()) if job.timed_command else ""
@@ -288,8 +338,11 @@ def _curriculum_stages(config, iterations: int) -> str:
         last = first + stage["iterations"] - 1
         parts.append(f"{first}-{last} on {json.dumps(stage['env_config'])}")
         first = last + 1
-    ending = ("then env_config as given" if first <= iterations else
-              f"the run's {iterations} iterations end before env_config as given is ever trained on")
+    ending = (
+        "then env_config as given"
+        if first <= iterations
+        else f"the run's {iterations} iterations end before env_config as given is ever trained on"
+    )
     return f"curriculum: iterations {', '.join(parts)}; {ending}"
 
 
@@ -319,8 +372,9 @@ class _Clock:
         self.first_s: float | None = None
         self.last_s = math.nan
 
-    def record(self, seconds: float, validated: bool, validation_seconds: float | None = None,
-               validations: int = 0) -> None:
+    def record(
+        self, seconds: float, validated: bool, validation_seconds: float | None = None, validations: int = 0
+    ) -> None:
         """One iteration's ``seconds``; ``validation_seconds``: what its ``validations`` took of them (StarPO times
         them, ``time/validate_s``), so the iteration's own time and one validation's cost are known apart, from
         the first iteration on (whose "before RL" validation is one)."""

@@ -9,11 +9,12 @@ import math
 from .. import metrics as M
 from .outputs import BEFORE_RL, LEARNER, TRAINING, VALIDATED_AT, VALIDATION
 
+
 def trailing_mean(values: list[float], window: int) -> list[float]:
     """Mean of the last ``window`` finite values up to each point (NaN until one exists)."""
     out = []
     for i in range(len(values)):
-        recent = [v for v in values[max(0, i + 1 - window):i + 1] if math.isfinite(v)]
+        recent = [v for v in values[max(0, i + 1 - window) : i + 1] if math.isfinite(v)]
         out.append(sum(recent) / len(recent) if recent else math.nan)
     return out
 
@@ -51,18 +52,18 @@ PANEL_EXPLANATIONS = {
     "format-error rate": "share of replies off the <think>/<answer> template or naming no valid action",
     "generated tokens per trajectory": "tokens the policy sampled in an episode, all turns together",
     "in-group reward std": "spread of returns among episodes from one start; near 0 everywhere: nothing left to learn "
-                           "from (RAGEN's filter keeps the groups where it is highest)",
+    "from (RAGEN's filter keeps the groups where it is highest)",
     "entropy": "the policy's mean token entropy on the update's tokens; a fall to near 0 is collapse",
     "actor grad norm": "size of the policy's gradient before clipping",
     "reasoning entropy, first turn (nats)": "how varied the first turn's reasoning is across episodes; falling while "
-                                            "success does not rise: one template for every state",
+    "success does not rise: one template for every state",
     "actions that changed the state": "share of executed actions that changed the environment's state",
-    "reasoning grounded (claims that hold)": "share of checkable claims in the reasoning (\"Up wall\") that are true",
+    "reasoning grounded (claims that hold)": 'share of checkable claims in the reasoning ("Up wall") that are true',
     ECHO_TRAP_PANELS[0][1]: "how much a reasoning tells about the state it answers (InfoNCE bound; at most log of the "
-                            "probe's size); near 0: the same reasoning for every state, the echo trap. An estimate "
-                            "from a few rows: it can dip below 0, which means no information found",
+    "probe's size); near 0: the same reasoning for every state, the echo trap. An estimate "
+    "from a few rows: it can dip below 0, which means no information found",
     ECHO_TRAP_PANELS[1][1]: "how often a reasoning's own prompt explains it better than the other prompts do; at "
-                            "chance, the reasoning ignores the state",
+    "chance, the reasoning ignores the state",
     ECHO_TRAP_PANELS[2][1]: "distinct token pairs over all pairs of the replies; falling: replies repeat each other",
     ECHO_TRAP_PANELS[3][1]: "length of the <think> block; traces shrink before they vanish",
 }
@@ -77,16 +78,22 @@ PANEL_EMPTY_REASONS = {
 
 def drawn_panels(rows: list[dict], env: str) -> list[tuple[str, str]]:
     """The learning curve's panels for these result rows: the nine, then the echo-trap probe's where logged."""
-    return learning_curve_panels(env) + [(key, name) for key, name in ECHO_TRAP_PANELS
-                                         if any(math.isfinite(r.get(key, math.nan)) for r in rows)]
+    return learning_curve_panels(env) + [
+        (key, name) for key, name in ECHO_TRAP_PANELS if any(math.isfinite(r.get(key, math.nan)) for r in rows)
+    ]
 
 
 def validations_of(rows: list[dict]) -> list[dict]:
     """Each validation once, in order, as ``{evaluation/env_runners/...: value}`` (the one before RL first)."""
     validations: list[dict] = []
     if rows and BEFORE_RL + "/" in "".join(rows[0]):
-        validations.append({VALIDATION + k.removeprefix(f"{BEFORE_RL}/{TRAINING}"): v for k, v in rows[0].items()
-                            if k.startswith(f"{BEFORE_RL}/{TRAINING}")})
+        validations.append(
+            {
+                VALIDATION + k.removeprefix(f"{BEFORE_RL}/{TRAINING}"): v
+                for k, v in rows[0].items()
+                if k.startswith(f"{BEFORE_RL}/{TRAINING}")
+            }
+        )
     for row in rows:
         at = row.get(VALIDATED_AT, math.nan)
         if math.isfinite(at) and (not validations or validations[-1][VALIDATED_AT] != at):
@@ -94,8 +101,9 @@ def validations_of(rows: list[dict]) -> list[dict]:
     return validations
 
 
-def validation_points(validations: list[dict], column: str, env: str,
-                    validation_env: str | None = None) -> list[tuple[float, float]]:
+def validation_points(
+    validations: list[dict], column: str, env: str, validation_env: str | None = None
+) -> list[tuple[float, float]]:
     """(iteration, value) of a training rollout column (``env_runners/...``) in each validation that logged it:
     the validation counterpart a learning-curve panel draws beside the training series. A pooled column
     (``rollout/...``) and a column of the training environment ``env`` are read on ``validation_env`` (default
@@ -110,13 +118,21 @@ def validation_points(validations: list[dict], column: str, env: str,
             name = M.env_metric(validation_env or env, name.removeprefix(prefix))
             break
     key = VALIDATION + name
-    return [(v[VALIDATED_AT], v[key]) for v in validations
-            if isinstance(v.get(key), (int, float)) and math.isfinite(v[key])]
+    return [
+        (v[VALIDATED_AT], v[key]) for v in validations if isinstance(v.get(key), (int, float)) and math.isfinite(v[key])
+    ]
 
 
-def plot_learning_curve(path, rows: list[dict], validations: list[dict], env: str, title: str,
-                        known_scores: dict[str, float] | None = None, validation_env: str | None = None,
-                        firings: list[dict] = ()) -> bool:
+def plot_learning_curve(
+    path,
+    rows: list[dict],
+    validations: list[dict],
+    env: str,
+    title: str,
+    known_scores: dict[str, float] | None = None,
+    validation_env: str | None = None,
+    firings: list[dict] = (),
+) -> bool:
     """Nine panels over iterations (:func:`learning_curve_panels`): success (training raw and smoothed, validation
     joined, known scores), format-error rate, response length, in-group reward std, token entropy, actor grad
     norm, the first turn's reasoning entropy (the template collapse that token entropy and distinct-2 can miss),
@@ -140,21 +156,34 @@ def plot_learning_curve(path, rows: list[dict], validations: list[dict], env: st
     columns = 3 if len(panels) <= 9 else 4
     lines = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(lines, columns, figsize=(5 * columns, 3.3 * lines), squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     for ax, (key, name) in zip(axes.flat, panels):
         series = [r.get(key, math.nan) for r in rows]
         validated = validation_points(validations, key, env, validation_env)
         if not validated and not any(isinstance(v, (int, float)) and math.isfinite(v) for v in series):
             # answer-only replies have no reasoning; say so rather than leave an empty frame that looks broken
-            ax.text(0.5, 0.5, "not logged in this run" + PANEL_EMPTY_REASONS.get(name, ""), ha="center",
-                    va="center", transform=ax.transAxes, color="gray", wrap=True)
+            ax.text(
+                0.5,
+                0.5,
+                "not logged in this run" + PANEL_EMPTY_REASONS.get(name, ""),
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                color="gray",
+                wrap=True,
+            )
             ax.set_yticks([])
             if steps:
                 ax.set_xlim(min(steps), max(steps) + 1)
         ax.plot(steps, series, color="tab:blue", alpha=0.35, linewidth=1, label="training (raw)")
-        ax.plot(steps, trailing_mean(series, SMOOTHING), color="tab:blue", linewidth=2,
-                label=f"training ({SMOOTHING}-iteration mean)")
+        ax.plot(
+            steps,
+            trailing_mean(series, SMOOTHING),
+            color="tab:blue",
+            linewidth=2,
+            label=f"training ({SMOOTHING}-iteration mean)",
+        )
         if validated:
             ax.plot(*zip(*validated), "s-", color="tab:red", label="validation")
         for firing in firings:
@@ -174,4 +203,3 @@ def plot_learning_curve(path, rows: list[dict], validations: list[dict], env: st
     fig.savefig(path, dpi=100, format="png")
     plt.close(fig)
     return True
-

@@ -23,48 +23,73 @@ import sys
 from typing import Any
 
 from .console import keep_notices_off_the_console
-from .settings import (GPU_PRESET_JOBS, PRESET_JOBS, QUICK_JOB, QUICK_VALIDATION_SIZE, JobSettings,
-                       job_setting_rows)
+from .settings import GPU_PRESET_JOBS, PRESET_JOBS, QUICK_JOB, QUICK_VALIDATION_SIZE, JobSettings, job_setting_rows
 from ..starpo.config import PRESET_LABEL, PRESETS, preset_flags
 
 
 # RLlib's own fields (and the model's) that a job sets: flag -> (config setter, argument, help).
 RLLIB_FLAGS: dict[str, tuple[str, str, str]] = {
     # The mixtures come before --env: train_envs sets env to its first entry, and a different --env is then refused.
-    "train_envs": ("environment", "train_envs", "train on several environments at once, as JSON: '[{\"env\": "
-                                                "\"rllib_ragen/Sokoban-v0\", \"groups\": 6}, {\"env\": "
-                                                "\"rllib_ragen/FrozenLake-v0\", \"groups\": 2}]' (groups add up to "
-                                                "num_groups; null: env alone)"),
-    "validation_envs": ("environment", "validation_envs",
-                        "validate on these environments, as JSON: '[{\"env\": \"rllib_ragen/FrozenLake-v0\", "
-                        "\"states\": 64}]' (null: the training ones)"),
-    "curriculum": ("environment", "curriculum", "easier training settings first, as JSON stages: '[{\"iterations\": "
-                                                "20, \"env_config\": {\"max_solution_moves\": 2}}]' updates env_config "
-                                                "for the first 20 iterations' rollouts (null: none)"),
+    "train_envs": (
+        "environment",
+        "train_envs",
+        'train on several environments at once, as JSON: \'[{"env": '
+        '"rllib_ragen/Sokoban-v0", "groups": 6}, {"env": '
+        '"rllib_ragen/FrozenLake-v0", "groups": 2}]\' (groups add up to '
+        "num_groups; null: env alone)",
+    ),
+    "validation_envs": (
+        "environment",
+        "validation_envs",
+        'validate on these environments, as JSON: \'[{"env": "rllib_ragen/FrozenLake-v0", '
+        '"states": 64}]\' (null: the training ones)',
+    ),
+    "curriculum": (
+        "environment",
+        "curriculum",
+        'easier training settings first, as JSON stages: \'[{"iterations": '
+        '20, "env_config": {"max_solution_moves": 2}}]\' updates env_config '
+        "for the first 20 iterations' rollouts (null: none)",
+    ),
     "env": ("environment", "env", "registered text-environment id"),
-    "env_config": ("environment", "env_config", "environment constructor arguments as JSON, e.g. "
-                                                "'{\"reward\": \"success\"}'"),
+    "env_config": (
+        "environment",
+        "env_config",
+        'environment constructor arguments as JSON, e.g. \'{"reward": "success"}\'',
+    ),
     "model": ("rl_module", "model", "'tiny', 'smollm2-135m', or a Hugging Face id / local path"),
     "dtype": ("rl_module", "dtype", "parameter dtype: 'float32' or 'bfloat16'"),
     "critic": ("rl_module", "critic", "'separate' (a value model, RAGEN's) or 'head' (a value head)"),
-    "lora": ("rl_module", "lora", "LoRA adapters as JSON, e.g. '{\"r\": 16, \"alpha\": 32}' (needs peft; null: "
-                                  "train every weight)"),
-    "activation_checkpointing": ("rl_module", "activation_checkpointing", "keep only each layer's input in an "
-                                 "update and run the layer again in its backward pass: the same weights to the bit "
-                                 "in less memory, for slower updates"),
+    "lora": (
+        "rl_module",
+        "lora",
+        'LoRA adapters as JSON, e.g. \'{"r": 16, "alpha": 32}\' (needs peft; null: train every weight)',
+    ),
+    "activation_checkpointing": (
+        "rl_module",
+        "activation_checkpointing",
+        "keep only each layer's input in an "
+        "update and run the layer again in its backward pass: the same weights to the bit "
+        "in less memory, for slower updates",
+    ),
     "lr": ("training", "lr", "the actor's learning rate"),
     "gamma": ("training", "gamma", "discount (1.0: trajectory-level credit)"),
     "grad_clip": ("training", "grad_clip", "global-norm gradient clip of actor and critic, each (null: none)"),
-    "minibatch_size": ("training", "minibatch_size", "trajectories per optimizer step (null: the kept batch "
-                                                     "split into updates_per_rollout_batch steps)"),
+    "minibatch_size": (
+        "training",
+        "minibatch_size",
+        "trajectories per optimizer step (null: the kept batch split into updates_per_rollout_batch steps)",
+    ),
     "num_epochs": ("training", "num_epochs", "passes over each rollout batch"),
     "seed": ("debugging", "seed", "seeds the model init, warm start, rollouts and updates"),
     "num_env_runners": ("env_runners", "num_env_runners", "remote env runners (0: sample in the driver process)"),
     "num_learners": ("learners", "num_learners", "remote learners (0: learn in the driver process)"),
     "num_gpus_per_learner": ("learners", "num_gpus_per_learner", "GPUs per learner"),
-    "num_gpus_per_env_runner": ("env_runners", "num_gpus_per_env_runner", "GPUs per env runner: the Hugging Face "
-                                                                         "backend generates on it (vLLM engines "
-                                                                         "take their own)"),
+    "num_gpus_per_env_runner": (
+        "env_runners",
+        "num_gpus_per_env_runner",
+        "GPUs per env runner: the Hugging Face backend generates on it (vLLM engines take their own)",
+    ),
 }
 
 
@@ -75,8 +100,9 @@ def training_knob_help() -> dict[str, str]:
 
     from ..starpo.config import StarPOConfig
 
-    doc = docstring_parser.parse(inspect.getdoc(StarPOConfig.training) or "",
-                                 style=docstring_parser.DocstringStyle.GOOGLE)
+    doc = docstring_parser.parse(
+        inspect.getdoc(StarPOConfig.training) or "", style=docstring_parser.DocstringStyle.GOOGLE
+    )
     entries: dict[str, str] = {}
     for param in doc.params:
         text = " ".join((param.description or "").split()).replace("``", "")
@@ -119,8 +145,14 @@ def config_flag_names() -> list[str]:
     return list(RLLIB_FLAGS) + list(KNOBS)
 
 
-def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, job_presets: dict | None = None,
-                   description: str | None = None):
+def parse_job_args(
+    config,
+    job: JobSettings,
+    argv: list[str] | None = None,
+    *,
+    job_presets: dict | None = None,
+    description: str | None = None,
+):
     """Flags over the job's ``config`` and ``job`` settings; returns ``(config, job)``, validated, both new objects.
 
     Args:
@@ -137,13 +169,37 @@ def parse_job_args(config, job: JobSettings, argv: list[str] | None = None, *, j
 
 
 # What ``--help`` shows: the flags a user changes first. ``--help-all`` adds every other flag, by section.
-FIRST_FLAGS = ("quick", "preset", "output_dir", "iterations", "max_minutes", "seeds", "grid", "resume", "run_name",
-               "verbose", "model", "env", "lr", "seed", "num_groups", "group_size", "max_turns", "validation_size",
-               "validation_interval", "advantage_estimator")
+FIRST_FLAGS = (
+    "quick",
+    "preset",
+    "output_dir",
+    "iterations",
+    "max_minutes",
+    "seeds",
+    "grid",
+    "resume",
+    "run_name",
+    "verbose",
+    "model",
+    "env",
+    "lr",
+    "seed",
+    "num_groups",
+    "group_size",
+    "max_turns",
+    "validation_size",
+    "validation_interval",
+    "advantage_estimator",
+)
 # The sections of RLlib's own fields, by the config setter they go through.
-RLLIB_SECTIONS = {"environment": "environment and model", "rl_module": "environment and model",
-                  "training": "RLlib training fields", "debugging": "RLlib training fields",
-                  "env_runners": "resources", "learners": "resources"}
+RLLIB_SECTIONS = {
+    "environment": "environment and model",
+    "rl_module": "environment and model",
+    "training": "RLlib training fields",
+    "debugging": "RLlib training fields",
+    "env_runners": "resources",
+    "learners": "resources",
+}
 # A negative number argparse would take for an option: it knows -1 and -.5, not -1e-4 or -inf.
 _NEGATIVE_NUMBER = re.compile(r"-(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|-inf(?:inity)?", re.IGNORECASE)
 
@@ -162,8 +218,12 @@ class JobArgumentParser(argparse.ArgumentParser):
         joined, i = [], 0
         while i < len(args):  # "--lr -1e-4" -> "--lr=-1e-4", for flags that take one value
             action = self._option_string_actions.get(args[i])
-            if (action is not None and action.nargs is None and i + 1 < len(args)
-                    and _NEGATIVE_NUMBER.fullmatch(args[i + 1])):
+            if (
+                action is not None
+                and action.nargs is None
+                and i + 1 < len(args)
+                and _NEGATIVE_NUMBER.fullmatch(args[i + 1])
+            ):
                 joined.append(f"{args[i]}={args[i + 1]}")
                 i += 2
             else:
@@ -174,9 +234,15 @@ class JobArgumentParser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):
         parsed, unknown = self.parse_known_args(args, namespace)
         if unknown:  # argparse's own message, and the nearest flag to each unknown one
-            hints = [f"{flag} -> did you mean {match[0]}?" for flag in unknown if flag.startswith("--")
-                     for match in [difflib.get_close_matches(flag.split("=")[0], list(self._option_string_actions),
-                                                             n=1, cutoff=0.6)] if match]
+            hints = [
+                f"{flag} -> did you mean {match[0]}?"
+                for flag in unknown
+                if flag.startswith("--")
+                for match in [
+                    difflib.get_close_matches(flag.split("=")[0], list(self._option_string_actions), n=1, cutoff=0.6)
+                ]
+                if match
+            ]
             self.error(f"unrecognized arguments: {' '.join(unknown)}" + ("; " + "; ".join(hints) if hints else ""))
         return parsed
 
@@ -222,12 +288,14 @@ def job_parser(config, job: JobSettings, description: str | None = None) -> argp
         return first if name in FIRST_FLAGS else groups.setdefault(title, parser.add_argument_group(title))
 
     group("presets", "preset").add_argument(
-        "--preset", default=argparse.SUPPRESS,
+        "--preset",
+        default=argparse.SUPPRESS,
         help="named settings applied before the other flags: 'starpo-s' (the library's defaults: filter, critic, no "
-             "KL, clip-higher), 'starpo' (vanilla), 'smollm2-cpu' (SmolLM2-135M-Instruct with LoRA on this CPU, "
-             "bfloat16 where it computes it natively, a seed in about 45 minutes on 2 cores), or on one GPU "
-             "'ragen-gpu' (RAGEN's model and scale) or 'smollm2-gpu' (SmolLM2-135M-Instruct, runs of a few minutes); "
-             "none by default")
+        "KL, clip-higher), 'starpo' (vanilla), 'smollm2-cpu' (SmolLM2-135M-Instruct with LoRA on this CPU, "
+        "bfloat16 where it computes it natively, a seed in about 45 minutes on 2 cores), or on one GPU "
+        "'ragen-gpu' (RAGEN's model and scale) or 'smollm2-gpu' (SmolLM2-135M-Instruct, runs of a few minutes); "
+        "none by default",
+    )
     helps = {f.name: f.metadata["help"] for f in dataclasses.fields(JobSettings)}
     for row in job_setting_rows():
         _add_flag(group(row.section, row.name), row.name, getattr(job, row.name), helps[row.name])
@@ -239,8 +307,14 @@ def job_parser(config, job: JobSettings, description: str | None = None) -> argp
     return parser
 
 
-def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespace, config, job: JobSettings, *,
-                   job_presets: dict | None = None):
+def apply_job_args(
+    parser: argparse.ArgumentParser,
+    namespace: argparse.Namespace,
+    config,
+    job: JobSettings,
+    *,
+    job_presets: dict | None = None,
+):
     """Lay the parsed flags over copies of ``config`` and ``job`` (see the module docstring for the order) and
     validate; a bad value exits through ``parser.error`` with ``validate()``'s message. ``job_presets``: the
     job's own settings under each GPU preset (:func:`parse_job_args`)."""
@@ -270,8 +344,10 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
     grid_presets = (job.grid or {}).get(PRESET_LABEL, []) if isinstance(job.grid, dict) else []
     overlap = sorted({f for name in grid_presets if name in PRESETS for f in preset_flags(name)} & set(given))
     if grid_presets and ("preset" in given or overlap):  # the grid's preset would silently win over the flag
-        parser.error(f"--grid varies the preset, which sets {overlap or ['every preset field']}; drop "
-                     f"--{(overlap or ['preset'])[0].replace('_', '-')} or take that preset out of the grid.")
+        parser.error(
+            f"--grid varies the preset, which sets {overlap or ['every preset field']}; drop "
+            f"--{(overlap or ['preset'])[0].replace('_', '-')} or take that preset out of the grid."
+        )
     try:
         if job.quick and "validation_interval" not in given:
             set_config_value(config, "validation_interval", 0)
@@ -280,8 +356,12 @@ def apply_job_args(parser: argparse.ArgumentParser, namespace: argparse.Namespac
         for name in config_flag_names():
             if name in given:
                 set_config_value(config, name, given[name])
-        if gpu and config.inference_backend == "hf" and config.num_env_runners == 0 \
-                and "num_gpus_per_env_runner" not in given:
+        if (
+            gpu
+            and config.inference_backend == "hf"
+            and config.num_env_runners == 0
+            and "num_gpus_per_env_runner" not in given
+        ):
             config.env_runners(num_gpus_per_env_runner=1)  # the preset's: the driver samples on its GPU
         config.validate()
         job.validate(config)
@@ -299,11 +379,16 @@ def _add_flag(group, name: str, default: Any, text: str) -> None:
     if isinstance(default, bool):
         group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=unset, help=shown)
     elif isinstance(default, (int, float, str)):
-        group.add_argument(flag, dest=name, type=_parser_like(type(default)), default=unset,
-                           metavar=type(default).__name__.upper(), help=shown)
+        group.add_argument(
+            flag,
+            dest=name,
+            type=_parser_like(type(default)),
+            default=unset,
+            metavar=type(default).__name__.upper(),
+            help=shown,
+        )
     else:
-        group.add_argument(flag, dest=name, type=_parser_like(type(default)), default=unset, metavar="JSON",
-                           help=shown)
+        group.add_argument(flag, dest=name, type=_parser_like(type(default)), default=unset, metavar="JSON", help=shown)
 
 
 def _parser_like(kind: type):

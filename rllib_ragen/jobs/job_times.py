@@ -70,15 +70,16 @@ def timing_sentence(command: str, bfloat16_native: bool) -> str:
         return f"{command} took {here.minutes:g} min on a {here.cpu.label}, a CPU of this kind"
     if elsewhere:
         kind = "with" if bfloat16_native else "without"
-        return (f"{command} took {elsewhere.minutes:g} min on a {elsewhere.cpu.label}; not yet timed on a CPU "
-                f"{kind} native bfloat16, as this one is")
+        return (
+            f"{command} took {elsewhere.minutes:g} min on a {elsewhere.cpu.label}; not yet timed on a CPU "
+            f"{kind} native bfloat16, as this one is"
+        )
     return ""
 
 
 def job_times_table() -> str:
     """The table as the Main jobs page prints it (Markdown), one column per CPU kind."""
-    lines = ["| command | " + " | ".join(kind.label for kind in CPU_KINDS) + " |",
-             "|---|" + "---|" * len(CPU_KINDS)]
+    lines = ["| command | " + " | ".join(kind.label for kind in CPU_KINDS) + " |", "|---|" + "---|" * len(CPU_KINDS)]
     for command, times in JOB_TIMES.items():
         cells = []
         for kind in CPU_KINDS:

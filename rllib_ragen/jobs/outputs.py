@@ -66,8 +66,12 @@ def start_run_folder(out: pathlib.Path, config, job) -> None:
         link.unlink(missing_ok=True)
         link.symlink_to(out.name, target_is_directory=True)
         os.replace(link, latest)  # atomic: ``latest`` always points at a whole run folder
-    record = {"command": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "job": vars(job),
-              "config": {k: v for k, v in config.to_dict().items() if _is_json(v)}}
+    record = {
+        "command": sys.argv,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "job": vars(job),
+        "config": {k: v for k, v in config.to_dict().items() if _is_json(v)},
+    }
     record["config"]["sentinel_rules"] = [dataclasses.asdict(as_rule(r)) for r in config.sentinel_rules]
     record = json.loads(json.dumps(record, default=str))  # compared below as it is stored
     earlier = read_run_json(out / RUN_CONFIG, {})
@@ -78,26 +82,32 @@ def start_run_folder(out: pathlib.Path, config, job) -> None:
         if ran_for is not None and ran_for != job.iterations:
             changed["iterations"] = [ran_for, job.iterations]
         if changed:  # Tuner.restore continues with the settings the run started with: other values would be ignored
-            raise ValueError("--resume continues a run with the settings it started with (Tune restores them), and "
-                             "these differ (run -> now): " + "; ".join(f"{name} {_short(old)} -> {_short(new)}"
-                                                                       for name, (old, new) in changed.items())
-                             + ". Drop those flags to resume, or start a new run with them.")
+            raise ValueError(
+                "--resume continues a run with the settings it started with (Tune restores them), and "
+                "these differ (run -> now): "
+                + "; ".join(f"{name} {_short(old)} -> {_short(new)}" for name, (old, new) in changed.items())
+                + ". Drop those flags to resume, or start a new run with them."
+            )
         record = {**earlier, "resumed": record["resumed"]}
     write_text_atomically(out / RUN_CONFIG, json.dumps(record, indent=1))
 
 
 def changed_settings(before: dict, now: dict) -> dict[str, list]:
     """The config fields whose recorded values differ, as ``{field: [before, now]}`` (None where one lacks it)."""
+
     def text(value):  # compared as stored: a NaN equals itself there, and key order does not matter
         return json.dumps(value, sort_keys=True)
 
-    return {name: [before.get(name), now.get(name)] for name in sorted(set(before) | set(now))
-            if text(before.get(name)) != text(now.get(name))}
+    return {
+        name: [before.get(name), now.get(name)]
+        for name in sorted(set(before) | set(now))
+        if text(before.get(name)) != text(now.get(name))
+    }
 
 
 def _short(value, width: int = 60) -> str:
     text = json.dumps(value)
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _is_json(value) -> bool:
@@ -123,13 +133,17 @@ def read_run_json(path: pathlib.Path, default: Any = None) -> Any:
         return default
     size = path.stat().st_size
     if size > MAX_RUN_JSON_BYTES:
-        raise RunFileError(f"{path} is {size:,} bytes, more than a run's record can be ({MAX_RUN_JSON_BYTES:,}): it "
-                           "is damaged, and was not read. Move it aside to read the rest of the run.")
+        raise RunFileError(
+            f"{path} is {size:,} bytes, more than a run's record can be ({MAX_RUN_JSON_BYTES:,}): it "
+            "is damaged, and was not read. Move it aside to read the rest of the run."
+        )
     try:
         return json.loads(path.read_bytes())
     except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, nesting past the parser
-        raise RunFileError(f"{path} is not valid JSON ({type(error).__name__}: {str(error)[:200]}): it is damaged. "
-                           "Move it aside to read the rest of the run.") from None
+        raise RunFileError(
+            f"{path} is not valid JSON ({type(error).__name__}: {str(error)[:200]}): it is damaged. "
+            "Move it aside to read the rest of the run."
+        ) from None
 
 
 # ---- result rows and JSON ---------------------------------------------------------------------------------------
@@ -153,8 +167,15 @@ def write_csv(path: pathlib.Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory], tokenizer=None, *, iteration: int = 0,
-                   advantages: dict[int, list[float]] | None = None, append: bool = False) -> None:
+def write_rollouts(
+    path: pathlib.Path,
+    trajectories: list[Trajectory],
+    tokenizer=None,
+    *,
+    iteration: int = 0,
+    advantages: dict[int, list[float]] | None = None,
+    append: bool = False,
+) -> None:
     """Episodes as Parquet rows: outcome columns, the whole conversation's ``text`` and, with a ``tokenizer``,
     ``turns`` (per turn: the observation before it, the reply, its reasoning and answer, the actions executed, the
     reward, and the reply's tokens with their advantages where ``advantages`` has them, by trajectory index).
@@ -162,13 +183,28 @@ def write_rollouts(path: pathlib.Path, trajectories: list[Trajectory], tokenizer
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    records = [{"env": t.env_name, "group": t.group, "seed": t.seed, "success": t.success, "return": t.total_return,
-                "turn_rewards": t.turn_rewards, "num_turns": t.num_turns, "num_actions": t.num_actions,
-                "format_errors": t.format_errors, "reasoning_claims": t.reasoning_claims,
-                "reasoning_claims_true": t.reasoning_claims_true, "response_tokens": int(sum(t.response_mask)),
-                "total_tokens": len(t.token_ids), "truncated": t.truncated, "text": t.text, "iteration": iteration,
-                **({"turns": t.turns(tokenizer, (advantages or {}).get(index))} if tokenizer else {})}
-               for index, t in enumerate(trajectories)]
+    records = [
+        {
+            "env": t.env_name,
+            "group": t.group,
+            "seed": t.seed,
+            "success": t.success,
+            "return": t.total_return,
+            "turn_rewards": t.turn_rewards,
+            "num_turns": t.num_turns,
+            "num_actions": t.num_actions,
+            "format_errors": t.format_errors,
+            "reasoning_claims": t.reasoning_claims,
+            "reasoning_claims_true": t.reasoning_claims_true,
+            "response_tokens": int(sum(t.response_mask)),
+            "total_tokens": len(t.token_ids),
+            "truncated": t.truncated,
+            "text": t.text,
+            "iteration": iteration,
+            **({"turns": t.turns(tokenizer, (advantages or {}).get(index))} if tokenizer else {}),
+        }
+        for index, t in enumerate(trajectories)
+    ]
     table = pa.Table.from_pylist(records)
     if append and path.is_file():
         table = pa.concat_tables([pq.read_table(path), table], promote_options="default")
@@ -182,5 +218,3 @@ def baseline_file(name: str) -> str:
     if not slug:
         raise ValueError(f"baseline name {name!r} has no letter or digit to name its file by.")
     return f"{BASELINES}/{slug}.parquet"
-
-

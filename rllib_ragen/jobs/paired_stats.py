@@ -42,9 +42,11 @@ class PairedComparison:
     p_value: float
 
     def describe(self) -> str:
-        return (f"{self.before:.3f} -> {self.after:.3f}, {self.difference:+.3f} [{self.ci_low:+.3f}, "
-                f"{self.ci_high:+.3f}], p = {self.p_value:.2g} ({self.improved} states up, {self.worsened} down, "
-                f"n = {self.n})")
+        return (
+            f"{self.before:.3f} -> {self.after:.3f}, {self.difference:+.3f} [{self.ci_low:+.3f}, "
+            f"{self.ci_high:+.3f}], p = {self.p_value:.2g} ({self.improved} states up, {self.worsened} down, "
+            f"n = {self.n})"
+        )
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -65,10 +67,17 @@ def paired_comparison(before: Mapping, after: Mapping) -> PairedComparison:
     half = Z_95 * sd / math.sqrt(n)
     improved = sum(d > 0 for d in diffs)
     worsened = sum(d < 0 for d in diffs)
-    return PairedComparison(n=n, before=sum(float(before[k]) for k in keys) / n,
-                            after=sum(float(after[k]) for k in keys) / n, difference=mean, ci_low=mean - half,
-                            ci_high=mean + half, improved=improved, worsened=worsened,
-                            p_value=exact_mcnemar_p(improved, worsened))
+    return PairedComparison(
+        n=n,
+        before=sum(float(before[k]) for k in keys) / n,
+        after=sum(float(after[k]) for k in keys) / n,
+        difference=mean,
+        ci_low=mean - half,
+        ci_high=mean + half,
+        improved=improved,
+        worsened=worsened,
+        p_value=exact_mcnemar_p(improved, worsened),
+    )
 
 
 def paired_by_subset(before: Mapping, after: Mapping, label_of: Mapping) -> dict:

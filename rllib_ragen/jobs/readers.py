@@ -11,6 +11,7 @@ import pathlib
 
 from .outputs import read_run_json
 
+
 def result_row(result: dict) -> dict[str, float]:
     """An RLlib result as one flat row of its numbers, each named by its path as Tune's loggers name it
     (``env_runners/episode_return_mean``); the config and anything not a number left out."""
@@ -18,8 +19,11 @@ def result_row(result: dict) -> dict[str, float]:
     from ray.tune.utils import flatten_dict
 
     flat = flatten_dict({k: v for k, v in result.items() if k != "config"}, delimiter="/")
-    return {k: float(v) for k, v in flat.items()
-            if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))}
+    return {
+        k: float(v)
+        for k, v in flat.items()
+        if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+    }
 
 
 def read_results(trial: pathlib.Path) -> list[dict]:
@@ -34,9 +38,11 @@ def read_results(trial: pathlib.Path) -> list[dict]:
             row = result_row(json.loads(line))
             by_iteration[int(row["training_iteration"])] = row
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
-            raise ValueError(f"{path}, line {number}, is not one of Tune's results ({type(error).__name__}: "
-                             f"{error}); the file is damaged (a full disk or a kill while it was written?). "
-                             "Remove or repair that line and report again.") from None
+            raise ValueError(
+                f"{path}, line {number}, is not one of Tune's results ({type(error).__name__}: "
+                f"{error}); the file is damaged (a full disk or a kill while it was written?). "
+                "Remove or repair that line and report again."
+            ) from None
     return [by_iteration[i] for i in sorted(by_iteration)]
 
 
@@ -131,7 +137,8 @@ def trial_config(trial: pathlib.Path, allow_imports: bool = False):
         raise RunFolderImportError(
             f"{trial / 'params.json'}: {where}={path!r} is an import path; playing this run would import "
             f"{path.partition(':')[0]!r} and run its code. A run folder is data: pass --allow-run-imports only for a "
-            "run you trust.")
+            "run you trust."
+        )
     return config
 
 
@@ -148,8 +155,17 @@ def headline_environment(config):
 # Settings Tune writes to params.json only as their repr (classes, functions, gymnasium specs): the report keeps the
 # library's defaults for them, and needs none of them. Besides, the keys RLlib's update_from_dict resolves as import
 # paths (deserialize_type: a run folder's text there would import a module); StarPO reads none of them.
-_NOT_DATA = frozenset({"text_env_registrations", "callbacks_class", "exploration_config", "model",
-                       "replay_buffer_config", "sample_collector", "multiagent"})
+_NOT_DATA = frozenset(
+    {
+        "text_env_registrations",
+        "callbacks_class",
+        "exploration_config",
+        "model",
+        "replay_buffer_config",
+        "sample_collector",
+        "multiagent",
+    }
+)
 
 
 def trial_params(trial: pathlib.Path) -> dict:
@@ -165,9 +181,11 @@ def trial_params(trial: pathlib.Path) -> dict:
     try:
         params = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} is missing: the report reads a trial's settings from Tune's params.json "
-                                "(never from params.pkl, a pickle that would run code). Is this a trial folder of a "
-                                "finished or resumed job?") from None
+        raise FileNotFoundError(
+            f"{path} is missing: the report reads a trial's settings from Tune's params.json "
+            "(never from params.pkl, a pickle that would run code). Is this a trial folder of a "
+            "finished or resumed job?"
+        ) from None
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON ({error}): the trial's settings cannot be read.") from None
     if not isinstance(params, dict):

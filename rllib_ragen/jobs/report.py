@@ -28,11 +28,37 @@ import sys
 from .. import metrics as M
 from .callbacks import NEXT_TRAINING_SEED, TIME_BUDGET_STOP
 from ..collapse import reasoning_entropy
-from .outputs import (RunFileError, read_run_json, AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BASELINES,
-                      BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, LEARNER, MACHINE, LEARNING_CURVE, RUN_CONFIG, TRAINING,
-                      VALIDATED_AT, VALIDATION, json_ready, VIEWER_PAGE)
-from .readers import (RunFolderImportError, baseline_name, headline_environment, read_first_reasonings, read_outcomes,
-                      read_reasoning_claims, read_results, state_of, trial_config, trial_folders, trial_params)
+from .outputs import (
+    RunFileError,
+    read_run_json,
+    AFTER_GREEDY_ROLLOUTS,
+    AFTER_ROLLOUTS,
+    BASELINES,
+    BEFORE_GREEDY_ROLLOUTS,
+    BEFORE_ROLLOUTS,
+    LEARNER,
+    MACHINE,
+    LEARNING_CURVE,
+    RUN_CONFIG,
+    TRAINING,
+    VALIDATED_AT,
+    VALIDATION,
+    json_ready,
+    VIEWER_PAGE,
+)
+from .readers import (
+    RunFolderImportError,
+    baseline_name,
+    headline_environment,
+    read_first_reasonings,
+    read_outcomes,
+    read_reasoning_claims,
+    read_results,
+    state_of,
+    trial_config,
+    trial_folders,
+    trial_params,
+)
 from .curves import plot_learning_curve, validations_of
 from ..files import write_text_atomically
 from .settings import JobSettings
@@ -42,17 +68,23 @@ from .paired_stats import PairedComparison, paired_by_subset, paired_comparison
 __all__ = ["report_experiment", "report_trial"]
 
 SUMMARY_METRICS = (M.SUCCESS, "pass@1", M.VALID_ACTION_RATE, M.FORMAT_ERROR_RATE, M.RETURN_MEAN, M.NUM_ACTIONS)
-SAMPLED_AND_GREEDY = {"sampled": (BEFORE_ROLLOUTS, AFTER_ROLLOUTS),
-                      "greedy": (BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS)}
+SAMPLED_AND_GREEDY = {
+    "sampled": (BEFORE_ROLLOUTS, AFTER_ROLLOUTS),
+    "greedy": (BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS),
+}
 SIGNIFICANT = 0.05  # a paired drop with a smaller p-value is flagged, on whichever environment it happens
 
 
-
-
 # ---- the report ---------------------------------------------------------------------------------------------------
-def report_trial(trial: pathlib.Path, pass_bar: float | None = None, known_scores: dict[str, float] | None = None,
-                 baselines_dir: pathlib.Path | None = None, quiet: bool = False, allow_imports: bool = False,
-                 output: pathlib.Path | None = None) -> dict:
+def report_trial(
+    trial: pathlib.Path,
+    pass_bar: float | None = None,
+    known_scores: dict[str, float] | None = None,
+    baselines_dir: pathlib.Path | None = None,
+    quiet: bool = False,
+    allow_imports: bool = False,
+    output: pathlib.Path | None = None,
+) -> dict:
     """The trial's summary; its table printed unless ``quiet``. With ``output``, its ``summary.json``,
     ``learning_curve.png`` and ``rollouts.html`` are written into that folder (the job: the trial's own).
     ``pass_bar`` and ``known_scores`` (the curve's reference lines): None for those the run recorded.
@@ -81,9 +113,10 @@ def report_trial(trial: pathlib.Path, pass_bar: float | None = None, known_score
         summary["baselines"] = _against_baselines(trial, baseline_files, headline.name)
     names = [e.name for e in config.validation_environments()]
     if len(names) > 1:
-        summary["by_env"] = {name: {mode: _paired(_in(trial, files), {name})
-                                    for mode, files in SAMPLED_AND_GREEDY.items()}
-                             for name in names}
+        summary["by_env"] = {
+            name: {mode: _paired(_in(trial, files), {name}) for mode, files in SAMPLED_AND_GREEDY.items()}
+            for name in names
+        }
     summary["significant_drops"] = _significant_drops(summary)
     next_seed = int(rows[-1].get(NEXT_TRAINING_SEED, config.train_seed_start)) if rows else config.train_seed_start
     trained = trained_seeds_by_env(config, next_seed)
@@ -112,25 +145,39 @@ def recorded_pass_bar(trial: pathlib.Path) -> float:
     return float(recorded["pass_bar"]) if "pass_bar" in recorded else JobSettings.pass_bar
 
 
-def _write_trial_report(trial: pathlib.Path, output: pathlib.Path, summary: dict, config, rows, validations,
-                        headline: str) -> None:
+def _write_trial_report(
+    trial: pathlib.Path, output: pathlib.Path, summary: dict, config, rows, validations, headline: str
+) -> None:
     output.mkdir(parents=True, exist_ok=True)
     write_text_atomically(output / "summary.json", json.dumps(json_ready(summary), indent=2, allow_nan=False))
-    title = (f"{config.env_name} | model {pathlib.Path(str(summary['model'])).name} | seed {config.seed} | "
-             f"{summary['iterations']} iterations")
+    title = (
+        f"{config.env_name} | model {pathlib.Path(str(summary['model'])).name} | seed {config.seed} | "
+        f"{summary['iterations']} iterations"
+    )
     baseline_lines = {name: b["success"] for name, b in summary.get("baselines", {}).items()}
-    plot_learning_curve(output / LEARNING_CURVE, rows, validations, config.env_name, title,
-                        {"warm start": summary["before"][M.SUCCESS], **summary["known_scores"], **baseline_lines},
-                        validation_env=headline, firings=summary["sentinel_firings"])
+    plot_learning_curve(
+        output / LEARNING_CURVE,
+        rows,
+        validations,
+        config.env_name,
+        title,
+        {"warm start": summary["before"][M.SUCCESS], **summary["known_scores"], **baseline_lines},
+        validation_env=headline,
+        firings=summary["sentinel_firings"],
+    )
     if (trial / AFTER_ROLLOUTS).is_file():
         from .viewer import write_viewer
 
         write_viewer(trial, output / VIEWER_PAGE, validation_env=headline)
 
 
-def report_experiment(run_dir: pathlib.Path, pass_bar: float | None = None,
-                      known_scores: dict[str, float] | None = None, allow_imports: bool = False,
-                      output: pathlib.Path | None = None) -> dict:
+def report_experiment(
+    run_dir: pathlib.Path,
+    pass_bar: float | None = None,
+    known_scores: dict[str, float] | None = None,
+    allow_imports: bool = False,
+    output: pathlib.Path | None = None,
+) -> dict:
     """Report every trial of the experiment folder ``run_dir`` and, with several, their spread; returns
     ``{"trials": {name: summary}, "spread": ..., "versus_control": ...}``. With ``output`` (the job: ``run_dir``
     itself), the experiment's ``summary.json`` goes there and each trial's files into ``output/<trial>`` (into
@@ -146,32 +193,42 @@ def report_experiment(run_dir: pathlib.Path, pass_bar: float | None = None,
         if several:
             print(f"\n== trial {trial.name}")
         where = None if output is None else pathlib.Path(output) / trial.relative_to(run_dir)
-        summaries[trial.name] = report_trial(trial, pass_bar, known_scores, run_dir / BASELINES,
-                                             allow_imports=allow_imports, output=where)
-    report = {"trials": summaries, "spread": spread(summaries.values()) if several else None,
-              "versus_control": versus_control(run_dir, trials, allow_imports) if several else {}}
+        summaries[trial.name] = report_trial(
+            trial, pass_bar, known_scores, run_dir / BASELINES, allow_imports=allow_imports, output=where
+        )
+    report = {
+        "trials": summaries,
+        "spread": spread(summaries.values()) if several else None,
+        "versus_control": versus_control(run_dir, trials, allow_imports) if several else {},
+    }
     if several:
         print_spread(report["spread"])
         print_versus(report["versus_control"])
     if output is not None and trials != [run_dir]:
-        write_text_atomically(pathlib.Path(output) / "summary.json",
-                              json.dumps(json_ready(report), indent=2, allow_nan=False))
+        write_text_atomically(
+            pathlib.Path(output) / "summary.json", json.dumps(json_ready(report), indent=2, allow_nan=False)
+        )
     return report
 
 
 def spread(summaries) -> dict:
     """Mean, standard deviation, least and most over trials of validation success before and after RL and of the
     gain (each trial, e.g. each seed, counts once)."""
-    values = {"before": [s["before"][M.SUCCESS] for s in summaries],
-              "after": [s["after"][M.SUCCESS] for s in summaries],
-              "success_gain": [s["success_gain"] for s in summaries]}
+    values = {
+        "before": [s["before"][M.SUCCESS] for s in summaries],
+        "after": [s["after"][M.SUCCESS] for s in summaries],
+        "success_gain": [s["success_gain"] for s in summaries],
+    }
     result = {}
     for name, series in values.items():
         finite = [v for v in series if math.isfinite(v)]
-        result[name] = {"mean": statistics.fmean(finite) if finite else math.nan,
-                        "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
-                        "min": min(finite, default=math.nan), "max": max(finite, default=math.nan),
-                        "trials": len(finite)}
+        result[name] = {
+            "mean": statistics.fmean(finite) if finite else math.nan,
+            "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
+            "min": min(finite, default=math.nan),
+            "max": max(finite, default=math.nan),
+            "trials": len(finite),
+        }
     return result
 
 
@@ -204,8 +261,7 @@ def paired_after_rl(control: pathlib.Path, trial: pathlib.Path, allow_imports: b
     ("before" is ``control``, "after" ``trial``; None where the states differ), on the headline environment."""
     config = trial_config(trial, allow_imports)
     scored = {headline_environment(config).name} if config.is_mixture else None
-    return {mode: _paired((control / files[1], trial / files[1]), scored)
-            for mode, files in SAMPLED_AND_GREEDY.items()}
+    return {mode: _paired((control / files[1], trial / files[1]), scored) for mode, files in SAMPLED_AND_GREEDY.items()}
 
 
 def print_versus(versus: dict) -> None:
@@ -231,11 +287,17 @@ def _summary(config, rows: list[dict], validations: list[dict], headline: str) -
         return validations[index].get(key, math.nan) if validations else math.nan
 
     pooled = TRAINING + M.POOLED + "/"
-    generated = sum(r.get(pooled + M.RESPONSE_TOKENS_PER_TURN, 0) * r.get(pooled + M.NUM_TURNS, 0)
-                    * r.get(pooled + M.NUM_TRAJECTORIES, 0) for r in rows)
+    generated = sum(
+        r.get(pooled + M.RESPONSE_TOKENS_PER_TURN, 0)
+        * r.get(pooled + M.NUM_TURNS, 0)
+        * r.get(pooled + M.NUM_TRAJECTORIES, 0)
+        for r in rows
+    )
     generate_s = sum(r.get(TRAINING + M.TIME_GENERATE, 0) for r in rows)
     return {
-        "env": headline, "model": config.model_config["model"], "seed": config.seed,
+        "env": headline,
+        "model": config.model_config["model"],
+        "seed": config.seed,
         "iterations": int(rows[-1]["training_iteration"]) if rows else 0,
         "ended_by_time_budget": bool(rows[-1].get("job/" + TIME_BUDGET_STOP, 0.0)) if rows else False,
         "validation_episodes": int(val(-1, M.NUM_TRAJECTORIES)) if validations else 0,
@@ -256,10 +318,15 @@ def _summary(config, rows: list[dict], validations: list[dict], headline: str) -
 def describe_machine(machine: dict) -> str:
     """One session's machine (``machine.json``) on one line."""
     gpus = f", {', '.join(machine['gpus'])}" if machine.get("gpus") else ""
-    packages = ", ".join(f"{name} {version}" for name, version in machine.get("packages", {}).items()
-                         if name in ("torch", "transformers") and version)
-    return (f"{machine.get('cpu')} ({machine.get('cpu_kernels')} kernels, {machine.get('torch_threads')} torch "
-            f"threads){gpus}; {packages}")
+    packages = ", ".join(
+        f"{name} {version}"
+        for name, version in machine.get("packages", {}).items()
+        if name in ("torch", "transformers") and version
+    )
+    return (
+        f"{machine.get('cpu')} ({machine.get('cpu_kernels')} kernels, {machine.get('torch_threads')} torch "
+        f"threads){gpus}; {packages}"
+    )
 
 
 def _outcome_pair(paths: tuple[pathlib.Path, pathlib.Path], envs: set[str] | None = None):
@@ -287,8 +354,9 @@ def _in(folder: pathlib.Path, files: tuple[str, str]) -> tuple[pathlib.Path, pat
 
 def _significant_drops(summary: dict) -> list[str]:
     """Every paired comparison in the summary that fell with p below :data:`SIGNIFICANT`, named."""
-    found = [("headline " + mode, summary.get(key))
-             for mode, key in (("sampled", "paired"), ("greedy", "paired_greedy"))]
+    found = [
+        ("headline " + mode, summary.get(key)) for mode, key in (("sampled", "paired"), ("greedy", "paired_greedy"))
+    ]
     found += [(f"{env} {mode}", c) for env, modes in (summary.get("by_env") or {}).items() for mode, c in modes.items()]
     return [name for name, c in found if c and c["difference"] < 0 and c["p_value"] < SIGNIFICANT]
 
@@ -306,8 +374,11 @@ def _reasoning_entropy(folder: pathlib.Path, envs: set[str] | None) -> dict | No
     for mode, before_file, after_file in _validation_file_pairs(folder):
         before, after = (read_first_reasonings(path, envs) for path in (before_file, after_file))
         if before is not None and after is not None and (any(before) or any(after)):
-            result[mode] = {"before": reasoning_entropy(before), "after": reasoning_entropy(after),
-                            "episodes": len(after)}
+            result[mode] = {
+                "before": reasoning_entropy(before),
+                "after": reasoning_entropy(after),
+                "episodes": len(after),
+            }
     return result or None
 
 
@@ -317,10 +388,15 @@ def _reasoning_grounded(folder: pathlib.Path, envs: set[str] | None) -> dict | N
     result = {}
     for mode, before_file, after_file in _validation_file_pairs(folder):
         (checked_before, true_before), (checked_after, true_after) = (
-            read_reasoning_claims(path, envs) for path in (before_file, after_file))
+            read_reasoning_claims(path, envs) for path in (before_file, after_file)
+        )
         if checked_before and checked_after:
-            result[mode] = {"before": true_before / checked_before, "after": true_after / checked_after,
-                            "claims_before": checked_before, "claims_after": checked_after}
+            result[mode] = {
+                "before": true_before / checked_before,
+                "after": true_after / checked_after,
+                "claims_before": checked_before,
+                "claims_after": checked_after,
+            }
     return result or None
 
 
@@ -344,21 +420,30 @@ def _validation_splits(config, trial: pathlib.Path, trained: dict[str, list[int]
     the state and by its optimal solution length (where the environment computes one), sampled and greedy."""
     headline = headline_environment(config)
     builds = (headline.env, headline.env_config)
-    pairs = {mode: _outcome_pair((trial / files[0], trial / files[1]), {headline.name})
-             for mode, files in SAMPLED_AND_GREEDY.items()}
+    pairs = {
+        mode: _outcome_pair((trial / files[0], trial / files[1]), {headline.name})
+        for mode, files in SAMPLED_AND_GREEDY.items()
+    }
     pairs = {mode: pair for mode, pair in pairs.items() if pair is not None}
     if not pairs:
         return None
     states = next(iter(pairs.values()))[0].keys()
     seed_of = {state: state_of(state)[1] for state in states}
     described = initial_states(*builds, set(seed_of.values()), solution_lengths=True)
-    trained_here = [seed for e in config.training_environments() if (e.env, e.env_config) == builds
-                    for seed in trained.get(e.name, [])]
+    trained_here = [
+        seed
+        for e in config.training_environments()
+        if (e.env, e.env_config) == builds
+        for seed in trained.get(e.name, [])
+    ]
     seen = {key for key, _ in initial_states(*builds, trained_here).values()}
     seen_label = {s: "seen in training" if described[seed_of[s]][0] in seen else "unseen" for s in states}
-    result = {"env": headline.name, "training_states": len(seen),
-              "unseen_states": sum(label == "unseen" for label in seen_label.values()),
-              "by_seen": {name: paired_by_subset(*pair, seen_label) for name, pair in pairs.items()}}
+    result = {
+        "env": headline.name,
+        "training_states": len(seen),
+        "unseen_states": sum(label == "unseen" for label in seen_label.values()),
+        "by_seen": {name: paired_by_subset(*pair, seen_label) for name, pair in pairs.items()},
+    }
     lengths = {s: described[seed_of[s]][1] for s in states}
     if any(length is not None for length in lengths.values()):
         result["by_solution_length"] = {name: paired_by_subset(*pair, lengths) for name, pair in pairs.items()}
@@ -368,8 +453,10 @@ def _validation_splits(config, trial: pathlib.Path, trained: dict[str, list[int]
 # ---- printing -----------------------------------------------------------------------------------------------------
 def print_table(summary: dict, config) -> None:
     """The final table, the paired lines (every validation environment's), the baselines and the verdict."""
-    print(f"\n{summary['env']}, model {summary['model']}, {summary['iterations']} iterations, validation on "
-          f"{summary['validation_episodes']} validation initial states (temperature {config.validation_temperature})")
+    print(
+        f"\n{summary['env']}, model {summary['model']}, {summary['iterations']} iterations, validation on "
+        f"{summary['validation_episodes']} validation initial states (temperature {config.validation_temperature})"
+    )
     if summary.get("ended_by_time_budget"):
         print(f"the trial's time budget (max_minutes) ended it after iteration {summary['iterations']}")
     print(f"{'':28s}{'before':>10s}{'after':>10s}")
@@ -389,16 +476,22 @@ def print_table(summary: dict, config) -> None:
     _print_paired(summary, config)
     gain, bar = summary["success_gain"], summary["pass_bar"]
     if math.isfinite(gain):
-        print(f"success gain on {summary['env']} {gain:+.3f} (bar {bar}): "
-              f"{'PASS' if summary['passed'] else 'below the bar'}")
+        print(
+            f"success gain on {summary['env']} {gain:+.3f} (bar {bar}): "
+            f"{'PASS' if summary['passed'] else 'below the bar'}"
+        )
     else:
-        print(f"success gain not measured: no validation before RL (validate_before_training=False), so the bar "
-              f"({bar}) is not judged")
+        print(
+            f"success gain not measured: no validation before RL (validate_before_training=False), so the bar "
+            f"({bar}) is not judged"
+        )
     for line in _greedy_against_baselines(summary):
         print(line)
     for drop in summary["significant_drops"]:
-        print(f"WARNING: validation success fell significantly on {drop} (p < {SIGNIFICANT}): see the paired lines "
-              "above and the viewer (rollouts.html)")
+        print(
+            f"WARNING: validation success fell significantly on {drop} (p < {SIGNIFICANT}): see the paired lines "
+            "above and the viewer (rollouts.html)"
+        )
 
 
 def _greedy_against_baselines(summary: dict) -> list[str]:
@@ -410,10 +503,15 @@ def _greedy_against_baselines(summary: dict) -> list[str]:
         if not baseline.get("after_rl"):
             continue
         c = PairedComparison(**baseline["after_rl"])
-        verdict = ("better than" if c.difference > 0 else "worse than") if c.p_value < SIGNIFICANT \
+        verdict = (
+            ("better than" if c.difference > 0 else "worse than")
+            if c.p_value < SIGNIFICANT
             else "not distinguishable from"
-        lines.append(f"greedy play after RL is {verdict} the baseline '{name}': {c.after:.3f} against {c.before:.3f} "
-                     f"on the same {c.n} states (p = {c.p_value:.2g})")
+        )
+        lines.append(
+            f"greedy play after RL is {verdict} the baseline '{name}': {c.after:.3f} against {c.before:.3f} "
+            f"on the same {c.n} states (p = {c.p_value:.2g})"
+        )
     return lines
 
 
@@ -422,12 +520,16 @@ def _print_paired(summary: dict, config) -> None:
         if summary.get(key):
             print(f"{label:28s}{PairedComparison(**summary[key]).describe()}")
     for mode, grounded in (summary.get("reasoning_grounded") or {}).items():
-        print(f"{'reasoning grounded, ' + mode:28s}{grounded['before']:.3f} -> {grounded['after']:.3f} of "
-              f"{grounded['claims_before']} -> {grounded['claims_after']} checked claims about the state")
+        print(
+            f"{'reasoning grounded, ' + mode:28s}{grounded['before']:.3f} -> {grounded['after']:.3f} of "
+            f"{grounded['claims_before']} -> {grounded['claims_after']} checked claims about the state"
+        )
     for mode, entropy in (summary.get("reasoning_entropy") or {}).items():
         # log n is the most it can be: every episode reasoning differently
-        print(f"{'reasoning entropy, ' + mode:28s}{entropy['before']:.3f} -> {entropy['after']:.3f} nats over "
-              f"{entropy['episodes']} first turns (at most {math.log(max(entropy['episodes'], 1)):.2f})")
+        print(
+            f"{'reasoning entropy, ' + mode:28s}{entropy['before']:.3f} -> {entropy['after']:.3f} nats over "
+            f"{entropy['episodes']} first turns (at most {math.log(max(entropy['episodes'], 1)):.2f})"
+        )
     if any(any(comparisons.values()) for comparisons in (summary.get("by_env") or {}).values()):
         print("validation environments, paired before -> after:")
         for env, comparisons in summary["by_env"].items():
@@ -444,30 +546,44 @@ def _print_paired(summary: dict, config) -> None:
         if isinstance(subsets.get("unseen"), dict) and "p_value" in subsets["unseen"]:
             print(f"{'unseen states, ' + name:28s}{PairedComparison(**subsets['unseen']).describe()}")
     for name, subsets in splits.get("by_solution_length", {}).items():
-        cells = ", ".join(f"{length}: {c['before']:.2f}->{c['after']:.2f} (n={c['n']})"
-                          for length, c in subsets.items())
+        cells = ", ".join(
+            f"{length}: {c['before']:.2f}->{c['after']:.2f} (n={c['n']})" for length, c in subsets.items()
+        )
         print(f"{'by solution length, ' + name:28s}{cells}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rllib_ragen.jobs.report", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=pathlib.Path, help="a job's run folder (a Tune experiment) or one trial's")
-    parser.add_argument("--pass-bar", type=float, default=None,
-                        help="least success gain that counts as learning (default: the bar the run's job used)")
-    parser.add_argument("--output", type=pathlib.Path, default=None,
-                        help="write summary.json, learning_curve.png and rollouts.html into this folder, one "
-                             "subfolder a trial; it must lie outside the run (default: write nothing)")
-    parser.add_argument("--allow-run-imports", action="store_true",
-                        help="import the modules the run's settings name (a TRL environment's import path): that "
-                             "runs their code, so only for a run you trust")
+    parser.add_argument(
+        "--pass-bar",
+        type=float,
+        default=None,
+        help="least success gain that counts as learning (default: the bar the run's job used)",
+    )
+    parser.add_argument(
+        "--output",
+        type=pathlib.Path,
+        default=None,
+        help="write summary.json, learning_curve.png and rollouts.html into this folder, one "
+        "subfolder a trial; it must lie outside the run (default: write nothing)",
+    )
+    parser.add_argument(
+        "--allow-run-imports",
+        action="store_true",
+        help="import the modules the run's settings name (a TRL environment's import path): that "
+        "runs their code, so only for a run you trust",
+    )
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
         parser.error(f"{args.run_dir} is not a folder")
     run_dir = args.run_dir.resolve()
     output = args.output.resolve() if args.output is not None else None
     if output is not None and (output == run_dir or run_dir in output.parents):
-        parser.error(f"--output {args.output} lies inside the run {args.run_dir}: the report never writes over what "
-                     f"a run recorded; choose a folder outside it")
+        parser.error(
+            f"--output {args.output} lies inside the run {args.run_dir}: the report never writes over what "
+            f"a run recorded; choose a folder outside it"
+        )
     try:
         report_experiment(run_dir, args.pass_bar, allow_imports=args.allow_run_imports, output=output)
     except (FileNotFoundError, RunFolderImportError, RunFileError) as error:

@@ -46,7 +46,7 @@ import torch
 from .callbacks import TENSORBOARD, JobOutputs, TensorBoardLogs
 from .flags import parse_job_args, user_model_config
 from .settings import JobSettings
-from .outputs import (BASELINES, baseline_file, start_run_folder, write_rollouts)
+from .outputs import BASELINES, baseline_file, start_run_folder, write_rollouts
 from .console import JobConsole, close_run_log, keep_notices_off_the_console, print_plan, send_notices_to
 from ..files import write_text_atomically
 from .report import report_experiment
@@ -59,9 +59,13 @@ from .warm_start import cached_warm_start
 __all__ = ["JobSettings", "parse_job_args", "run_job"]
 
 
-def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str] | None = None,
-            known_scores: dict[str, float] | None = None,
-            baselines: dict[str, Callable[[str], str]] | None = None) -> dict:
+def run_job(
+    config,
+    job: JobSettings,
+    demonstration_policy: Callable[[str], str] | None = None,
+    known_scores: dict[str, float] | None = None,
+    baselines: dict[str, Callable[[str], str]] | None = None,
+) -> dict:
     """Warm start (when a demonstration policy is given), train as a Tune experiment, report. Returns the summary:
     the trial's with one trial, else ``{"trials": {name: summary}, "spread": ...}``.
 
@@ -77,11 +81,14 @@ def run_job(config, job: JobSettings, demonstration_policy: Callable[[str], str]
     job.validate(config)
     files = [baseline_file(name) for name in baselines or {}]  # before any work: each baseline needs its own file
     if len(set(files)) < len(files):
-        raise ValueError(f"baselines {sorted(baselines)} would share a file ({files}): give them names that differ "
-                         "in their letters or digits.")
+        raise ValueError(
+            f"baselines {sorted(baselines)} would share a file ({files}): give them names that differ "
+            "in their letters or digits."
+        )
     if set(baselines or {}) & set(known_scores or {}):  # the curve draws both by name: one would hide the other
-        raise ValueError(f"{sorted(set(baselines) & set(known_scores))} names both a baseline and a known score "
-                         "line; rename one.")
+        raise ValueError(
+            f"{sorted(set(baselines) & set(known_scores))} names both a baseline and a known score line; rename one."
+        )
     if not job.verbose:
         keep_notices_off_the_console()
     if not config.sentinel_rules and job.sentinel != "off":  # custom rules (--sentinel-rules) replace the built-in
@@ -109,8 +116,10 @@ def claim_run_folder(job: JobSettings, seed: int) -> pathlib.Path:
         try:
             (base / job.run_name).mkdir()
         except FileExistsError:
-            raise FileExistsError(f"{base / job.run_name} holds an earlier run. Continue it with --resume, or "
-                                  "choose another --run-name. Nothing was overwritten.") from None
+            raise FileExistsError(
+                f"{base / job.run_name} holds an earlier run. Continue it with --resume, or "
+                "choose another --run-name. Nothing was overwritten."
+            ) from None
         return base / job.run_name
     stamp, n = time.strftime("%Y%m%d-%H%M%S"), 1
     while True:
@@ -137,14 +146,16 @@ def start_ray(verbose: bool) -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=verbose,
-                 **({} if verbose else {"logging_level": logging.ERROR}))
+        ray.init(
+            include_dashboard=False, log_to_driver=verbose, **({} if verbose else {"logging_level": logging.ERROR})
+        )
         if not verbose:
             keep_notices_off_the_console()  # ray.init set up its console handler again
 
 
-def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, known_scores: dict,
-         baselines: dict) -> dict:
+def _run(
+    config, job: JobSettings, demonstration_policy, out: pathlib.Path, known_scores: dict, baselines: dict
+) -> dict:
     import ray
     from ray import tune
 
@@ -167,28 +178,45 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, know
         config = config.copy(copy_frozen=False).rl_module(model_config={**user_model_config(config), "model": model})
     torch.set_num_threads(threads)
     headline = headline_environment(config)
-    config = config.copy(copy_frozen=False).resources(num_cpus_for_main_process=threads).callbacks(
-        [*_as_list(config.callbacks_class),
-         functools.partial(JobOutputs, iterations=job.iterations, max_minutes=job.max_minutes)])
+    config = (
+        config.copy(copy_frozen=False)
+        .resources(num_cpus_for_main_process=threads)
+        .callbacks(
+            [
+                *_as_list(config.callbacks_class),
+                functools.partial(JobOutputs, iterations=job.iterations, max_minutes=job.max_minutes),
+            ]
+        )
+    )
     if baselines and not job.resume:  # played first (seconds): a baseline that cannot play the states fails now
         _play_baselines(config, baselines, out / BASELINES, headline.name)
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's banner and trial table: JobConsole prints instead
-    console = JobConsole(job.iterations, config.validation_interval, config.env_name, headline.name, trials,
-                         job.max_minutes)
+    console = JobConsole(
+        job.iterations, config.validation_interval, config.env_name, headline.name, trials, job.max_minutes
+    )
     if job.resume:
         tuner = restore_tuner(out)
         print(f"resuming {out}: every unfinished trial continues from its last checkpoint", flush=True)
     else:
-        tuner = tune.Tuner(StarPO, param_space=_param_space(config, seeds, grid), run_config=tune.RunConfig(
-            name=out.name, storage_path=str(out.parent), stop={"training_iteration": job.iterations},
-            storage_filesystem=run_storage(),  # every file Tune copies into the run folder whole or absent
-            checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=job.checkpoint_interval,
-                                                    checkpoint_at_end=job.checkpoint_interval > 0),
-            failure_config=tune.FailureConfig(max_failures=job.max_failures),
-            sync_config=tune.SyncConfig(sync_artifacts=True),  # outputs of trials whose storage is not local
-            callbacks=[console, TensorBoardLogs(out.parent / TENSORBOARD / out.name)], verbose=0),
-            tune_config=tune.TuneConfig(trial_dirname_creator=functools.partial(trial_dirname, list(grid))))
+        tuner = tune.Tuner(
+            StarPO,
+            param_space=_param_space(config, seeds, grid),
+            run_config=tune.RunConfig(
+                name=out.name,
+                storage_path=str(out.parent),
+                stop={"training_iteration": job.iterations},
+                storage_filesystem=run_storage(),  # every file Tune copies into the run folder whole or absent
+                checkpoint_config=tune.CheckpointConfig(
+                    checkpoint_frequency=job.checkpoint_interval, checkpoint_at_end=job.checkpoint_interval > 0
+                ),
+                failure_config=tune.FailureConfig(max_failures=job.max_failures),
+                sync_config=tune.SyncConfig(sync_artifacts=True),  # outputs of trials whose storage is not local
+                callbacks=[console, TensorBoardLogs(out.parent / TENSORBOARD / out.name)],
+                verbose=0,
+            ),
+            tune_config=tune.TuneConfig(trial_dirname_creator=functools.partial(trial_dirname, list(grid))),
+        )
     with sigterm_as_ctrl_c() as sigterms:
         with restored_without_stale_decisions():
             results = tuner.fit()
@@ -196,26 +224,37 @@ def _run(config, job: JobSettings, demonstration_policy, out: pathlib.Path, know
         return _after_fit(results, console, job, out, known_scores, sigterms)
 
 
-def _after_fit(results, console, job: JobSettings, out: pathlib.Path, known_scores: dict,
-               sigterms: SigtermsSeen) -> dict:
+def _after_fit(
+    results, console, job: JobSettings, out: pathlib.Path, known_scores: dict, sigterms: SigtermsSeen
+) -> dict:
     """What a job does once Tune is done: it says why a trial failed or was cut, else reports the run."""
     # A trial's cause as the console read it from Tune's local copy of error.txt (the run folder's copy may be
     # missing: a full disk), else from the result grid.
-    causes = {pathlib.Path(r.path).name: console.errors.get(pathlib.Path(r.path).name)
-              or (str(r.error).strip().splitlines() or ["(no message)"])[-1]
-              for r in results if r.error or pathlib.Path(r.path).name in console.errors}
+    causes = {
+        pathlib.Path(r.path).name: console.errors.get(pathlib.Path(r.path).name)
+        or (str(r.error).strip().splitlines() or ["(no message)"])[-1]
+        for r in results
+        if r.error or pathlib.Path(r.path).name in console.errors
+    }
     # Tune ends fit() early on Ctrl-C (SIGINT) or SIGUSR1 and returns as if done: a trial short of its iterations
     # that neither failed nor was stopped by the run itself (result "done": the sentinel, the empty filter) was cut.
-    cut = [r for r in results if pathlib.Path(r.path).name not in causes and not (r.metrics or {}).get("done")
-           and int((r.metrics or {}).get("training_iteration", 0)) < job.iterations]
+    cut = [
+        r
+        for r in results
+        if pathlib.Path(r.path).name not in causes
+        and not (r.metrics or {}).get("done")
+        and int((r.metrics or {}).get("training_iteration", 0)) < job.iterations
+    ]
     if cut:
         print(f"outputs: {out}")
         raise RunInterrupted(
             f"the run was interrupted before its {job.iterations} iterations: "
-            + "; ".join(f"{pathlib.Path(r.path).name} after {int((r.metrics or {}).get('training_iteration', 0))}"
-                        for r in cut)
+            + "; ".join(
+                f"{pathlib.Path(r.path).name} after {int((r.metrics or {}).get('training_iteration', 0))}" for r in cut
+            )
             + f". No final table was made (it would compare the warm start with itself). Continue with: "
-              f"{' '.join(_resume_command(out))}")
+            f"{' '.join(_resume_command(out))}"
+        )
     unreported = None
     try:
         report = report_experiment(out, job.pass_bar, known_scores, allow_imports=True, output=out)  # its own run
@@ -231,13 +270,22 @@ def _after_fit(results, console, job: JobSettings, out: pathlib.Path, known_scor
             + "; ".join(f"{out / name}: {cause}" for name, cause in causes.items())
             + " (the whole traceback: error.txt in the trial's folder, when it could be written)."
             + (f" The report could not be written either ({unreported})." if unreported else "")
-            + (f" The disk holding {out} is full: what was written before it filled is whole (results, "
-               "checkpoints, the run's state); free space there, then continue" if full else " Continue")
-            + f" from each trial's last checkpoint with: {' '.join(_resume_command(out))}")
+            + (
+                f" The disk holding {out} is full: what was written before it filled is whole (results, "
+                "checkpoints, the run's state); free space there, then continue"
+                if full
+                else " Continue"
+            )
+            + f" from each trial's last checkpoint with: {' '.join(_resume_command(out))}"
+        )
     if sigterms.received:  # it came once the trials had finished their iterations, closing included
-        print(f"SIGTERM arrived after the trials had finished their iterations (during their closing validation and "
-              f"export, or the report); the run above is whole. Exiting with {128 + signal.SIGTERM}, as a job "
-              "stopped by SIGTERM does.", file=sys.stderr, flush=True)
+        print(
+            f"SIGTERM arrived after the trials had finished their iterations (during their closing validation and "
+            f"export, or the report); the run above is whole. Exiting with {128 + signal.SIGTERM}, as a job "
+            "stopped by SIGTERM does.",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(128 + signal.SIGTERM)
     return next(iter(report["trials"].values())) if len(report["trials"]) == 1 else report
 
@@ -305,9 +353,11 @@ def restore_tuner(out: pathlib.Path):
     try:
         return tune.Tuner.restore(str(out), trainable=StarPO, resume_errored=True, storage_filesystem=run_storage())
     except Exception as error:  # noqa: BLE001 (whatever the unpickler or Tune raise, the file is named with it)
-        raise ValueError(f"--resume: Tune could not read the run's state in {out} ({type(error).__name__}: "
-                         f"{error}); {out / 'tuner.pkl'} or an experiment_state-*.json there is damaged (a full "
-                         "disk or a kill while it was written?). Nothing was resumed; start a new run.") from error
+        raise ValueError(
+            f"--resume: Tune could not read the run's state in {out} ({type(error).__name__}: "
+            f"{error}); {out / 'tuner.pkl'} or an experiment_state-*.json there is damaged (a full "
+            "disk or a kill while it was written?). Nothing was resumed; start a new run."
+        ) from error
 
 
 class RunInterrupted(RuntimeError):
@@ -317,8 +367,11 @@ class RunInterrupted(RuntimeError):
 def _resume_command(out: pathlib.Path) -> list[str]:
     """The command line that continues this run: the job's own, with ``--resume`` and its folder's name."""
     argv = [a for a in sys.argv if a != "--resume"]
-    return ["python", *argv[:1], "--resume", "--output-dir", str(out.parent), "--run-name", out.name] \
-        if argv and argv[0].endswith(".py") else ["--resume", "--run-name", out.name]
+    return (
+        ["python", *argv[:1], "--resume", "--output-dir", str(out.parent), "--run-name", out.name]
+        if argv and argv[0].endswith(".py")
+        else ["--resume", "--run-name", out.name]
+    )
 
 
 def _as_list(callbacks) -> list:
@@ -338,12 +391,24 @@ def _param_space(config, seeds: list[int], grid: dict[str, list]):
     space = config.to_dict()
     grid = dict(grid)
     if PRESET_LABEL in grid:
-        space.update(named_grid(PRESET_LABEL, {name: config.copy(copy_frozen=False).preset(name)
-                                               for name in grid.pop(PRESET_LABEL)}, config.to_dict()))
+        space.update(
+            named_grid(
+                PRESET_LABEL,
+                {name: config.copy(copy_frozen=False).preset(name) for name in grid.pop(PRESET_LABEL)},
+                config.to_dict(),
+            )
+        )
     if VARIANT_LABEL in grid:
-        space.update(named_grid(VARIANT_LABEL, {name: config.copy(copy_frozen=False).update_from_dict(settings)
-                                                for name, settings in grid.pop(VARIANT_LABEL).items()},
-                                config.to_dict()))
+        space.update(
+            named_grid(
+                VARIANT_LABEL,
+                {
+                    name: config.copy(copy_frozen=False).update_from_dict(settings)
+                    for name, settings in grid.pop(VARIANT_LABEL).items()
+                },
+                config.to_dict(),
+            )
+        )
     for name, values in {**grid, **({"seed": seeds} if len(seeds) > 1 else {})}.items():
         space[name] = tune.grid_search(list(values))
     if len(seeds) == 1:
@@ -361,15 +426,18 @@ def named_grid(label: str, variants: dict, base: dict) -> dict:
     as_dicts = {name: config.to_dict() for name, config in variants.items()}
     first = next(iter(as_dicts.values()))
     varied = [key for key in first if any(repr(v[key]) != repr(base.get(key)) for v in as_dicts.values())]
-    return {label: tune.grid_search(list(as_dicts)),
-            **{key: tune.sample_from(lambda spec, key=key: as_dicts[spec.config[label]][key]) for key in varied}}
+    return {
+        label: tune.grid_search(list(as_dicts)),
+        **{key: tune.sample_from(lambda spec, key=key: as_dicts[spec.config[label]][key]) for key in varied},
+    }
 
 
 def trial_dirname(grid_names, trial) -> str:
     """A trial's folder: its seed and its values of the grid's fields, e.g. ``seed1_lr=0.0003``."""
     params = {k.split("/")[-1]: v for k, v in trial.evaluated_params.items()}
-    name = f"seed{trial.config.get('seed')}" + "".join(f"_{k}={params[k]}" for k in sorted(grid_names)
-                                                       if k in params and k != "seed")
+    name = f"seed{trial.config.get('seed')}" + "".join(
+        f"_{k}={params[k]}" for k in sorted(grid_names) if k in params and k != "seed"
+    )
     return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", name)[:120]
 
 
@@ -382,10 +450,9 @@ def _play_baselines(config, baselines: dict, folder: pathlib.Path, headline: str
     for name, policy in baselines.items():
         trajectories = StarPO.play_validation_states_with(config, policy, tokenizer, env_name=headline)
         write_rollouts(folder.parent / baseline_file(name), trajectories, tokenizer)
-    write_text_atomically(folder / "names.json", json.dumps({pathlib.Path(baseline_file(n)).name: n
-                                                             for n in baselines}))
+    write_text_atomically(
+        folder / "names.json", json.dumps({pathlib.Path(baseline_file(n)).name: n for n in baselines})
+    )
 
 
 # EARLY_LOOK_S, and Tune's loop adds a little: lines stay under 15 s apart)
-
-

@@ -153,4 +153,5 @@ def run_storage() -> pyarrow.fs.FileSystem:
 def is_local_storage(filesystem) -> bool:
     """Whether Tune's storage is this machine's disk (plain, or :func:`run_storage`): paths in it are local paths."""
     return isinstance(filesystem, pyarrow.fs.LocalFileSystem) or (
-        isinstance(filesystem, pyarrow.fs.PyFileSystem) and isinstance(filesystem.handler, WholeFileHandler))
+        isinstance(filesystem, pyarrow.fs.PyFileSystem) and isinstance(filesystem.handler, WholeFileHandler)
+    )

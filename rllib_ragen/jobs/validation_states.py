@@ -15,8 +15,9 @@ from ..envs import make_text_env
 from .outputs import read_run_json
 
 
-def initial_states(env_id, env_config: dict, seeds: Iterable[int],
-                   solution_lengths: bool = False) -> dict[int, tuple[str, int | None]]:
+def initial_states(
+    env_id, env_config: dict, seeds: Iterable[int], solution_lengths: bool = False
+) -> dict[int, tuple[str, int | None]]:
     """``{seed: (initial state key, optimal solution length)}``; the length is None unless ``solution_lengths``
     (solving costs far more than resetting) or where the environment cannot compute it."""
     env = make_text_env(env_id, **env_config)
@@ -24,8 +25,7 @@ def initial_states(env_id, env_config: dict, seeds: Iterable[int],
     for seed in seeds:
         env.reset(seed=int(seed))
         text_env = env.unwrapped
-        out[int(seed)] = (str(text_env.state_key()),
-                          text_env.optimal_solution_length() if solution_lengths else None)
+        out[int(seed)] = (str(text_env.state_key()), text_env.optimal_solution_length() if solution_lengths else None)
     return out
 
 
@@ -48,7 +48,7 @@ def trained_seeds_by_env(config, next_train: int) -> dict[str, list[int]]:
     seeds = list(range(config.train_seed_start, next_train))
     by_env: dict[str, list[int]] = {e.name: [] for e in config.training_environments()}
     for step in range(0, len(seeds), config.num_groups):
-        for start in config.training_starts(seeds[step:step + config.num_groups]):
+        for start in config.training_starts(seeds[step : step + config.num_groups]):
             name, seed = start if isinstance(start, tuple) else (config.env_name, start)
             by_env[name].append(seed)
     return by_env

@@ -25,21 +25,36 @@ import json
 import math
 import pathlib
 
-from .outputs import (AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS, BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS, read_run_json,
-                      LEARNING_CURVE, RUN_CONFIG, SENTINEL_FILE, TRAINING_ROLLOUTS, VIEWER_PAGE)
+from .outputs import (
+    AFTER_GREEDY_ROLLOUTS,
+    AFTER_ROLLOUTS,
+    BEFORE_GREEDY_ROLLOUTS,
+    BEFORE_ROLLOUTS,
+    read_run_json,
+    LEARNING_CURVE,
+    RUN_CONFIG,
+    SENTINEL_FILE,
+    TRAINING_ROLLOUTS,
+    VIEWER_PAGE,
+)
 from .readers import read_results
 from .curves import PANEL_EXPLANATIONS, drawn_panels, plot_learning_curve, validations_of
 from ..files import write_text_atomically
 
 # In the list's order: the trained policy's validation episodes first (the page opens on the first of them).
-SOURCES = ((AFTER_ROLLOUTS, "validation after RL"), (AFTER_GREEDY_ROLLOUTS, "greedy after RL"),
-           (BEFORE_ROLLOUTS, "validation before RL"), (BEFORE_GREEDY_ROLLOUTS, "greedy before RL"),
-           (TRAINING_ROLLOUTS, "training"))
+SOURCES = (
+    (AFTER_ROLLOUTS, "validation after RL"),
+    (AFTER_GREEDY_ROLLOUTS, "greedy after RL"),
+    (BEFORE_ROLLOUTS, "validation before RL"),
+    (BEFORE_GREEDY_ROLLOUTS, "greedy before RL"),
+    (TRAINING_ROLLOUTS, "training"),
+)
 EPISODE_COLUMNS = ("env", "seed", "group", "success", "return", "num_turns", "format_errors", "iteration", "turns")
 
 
-def write_viewer(run_dir: pathlib.Path, path: pathlib.Path | None = None,
-                 validation_env: str | None = None) -> pathlib.Path:
+def write_viewer(
+    run_dir: pathlib.Path, path: pathlib.Path | None = None, validation_env: str | None = None
+) -> pathlib.Path:
     """Write the page for ``run_dir`` (to ``run_dir/rollouts.html`` unless ``path`` is given); returns its path.
     ``validation_env``: the environment whose validation success the curves draw (default: the run's
     ``summary.json`` says, else the first training environment)."""
@@ -71,8 +86,9 @@ def load_episodes(run_dir: pathlib.Path) -> list[dict]:
 def build_page(run_dir: pathlib.Path, validation_env: str | None = None) -> str:
     episodes = load_episodes(run_dir)
     if not episodes:
-        raise FileNotFoundError(f"{run_dir} holds no rollouts ({', '.join(name for name, _ in SOURCES)}): is it a "
-                                "run folder of a main job?")
+        raise FileNotFoundError(
+            f"{run_dir} holds no rollouts ({', '.join(name for name, _ in SOURCES)}): is it a run folder of a main job?"
+        )
     rows = read_results(run_dir)
     firings = read_run_json(run_dir / SENTINEL_FILE, [])
     run_config = read_run_json(run_dir / RUN_CONFIG, {})
@@ -85,8 +101,13 @@ def build_page(run_dir: pathlib.Path, validation_env: str | None = None) -> str:
     data = json.dumps({"episodes": episodes}, allow_nan=False, default=_finite)
     data = data.replace("</", "<\\/")  # a "</script>" inside an episode's text must not end the data block
     return _page_part("page.html").format(
-        title=html.escape(title), curves=curves_html(run_dir, rows, firings, env, validation_env),
-        firings=firings_table(firings), data=data, script=_page_part("script.js"), style=_page_part("style.css"))
+        title=html.escape(title),
+        curves=curves_html(run_dir, rows, firings, env, validation_env),
+        firings=firings_table(firings),
+        data=data,
+        script=_page_part("script.js"),
+        style=_page_part("style.css"),
+    )
 
 
 def _finite(value):
@@ -94,8 +115,9 @@ def _finite(value):
 
 
 # ---- curves: the report's learning curve (curves.plot_learning_curve), embedded in the page ---------------------
-def curves_html(run_dir: pathlib.Path, rows: list[dict], firings: list[dict], env: str,
-                validation_env: str | None = None) -> str:
+def curves_html(
+    run_dir: pathlib.Path, rows: list[dict], firings: list[dict], env: str, validation_env: str | None = None
+) -> str:
     """The run's learning curve as an embedded image: the report's file, or drawn now from ``rows``."""
     picture = run_dir / LEARNING_CURVE
     if picture.is_file():
@@ -104,26 +126,41 @@ def curves_html(run_dir: pathlib.Path, rows: list[dict], firings: list[dict], en
         return "<p>No result.json in this folder: no curves.</p>"
     else:
         buffer = io.BytesIO()
-        if not plot_learning_curve(buffer, rows, validations_of(rows), env, f"{run_dir.name}: {env}",
-                                   validation_env=validation_env, firings=firings):
+        if not plot_learning_curve(
+            buffer,
+            rows,
+            validations_of(rows),
+            env,
+            f"{run_dir.name}: {env}",
+            validation_env=validation_env,
+            firings=firings,
+        ):
             return "<p>The curves need matplotlib: pip install 'rllib_ragen[plots]'.</p>"
         png = buffer.getvalue()
-    explained = "".join(f"<dt>{html.escape(name)}</dt><dd>{html.escape(PANEL_EXPLANATIONS[name])}</dd>"
-                        for _, name in drawn_panels(rows, env))
-    return (f'<img class="curves" alt="learning curves: success, format errors, entropy and the echo-trap signals '
-            f'over iterations; sentinel firings in red" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
-            f'<p>Each panel, over iterations; red vertical lines: the sentinel fired.</p><dl class="panels">{explained}'
-            '</dl>')
+    explained = "".join(
+        f"<dt>{html.escape(name)}</dt><dd>{html.escape(PANEL_EXPLANATIONS[name])}</dd>"
+        for _, name in drawn_panels(rows, env)
+    )
+    return (
+        f'<img class="curves" alt="learning curves: success, format errors, entropy and the echo-trap signals '
+        f'over iterations; sentinel firings in red" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        f'<p>Each panel, over iterations; red vertical lines: the sentinel fired.</p><dl class="panels">{explained}'
+        "</dl>"
+    )
 
 
 def firings_table(firings: list[dict]) -> str:
     if not firings:
         return "<p>The sentinel did not fire in this run.</p>"
-    rows = "".join(f"<tr><td>{f['iteration']}</td><td>{html.escape(f['rule'])}</td><td>{f['value']:.4g}</td>"
-                   f"<td>{html.escape(f['action'])}</td><td>{html.escape(f.get('done', ''))}</td></tr>"
-                   for f in firings)
-    return ("<table class='firings'><tr><th>iteration</th><th>rule</th><th>value</th><th>action</th>"
-            f"<th>what was done</th></tr>{rows}</table>")
+    rows = "".join(
+        f"<tr><td>{f['iteration']}</td><td>{html.escape(f['rule'])}</td><td>{f['value']:.4g}</td>"
+        f"<td>{html.escape(f['action'])}</td><td>{html.escape(f.get('done', ''))}</td></tr>"
+        for f in firings
+    )
+    return (
+        "<table class='firings'><tr><th>iteration</th><th>rule</th><th>value</th><th>action</th>"
+        f"<th>what was done</th></tr>{rows}</table>"
+    )
 
 
 def _page_part(name: str) -> str:
@@ -135,10 +172,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rllib_ragen.jobs.viewer", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a run folder (or a job folder: its 'latest' run)")
     parser.add_argument("--output", default=None, help="the page's path (default: RUN_DIR/rollouts.html)")
-    parser.add_argument("--screenshot", default=None, metavar="PNG",
-                        help="also save a picture of the page, taken by headless Chromium (as the docs' images are)")
-    parser.add_argument("--view", default="episode=0",
-                        help="what the screenshot shows: the page's URL fragment (default: the first episode)")
+    parser.add_argument(
+        "--screenshot",
+        default=None,
+        metavar="PNG",
+        help="also save a picture of the page, taken by headless Chromium (as the docs' images are)",
+    )
+    parser.add_argument(
+        "--view",
+        default="episode=0",
+        help="what the screenshot shows: the page's URL fragment (default: the first episode)",
+    )
     args = parser.parse_args(argv)
     run_dir = pathlib.Path(args.run_dir)
     if not any((run_dir / name).is_file() for name, _ in SOURCES) and (run_dir / "latest").exists():
@@ -166,14 +210,27 @@ def screenshot(page: pathlib.Path, png, view: str = "episode=0", size: tuple[int
 
     browser = find_chromium()
     if browser is None:
-        raise FileNotFoundError("no Chromium on this machine: install it (Debian: apt-get install chromium) to take "
-                                "screenshots.")
+        raise FileNotFoundError(
+            "no Chromium on this machine: install it (Debian: apt-get install chromium) to take screenshots."
+        )
     png = pathlib.Path(png).resolve()
     png.parent.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--virtual-time-budget=5000", f"--window-size={size[0]},{size[1]}",
-                           f"--screenshot={png}", f"{pathlib.Path(page).resolve().as_uri()}#{view}"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--virtual-time-budget=5000",
+            f"--window-size={size[0]},{size[1]}",
+            f"--screenshot={png}",
+            f"{pathlib.Path(page).resolve().as_uri()}#{view}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if done.returncode != 0 or not png.is_file():
         raise RuntimeError(f"Chromium could not take the screenshot: {done.stderr[-1000:]}")
 

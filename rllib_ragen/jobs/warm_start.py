@@ -66,12 +66,17 @@ def warm_start_key(config, job, policy: Callable[[str], str]) -> str:
     plays them (its name and the plain values it closes over), the ``warm_start_*`` settings and the seed."""
     closure = [c.cell_contents for c in getattr(policy, "__closure__", None) or ()]
     settings = {
-        "model": str(config.model_config["model"]), "dtype": str(config.model_config.get("dtype")),
-        "seed": config.seed or 0, "rollout": repr(demonstration_rollout_config(config, job)),
+        "model": str(config.model_config["model"]),
+        "dtype": str(config.model_config.get("dtype")),
+        "seed": config.seed or 0,
+        "rollout": repr(demonstration_rollout_config(config, job)),
         "policy": f"{getattr(policy, '__module__', '')}.{getattr(policy, '__qualname__', type(policy).__name__)}",
         "policy_values": [repr(v) for v in closure if isinstance(v, (bool, int, float, str, type(None)))],
-        "job": {f.name: getattr(job, f.name) for f in dataclasses.fields(job)
-                if f.name.startswith("warm_start") and f.name not in WEIGHTLESS_WARM_START_SETTINGS},
+        "job": {
+            f.name: getattr(job, f.name)
+            for f in dataclasses.fields(job)
+            if f.name.startswith("warm_start") and f.name not in WEIGHTLESS_WARM_START_SETTINGS
+        },
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -101,39 +106,61 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
     device = warm_start_device(config, job.warm_start_device)
     model.to(device)
     with Progress(job.warm_start_episodes, "warm start: demonstrations", "episodes") as shown:
-        demos = collect_demonstrations(demonstration_rollout_config(config, job), policy, tokenizer,
-                                       job.warm_start_episodes, progress=lambda done, _: shown.update(done))
+        demos = collect_demonstrations(
+            demonstration_rollout_config(config, job),
+            policy,
+            tokenizer,
+            job.warm_start_episodes,
+            progress=lambda done, _: shown.update(done),
+        )
     longest = max(end - start for t in demos for start, end in t.turn_spans)
     if longest > config.max_new_tokens_per_turn:  # RL would cut such replies short: a format error every time
-        raise ValueError(f"A demonstrated reply takes {longest} tokens, more than max_new_tokens_per_turn="
-                         f"{config.max_new_tokens_per_turn} lets the policy write; raise it to at least {longest} "
-                         f"(--max-new-tokens-per-turn {longest}) or demonstrate shorter replies.")
+        raise ValueError(
+            f"A demonstrated reply takes {longest} tokens, more than max_new_tokens_per_turn="
+            f"{config.max_new_tokens_per_turn} lets the policy write; raise it to at least {longest} "
+            f"(--max-new-tokens-per-turn {longest}) or demonstrate shorter replies."
+        )
     path.mkdir(parents=True, exist_ok=True)  # the validation curve is written beside the model as it trains
-    curve = (validation_greedy_curve(config, tokenizer, path / WARM_START_CURVE)
-             if job.warm_start_eval_interval else None)
+    curve = (
+        validation_greedy_curve(config, tokenizer, path / WARM_START_CURVE) if job.warm_start_eval_interval else None
+    )
     shown = Progress(job.warm_start_steps, "warm start", "steps")
-    losses = supervised_warm_start(model, demos, steps=job.warm_start_steps, batch_size=job.warm_start_batch_size,
-                                   lr=job.warm_start_lr, seed=seed, pad_token_id=tokenizer.pad_token_id,
-                                   average_decay=job.warm_start_average_decay,
-                                   lr_schedule=job.warm_start_lr_schedule,
-                                   group_by_length=job.warm_start_group_by_length,
-                                   micro_batch_size=job.warm_start_micro_batch_size,
-                                   lora_rank=job.warm_start_lora_rank,
-                                   precision=job.warm_start_precision,
-                                   evaluate=curve and functools.partial(curve, model),
-                                   evaluate_every=job.warm_start_eval_interval,
-                                   progress=lambda done, loss: shown.update(done, loss=loss))
+    losses = supervised_warm_start(
+        model,
+        demos,
+        steps=job.warm_start_steps,
+        batch_size=job.warm_start_batch_size,
+        lr=job.warm_start_lr,
+        seed=seed,
+        pad_token_id=tokenizer.pad_token_id,
+        average_decay=job.warm_start_average_decay,
+        lr_schedule=job.warm_start_lr_schedule,
+        group_by_length=job.warm_start_group_by_length,
+        micro_batch_size=job.warm_start_micro_batch_size,
+        lora_rank=job.warm_start_lora_rank,
+        precision=job.warm_start_precision,
+        evaluate=curve and functools.partial(curve, model),
+        evaluate_every=job.warm_start_eval_interval,
+        progress=lambda done, loss: shown.update(done, loss=loss),
+    )
     shown.close()
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     # Which states the model was shown, so that a run started later from this folder (--model) still counts them
     # as seen in its validation report.
-    write_text_atomically(path / DEMONSTRATIONS_FILE, json.dumps(
-        {"env": config.env_name, "seeds": [DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + len(demos)]}))
-    print(f"warm start: {len(demos)} demonstrations ({sum(t.success for t in demos) / len(demos):.0%} successful), "
-          f"{job.warm_start_steps} steps on {device} ({torch.get_num_threads()} threads), "
-          f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    write_text_atomically(
+        path / DEMONSTRATIONS_FILE,
+        json.dumps(
+            {"env": config.env_name, "seeds": [DEMONSTRATION_SEED_START, DEMONSTRATION_SEED_START + len(demos)]}
+        ),
+    )
+    print(
+        f"warm start: {len(demos)} demonstrations ({sum(t.success for t in demos) / len(demos):.0%} successful), "
+        f"{job.warm_start_steps} steps on {device} ({torch.get_num_threads()} threads), "
+        f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
+        f"{time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
     return str(path)
 
 
@@ -163,15 +190,26 @@ def validation_greedy_curve(config, tokenizer, path: pathlib.Path) -> Callable[[
         t0 = time.perf_counter()
         trajectories = StarPO.play_validation_states_with(config, model, tokenizer, temperature=0.0)
         metrics = rollout_metrics(trajectories, config.validation_group_size)
-        row = {"step": step, "weights": weights, M.SUCCESS: metrics[M.env_metric(M.POOLED, M.SUCCESS)],
-               M.FORMAT_ERROR_RATE: metrics[M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE)]}
+        row = {
+            "step": step,
+            "weights": weights,
+            M.SUCCESS: metrics[M.env_metric(M.POOLED, M.SUCCESS)],
+            M.FORMAT_ERROR_RATE: metrics[M.env_metric(M.POOLED, M.FORMAT_ERROR_RATE)],
+        }
         if config.is_mixture:
-            row.update({M.env_metric(e.name, M.SUCCESS): metrics.get(M.env_metric(e.name, M.SUCCESS), math.nan)
-                        for e in config.validation_environments()})
+            row.update(
+                {
+                    M.env_metric(e.name, M.SUCCESS): metrics.get(M.env_metric(e.name, M.SUCCESS), math.nan)
+                    for e in config.validation_environments()
+                }
+            )
         rows.append(row)
         write_csv(path, rows)
-        print(f"warm start step {step}: greedy success {row[M.SUCCESS]:.3f} on {len(trajectories)} validation "
-              f"episodes ({weights} weights; format errors {row[M.FORMAT_ERROR_RATE]:.2f} of turns; "
-              f"{time.perf_counter() - t0:.0f} s)", flush=True)
+        print(
+            f"warm start step {step}: greedy success {row[M.SUCCESS]:.3f} on {len(trajectories)} validation "
+            f"episodes ({weights} weights; format errors {row[M.FORMAT_ERROR_RATE]:.2f} of turns; "
+            f"{time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
 
     return evaluate

@@ -18,8 +18,9 @@ from typing import Callable
 import torch
 
 
-def place_rewards(turn_end_positions: list[list[int]], turn_rewards: list[list[float]], shape: tuple[int, int],
-                  per_turn: bool = False) -> torch.Tensor:
+def place_rewards(
+    turn_end_positions: list[list[int]], turn_rewards: list[list[float]], shape: tuple[int, int], per_turn: bool = False
+) -> torch.Tensor:
     """Token-level reward tensor from per-turn rewards.
 
     ``per_turn=False`` (StarPO): the trajectory's return, sum_k r_k, on its last sampled token.
@@ -45,8 +46,9 @@ def place_rewards(turn_end_positions: list[list[int]], turn_rewards: list[list[f
     return rewards
 
 
-def compute_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0,
-                lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_gae(
+    rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over the policy's own tokens only.
 
     delta_t = r_t + gamma * V(next) - V(t);  A_t = delta_t + gamma * lam * A(next)   (arXiv 1506.02438, eqn. 16)
@@ -66,8 +68,7 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torc
     mask = response_mask > 0
     delta = rewards.float() + gamma * _next_masked(values.float(), mask) - values.float()
     # Off the mask the carry passes through unchanged (factor 1, nothing added): observation tokens are skipped.
-    advantages = _reverse_linear_recurrence(torch.where(mask, delta, 0.0),
-                                            torch.where(mask, gamma * lam, 1.0)) * mask
+    advantages = _reverse_linear_recurrence(torch.where(mask, delta, 0.0), torch.where(mask, gamma * lam, 1.0)) * mask
     return advantages, (advantages + values) * mask
 
 
@@ -131,8 +132,9 @@ def turn_index(response_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, starts.cumsum(-1) - 1, torch.full_like(starts, -1))
 
 
-def _turn_level_gae(rewards: torch.Tensor, values: torch.Tensor, ends: torch.Tensor, gamma: float,
-                    lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _turn_level_gae(
+    rewards: torch.Tensor, values: torch.Tensor, ends: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over turns, read at the turn-end tokens: delta_k = r_k + gamma V(e_{k+1}) - V(e_k),
     A_k = delta_k + gamma lam A_{k+1}. All (B, T); the advantages and the returns (A_k + V(e_k)) sit on the
     turn-end positions, zero elsewhere."""
@@ -142,9 +144,14 @@ def _turn_level_gae(rewards: torch.Tensor, values: torch.Tensor, ends: torch.Ten
     return advantages, (advantages + values.float()) * ends
 
 
-def compute_bi_level_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
-                         gamma_turn: float = 0.95, gamma_token: float = 1.0,
-                         lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_bi_level_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma_turn: float = 0.95,
+    gamma_token: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """TRICO's bi-level GAE (VAGEN): turn-level credit across turns, token-level credit inside each turn.
 
     Turn ends e_k are the last positions of the contiguous runs of ``response_mask == 1``; rewards sit there.
@@ -174,13 +181,15 @@ def compute_bi_level_gae(rewards: torch.Tensor, values: torch.Tensor, response_m
     next_value = torch.nn.functional.pad(v[:, 1:], (0, 1))
     delta = torch.where(ends, turn_returns - v, r + gamma_token * next_value - v)
     inside = mask & ~ends  # the only positions whose advantage continues from the next one
-    advantages = _reverse_linear_recurrence(torch.where(mask, delta, 0.0),
-                                            torch.where(inside, gamma_token * lam, 0.0)) * mask
+    advantages = (
+        _reverse_linear_recurrence(torch.where(mask, delta, 0.0), torch.where(inside, gamma_token * lam, 0.0)) * mask
+    )
     return advantages, (advantages + v) * mask
 
 
-def compute_turn_gae(rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
-                     gamma: float = 0.95, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_turn_gae(
+    rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float = 0.95, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One GAE advantage per turn: the turn-level recursion of :func:`compute_bi_level_gae` over the turn-end values,
     A_k given to every token of turn k, and G_k = A_k + V(e_k) as every one of its tokens' return.
 
@@ -195,8 +204,9 @@ def _spread_over_turns(at_turn_ends: torch.Tensor, response_mask: torch.Tensor) 
     """(B, T) values sitting on turn ends -> the same value on every sampled token of that turn."""
     index = turn_index(response_mask)
     ends = turn_end_mask(response_mask)
-    per_turn = torch.zeros(response_mask.shape[0], int(index.max().item()) + 1 if index.numel() else 0,
-                           device=at_turn_ends.device)
+    per_turn = torch.zeros(
+        response_mask.shape[0], int(index.max().item()) + 1 if index.numel() else 0, device=at_turn_ends.device
+    )
     rows, cols = ends.nonzero(as_tuple=True)
     per_turn[rows, index[rows, cols]] = at_turn_ends[rows, cols].float()
     return _turn_values_on_tokens(per_turn, index)
@@ -209,9 +219,14 @@ def _turn_values_on_tokens(per_turn: torch.Tensor, index: torch.Tensor) -> torch
     return torch.where(index >= 0, padded.gather(1, index.clamp(min=0)), 0.0)
 
 
-def compute_gigpo_step_advantages(turn_rewards: list[list[float]], turn_states: list[list[str]],
-                                  group_ids: torch.Tensor, gamma: float = 0.95, normalize_std: bool = True,
-                                  eps: float = 1e-6) -> list[list[float]]:
+def compute_gigpo_step_advantages(
+    turn_rewards: list[list[float]],
+    turn_states: list[list[str]],
+    group_ids: torch.Tensor,
+    gamma: float = 0.95,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> list[list[float]]:
     """GiGPO's step-level advantage (arXiv 2505.10978): each turn's discounted return from that turn on,
     R_k = sum_{j >= k} gamma^(j - k) r_j, relative to the other turns of the same group that saw the same state
     (its anchor-state group), as in :func:`compute_group_advantages`. A state seen once in its group gets 0.
@@ -239,11 +254,15 @@ def compute_gigpo_step_advantages(turn_rewards: list[list[float]], turn_states: 
         for i, k in members:
             anchor_ids[offsets[i] + k] = a
     advantages = compute_group_advantages(flat, anchor_ids, normalize_std, eps) if len(flat) else flat.float()
-    return [advantages[offsets[i]:offsets[i + 1]].tolist() for i in range(len(step_returns))]
+    return [advantages[offsets[i] : offsets[i + 1]].tolist() for i in range(len(step_returns))]
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
-                  sum_over_shards: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+def masked_whiten(
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    eps: float = 1e-8,
+    sum_over_shards: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) over the masked positions (Bessel-corrected variance), zero off the mask:
     how RAGEN (verl's GAE) normalises advantages over a batch's generated tokens.
 
@@ -259,8 +278,9 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
     return (x - mean) * torch.rsqrt(var + eps) * m
 
 
-def compute_group_advantages(returns: torch.Tensor, group_ids: torch.Tensor, normalize_std: bool = True,
-                             eps: float = 1e-6) -> torch.Tensor:
+def compute_group_advantages(
+    returns: torch.Tensor, group_ids: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
     """GRPO: each trajectory's return relative to its group (same initial state).
 
     A_i = (R_i - mean_g(R)) / (std_g(R) + eps) with ``normalize_std``, else R_i - mean_g(R)
@@ -398,30 +418,42 @@ def _gae(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Te
 
 
 def _bi_level_gae(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    return compute_bi_level_gae(inputs.token_rewards, inputs.values, inputs.response_mask, settings.gamma_turn,
-                                settings.gamma_token, settings.lam)
+    return compute_bi_level_gae(
+        inputs.token_rewards,
+        inputs.values,
+        inputs.response_mask,
+        settings.gamma_turn,
+        settings.gamma_token,
+        settings.lam,
+    )
 
 
 def _turn_gae(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    return compute_turn_gae(inputs.token_rewards, inputs.values, inputs.response_mask, settings.gamma_turn,
-                            settings.lam)
+    return compute_turn_gae(
+        inputs.token_rewards, inputs.values, inputs.response_mask, settings.gamma_turn, settings.lam
+    )
 
 
 def _gigpo(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, None]:
     if inputs.turn_rewards is None or inputs.turn_states is None:
-        raise ValueError("gigpo needs each trajectory's turn rewards and state keys (AdvantageInputs.turn_rewards, "
-                         ".turn_states); StarPO's learner passes them from the batch's columns.")
+        raise ValueError(
+            "gigpo needs each trajectory's turn rewards and state keys (AdvantageInputs.turn_rewards, "
+            ".turn_states); StarPO's learner passes them from the batch's columns."
+        )
     episode, _ = _grpo(inputs, settings)
-    steps = compute_gigpo_step_advantages(inputs.turn_rewards, inputs.turn_states, inputs.group_ids,
-                                          settings.step_gamma, settings.normalize_std)
+    steps = compute_gigpo_step_advantages(
+        inputs.turn_rewards, inputs.turn_states, inputs.group_ids, settings.step_gamma, settings.normalize_std
+    )
     index = turn_index(inputs.response_mask)
     turns = [len(s) for s in steps]
     if (index.max(-1).values + 1).tolist() != turns:
-        raise ValueError(f"gigpo: the response mask holds {(index.max(-1).values + 1).tolist()} turns per trajectory "
-                         f"but the turn rewards {turns}; every turn must be one contiguous run of sampled tokens.")
+        raise ValueError(
+            f"gigpo: the response mask holds {(index.max(-1).values + 1).tolist()} turns per trajectory "
+            f"but the turn rewards {turns}; every turn must be one contiguous run of sampled tokens."
+        )
     per_turn = torch.zeros(len(steps), max(turns, default=0), device=index.device)
     for i, values in enumerate(steps):
-        per_turn[i, :len(values)] = torch.tensor(values)
+        per_turn[i, : len(values)] = torch.tensor(values)
     return episode + settings.omega * _turn_values_on_tokens(per_turn, index), None
 
 
@@ -471,8 +503,9 @@ def register_advantage_estimator(name: str, fn: EstimatorFn, *, needs_critic: bo
     ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(fn, needs_critic)
 
 
-def compute_advantages(name: str, inputs: AdvantageInputs, settings: AdvantageSettings,
-                       whiten_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def compute_advantages(
+    name: str, inputs: AdvantageInputs, settings: AdvantageSettings, whiten_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the estimator registered as ``name``; (advantages (B, T), returns (B, T) or None).
 
     The advantages of an estimator with a critic are whitened over ``whiten_mask`` (default: the estimator's own
@@ -487,6 +520,7 @@ def compute_advantages(name: str, inputs: AdvantageInputs, settings: AdvantageSe
         raise ValueError(f"advantage estimator {name!r} needs the critic's values; it runs on the learner.")
     advantages, returns = estimator.fn(inputs, settings)
     if estimator.needs_critic and settings.whiten:
-        advantages = masked_whiten(advantages, inputs.response_mask if whiten_mask is None else whiten_mask,
-                                   sum_over_shards=inputs.shards.sum)
+        advantages = masked_whiten(
+            advantages, inputs.response_mask if whiten_mask is None else whiten_mask, sum_over_shards=inputs.shards.sum
+        )
     return advantages, returns

@@ -38,7 +38,7 @@ class EpisodeLayout:
         width = max((len(p) for p in layout), default=0)
         self.index = torch.full((len(layout), width), -1, dtype=torch.long)
         for i, positions in enumerate(layout):
-            self.index[i, :len(positions)] = torch.tensor(positions, dtype=torch.long)
+            self.index[i, : len(positions)] = torch.tensor(positions, dtype=torch.long)
         self.mask = (self.index >= 0).to(response_mask.dtype)
         self.first_row = torch.tensor([rows_of[e][0][1] for e in self.episodes], dtype=torch.long)
 

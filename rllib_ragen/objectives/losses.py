@@ -56,9 +56,17 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 LOG_RATIO_BOUND = 20.0  # |log pi - log pi_old| is clamped to this before exp (exp(20) ~ 4.9e8)
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
-                clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float | None = 3.0,
-                aggregation: str = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    dual_clip: float | None = 3.0,
+    aggregation: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate with asymmetric ("clip-higher") and dual clipping.
 
     rho = exp(clamp(logp - old_logp, -20, 20))
@@ -124,8 +132,9 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
     return _logprobs_of(_next_token_logits(logits, temperature), token_ids)
 
 
-def token_logprobs_and_entropy(logits: torch.Tensor, token_ids: torch.Tensor,
-                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs_and_entropy(
+    logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`token_logprobs` and the entropy of each distribution a token was drawn from, from one scaled copy of
     the logits (a (B, T, V) float tensor: large for a large vocabulary).
 
@@ -135,8 +144,9 @@ def token_logprobs_and_entropy(logits: torch.Tensor, token_ids: torch.Tensor,
     return _logprobs_of(scaled, token_ids), shift_right(entropy_from_logits(scaled))
 
 
-def scored_token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, token_ids: torch.Tensor,
-                          scored: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def scored_token_logprobs(
+    hidden: torch.Tensor, head: torch.nn.Module, token_ids: torch.Tensor, scored: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
     """:func:`token_logprobs` at the ``scored`` positions only, zero elsewhere, from the trunk's hidden states: the
     LM head and the log-softmax run on the rows that predict a scored token, not on every position.
 
@@ -160,8 +170,9 @@ def scored_token_logprobs(hidden: torch.Tensor, head: torch.nn.Module, token_ids
     return _placed(where, logp)
 
 
-def scored_logprobs_and_entropy(hidden: torch.Tensor, head: torch.nn.Module, token_ids: torch.Tensor,
-                                scored: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def scored_logprobs_and_entropy(
+    hidden: torch.Tensor, head: torch.nn.Module, token_ids: torch.Tensor, scored: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`scored_token_logprobs` and, at the same positions, the entropy of the distribution each token was
     drawn from (:func:`token_logprobs_and_entropy`'s); both (B, T), 0 where not scored."""
     where = scored[:, 1:].bool()
@@ -176,8 +187,9 @@ def scored_logprobs_and_entropy(hidden: torch.Tensor, head: torch.nn.Module, tok
 HEAD_CHUNK_NUMBERS = 2**24
 
 
-def _head_scores(rows: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float,
-                 entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _head_scores(
+    rows: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N,) float32 log-probs of ``tokens`` under ``log_softmax(head(rows) / T)`` and (``entropy``) the entropy of
     each row's distribution. With gradients and more rows than a chunk (``HEAD_CHUNK_NUMBERS``), chunk by chunk under
     activation checkpointing: the same values to float rounding, in the memory of one chunk."""
@@ -187,14 +199,16 @@ def _head_scores(rows: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor
         return _scores(rows, head, tokens, temperature, entropy)
     from torch.utils.checkpoint import checkpoint
 
-    parts = [checkpoint(_scores, rows[i:i + chunk], head, tokens[i:i + chunk], temperature, entropy,
-                        use_reentrant=False) for i in range(0, len(rows), chunk)]
-    return (torch.cat([logp for logp, _ in parts]),
-            torch.cat([ent for _, ent in parts]) if entropy else None)
+    parts = [
+        checkpoint(_scores, rows[i : i + chunk], head, tokens[i : i + chunk], temperature, entropy, use_reentrant=False)
+        for i in range(0, len(rows), chunk)
+    ]
+    return (torch.cat([logp for logp, _ in parts]), torch.cat([ent for _, ent in parts]) if entropy else None)
 
 
-def _scores(rows: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float,
-            entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _scores(
+    rows: torch.Tensor, head: torch.nn.Module, tokens: torch.Tensor, temperature: float, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     scaled = head(rows).float() / temperature
     logp = torch.log_softmax(scaled, -1).gather(-1, tokens[:, None]).squeeze(-1)
     return logp, entropy_from_logits(scaled) if entropy else None
@@ -246,8 +260,9 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3"
     return KL_ESTIMATORS[estimator](logp, ref_logp)
 
 
-def truncated_importance_weights(proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
-                                 cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+def truncated_importance_weights(
+    proximal_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Decoupled PPO's per-token weight ``min(pi_prox / pi_behav, cap)`` (B, T), 0 off the mask, and the (B, T)
     boolean of tokens the cap cut.
 
@@ -261,8 +276,15 @@ def truncated_importance_weights(proximal_logp: torch.Tensor, behaviour_logp: to
 
 
 # ---- critic -----------------------------------------------------------------------------------------------------
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
-               clip: float | None = 0.5, aggregation: str = "token-mean") -> tuple[torch.Tensor, dict[str, float]]:
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip: float | None = 0.5,
+    aggregation: str = "token-mean",
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped value loss: 0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)  (arXiv 2005.12729 sec. 3.3).
 
     Args:
@@ -280,8 +302,11 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         clipped = (clipped_values - returns) ** 2
         loss, clipfrac = 0.5 * torch.maximum(unclipped, clipped), (moved & (clipped > unclipped)).float()
     total = aggregate(loss, mask, aggregation)
-    return total, {M.VF_LOSS: total.item(), M.VF_CLIPFRAC: masked_mean(clipfrac, mask),
-                   M.EXPLAINED_VARIANCE: explained_variance(values, returns, mask)}
+    return total, {
+        M.VF_LOSS: total.item(),
+        M.VF_CLIPFRAC: masked_mean(clipfrac, mask),
+        M.EXPLAINED_VARIANCE: explained_variance(values, returns, mask),
+    }
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

@@ -82,8 +82,12 @@ def fixed_kept_groups(num_groups: int, settings: FilterSettings) -> int | None:
     (fewer may be left than k)."""
     if settings.mode in ("std", "reversed_std", "none"):
         return num_kept_groups(num_groups, settings.ratio, settings.mode)
-    if settings.mode in VARIABLE_COUNT_FILTERS or settings.mode not in FILTER_MODES or settings.value is None \
-            or not settings.keeps_zero_score_groups:
+    if (
+        settings.mode in VARIABLE_COUNT_FILTERS
+        or settings.mode not in FILTER_MODES
+        or settings.value is None
+        or not settings.keeps_zero_score_groups
+    ):
         return None  # (or not a valid filter, which StarPOConfig.validate reports)
     k = int(settings.threshold * num_groups) if settings.mode == "top_k" else int(settings.threshold)
     return max(1, min(k, num_groups))
@@ -120,7 +124,7 @@ def ragen_selection(scores: torch.Tensor, settings: FilterSettings) -> torch.Ten
             probabilities = torch.softmax(scores if largest else -scores, dim=0)
             order = torch.sort(probabilities, descending=True, stable=True).indices
             reached = torch.searchsorted(torch.cumsum(probabilities[order], 0), torch.tensor(value, dtype=torch.double))
-            return positions[order[:min(int(reached) + 1, len(scores))]]
+            return positions[order[: min(int(reached) + 1, len(scores))]]
         threshold = value * float(scores.sum()) - settings.selection_eps
         total, count = 0.0, 0
         for score in scores[ranked].tolist():
@@ -130,16 +134,21 @@ def ragen_selection(scores: torch.Tensor, settings: FilterSettings) -> torch.Ten
         return positions[ranked[:count]] if total >= threshold else positions[:0]
     if strategy in ("top_k", "top_k_abs"):
         k = int(value * num_groups) if strategy == "top_k" else int(value)  # top_k: a share of all groups
-        return positions[ranked[:max(1, min(k, len(scores)))]]
+        return positions[ranked[: max(1, min(k, len(scores)))]]
     # min_p
     if largest:
         return positions[scores >= scores.max() * value - ZERO_SCORE]
     return positions[scores <= scores.min() / (value + ZERO_SCORE) + ZERO_SCORE]
 
 
-def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: float = FilterSettings.ratio,
-                  mode: str = "std", strata: torch.Tensor | None = None,
-                  settings: FilterSettings | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def select_groups(
+    returns: torch.Tensor,
+    group_ids: torch.Tensor,
+    keep_ratio: float = FilterSettings.ratio,
+    mode: str = "std",
+    strata: torch.Tensor | None = None,
+    settings: FilterSettings | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Keep the groups a filter selects from the within-group spread of trajectory returns.
 
     ``std`` keeps the :func:`num_kept_groups` most uncertain groups (StarPO-S: top 25% by default),
@@ -165,8 +174,9 @@ def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: fl
     means = torch.stack([m.mean() for m in members])
     maxes = torch.stack([m.max() for m in members])
     # RAGEN's score: the sample std (a lone episode's is 0 here, where torch's would be NaN).
-    sample_stds = torch.stack([m.double().std() if len(m) > 1 else torch.zeros((), dtype=torch.double)
-                               for m in members])
+    sample_stds = torch.stack(
+        [m.double().std() if len(m) > 1 else torch.zeros((), dtype=torch.double) for m in members]
+    )
     if strata is None:
         group_strata = torch.zeros(len(groups), dtype=torch.long)
     else:
@@ -183,17 +193,21 @@ def select_groups(returns: torch.Tensor, group_ids: torch.Tensor, keep_ratio: fl
             continue
         # Stable sort on the (possibly negated) std keeps equal-std groups in id order.
         ranked = torch.sort(-stds[inside] if settings.mode == "std" else stds[inside], stable=True).indices
-        kept[inside[ranked[:num_kept_groups(len(inside), settings.ratio, settings.mode)]]] = True
+        kept[inside[ranked[: num_kept_groups(len(inside), settings.ratio, settings.mode)]]] = True
     keep = torch.isin(group_ids, groups[kept])
 
     def kept_mean(values: torch.Tensor) -> float:
         return values[kept].mean().item() if kept.any() else math.nan
 
     metrics = {
-        M.FILTER_REWARD_STD: stds.mean().item(), M.FILTER_REWARD_MEAN: means.mean().item(),
-        M.FILTER_REWARD_MAX: maxes.mean().item(), M.FILTER_KEPT_REWARD_STD: kept_mean(stds),
-        M.FILTER_KEPT_REWARD_MEAN: kept_mean(means), M.FILTER_KEPT_REWARD_MAX: kept_mean(maxes),
-        M.FILTER_KEPT_GROUPS: float(kept.sum()), M.FILTER_KEPT_SHARE: float(kept.sum()) / len(groups),
+        M.FILTER_REWARD_STD: stds.mean().item(),
+        M.FILTER_REWARD_MEAN: means.mean().item(),
+        M.FILTER_REWARD_MAX: maxes.mean().item(),
+        M.FILTER_KEPT_REWARD_STD: kept_mean(stds),
+        M.FILTER_KEPT_REWARD_MEAN: kept_mean(means),
+        M.FILTER_KEPT_REWARD_MAX: kept_mean(maxes),
+        M.FILTER_KEPT_GROUPS: float(kept.sum()),
+        M.FILTER_KEPT_SHARE: float(kept.sum()) / len(groups),
         M.FILTER_ZERO_VARIANCE_GROUPS: float((sample_stds.abs() <= ZERO_SCORE).sum()),
     }
     return keep, metrics

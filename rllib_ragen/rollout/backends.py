@@ -46,8 +46,13 @@ class Generation:
 
 
 class InferenceBackend(Protocol):
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
-                 max_new_tokens: Sequence[int] | None = None) -> list[Generation]: ...
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[Generation]: ...
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
@@ -155,8 +160,9 @@ def _growing_kv_layer():
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
             if self.get_seq_length() > 0:
-                if len(indices) == self._keys.shape[0] and bool((indices == torch.arange(
-                        len(indices), device=indices.device)).all()):
+                if len(indices) == self._keys.shape[0] and bool(
+                    (indices == torch.arange(len(indices), device=indices.device)).all()
+                ):
                     return  # the same rows in the same order: nothing to copy
                 # A copy anyway: of the filled part and GROWTH_SLOTS more (a next turn's room), not the whole buffer.
                 room = self._length + GROWTH_SLOTS
@@ -170,8 +176,8 @@ def _growing_kv_layer():
                 self._expose()
 
         def _expose(self):
-            self.keys = self._keys[..., :self._length, :]
-            self.values = self._values[..., :self._length, :]
+            self.keys = self._keys[..., : self._length, :]
+            self.values = self._values[..., : self._length, :]
 
     return GrowingKVLayer
 
@@ -209,11 +215,12 @@ def _decode_attention(module, query, key, value, attention_mask, scaling=None, d
 
     batch, heads, length, dim = query.shape
     if length != 1 or kwargs.get("softcap") is not None or dropout:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     groups = key.shape[1]
     q = query.reshape(batch, groups, heads // groups, dim)
-    scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim ** -0.5)
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim**-0.5)
     if attention_mask is not None:  # (B, 1, 1, filled): the one query's row; slots past it are empty
         mask = attention_mask[:, :, -1:, :]
         empty = key.shape[2] - mask.shape[-1]
@@ -282,14 +289,17 @@ class HFBackend:
         self.device = next(model.parameters()).device
         static_fits = full_attention_cache(model) is not None
         if decode == "static" and not static_fits:
-            raise ValueError(f"decode='static' needs a model whose layers are all plain full attention; "
-                             f"{type(model).__name__} has others (sliding windows or recurrent state): use 'growing'.")
+            raise ValueError(
+                f"decode='static' needs a model whose layers are all plain full attention; "
+                f"{type(model).__name__} has others (sliding windows or recurrent state): use 'growing'."
+            )
         if decode == "auto":  # by device: the static cache and CUDA graphs pay on a GPU, the growing cache on a CPU
             decode = "static" if self.device.type == "cuda" and static_fits else "growing"
         self.decode = decode
         self.cuda_graphs = decode == "static" and self.device.type == "cuda"
-        self._cpu_attention = self.device.type == "cpu" and getattr(model.config, "_attn_implementation",
-                                                                   None) == "sdpa"
+        self._cpu_attention = (
+            self.device.type == "cpu" and getattr(model.config, "_attn_implementation", None) == "sdpa"
+        )
         if self._cpu_attention:
             model.set_attn_implementation(_register_decode_attention())
         # bfloat16 products copy a strided view of the cache; float32 ones read it where it lies, and faster than
@@ -329,15 +339,21 @@ class HFBackend:
             self._parameter_addresses = addresses
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
-                 max_new_tokens: Sequence[int] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[Generation]:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ())))
         caps = reply_caps(params, len(prompts), max_new_tokens)
         out: list[Generation | None] = [None] * len(prompts)
         for chunk, rows in self._chunks(prompts):
-            generations = self._generate_batch(chunk, [list(prompts[r]) for r in rows], params, [caps[r] for r in rows],
-                                               generator)
+            generations = self._generate_batch(
+                chunk, [list(prompts[r]) for r in rows], params, [caps[r] for r in rows], generator
+            )
             for row, generation in zip(rows, generations):
                 out[row] = generation
         return out
@@ -350,8 +366,10 @@ class HFBackend:
         consecutive slices, read afresh."""
         owners = self._cache_owners(prompts) if self.prefix_cache and len(self._caches) > 1 else None
         if owners is None:
-            return [(chunk, list(range(start, min(start + self.max_batch_size, len(prompts)))))
-                    for chunk, start in enumerate(range(0, len(prompts), self.max_batch_size))]
+            return [
+                (chunk, list(range(start, min(start + self.max_batch_size, len(prompts)))))
+                for chunk, start in enumerate(range(0, len(prompts), self.max_batch_size))
+            ]
         by_chunk: dict[int, list[int]] = {}
         for row, chunk in enumerate(owners):
             by_chunk.setdefault(chunk, []).append(row)
@@ -400,19 +418,26 @@ class HFBackend:
             new_mask = torch.zeros((len(ids), width), dtype=torch.long)
             for row, tokens in enumerate(ids):
                 if tokens:
-                    new_ids[row, width - len(tokens):] = torch.tensor(tokens)
-                    new_mask[row, width - len(tokens):] = 1
+                    new_ids[row, width - len(tokens) :] = torch.tensor(tokens)
+                    new_mask[row, width - len(tokens) :] = 1
         new_mask = new_mask.to(self.device)
         seen = mask.sum(-1, keepdim=True) if mask is not None else 0
         position_ids = (seen + new_mask.cumsum(-1) - 1).clamp(min=0)
         mask = new_mask if mask is None else torch.cat([mask, new_mask], dim=1)
         last_only = {"logits_to_keep": 1} if self._keeps_logits else {}
-        output = self.model(input_ids=new_ids.to(self.device), attention_mask=mask, position_ids=position_ids,
-                            **{cache_argument(): cache}, use_cache=True, **last_only)
+        output = self.model(
+            input_ids=new_ids.to(self.device),
+            attention_mask=mask,
+            position_ids=position_ids,
+            **{cache_argument(): cache},
+            use_cache=True,
+            **last_only,
+        )
         return output.logits[:, -1].float(), output[cache_argument()], mask
 
-    def _generate_batch(self, chunk: int, prompts: list[list[int]], params: SamplingParams, caps: list[int],
-                        generator: torch.Generator) -> list[Generation]:
+    def _generate_batch(
+        self, chunk: int, prompts: list[list[int]], params: SamplingParams, caps: list[int], generator: torch.Generator
+    ) -> list[Generation]:
         if self.decode == "static":
             return self._generate_on_slab(chunk, prompts, params, caps, generator)
         previous = self._caches.pop(chunk, None) if self.prefix_cache else None
@@ -424,7 +449,7 @@ class HFBackend:
             index = torch.tensor(rows, device=self.device)
             previous.cache.batch_select_indices(index)
             cache, mask = previous.cache, previous.mask[index]
-            new = [p[len(previous.rows[r]):] for p, r in zip(prompts, rows)]
+            new = [p[len(previous.rows[r]) :] for p, r in zip(prompts, rows)]
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         logits, cache, mask = self._prefill(new, cache, mask)
         state = {"cache": cache, "mask": mask}
@@ -454,8 +479,9 @@ class HFBackend:
         cache.batch_select_indices(index)
         return logits[index], cache, mask[index]
 
-    def _generate_on_slab(self, chunk: int, prompts: list[list[int]], params: SamplingParams, caps: list[int],
-                          generator: torch.Generator) -> list[Generation]:
+    def _generate_on_slab(
+        self, chunk: int, prompts: list[list[int]], params: SamplingParams, caps: list[int], generator: torch.Generator
+    ) -> list[Generation]:
         """:meth:`_generate_batch` on a static KV cache (``static_decode.py``), each decode step a CUDA graph
         replay on a GPU. The prefix cache works as on the growing cache: the slab's rows are reordered in place."""
         from .static_decode import StaticSlab, slab_shape
@@ -463,7 +489,7 @@ class HFBackend:
         pad = self.tokenizer.pad_token_id
         previous = self._caches.pop(chunk, None)
         rows = previous.match(prompts) if previous is not None else None
-        new = [p[len(previous.rows[r]):] for p, r in zip(prompts, rows)] if rows is not None else prompts
+        new = [p[len(previous.rows[r]) :] for p, r in zip(prompts, rows)] if rows is not None else prompts
         if rows is not None and previous.cache.fits(len(prompts), max(len(n) for n in new) + max(caps)):
             slab = previous.cache
             slab.reorder(rows)
@@ -494,8 +520,9 @@ class HFBackend:
         while len(self._slabs) > 2:
             self._slabs.pop(next(iter(self._slabs)))
 
-    def _sample_replies(self, logits: torch.Tensor, step, params: SamplingParams, caps: list[int],
-                        generator: torch.Generator) -> tuple[list[list[int]], list[list[float]]]:
+    def _sample_replies(
+        self, logits: torch.Tensor, step, params: SamplingParams, caps: list[int], generator: torch.Generator
+    ) -> tuple[list[list[int]], list[list[float]]]:
         """Sample every row's reply from the logits after its prompt: ``step(feed)`` feeds each row its new token
         (or nothing, a row that stopped) and returns the next logits. A row stops at eos, at its cap, or once its
         text holds a stop string; its last token is never fed."""
@@ -515,8 +542,7 @@ class HFBackend:
                 replies[row].append(token)
                 logprobs[row].append(token_logprobs[row])
                 texts[row] = (texts[row] + self._token_text(token))[-64:]
-                if (token == eos or len(replies[row]) >= caps[row]
-                        or any(s in texts[row] for s in params.stop_strings)):
+                if token == eos or len(replies[row]) >= caps[row] or any(s in texts[row] for s in params.stop_strings):
                     running[row] = False  # its last token is never fed
                 feed.append([token] if running[row] else [])
             if not any(running):
@@ -536,8 +562,9 @@ def reply_caps(params: SamplingParams, num_prompts: int, max_new_tokens: Sequenc
     if max_new_tokens is None:
         return [params.max_new_tokens] * num_prompts
     if len(max_new_tokens) != num_prompts or min(max_new_tokens, default=1) < 1:
-        raise ValueError(f"max_new_tokens needs one cap >= 1 per prompt; got {list(max_new_tokens)[:8]} for "
-                         f"{num_prompts} prompts.")
+        raise ValueError(
+            f"max_new_tokens needs one cap >= 1 per prompt; got {list(max_new_tokens)[:8]} for {num_prompts} prompts."
+        )
     return [min(int(cap), params.max_new_tokens) for cap in max_new_tokens]
 
 
@@ -594,12 +621,17 @@ class ScriptedBackend:
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """A scripted policy has no weights; accepting them keeps training loops backend-agnostic."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
-                 max_new_tokens: Sequence[int] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[Generation]:
         out = []
         for prompt, cap in zip(prompts, reply_caps(params, len(prompts), max_new_tokens)):
             reply = self.policy(self.tokenizer.decode(prompt))
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"][:cap - 1]
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"][: cap - 1]
             ids.append(self.tokenizer.eos_token_id)
             out.append(Generation(ids, [0.0] * len(ids)))
         return out

@@ -23,8 +23,9 @@ _USER = "@@USER@@"
 RAW_REPLY_HINT = "Your whole reply goes to the environment as written: follow its instructions."
 
 
-def format_hint(enable_thinking: bool, max_actions_per_turn: int, separator: str | None = "||",
-                raw_reply: bool = False) -> str:
+def format_hint(
+    enable_thinking: bool, max_actions_per_turn: int, separator: str | None = "||", raw_reply: bool = False
+) -> str:
     """The one-line reminder of the answer format that ends every observation message. ``separator``: what stands
     between actions in the answer (None: the answer is one action, whatever it holds). ``raw_reply``: the
     environment reads the whole reply itself (``TextEnv.raw_replies``), in the format its instructions give."""
@@ -37,18 +38,31 @@ def format_hint(enable_thinking: bool, max_actions_per_turn: int, separator: str
     return f"Reply exactly as {template} with at most {max_actions_per_turn} actions."
 
 
-def turn_message(observation: str, *, turn: int, actions_left: int, reward: float | None = None,
-                 enable_thinking: bool = True, max_actions_per_turn: int = 5, separator: str | None = "||",
-                 raw_reply: bool = False) -> str:
+def turn_message(
+    observation: str,
+    *,
+    turn: int,
+    actions_left: int,
+    reward: float | None = None,
+    enable_thinking: bool = True,
+    max_actions_per_turn: int = 5,
+    separator: str | None = "||",
+    raw_reply: bool = False,
+) -> str:
     """The user message of one turn: last reward (after the first turn), state, action budget and format."""
     reward_line = "" if reward is None else f"Reward: {reward:g}\n"
-    return (f"{reward_line}Turn {turn}. State:\n{observation}\nYou have {actions_left} actions left. "
-            f"{format_hint(enable_thinking, max_actions_per_turn, separator, raw_reply)}")
+    return (
+        f"{reward_line}Turn {turn}. State:\n{observation}\nYou have {actions_left} actions left. "
+        f"{format_hint(enable_thinking, max_actions_per_turn, separator, raw_reply)}"
+    )
 
 
 # What turn_message writes, read back: the parser and the writer above change together.
-_TURN_MESSAGE = re.compile(r"(?:Reward: (?P<reward>\S+)\n)?Turn (?P<turn>\d+)\. State:\n(?P<observation>.*?)\n"
-                           r"You have (?P<actions_left>\d+) actions left\. ", re.DOTALL)
+_TURN_MESSAGE = re.compile(
+    r"(?:Reward: (?P<reward>\S+)\n)?Turn (?P<turn>\d+)\. State:\n(?P<observation>.*?)\n"
+    r"You have (?P<actions_left>\d+) actions left\. ",
+    re.DOTALL,
+)
 
 
 @dataclass(frozen=True)
@@ -73,8 +87,12 @@ def last_turn_message(text: str) -> TurnMessage:
     if match is None:
         raise ValueError("No 'Turn N. State: ... You have N actions left.' message in the text.")
     reward = match.group("reward")
-    return TurnMessage(match.group("observation"), int(match.group("turn")), int(match.group("actions_left")),
-                       None if reward is None else float(reward))
+    return TurnMessage(
+        match.group("observation"),
+        int(match.group("turn")),
+        int(match.group("actions_left")),
+        None if reward is None else float(reward),
+    )
 
 
 class TemplateError(ValueError):
@@ -97,8 +115,7 @@ class ChatFormat:
         TemplateError: the template is missing or not append-only; the message says which check failed.
     """
 
-    def __init__(self, tokenizer, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT, tools=None,
-                 tool_format=None):
+    def __init__(self, tokenizer, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT, tools=None, tool_format=None):
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError(f"{type(tokenizer).__name__} has no chat_template; set tokenizer.chat_template.")
         self.tokenizer = tokenizer
@@ -119,16 +136,20 @@ class ChatFormat:
         prompt = self._render(base, generation_prompt=True)
         with_reply = self._render(base + [{"role": "assistant", "content": _REPLY}], generation_prompt=False)
         if not with_reply.startswith(prompt + _REPLY):
-            raise TemplateError("The chat template does not place a reply right after the generation prompt, so "
-                                "sampled tokens cannot be appended as they are.")
+            raise TemplateError(
+                "The chat template does not place a reply right after the generation prompt, so "
+                "sampled tokens cannot be appended as they are."
+            )
         # After a reply: `close` ends the assistant turn; `user_prefix` + message + `user_suffix` opens the next
         # user turn and the generation prompt.
-        self.close = with_reply[len(prompt + _REPLY):]
-        after = self._render(base + [{"role": "assistant", "content": _REPLY}, {"role": "user", "content": _USER}],
-                             generation_prompt=True)
+        self.close = with_reply[len(prompt + _REPLY) :]
+        after = self._render(
+            base + [{"role": "assistant", "content": _REPLY}, {"role": "user", "content": _USER}],
+            generation_prompt=True,
+        )
         if not after.startswith(with_reply):
             raise TemplateError("Adding a user turn changes the rendering of the turns before it.")
-        self.user_prefix, _, self.user_suffix = after[len(with_reply):].partition(_USER)
+        self.user_prefix, _, self.user_suffix = after[len(with_reply) :].partition(_USER)
         self._with_reply_base = (base, with_reply)
         self.eos_token_id = tokenizer.eos_token_id
         self._eos_text = tokenizer.eos_token or ""
@@ -144,8 +165,9 @@ class ChatFormat:
     def _render(self, messages: list[dict], generation_prompt: bool, tools="template") -> str:
         tools = self._template_tools if tools == "template" else tools
         extra = {"tools": tools} if tools else {}
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt,
-                                                  **extra)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
+        )
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -164,7 +186,7 @@ class ChatFormat:
         When the policy already sampled its end-of-turn token, only what the template puts after it remains.
         """
         if reply_ids and reply_ids[-1] == self.eos_token_id and self.close.startswith(self._eos_text):
-            return self.close[len(self._eos_text):]
+            return self.close[len(self._eos_text) :]
         return self.close
 
     def next_turn_text(self, reply_ids: list[int], user_message: str) -> str:
@@ -182,23 +204,27 @@ class ChatFormat:
         after = self._render(messages, generation_prompt=True)
         if not after.startswith(with_reply):
             raise TemplateError("Adding tool messages changes the rendering of the turns before them.")
-        return self.reply_end_text(reply_ids) + after[len(with_reply):]
+        return self.reply_end_text(reply_ids) + after[len(with_reply) :]
 
     # ---- start-up checks --------------------------------------------------------------------------------
     def _renders_tool_turns(self) -> bool:
         """Whether the template renders a ``tool`` message's content after a reply, append-only."""
         base, with_reply = self._with_reply_base
         try:
-            after = self._render(base + [{"role": "assistant", "content": _REPLY}]
-                                 + _tool_messages([("probe", _USER)]), generation_prompt=True)
+            after = self._render(
+                base + [{"role": "assistant", "content": _REPLY}] + _tool_messages([("probe", _USER)]),
+                generation_prompt=True,
+            )
         except Exception:  # a template that refuses the role (raise_exception): results go as user turns
             return False
-        return after.startswith(with_reply) and _USER in after[len(with_reply):]
+        return after.startswith(with_reply) and _USER in after[len(with_reply) :]
 
     def _check_append_only(self) -> None:
         users = ["Turn 1. State:\nP_O", "Reward: -0.1\nTurn 2. State:\n_PO", "Reward: 10\nTurn 3. State:\n__S"]
-        replies = ["<think>Move right twice.</think><answer>Right || Right</answer>",
-                   "<think>One more.</think><answer>Right</answer>"]
+        replies = [
+            "<think>Move right twice.</think><answer>Right || Right</answer>",
+            "<think>One more.</think><answer>Right</answer>",
+        ]
         messages = self._messages(users[0])
         incremental = self.prompt_text(users[0])
         for reply, user in zip(replies, users[1:]):
@@ -215,18 +241,22 @@ class ChatFormat:
         for result in results:
             incremental += call + self.tool_turn_text([], result)
             messages += [{"role": "assistant", "content": call}]
-            messages += (_tool_messages(result) if self.tool_turns_in_template else
-                         [{"role": "user", "content": "\n".join(self.tool_format.response_text(c) for _, c in result)}])
+            messages += (
+                _tool_messages(result)
+                if self.tool_turns_in_template
+                else [{"role": "user", "content": "\n".join(self.tool_format.response_text(c) for _, c in result)}]
+            )
         self._compare(self._render(messages, generation_prompt=True), incremental, "tool calls and their results")
 
     def _compare(self, full: str, incremental: str, what: str) -> None:
         if full != incremental:
-            cut = next((i for i, (a, b) in enumerate(zip(full, incremental)) if a != b),
-                       min(len(full), len(incremental)))
+            cut = next(
+                (i for i, (a, b) in enumerate(zip(full, incremental)) if a != b), min(len(full), len(incremental))
+            )
             raise TemplateError(
                 f"The chat template does not render {what} append-only (it rewrites earlier turns, "
-                f"e.g. strips <think> blocks); first difference at character {cut}: {full[cut:cut + 60]!r} vs "
-                f"{incremental[cut:cut + 60]!r}. Use a template that keeps earlier turns verbatim "
+                f"e.g. strips <think> blocks); first difference at character {cut}: {full[cut : cut + 60]!r} vs "
+                f"{incremental[cut : cut + 60]!r}. Use a template that keeps earlier turns verbatim "
                 "(set tokenizer.chat_template)."
             )
 

@@ -27,8 +27,16 @@ from ..envs import TRANSITION_SEED, make_text_env
 from .backends import InferenceBackend, SamplingParams
 from .context import DEFAULT_SYSTEM_PROMPT, ChatFormat, turn_message
 from .deadlines import EnvTimeoutError, TimedEnv, call_each
-from .protocol import (DEFAULT_FORMAT_PENALTY, DEFAULT_SEPARATOR, REGION_OTHER, ParsedReply, execute_tool_turn,
-                       execute_turn, parse_reply, reply_regions)
+from .protocol import (
+    DEFAULT_FORMAT_PENALTY,
+    DEFAULT_SEPARATOR,
+    REGION_OTHER,
+    ParsedReply,
+    execute_tool_turn,
+    execute_turn,
+    parse_reply,
+    reply_regions,
+)
 from .tools import TOOL_HINT, ToolReply, ToolSet, schemas, tool_call_format
 from .trajectory import Start, Trajectory, TurnSample, start_env, start_seed
 
@@ -194,16 +202,19 @@ class RolloutEngine:
         pool = self._envs[key]
         pool[:] = [e for e in pool if not e.stuck]  # one that timed out may still be running its call
         while len(pool) < size:
-            pool.append(TimedEnv(make_text_env(env, **config), self.config.env_reset_timeout_s,
-                                 self.config.env_step_timeout_s))
+            pool.append(
+                TimedEnv(make_text_env(env, **config), self.config.env_reset_timeout_s, self.config.env_step_timeout_s)
+            )
         return pool[:size]
 
     def _pools(self, starts: Sequence[Start], group_size: int, env_config: dict | None = None) -> list:
         """One environment per episode of ``starts``' groups, each from the pool of its start's environment
         (``env_config``, when given, builds ``config.env``'s)."""
         needed = Counter(start_env(start) for start in starts)
-        pools = {name: iter(self._env_pool(name, count * group_size, env_config if name is None else None))
-                 for name, count in needed.items()}
+        pools = {
+            name: iter(self._env_pool(name, count * group_size, env_config if name is None else None))
+            for name, count in needed.items()
+        }
         return [next(pools[start_env(start)]) for start in starts for _ in range(group_size)]
 
     def _reset_options(self, seed: int, member: int) -> dict | None:
@@ -226,12 +237,20 @@ class RolloutEngine:
                 text = text.replace(control, control[:1] + " " + control[1:])
         return text
 
-    def _user_message(self, observation: str, turn: int, actions_left: int, reward: float | None,
-                      raw_reply: bool) -> str:
+    def _user_message(
+        self, observation: str, turn: int, actions_left: int, reward: float | None, raw_reply: bool
+    ) -> str:
         c = self.config
-        return turn_message(observation, turn=turn, actions_left=actions_left, reward=reward,
-                            enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn,
-                            separator=c.action_separator, raw_reply=raw_reply)
+        return turn_message(
+            observation,
+            turn=turn,
+            actions_left=actions_left,
+            reward=reward,
+            enable_thinking=c.enable_thinking,
+            max_actions_per_turn=c.max_actions_per_turn,
+            separator=c.action_separator,
+            raw_reply=raw_reply,
+        )
 
     def _token_text(self, token: int) -> str:
         """One token's decoded text, memoised (every sampled token is looked up to find its reply region)."""
@@ -255,7 +274,7 @@ class RolloutEngine:
         turn = len(episode.messages)  # the turn about to be played, 1-based
         first = max(1, turn - self.config.window_turns + 1)
         ids = self.chat.prompt_ids(episode.instructions + "\n" + episode.messages[first - 1])
-        for exchange in episode.exchanges[first - 1:turn - 1]:
+        for exchange in episode.exchanges[first - 1 : turn - 1]:
             ids = ids + exchange
         return ids
 
@@ -265,36 +284,53 @@ class RolloutEngine:
         observation, _ = env.reset(seed=start_seed(start))
         counts: Counter = Counter()
         observation = self._plain(_observation_text(env.unwrapped, observation, "reset"), counts)
-        chat, _, first, _ = self._first_message(env.unwrapped, observation,
-                                                self._plain(env.unwrapped.describe(), counts))
+        chat, _, first, _ = self._first_message(
+            env.unwrapped, observation, self._plain(env.unwrapped.describe(), counts)
+        )
         return len(chat.prompt_ids(first))
 
-    def _first_message(self, text_env, observation: str,
-                       instructions: str) -> tuple[ChatFormat, ToolSet | None, str, str]:
+    def _first_message(
+        self, text_env, observation: str, instructions: str
+    ) -> tuple[ChatFormat, ToolSet | None, str, str]:
         """The chat format an episode of ``text_env`` is played in, its tools (None: not in tool mode), its first user
         message (the instructions, then the first turn's message or, in tool mode, the task and how to call), and that
         turn message alone."""
         tools = _tools_of(text_env)
         if not tools:
-            message = self._user_message(observation, 1, self.config.max_actions_per_episode, None,
-                                         _takes_raw_replies(text_env))
+            message = self._user_message(
+                observation, 1, self.config.max_actions_per_episode, None, _takes_raw_replies(text_env)
+            )
             return self.chat, None, instructions + "\n" + message, message
         if self.config.window_turns is not None:
-            raise RolloutSettingError(f"{type(text_env).__name__} has tools, and tool episodes are played with the "
-                                      "whole conversation in view: set context_window='full' (not "
-                                      f"{self.config.context_window!r}).")
+            raise RolloutSettingError(
+                f"{type(text_env).__name__} has tools, and tool episodes are played with the "
+                "whole conversation in view: set context_window='full' (not "
+                f"{self.config.context_window!r})."
+            )
         key = json.dumps(tools, sort_keys=True)
         if key not in self._tool_modes:
-            self._tool_modes[key] = (ChatFormat(self.tokenizer, self.config.system_prompt, tools=tools,
-                                                tool_format=tool_call_format(self.config.tool_call_format)),
-                                     ToolSet(tools))
+            self._tool_modes[key] = (
+                ChatFormat(
+                    self.tokenizer,
+                    self.config.system_prompt,
+                    tools=tools,
+                    tool_format=tool_call_format(self.config.tool_call_format),
+                ),
+                ToolSet(tools),
+            )
         chat, tool_set = self._tool_modes[key]
         message = "\n".join(part for part in (observation, TOOL_HINT) if part)
         return chat, tool_set, "\n".join(part for part in (instructions, message) if part), message
 
-    def rollout(self, seeds: Sequence[Start], group_size: int, sampling: SamplingParams,
-                sample_seed: int | None = None, env_config: dict | None = None,
-                progress: Callable[[int, int], None] | None = None) -> tuple[list[Trajectory], dict[str, float]]:
+    def rollout(
+        self,
+        seeds: Sequence[Start],
+        group_size: int,
+        sampling: SamplingParams,
+        sample_seed: int | None = None,
+        env_config: dict | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> tuple[list[Trajectory], dict[str, float]]:
         """Play ``len(seeds)`` groups of ``group_size`` environments; group g starts every env from ``seeds[g]``.
 
         Args:
@@ -318,8 +354,9 @@ class RolloutEngine:
         members = [(g, j, s) for g, s in enumerate(seeds) for j in range(group_size)]
         envs = self._pools(seeds, group_size, env_config)
         # Every reset at once: environments that hang together cost one deadline (rollout/deadlines.py).
-        resets = call_each([self._reset_call(env, start_seed(start), member)
-                            for (_, member, start), env in zip(members, envs)])
+        resets = call_each(
+            [self._reset_call(env, start_seed(start), member) for (_, member, start), env in zip(members, envs)]
+        )
         self._first_failure = None
         for (group, member, start), env, (reset, value) in zip(members, envs, resets):
             text_env, seed = env.unwrapped, start_seed(start)
@@ -328,8 +365,9 @@ class RolloutEngine:
                 self._count_env_failure(value, counts, what)
                 continue
             observation, description = value
-            if _too_long_to_read(observation, self._max_text_chars) or _too_long_to_read(description,
-                                                                                         self._max_text_chars):
+            if _too_long_to_read(observation, self._max_text_chars) or _too_long_to_read(
+                description, self._max_text_chars
+            ):
                 too_long.append(c.max_context_tokens + 1)  # more than could ever be read: not tokenized
                 continue
             try:  # what the environment handed back (its text, tools, flags) is checked here: its fault, isolated
@@ -367,11 +405,14 @@ class RolloutEngine:
                     break
                 t0 = time.perf_counter()
                 prompts = [self._prompt(e) for e in active]
-                generations = self.backend.generate(prompts, sampling, _turn_seed(sample_seed, turn, wave),
-                                                    max_new_tokens=[self._reply_room(prompt) for prompt in prompts])
+                generations = self.backend.generate(
+                    prompts,
+                    sampling,
+                    _turn_seed(sample_seed, turn, wave),
+                    max_new_tokens=[self._reply_room(prompt) for prompt in prompts],
+                )
                 t_generate += time.perf_counter() - t0
-                replies = [self._record_reply(episode, generation)
-                           for episode, generation in zip(active, generations)]
+                replies = [self._record_reply(episode, generation) for episode, generation in zip(active, generations)]
                 # Every episode's actions at once: environments that hang together cost one deadline per step.
                 results = call_each([self._turn_call(episode, reply) for episode, reply in zip(active, replies)])
                 for episode, generation, result in zip(active, generations, results):
@@ -402,7 +443,7 @@ class RolloutEngine:
             groups.setdefault(episode.trajectory.group, []).append(episode)
         per_wave = max(1, cap // group_size)
         ordered = list(groups.values())
-        return [[e for group in ordered[i:i + per_wave] for e in group] for i in range(0, len(ordered), per_wave)]
+        return [[e for group in ordered[i : i + per_wave] for e in group] for i in range(0, len(ordered), per_wave)]
 
     def _count_env_failure(self, error: Exception, counts: Counter, what: str) -> None:
         """Log and count an environment call that raised (``rollout/env_errors``) or timed out (``env_timeouts``);
@@ -418,22 +459,31 @@ class RolloutEngine:
 
     def _report_prompts_too_long(self, lengths: list[int], played: int) -> None:
         c = self.config
-        message = (f"{len(lengths)} first prompt(s) of {c.env} leave no room for a reply under max_context_tokens="
-                   f"{c.max_context_tokens} (shortest {min(lengths)} tokens, plus {self.reply_reserve} to close a "
-                   "reply)")
+        message = (
+            f"{len(lengths)} first prompt(s) of {c.env} leave no room for a reply under max_context_tokens="
+            f"{c.max_context_tokens} (shortest {min(lengths)} tokens, plus {self.reply_reserve} to close a "
+            "reply)"
+        )
         if not played:
-            raise ValueError(f"{message}: no episode can be played. Raise max_context_tokens, or shorten the "
-                             "observation or the system prompt.")
+            raise ValueError(
+                f"{message}: no episode can be played. Raise max_context_tokens, or shorten the "
+                "observation or the system prompt."
+            )
         if c.env not in _WARNED_TOO_LONG:
             _WARNED_TOO_LONG.add(c.env)
-            logger.warning("%s; those episodes are not played and are counted as %s (warned once per environment).",
-                           message, M.PROMPTS_TOO_LONG)
+            logger.warning(
+                "%s; those episodes are not played and are counted as %s (warned once per environment).",
+                message,
+                M.PROMPTS_TOO_LONG,
+            )
 
     def _reset_call(self, env, seed: int, member: int):
         """One episode's reset and instructions, as a call for :func:`call_each`."""
+
         def reset():
             observation, _ = env.reset(seed=int(seed), options=self._reset_options(seed, member))
             return observation, env.unwrapped.describe()
+
         return reset
 
     def _record_reply(self, episode: _Episode, generation) -> ParsedReply | ToolReply:
@@ -449,8 +499,12 @@ class RolloutEngine:
         text = self.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
         if episode.tools is not None:
             return episode.chat.tool_format.parse(text)
-        reply = parse_reply(text, enable_thinking=c.enable_thinking, max_actions_per_turn=c.max_actions_per_turn,
-                            separator=c.action_separator)
+        reply = parse_reply(
+            text,
+            enable_thinking=c.enable_thinking,
+            max_actions_per_turn=c.max_actions_per_turn,
+            separator=c.action_separator,
+        )
         if episode.raw_reply:  # the environment parses the reply itself: it is one action, thinking and all
             return ParsedReply(format_ok=True, thinking=reply.thinking, actions=(text,) if text.strip() else ())
         return reply
@@ -459,15 +513,26 @@ class RolloutEngine:
         """Executing one parsed reply in its episode's environment, as a call for :func:`call_each`."""
         c = self.config
         if episode.tools is not None:
-            return lambda: execute_tool_turn(episode.env, reply, episode.tools, actions_left=episode.actions_left,
-                                             max_calls=c.max_actions_per_turn, format_penalty=c.format_penalty)
-        return lambda: execute_turn(episode.env, reply, actions_left=episode.actions_left,
-                                    format_penalty=c.format_penalty,
-                                    ineffective_action_penalty=c.ineffective_action_penalty,
-                                    ungrounded_reasoning_penalty=c.ungrounded_reasoning_penalty)
+            return lambda: execute_tool_turn(
+                episode.env,
+                reply,
+                episode.tools,
+                actions_left=episode.actions_left,
+                max_calls=c.max_actions_per_turn,
+                format_penalty=c.format_penalty,
+            )
+        return lambda: execute_turn(
+            episode.env,
+            reply,
+            actions_left=episode.actions_left,
+            format_penalty=c.format_penalty,
+            ineffective_action_penalty=c.ineffective_action_penalty,
+            ungrounded_reasoning_penalty=c.ungrounded_reasoning_penalty,
+        )
 
-    def _finish_turn(self, episode: _Episode, generation, turn: int, outcome: tuple[bool, Any],
-                     counts: Counter) -> None:
+    def _finish_turn(
+        self, episode: _Episode, generation, turn: int, outcome: tuple[bool, Any], counts: Counter
+    ) -> None:
         """Record one executed reply. An environment that raised or paid a non-finite reward drops its episode
         (counted)."""
         c, t = self.config, episode.trajectory
@@ -480,20 +545,34 @@ class RolloutEngine:
             # A NaN return would make RLlib zero the whole gradient and the run look healthy: drop it, say so.
             if t.env_name not in _WARNED_NONFINITE:
                 _WARNED_NONFINITE.add(t.env_name)
-                logger.warning("%s paid a non-finite reward (%s); its trajectories are dropped and counted as %s "
-                               "(warned once per environment).", t.env_name, result.reward, M.NONFINITE_REWARDS)
+                logger.warning(
+                    "%s paid a non-finite reward (%s); its trajectories are dropped and counted as %s "
+                    "(warned once per environment).",
+                    t.env_name,
+                    result.reward,
+                    M.NONFINITE_REWARDS,
+                )
             episode.done = episode.failed = True
             counts[M.NONFINITE_REWARDS] += 1
             return
         texts = [content for _, content in result.tool_results] if episode.tools is not None else [result.observation]
         unreadable = any(_too_long_to_read(text, self._max_text_chars) for text in texts)
         try:  # in tool mode the turn's observations are its calls' results, each made plain once
-            tool_results = [(name, "" if unreadable else self._plain(
-                _observation_text(episode.env.unwrapped, content, "step"), counts))
-                for name, content in result.tool_results]
+            tool_results = [
+                (
+                    name,
+                    ""
+                    if unreadable
+                    else self._plain(_observation_text(episode.env.unwrapped, content, "step"), counts),
+                )
+                for name, content in result.tool_results
+            ]
             if episode.tools is None:
-                observation = "" if unreadable else self._plain(
-                    _observation_text(episode.env.unwrapped, result.observation, "step"), counts)
+                observation = (
+                    ""
+                    if unreadable
+                    else self._plain(_observation_text(episode.env.unwrapped, result.observation, "step"), counts)
+                )
             else:
                 observation = tool_results[-1][1] if tool_results else ""
             episode.state_key = _state_key(episode.env.unwrapped, observation)
@@ -518,8 +597,13 @@ class RolloutEngine:
         t.reasoning_claims += result.claims_checked
         t.reasoning_claims_true += result.claims_true
         t.success = result.success
-        episode.done = (result.terminated or result.truncated or result.final or episode.actions_left <= 0
-                        or turn >= episode.max_turns)
+        episode.done = (
+            result.terminated
+            or result.truncated
+            or result.final
+            or episode.actions_left <= 0
+            or turn >= episode.max_turns
+        )
         chat = episode.chat
         if unreadable and not episode.done:
             # Longer than max_context_tokens tokens could spell: never tokenized, the episode ends here, truncated.
@@ -531,8 +615,7 @@ class RolloutEngine:
         if episode.tools is not None:
             continuation = chat.encode(chat.tool_turn_text(generation.token_ids, tool_results))
         else:
-            message = self._user_message(observation, turn + 1, episode.actions_left, result.reward,
-                                         episode.raw_reply)
+            message = self._user_message(observation, turn + 1, episode.actions_left, result.reward, episode.raw_reply)
             continuation = chat.encode(chat.next_turn_text(generation.token_ids, message))
         if c.window_turns is None:
             next_length = len(t.token_ids) + len(continuation)
@@ -552,11 +635,13 @@ class RolloutEngine:
         """The learner's row of one turn under a window: its prompt, the sampled reply, the text closing it."""
         reply, close = list(generation.token_ids), self.chat.encode(self.chat.reply_end_text(generation.token_ids))
         start, end = len(prompt_ids), len(prompt_ids) + len(reply)
-        return TurnSample(token_ids=list(prompt_ids) + reply + close,
-                          response_mask=[0] * start + [1] * len(reply) + [0] * len(close),
-                          behaviour_logprobs=[0.0] * start + list(generation.logprobs) + [0.0] * len(close),
-                          token_regions=[REGION_OTHER] * start + list(regions) + [REGION_OTHER] * len(close),
-                          reply_span=(start, end))
+        return TurnSample(
+            token_ids=list(prompt_ids) + reply + close,
+            response_mask=[0] * start + [1] * len(reply) + [0] * len(close),
+            behaviour_logprobs=[0.0] * start + list(generation.logprobs) + [0.0] * len(close),
+            token_regions=[REGION_OTHER] * start + list(regions) + [REGION_OTHER] * len(close),
+            reply_span=(start, end),
+        )
 
 
 def _tools_of(text_env) -> list[dict]:
@@ -591,8 +676,10 @@ def _too_long_to_read(text, max_chars: int) -> bool:
 def _observation_text(text_env, observation, method: str) -> str:
     """The observation, which must be text; a non-string is the environment's bug and is named."""
     if not isinstance(observation, str):
-        raise TypeError(f"{type(text_env).__name__}.{method}() returned a {type(observation).__name__} observation; "
-                        "text environments must return str (see rllib_ragen.envs.TextEnv).")
+        raise TypeError(
+            f"{type(text_env).__name__}.{method}() returned a {type(observation).__name__} observation; "
+            "text environments must return str (see rllib_ragen.envs.TextEnv)."
+        )
     return observation
 
 
@@ -633,19 +720,24 @@ def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict
         groups: dict[int, list[bool]] = defaultdict(list)
         for t in group:
             groups[t.group].append(t.success)
-        metrics.update({M.env_metric(name, key): value for key, value in {
-            M.SUCCESS: float(np.mean([t.success for t in group])),
-            M.PASS_AT.format(group_size=group_size): float(np.mean([any(s) for s in groups.values()])),
-            M.NUM_ACTIONS: float(np.mean([t.num_actions for t in group])),
-            M.NUM_TURNS: float(np.mean([t.num_turns for t in group])),
-            M.VALID_ACTION_RATE: sum(t.num_valid for t in group) / pieces,
-            M.EFFECTIVE_ACTION_RATE: sum(t.num_effective for t in group) / actions,
-            M.FORMAT_ERROR_RATE: sum(t.format_errors for t in group) / turns,
-            M.RESPONSE_TOKENS_PER_TURN: sum(sum(t.response_mask) for t in group) / turns,
-            M.RETURN_MEAN: float(np.mean([t.total_return for t in group])),
-            M.TRUNCATED_RATE: float(np.mean([t.truncated for t in group])),
-            M.NUM_TRAJECTORIES: float(len(group)),
-        }.items()})
+        metrics.update(
+            {
+                M.env_metric(name, key): value
+                for key, value in {
+                    M.SUCCESS: float(np.mean([t.success for t in group])),
+                    M.PASS_AT.format(group_size=group_size): float(np.mean([any(s) for s in groups.values()])),
+                    M.NUM_ACTIONS: float(np.mean([t.num_actions for t in group])),
+                    M.NUM_TURNS: float(np.mean([t.num_turns for t in group])),
+                    M.VALID_ACTION_RATE: sum(t.num_valid for t in group) / pieces,
+                    M.EFFECTIVE_ACTION_RATE: sum(t.num_effective for t in group) / actions,
+                    M.FORMAT_ERROR_RATE: sum(t.format_errors for t in group) / turns,
+                    M.RESPONSE_TOKENS_PER_TURN: sum(sum(t.response_mask) for t in group) / turns,
+                    M.RETURN_MEAN: float(np.mean([t.total_return for t in group])),
+                    M.TRUNCATED_RATE: float(np.mean([t.truncated for t in group])),
+                    M.NUM_TRAJECTORIES: float(len(group)),
+                }.items()
+            }
+        )
         claims = sum(t.reasoning_claims for t in group)
         if claims:
             metrics[M.env_metric(name, M.REASONING_GROUNDED)] = sum(t.reasoning_claims_true for t in group) / claims

@@ -52,20 +52,27 @@ def lora_settings(lora: dict[str, Any] | None) -> dict[str, Any] | None:
         raise ValueError(f"model_config['lora'] must be a dict such as {LORA_DEFAULTS}, got {lora!r}.")
     unknown = sorted(set(lora) - set(LORA_KEYS))
     if unknown:
-        raise ValueError(f"model_config['lora'] has unknown keys {unknown}; it takes {sorted(LORA_KEYS)} "
-                         "(adapter dropout is fixed at 0 so that the learner's first ratio is exactly 1).")
+        raise ValueError(
+            f"model_config['lora'] has unknown keys {unknown}; it takes {sorted(LORA_KEYS)} "
+            "(adapter dropout is fixed at 0 so that the learner's first ratio is exactly 1)."
+        )
     settings = {**LORA_DEFAULTS, **lora}
     for key, types in LORA_KEYS.items():
         value = settings[key]
         if not isinstance(value, types) or isinstance(value, bool):
-            raise ValueError(f"model_config['lora'][{key!r}] = {value!r} has the wrong type; the default is "
-                             f"{LORA_DEFAULTS[key]!r}.")
+            raise ValueError(
+                f"model_config['lora'][{key!r}] = {value!r} has the wrong type; the default is {LORA_DEFAULTS[key]!r}."
+            )
     if settings["r"] < 1 or not math.isfinite(settings["alpha"]) or settings["alpha"] <= 0:
-        raise ValueError(f"model_config['lora'] needs r >= 1 and a finite alpha > 0, got r={settings['r']}, "
-                         f"alpha={settings['alpha']}.")
+        raise ValueError(
+            f"model_config['lora'] needs r >= 1 and a finite alpha > 0, got r={settings['r']}, "
+            f"alpha={settings['alpha']}."
+        )
     if settings["base_dtype"] not in (None, *BASE_DTYPES):
-        raise ValueError(f"model_config['lora']['base_dtype']={settings['base_dtype']!r}: choose one of "
-                         f"{list(BASE_DTYPES)}, or None for the model's own dtype.")
+        raise ValueError(
+            f"model_config['lora']['base_dtype']={settings['base_dtype']!r}: choose one of "
+            f"{list(BASE_DTYPES)}, or None for the model's own dtype."
+        )
     if isinstance(settings["target_modules"], tuple):
         settings["target_modules"] = list(settings["target_modules"])
     return settings
@@ -82,8 +89,14 @@ def attach_lora(policy: torch.nn.Module, settings: dict[str, Any], seed: int = 0
         raise ImportError(PEFT_MISSING)
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=settings["r"], lora_alpha=settings["alpha"], target_modules=settings["target_modules"],
-                        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=settings["r"],
+        lora_alpha=settings["alpha"],
+        target_modules=settings["target_modules"],
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         wrapped = get_peft_model(policy, config)
@@ -113,8 +126,11 @@ class MergedWeights(Mapping):
 
         model = peft_policy.get_base_model()
         self._dtype = model.get_input_embeddings().weight.dtype
-        self._layers = {f"{name}.base_layer.weight": module for name, module in model.named_modules()
-                        if isinstance(module, LoraLayer) and ADAPTER_NAME in module.lora_A}
+        self._layers = {
+            f"{name}.base_layer.weight": module
+            for name, module in model.named_modules()
+            if isinstance(module, LoraLayer) and ADAPTER_NAME in module.lora_A
+        }
         self._tensors = {key: value for key, value in model.state_dict().items() if not is_adapter_key(key)}
         self._names = {key.replace(".base_layer.", "."): key for key in self._tensors}
 
@@ -138,8 +154,9 @@ def merged_policy_state(peft_policy) -> dict[str, torch.Tensor]:
     return dict(MergedWeights(peft_policy))
 
 
-def adapter_files(adapter_state: dict[str, torch.Tensor], settings: dict[str, Any],
-                  base_model: str = "") -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def adapter_files(
+    adapter_state: dict[str, torch.Tensor], settings: dict[str, Any], base_model: str = ""
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The adapter as peft writes it to disk (``adapter_config.json`` and ``adapter_model.safetensors``
     contents), from a learner module's adapter weights (``policy.base_model.model.<layer>.lora_A.default.weight``).
 
@@ -150,16 +167,26 @@ def adapter_files(adapter_state: dict[str, torch.Tensor], settings: dict[str, An
     for key, value in adapter_state.items():
         if not is_adapter_key(key):
             continue
-        name = key[len("policy."):] if key.startswith("policy.") else key
+        name = key[len("policy.") :] if key.startswith("policy.") else key
         name = name.replace(f".{ADAPTER_NAME}.", ".")
         tensors[name] = value.detach().cpu().contiguous()
         targets.add(name.split(".lora_")[0].rsplit(".", 1)[-1])
     if not tensors:
         raise ValueError("adapter_files: the state holds no LoRA adapter weights (is model_config['lora'] set?)")
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": settings["r"], "lora_alpha": settings["alpha"],
-              "target_modules": sorted(targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-              "base_model_name_or_path": base_model, "modules_to_save": None, "use_rslora": False,
-              "use_dora": False}
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": settings["r"],
+        "lora_alpha": settings["alpha"],
+        "target_modules": sorted(targets),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "base_model_name_or_path": base_model,
+        "modules_to_save": None,
+        "use_rslora": False,
+        "use_dora": False,
+    }
     return config, tensors
 
 

@@ -28,21 +28,28 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "{% if loop.first and tools %}{{ '\\n\\nYou can call these tools (JSON schemas):\\n<tools>' }}"
     "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n</tools>\\nTo call one, write '"
-    " + '<tool_call>{\"name\": \"<tool name>\", \"arguments\": {<arguments>}}</tool_call>.' }}{% endif %}"
+    ' + \'<tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>.\' }}{% endif %}'
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen2's pre-tokenisation: contractions, letter runs, single digits, punctuation runs, newlines, spaces.
-QWEN2_PRETOKENIZE_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PRETOKENIZE_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 # The environments whose text the tiny tokenizer learns its merges from. A frozen training-data definition: the
 # merges, and so the token ids, depend on it (list, order and RNG draws), and every tiny-model result was
 # measured with these ids. Deriving it from the registry instead moved the bandit learning test's result (the
 # figures: docs/results/log.md, "The tiny tokenizer's corpus").
-TOKENIZER_CORPUS_ENVS = ("rllib_ragen/Sokoban-v0", "rllib_ragen/FrozenLake-v0", "rllib_ragen/Bandit-v0",
-                         "rllib_ragen/BanditHeldOut-v0", "rllib_ragen/SokobanAltSymbols-v0")
+TOKENIZER_CORPUS_ENVS = (
+    "rllib_ragen/Sokoban-v0",
+    "rllib_ragen/FrozenLake-v0",
+    "rllib_ragen/Bandit-v0",
+    "rllib_ragen/BanditHeldOut-v0",
+    "rllib_ragen/SokobanAltSymbols-v0",
+)
 # The board symbols no merge may join to a neighbour (one token per cell), frozen for the same reason: the
 # built-in environments' legends when the ids were fixed. Adding an environment changes no token id;
 # tests/rollout/test_models.py fails for one whose legend has a symbol missing here (adding it changes the ids).
@@ -79,17 +86,28 @@ def build_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024):
     # The Qwen2 tokenizer pipeline, exactly: transformers 5 loads a saved Qwen2-config model's tokenizer as
     # Qwen2Tokenizer, which rebuilds these three pieces; any other choice would encode differently after export.
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(_tokenizer_corpus(seed), trainer=trainer)
     tok.model = _without_grid_merges(tok)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token=None, chat_template=CHATML_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        chat_template=CHATML_TEMPLATE,
+    )
 
 
 def _without_grid_merges(tok):
@@ -148,16 +166,25 @@ def cast_weights(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return model
 
 
-def build_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 128, num_layers: int = 4,
-                     dtype: torch.dtype = torch.float32):
+def build_tiny_model(
+    tokenizer, seed: int = 0, hidden_size: int = 128, num_layers: int = 4, dtype: torch.dtype = torch.float32
+):
     """A ~1M-parameter Qwen2-config causal LM with dropout off, initialised from ``seed``."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=4 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-        attention_dropout=0.0, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        attention_dropout=0.0,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
     )
     with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
         torch.manual_seed(seed)
@@ -236,8 +263,10 @@ def model_source_error(model: str) -> str | None:
         return None
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
     if model.startswith((".", "/", "~")) or (offline and not _in_hub_cache(model)):
-        return (f"model={model!r} is no local folder{' nor a cached hub id (HF_HUB_OFFLINE)' * offline}: give a "
-                f"folder saved with save_pretrained, a Hugging Face id, or one of {list(BUILT_IN_MODELS)}.")
+        return (
+            f"model={model!r} is no local folder{' nor a cached hub id (HF_HUB_OFFLINE)' * offline}: give a "
+            f"folder saved with save_pretrained, a Hugging Face id, or one of {list(BUILT_IN_MODELS)}."
+        )
     return None
 
 
@@ -255,33 +284,45 @@ def _load_pretrained(model: str, dtype: torch.dtype):
 
     local = os.path.isdir(model)
     if local and not any(os.path.isfile(os.path.join(model, name)) for name in TOKENIZER_FILES):
-        raise OSError(f"model={model!r} has no tokenizer file (one of {', '.join(TOKENIZER_FILES)}): save the "
-                      "tokenizer beside the weights, tokenizer.save_pretrained(folder).")
+        raise OSError(
+            f"model={model!r} has no tokenizer file (one of {', '.join(TOKENIZER_FILES)}): save the "
+            "tokenizer beside the weights, tokenizer.save_pretrained(folder)."
+        )
     try:
-        policy, loading = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, output_loading_info=True,
-                                                               ignore_mismatched_sizes=True)  # named below
+        policy, loading = AutoModelForCausalLM.from_pretrained(
+            model, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
+        )  # named below
         tokenizer = AutoTokenizer.from_pretrained(model)
     except Exception as error:
         if not local:  # a bad id, or no network: say what was tried
-            raise OSError(f"model={model!r} is not a built-in model ({TINY!r}, {SMOLLM2!r}), is no local directory, "
-                          f"and did not load as a Hugging Face id ({type(error).__name__}: {error})") from error
-        raise OSError(f"model={model!r}: its config.json, weights (*.safetensors) or tokenizer files did not load as "
-                      f"a causal language model ({type(error).__name__}: {str(error).strip().splitlines()[0]})") \
-            from error
+            raise OSError(
+                f"model={model!r} is not a built-in model ({TINY!r}, {SMOLLM2!r}), is no local directory, "
+                f"and did not load as a Hugging Face id ({type(error).__name__}: {error})"
+            ) from error
+        raise OSError(
+            f"model={model!r}: its config.json, weights (*.safetensors) or tokenizer files did not load as "
+            f"a causal language model ({type(error).__name__}: {str(error).strip().splitlines()[0]})"
+        ) from error
     mismatched = list(loading.get("mismatched_keys", ()))
     if mismatched:
-        raise OSError(f"model={model!r}: {len(mismatched)} weights in its weights file differ in shape from what "
-                      f"config.json describes (e.g. {mismatched[0]}, as (name, file, config)): config.json belongs to "
-                      "another model (vocab_size, hidden_size, ...).")
+        raise OSError(
+            f"model={model!r}: {len(mismatched)} weights in its weights file differ in shape from what "
+            f"config.json describes (e.g. {mismatched[0]}, as (name, file, config)): config.json belongs to "
+            "another model (vocab_size, hidden_size, ...)."
+        )
     missing = list(loading.get("missing_keys", ()))
     if missing:
-        raise OSError(f"model={model!r}: {len(missing)} of the model's weights are not in its weights file (e.g. "
-                      f"{sorted(missing)[:2]}): config.json's model_type {policy.config.model_type!r} does not match "
-                      "the weights, or the file is incomplete.")
+        raise OSError(
+            f"model={model!r}: {len(missing)} of the model's weights are not in its weights file (e.g. "
+            f"{sorted(missing)[:2]}): config.json's model_type {policy.config.model_type!r} does not match "
+            "the weights, or the file is incomplete."
+        )
     rows = policy.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
-        raise OSError(f"model={model!r}: its tokenizer has {len(tokenizer)} tokens and the model's embedding {rows} "
-                      "rows (config.json's vocab_size): the tokenizer belongs to another model.")
+        raise OSError(
+            f"model={model!r}: its tokenizer has {len(tokenizer)} tokens and the model's embedding {rows} "
+            "rows (config.json's vocab_size): the tokenizer belongs to another model."
+        )
     return policy, tokenizer
 
 
@@ -313,6 +354,7 @@ def cache_argument() -> str:
     from packaging.version import Version
 
     return "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+
 
 SHARED_PREFIX_MIN_TOKENS = 16  # below this, reading the prefix once saves less than the extra call costs
 
@@ -395,8 +437,9 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     enable({"use_reentrant": False})
 
 
-def forward_sharing_prefix(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                           output_hidden_states: bool = False) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
+def forward_sharing_prefix(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_hidden_states: bool = False
+) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
     """A Hugging Face model's outputs over a right-padded batch, reading the tokens all rows start with only once.
 
     Multi-turn episodes of one environment all open with the same system prompt and instructions (a third of a
@@ -422,24 +465,38 @@ def forward_sharing_prefix(model, input_ids: torch.Tensor, attention_mask: torch
     can_share = checkpointed is not None and prefix >= SHARED_PREFIX_MIN_TOKENS
     cache = full_attention_cache(model) if can_share else None
     if cache is None:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                    output_hidden_states=output_hidden_states)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            use_cache=False,
+            output_hidden_states=output_hidden_states,
+        )
         return {key: out[key] for key in fields if out.get(key) is not None}
     batch, width = input_ids.shape
     # A cache passed in is read and filled either way; use_cache=True with checkpointing on only draws a warning.
     use_cache = not checkpointed
     # The prefix pass fills the cache: a checkpointed layer re-run in the backward pass would fill it twice.
     with _layer_flags(checkpointed, gradient_checkpointing=False):
-        head = model(input_ids=input_ids[:1, :prefix], **{cache_argument(): cache}, use_cache=use_cache,
-                     output_hidden_states=output_hidden_states)
+        head = model(
+            input_ids=input_ids[:1, :prefix],
+            **{cache_argument(): cache},
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+        )
     cache.batch_repeat_interleave(batch)
     for layer in cache.layers:
         layer.__class__ = shared_prefix_layer()  # the rows' pass reads the prefix and keeps nothing of its own
     positions = torch.arange(prefix, width, device=input_ids.device).expand(batch, -1)
     # Hugging Face drops the cache of a checkpointed layer, as most caches grow; this one reads the same every time.
     with _layer_flags(checkpointed, _can_checkpoint_with_cache=True):
-        tail = model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, position_ids=positions,
-                     **{cache_argument(): cache}, use_cache=use_cache, output_hidden_states=output_hidden_states)
+        tail = model(
+            input_ids=input_ids[:, prefix:],
+            attention_mask=attention_mask,
+            position_ids=positions,
+            **{cache_argument(): cache},
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+        )
 
     def joined(first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
         return torch.cat([first.expand(batch, *first.shape[1:]), rest], dim=1)

@@ -45,7 +45,10 @@ class ParsedReply:
 
 
 def parse_reply(
-    text: str, *, enable_thinking: bool = True, max_actions_per_turn: int | None = 5,
+    text: str,
+    *,
+    enable_thinking: bool = True,
+    max_actions_per_turn: int | None = 5,
     separator: str | None = DEFAULT_SEPARATOR,
 ) -> ParsedReply:
     """Parse a model reply into action strings. Never raises; linear in the length of ``text``.
@@ -67,20 +70,20 @@ def parse_reply(
     spelled = tuple(match.group().lower() for match in tags)
     if spelled == _WITH_THINK:
         open_think, close_think, open_answer, close_answer = tags
-        thinking = text[open_think.end():close_think.start()]
-        between = text[close_think.end():open_answer.start()]
+        thinking = text[open_think.end() : close_think.start()]
+        between = text[close_think.end() : open_answer.start()]
     elif spelled == _ANSWER_ONLY and not enable_thinking:
         open_answer, close_answer = tags
         thinking, between = None, ""
     else:
         return ParsedReply(format_ok=False)
-    outside = (text[:tags[0].start()], between, text[close_answer.end():])
+    outside = (text[: tags[0].start()], between, text[close_answer.end() :])
     if any(part.strip() for part in outside):
         return ParsedReply(format_ok=False)
-    answer = text[open_answer.end():close_answer.start()]
+    answer = text[open_answer.end() : close_answer.start()]
     # map/filter run in C: a megabyte of actions must not take a Python loop per piece.
     pieces = list(filter(None, map(str.strip, answer.split(separator) if separator else [answer])))
-    kept = tuple(pieces if max_actions_per_turn is None else pieces[:max(max_actions_per_turn, 0)])
+    kept = tuple(pieces if max_actions_per_turn is None else pieces[: max(max_actions_per_turn, 0)])
     return ParsedReply(True, thinking, kept, len(pieces) - len(kept))
 
 
@@ -113,7 +116,7 @@ def reply_sections(text: str) -> tuple[str, str]:
     """The reasoning and the answer of a reply's text, as ``reply_regions`` delimits them, cut from the text
     itself (a token that straddles a tag, which no region claims, keeps its characters here); "" where absent."""
     think, answer = _section_spans(text)
-    return (text[think[0]:think[1]] if think else "", text[answer[0]:answer[1]] if answer else "")
+    return (text[think[0] : think[1]] if think else "", text[answer[0] : answer[1]] if answer else "")
 
 
 def reply_regions(token_texts: list[str]) -> list[int]:
@@ -186,8 +189,13 @@ class TurnResult:
 
 
 def execute_turn(
-    env: gym.Env, reply: ParsedReply, *, actions_left: int, format_penalty: float = DEFAULT_FORMAT_PENALTY,
-    ineffective_action_penalty: float = 0.0, ungrounded_reasoning_penalty: float = 0.0,
+    env: gym.Env,
+    reply: ParsedReply,
+    *,
+    actions_left: int,
+    format_penalty: float = DEFAULT_FORMAT_PENALTY,
+    ineffective_action_penalty: float = 0.0,
+    ungrounded_reasoning_penalty: float = 0.0,
 ) -> TurnResult:
     """Run a reply's valid actions in order until the episode ends or ``actions_left`` is spent.
 
@@ -206,11 +214,18 @@ def execute_turn(
     # Checked against the state the reply was written for, before its actions change it.
     claims_checked, claims_true = reasoning_claims(text_env, reply.thinking)
     valid = [action for action in map(text_env.canonical_action, reply.actions) if action is not None]
-    result = TurnResult(reward=0.0, env_reward=0.0, observation=text_env.observation,
-                        num_valid=len(valid), num_invalid=len(reply.actions) - len(valid), success=text_env.success,
-                        claims_checked=claims_checked, claims_true=claims_true)
+    result = TurnResult(
+        reward=0.0,
+        env_reward=0.0,
+        observation=text_env.observation,
+        num_valid=len(valid),
+        num_invalid=len(reply.actions) - len(valid),
+        success=text_env.success,
+        claims_checked=claims_checked,
+        claims_true=claims_true,
+    )
     result.format_error = not reply.format_ok or result.num_invalid > 0 or not valid
-    for name in valid[:max(actions_left, 0)]:
+    for name in valid[: max(actions_left, 0)]:
         obs, reward, terminated, truncated, info = env.step(name)
         result.env_reward += reward
         result.executed.append(name)
@@ -224,16 +239,29 @@ def execute_turn(
     if ungrounded_reasoning_penalty and checks_reasoning_claims(text_env):
         ungrounded = len(text_env.action_names) - claims_true
         if ungrounded < 0:
-            raise ValueError(f"{type(text_env).__name__}.reasoning_claims() found {claims_true} true claims among "
-                             f"{len(text_env.action_names)} actions: ungrounded_reasoning_penalty needs at most one "
-                             "counted claim per action.")
-    result.reward = (result.env_reward + (format_penalty if result.format_error else 0.0)
-                     + ineffective_action_penalty * num_ineffective + ungrounded_reasoning_penalty * ungrounded)
+            raise ValueError(
+                f"{type(text_env).__name__}.reasoning_claims() found {claims_true} true claims among "
+                f"{len(text_env.action_names)} actions: ungrounded_reasoning_penalty needs at most one "
+                "counted claim per action."
+            )
+    result.reward = (
+        result.env_reward
+        + (format_penalty if result.format_error else 0.0)
+        + ineffective_action_penalty * num_ineffective
+        + ungrounded_reasoning_penalty * ungrounded
+    )
     return result
 
 
-def execute_tool_turn(env: gym.Env, reply, tools, *, actions_left: int, max_calls: int | None,
-                      format_penalty: float = DEFAULT_FORMAT_PENALTY) -> TurnResult:
+def execute_tool_turn(
+    env: gym.Env,
+    reply,
+    tools,
+    *,
+    actions_left: int,
+    max_calls: int | None,
+    format_penalty: float = DEFAULT_FORMAT_PENALTY,
+) -> TurnResult:
     """Run a tool-mode reply's calls in order (``rollout/tools.py``); each call that runs is one action.
 
     A call to an unknown tool, with arguments its schema refuses, past ``max_calls`` or past the episode's action
@@ -251,8 +279,14 @@ def execute_tool_turn(env: gym.Env, reply, tools, *, actions_left: int, max_call
         format_penalty: added once to the turn reward when a call was malformed or could not run.
     """
     text_env = env.unwrapped
-    result = TurnResult(reward=0.0, env_reward=0.0, observation=text_env.observation, success=text_env.success,
-                        final=reply.is_final, num_malformed=len(reply.malformed))
+    result = TurnResult(
+        reward=0.0,
+        env_reward=0.0,
+        observation=text_env.observation,
+        success=text_env.success,
+        final=reply.is_final,
+        num_malformed=len(reply.malformed),
+    )
     result.tool_results = [("", f"Error: {why}.") for why in reply.malformed]
     for index, call in enumerate(reply.calls):
         if result.terminated or result.truncated:
@@ -289,6 +323,8 @@ def reasoning_claims(text_env, reasoning: str | None) -> tuple[int, int]:
         return 0, 0
     checked, true = check(reasoning)
     if not 0 <= true <= checked:
-        raise ValueError(f"{type(text_env).__name__}.reasoning_claims() returned {(checked, true)}: it must be "
-                         "(checked, true) with 0 <= true <= checked.")
+        raise ValueError(
+            f"{type(text_env).__name__}.reasoning_claims() returned {(checked, true)}: it must be "
+            "(checked, true) with 0 <= true <= checked."
+        )
     return int(checked), int(true)

@@ -83,7 +83,7 @@ class StaticSlab:
                 layer.keys.copy_(layer.keys[order])
                 layer.values.copy_(layer.values[order])
         self.valid.copy_(self.valid[order])
-        self.valid[len(index):] = False
+        self.valid[len(index) :] = False
 
     # ---- feeding tokens ------------------------------------------------------------------------------------------
     def feed(self, ids: list[list[int]], pad_token_id: int) -> torch.Tensor:
@@ -91,21 +91,23 @@ class StaticSlab:
         returns the (len(ids), vocab) float logits after each row's last real token (rows fed nothing: garbage)."""
         width = max(1, max(len(r) for r in ids))
         if self.column + width > self.columns:
-            raise RuntimeError(f"the static KV cache has {self.columns - self.column} columns left; {width} asked "
-                               "(the backend sizes slabs before feeding: a bug).")
+            raise RuntimeError(
+                f"the static KV cache has {self.columns - self.column} columns left; {width} asked "
+                "(the backend sizes slabs before feeding: a bug)."
+            )
         new_ids = torch.full((self.rows, width), pad_token_id, dtype=torch.long)
         new_valid = torch.zeros((self.rows, width), dtype=torch.bool)
         for row, tokens in enumerate(ids):
             if tokens:
-                new_ids[row, width - len(tokens):] = torch.tensor(tokens)
-                new_valid[row, width - len(tokens):] = True
+                new_ids[row, width - len(tokens) :] = torch.tensor(tokens)
+                new_valid[row, width - len(tokens) :] = True
         new_ids, new_valid = new_ids.to(self.device), new_valid.to(self.device)
         if width == 1 and self.cuda_graphs and self.graph_failures == 0:
             logits = self._replay(new_ids, new_valid[:, 0])
         else:
             logits = self._step(new_ids, new_valid)
         self.column += width
-        return logits[:len(ids)]
+        return logits[: len(ids)]
 
     def _step(self, new_ids: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
         """One forward pass over a (rows, width) block at columns [column, column + width), eagerly or in capture.
@@ -126,8 +128,14 @@ class StaticSlab:
         from .models import cache_argument
 
         kwargs = {"logits_to_keep": 1} if self._keeps_logits else {}
-        out = self.model(input_ids=new_ids, attention_mask=seen[:, None], position_ids=position_ids,
-                         **{cache_argument(): self.cache}, use_cache=True, **kwargs)
+        out = self.model(
+            input_ids=new_ids,
+            attention_mask=seen[:, None],
+            position_ids=position_ids,
+            **{cache_argument(): self.cache},
+            use_cache=True,
+            **kwargs,
+        )
         return out.logits[:, -1].float()
 
     def _column_tensor(self) -> torch.Tensor:
@@ -144,8 +152,9 @@ class StaticSlab:
             except Exception as error:  # correct without the graph, only slower: say so, count it, go on eagerly
                 self.graph_failures += 1
                 self._graph = None
-                logger.warning("capturing the decode step as a CUDA graph failed (%r): this slab decodes eagerly.",
-                               error)
+                logger.warning(
+                    "capturing the decode step as a CUDA graph failed (%r): this slab decodes eagerly.", error
+                )
                 return self._step(new_ids, new_valid[:, None])
         self._static["ids"].copy_(new_ids)
         self._static["valid"].copy_(new_valid)

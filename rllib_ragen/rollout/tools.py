@@ -96,8 +96,10 @@ class HermesToolCalls:
     def describe(self, tools: Sequence[Mapping]) -> str:
         """The tool list and the call syntax, for a system message whose template ignores ``tools=``."""
         listed = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
-        return (f"\n\nYou can call these tools (JSON schemas):\n<tools>\n{listed}\n</tools>\nTo call one, write "
-                f'{self.open_tag}{{"name": "<tool name>", "arguments": {{<arguments>}}}}{self.close_tag}.')
+        return (
+            f"\n\nYou can call these tools (JSON schemas):\n<tools>\n{listed}\n</tools>\nTo call one, write "
+            f'{self.open_tag}{{"name": "<tool name>", "arguments": {{<arguments>}}}}{self.close_tag}.'
+        )
 
     def response_text(self, content: str) -> str:
         """A tool result as text, for templates that cannot render a ``tool`` message."""
@@ -112,8 +114,10 @@ def tool_call_format(name: str):
     try:
         return TOOL_CALL_FORMATS[name]
     except KeyError:
-        raise ValueError(f"tool_call_format={name!r} is not registered; known formats: {sorted(TOOL_CALL_FORMATS)} "
-                         "(add one to rllib_ragen.rollout.tools.TOOL_CALL_FORMATS).") from None
+        raise ValueError(
+            f"tool_call_format={name!r} is not registered; known formats: {sorted(TOOL_CALL_FORMATS)} "
+            "(add one to rllib_ragen.rollout.tools.TOOL_CALL_FORMATS)."
+        ) from None
 
 
 def nesting_depth(text: str) -> int:
@@ -180,15 +184,24 @@ class ToolSet:
                 validator = jsonschema.validators.validator_for(parameters)
                 validator.check_schema(parameters)
                 if _uses(parameters, "patternProperties") and _uses(parameters, "unevaluatedProperties"):
-                    raise ToolSchemaError("patternProperties beside unevaluatedProperties is not taken (jsonschema "
-                                          "would match its patterns without a time limit)")
+                    raise ToolSchemaError(
+                        "patternProperties beside unevaluatedProperties is not taken (jsonschema "
+                        "would match its patterns without a time limit)"
+                    )
                 for pattern in _patterns(parameters):
                     regex.compile(pattern)
-            except (jsonschema.SchemaError, regex.error, ToolSchemaError, TypeError, ValueError,
-                    RecursionError) as error:
+            except (
+                jsonschema.SchemaError,
+                regex.error,
+                ToolSchemaError,
+                TypeError,
+                ValueError,
+                RecursionError,
+            ) as error:
                 message = getattr(error, "message", None) or str(error)
-                raise ToolSchemaError(f"the parameters schema of tool {name!r} is not one jsonschema takes: "
-                                      f"{message:.300}") from None
+                raise ToolSchemaError(
+                    f"the parameters schema of tool {name!r} is not one jsonschema takes: {message:.300}"
+                ) from None
             self._functions[name] = _timed_patterns(validator)(parameters)
 
     @property
@@ -205,12 +218,15 @@ class ToolSet:
         try:
             error = jsonschema.exceptions.best_match(validator.iter_errors(call.arguments))
         except TimeoutError:
-            raise ToolSchemaError(f"a pattern in the schema of tool {call.name!r} took over "
-                                  f"{SCHEMA_PATTERN_TIMEOUT_S} s to match an argument (a pattern that backtracks "
-                                  "exponentially?); fix the tool's schema.") from None
+            raise ToolSchemaError(
+                f"a pattern in the schema of tool {call.name!r} took over "
+                f"{SCHEMA_PATTERN_TIMEOUT_S} s to match an argument (a pattern that backtracks "
+                "exponentially?); fix the tool's schema."
+            ) from None
         except Exception as error:  # noqa: BLE001 - a $ref it cannot resolve, and the like: the schema's fault
-            raise ToolSchemaError(f"the schema of tool {call.name!r} could not check a call "
-                                  f"({type(error).__name__}: {error})") from None
+            raise ToolSchemaError(
+                f"the schema of tool {call.name!r} could not check a call ({type(error).__name__}: {error})"
+            ) from None
         if error is not None:
             where = "/".join(map(str, error.absolute_path)) or "arguments"
             return f"the arguments of {call.name!r} do not fit its schema ({where}: {error.message})"
@@ -271,17 +287,24 @@ def _timed_patterns(validator_class):
             yield from additionalProperties(validator, allowed, instance, schema)  # matches no pattern
             return
         properties = schema.get("properties", {})
-        extras = sorted(key for key in instance if key not in properties
-                        and not any(_search(pattern_, key) for pattern_ in patterns))
+        extras = sorted(
+            key
+            for key in instance
+            if key not in properties and not any(_search(pattern_, key) for pattern_ in patterns)
+        )
         if validator.is_type(allowed, "object"):
             for extra in extras:
                 yield from validator.descend(instance[extra], allowed, path=extra)
         elif not allowed and extras:
-            yield ValidationError(f"{', '.join(map(repr, extras))} {'does' if len(extras) == 1 else 'do'} not "
-                                  f"match any of the regexes: {', '.join(map(repr, sorted(patterns)))}")
+            yield ValidationError(
+                f"{', '.join(map(repr, extras))} {'does' if len(extras) == 1 else 'do'} not "
+                f"match any of the regexes: {', '.join(map(repr, sorted(patterns)))}"
+            )
 
-    return jsonschema.validators.extend(validator_class, {"pattern": pattern, "patternProperties": pattern_properties,
-                                                          "additionalProperties": additional_properties})
+    return jsonschema.validators.extend(
+        validator_class,
+        {"pattern": pattern, "patternProperties": pattern_properties, "additionalProperties": additional_properties},
+    )
 
 
 def schemas(tools: Any) -> list[dict]:

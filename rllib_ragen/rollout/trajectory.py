@@ -100,17 +100,21 @@ class Trajectory:
             ids = self.token_ids[start:end]
             reply = tokenizer.decode(ids, skip_special_tokens=True)
             think, answer = reply_sections(reply)
-            turns.append({
-                "observation": tokenizer.decode(self.token_ids[previous_end:start]),
-                "reply": reply, "think": think, "answer": answer,
-                "actions": self.turn_actions[turn] if turn < len(self.turn_actions) else [],
-                "tool_results": self.turn_tool_results[turn] if turn < len(self.turn_tool_results) else [],
-                "reward": self.turn_rewards[turn] if turn < len(self.turn_rewards) else 0.0,
-                "tokens": [tokenizer.decode([i]) for i in ids],
-                "context_tokens": self.turn_samples[turn].reply_span[0] if self.turn_samples else start,
-                "windowed": bool(self.turn_samples),
-                "advantages": [float(a) for a in advantages[start:end]] if advantages is not None else None,
-            })
+            turns.append(
+                {
+                    "observation": tokenizer.decode(self.token_ids[previous_end:start]),
+                    "reply": reply,
+                    "think": think,
+                    "answer": answer,
+                    "actions": self.turn_actions[turn] if turn < len(self.turn_actions) else [],
+                    "tool_results": self.turn_tool_results[turn] if turn < len(self.turn_tool_results) else [],
+                    "reward": self.turn_rewards[turn] if turn < len(self.turn_rewards) else 0.0,
+                    "tokens": [tokenizer.decode([i]) for i in ids],
+                    "context_tokens": self.turn_samples[turn].reply_span[0] if self.turn_samples else start,
+                    "windowed": bool(self.turn_samples),
+                    "advantages": [float(a) for a in advantages[start:end]] if advantages is not None else None,
+                }
+            )
             previous_end = end
         return turns
 
@@ -123,10 +127,12 @@ def pad_trajectories(trajectories: Sequence[Trajectory], pad_token_id: int) -> d
         ``response_mask`` (float32, 1 on sampled tokens) and ``behaviour_logprobs`` (float32), zero-padded.
     """
     batch_size, width = len(trajectories), max(len(t.token_ids) for t in trajectories)
-    columns = {"input_ids": np.full((batch_size, width), pad_token_id, dtype=np.int64),
-               "attention_mask": np.zeros((batch_size, width), dtype=np.int64),
-               "response_mask": np.zeros((batch_size, width), dtype=np.float32),
-               "behaviour_logprobs": np.zeros((batch_size, width), dtype=np.float32)}
+    columns = {
+        "input_ids": np.full((batch_size, width), pad_token_id, dtype=np.int64),
+        "attention_mask": np.zeros((batch_size, width), dtype=np.int64),
+        "response_mask": np.zeros((batch_size, width), dtype=np.float32),
+        "behaviour_logprobs": np.zeros((batch_size, width), dtype=np.float32),
+    }
     for row, t in enumerate(trajectories):
         n = len(t.token_ids)
         columns["input_ids"][row, :n] = t.token_ids

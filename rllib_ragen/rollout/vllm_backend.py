@@ -64,9 +64,18 @@ class VLLMEngine:
             policy then arrives with :meth:`load_adapter` instead of :meth:`load_weights`.
     """
 
-    def __init__(self, model: str, *, dtype: str = "float32", tensor_parallel_size: int = 1,
-                 gpu_memory_utilization: float | None = None, max_model_len: int = 4096, enforce_eager: bool = False,
-                 seed: int = 0, max_lora_rank: int | None = None):
+    def __init__(
+        self,
+        model: str,
+        *,
+        dtype: str = "float32",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
+        max_model_len: int = 4096,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        max_lora_rank: int | None = None,
+    ):
         # The engine core runs in this process: generate and weight loads are plain calls, no IPC hop.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
@@ -76,12 +85,24 @@ class VLLMEngine:
         if gpu_memory_utilization is None:
             gpu_memory_utilization = 0.5 if torch.cuda.is_available() else 0.2
         t0 = time.perf_counter()
-        lora = {"enable_lora": True, "max_lora_rank": engine_lora_rank(max_lora_rank), "max_loras": 1} \
-            if max_lora_rank else {}
-        self.llm = LLM(model=model, tokenizer=model, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                       enforce_eager=enforce_eager, seed=seed, enable_prefix_caching=True,
-                       logprobs_mode="processed_logprobs", **lora)  # after temperature: what the learner recomputes
+        lora = (
+            {"enable_lora": True, "max_lora_rank": engine_lora_rank(max_lora_rank), "max_loras": 1}
+            if max_lora_rank
+            else {}
+        )
+        self.llm = LLM(
+            model=model,
+            tokenizer=model,
+            dtype=dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            **lora,
+        )  # after temperature: what the learner recomputes
         self._adapter = None  # the LoRARequest every generation applies, once load_adapter has run
         self._adapter_dir = None
         self.start_s = time.perf_counter() - t0
@@ -89,24 +110,41 @@ class VLLMEngine:
         self.weights_version = 0
         self.stats = {"prompt_tokens": 0, "generated_tokens": 0, "generate_s": 0.0, "weight_loads": 0}
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
-                 max_new_tokens: Sequence[int] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[Generation]:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
-        base = dict(temperature=max(params.temperature, 0.0), top_p=params.top_p, top_k=params.top_k,
-                    stop=list(params.stop_strings), include_stop_str_in_output=True, logprobs=0, detokenize=True)
+        base = dict(
+            temperature=max(params.temperature, 0.0),
+            top_p=params.top_p,
+            top_k=params.top_k,
+            stop=list(params.stop_strings),
+            include_stop_str_in_output=True,
+            logprobs=0,
+            detokenize=True,
+        )
         caps = reply_caps(params, len(prompts), max_new_tokens)
         # One seed per request (the same seed for all would give identical replies to identical prompts). vLLM's
         # CPU build fails on seeded requests whose prefill is split over steps ("CPU Generator does not use
         # offset"), so there the engine's own seeded generator samples, reproducible only for the same batches.
         seeded = seed is not None and self._seeded_requests
-        requests = [VLLMSamplingParams(**base, max_tokens=caps[i],
-                                       seed=(seed * 1_000_003 + i) % 2**63 if seeded else None)
-                    for i in range(len(prompts))]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], requests,
-                                    use_tqdm=False, lora_request=self._adapter)
+        requests = [
+            VLLMSamplingParams(**base, max_tokens=caps[i], seed=(seed * 1_000_003 + i) % 2**63 if seeded else None)
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            requests,
+            use_tqdm=False,
+            lora_request=self._adapter,
+        )
         generations = []
         for output in outputs:
             completion = output.outputs[0]
@@ -118,8 +156,13 @@ class VLLMEngine:
         self.stats["generate_s"] += time.perf_counter() - t0
         return generations
 
-    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
-               max_new_tokens: Sequence[int] | None = None) -> Future:
+    def submit(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> Future:
         """:meth:`generate`, run now, as the finished future :class:`VLLMBackend` collects."""
         future: Future = Future()
         future.set_result(self.generate(prompts, params, seed, max_new_tokens))
@@ -136,8 +179,9 @@ class VLLMEngine:
         self.stats["weight_loads"] += 1
         return time.perf_counter() - t0
 
-    def load_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor],
-                     version: int | None = None) -> float:
+    def load_adapter(
+        self, config: dict[str, Any], tensors: dict[str, torch.Tensor], version: int | None = None
+    ) -> float:
         """Serve a new LoRA adapter (``rollout.lora.adapter_files``' output) on the unchanged base weights; returns
         the seconds. The files go to this engine's own temporary folder: on a cluster, no shared disk is needed."""
         import shutil
@@ -168,8 +212,9 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         params = VLLMSamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-        output = self.llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False,
-                                   lora_request=self._adapter)[0]
+        output = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(token_ids))], params, use_tqdm=False, lora_request=self._adapter
+        )[0]
         return [step[token].logprob for step, token in zip(output.prompt_logprobs[1:], token_ids[1:])]
 
     def get_stats(self) -> dict[str, Any]:
@@ -207,19 +252,30 @@ class VLLMBackend:
                 load[owners[i]] += 1
         return owners
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
-                 max_new_tokens: Sequence[int] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[Generation]:
         if not self.engines:
-            raise RuntimeError("this VLLMBackend has no engines: StarPO attaches them when it builds; "
-                               "standalone, pass VLLMEngine objects.")
+            raise RuntimeError(
+                "this VLLMBackend has no engines: StarPO attaches them when it builds; "
+                "standalone, pass VLLMEngine objects."
+            )
         owners, caps = self._route(prompts), reply_caps(params, len(prompts), max_new_tokens)
         pending = []
         for e, engine in enumerate(self.engines):
             rows = [i for i, owner in enumerate(owners) if owner == e]
             if rows:
                 engine_seed = None if seed is None else seed + 7919 * e
-                pending.append((rows, engine.submit([list(prompts[i]) for i in rows], params, engine_seed,
-                                                    [caps[i] for i in rows])))
+                pending.append(
+                    (
+                        rows,
+                        engine.submit([list(prompts[i]) for i in rows], params, engine_seed, [caps[i] for i in rows]),
+                    )
+                )
         results: list[Generation | None] = [None] * len(prompts)
         for rows, future in pending:
             for i, generation in zip(rows, future.result()):

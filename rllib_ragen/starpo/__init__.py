@@ -7,5 +7,15 @@ from .starpo import LearnerDiedError, StarPO
 from .starpo_learner import StarPOTorchLearner
 from .text_env_runner import TextEnvRunner
 
-__all__ = ["CausalLMRLModule", "INFERENCE_BACKENDS", "LearnerDiedError", "PRESETS", "STARPO_S_DEFAULTS", "StarPO",
-           "StarPOConfig", "StarPOTorchLearner", "TextEnvRunner", "register_inference_backend"]
+__all__ = [
+    "CausalLMRLModule",
+    "INFERENCE_BACKENDS",
+    "LearnerDiedError",
+    "PRESETS",
+    "STARPO_S_DEFAULTS",
+    "StarPO",
+    "StarPOConfig",
+    "StarPOTorchLearner",
+    "TextEnvRunner",
+    "register_inference_backend",
+]

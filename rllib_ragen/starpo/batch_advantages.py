@@ -15,18 +15,36 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..objectives import (ADVANTAGE_ESTIMATORS, ONE_LEARNER, AdvantageInputs, Shards, advantage_recursion_mask,
-                          compute_advantages)
+from ..objectives import (
+    ADVANTAGE_ESTIMATORS,
+    ONE_LEARNER,
+    AdvantageInputs,
+    Shards,
+    advantage_recursion_mask,
+    compute_advantages,
+)
 from ..objectives.episode_layout import EpisodeLayout
 
 
 # What the estimators read of a batch (``turn`` only in turn rows).
-BATCH_COLUMNS = ("response_mask", "token_rewards", "episode_return", "group", "trajectory", "turn_rewards",
-                 "turn_states", "turn")
+BATCH_COLUMNS = (
+    "response_mask",
+    "token_rewards",
+    "episode_return",
+    "group",
+    "trajectory",
+    "turn_rewards",
+    "turn_states",
+    "turn",
+)
 
 
-def batch_advantages(data: Mapping[str, torch.Tensor | np.ndarray], config, values: torch.Tensor | None = None,
-                     shards: Shards = ONE_LEARNER) -> tuple[torch.Tensor, torch.Tensor | None]:
+def batch_advantages(
+    data: Mapping[str, torch.Tensor | np.ndarray],
+    config,
+    values: torch.Tensor | None = None,
+    shards: Shards = ONE_LEARNER,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The configured estimator's (R, T) advantages on the rows' sampled tokens, and the critic's (R, T) targets.
 
     Args:
@@ -50,22 +68,35 @@ def batch_advantages(data: Mapping[str, torch.Tensor | np.ndarray], config, valu
         layout = EpisodeLayout(columns["trajectory"].cpu(), columns["turn"].cpu(), recursion_mask.cpu())
         first = layout.first_row.tolist()
         inputs = AdvantageInputs(
-            token_rewards=layout.gather(columns["token_rewards"].cpu()), response_mask=layout.mask,
+            token_rewards=layout.gather(columns["token_rewards"].cpu()),
+            response_mask=layout.mask,
             returns=layout.per_episode(columns["episode_return"].cpu()),
             group_ids=layout.per_episode(columns["group"].cpu()),
             values=layout.gather(values.cpu()) if values is not None else None,
-            turn_rewards=[turn_rewards[row] for row in first], turn_states=[turn_states[row] for row in first],
-            shards=shards)
+            turn_rewards=[turn_rewards[row] for row in first],
+            turn_states=[turn_states[row] for row in first],
+            shards=shards,
+        )
         advantages, returns = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings())
         back = lambda x: layout.scatter(x).to(mask.device)  # noqa: E731
     else:
         inputs = AdvantageInputs(
-            token_rewards=columns["token_rewards"], response_mask=recursion_mask, returns=columns["episode_return"],
-            group_ids=columns["group"], values=values, turn_rewards=turn_rewards, turn_states=turn_states,
-            shards=shards)
+            token_rewards=columns["token_rewards"],
+            response_mask=recursion_mask,
+            returns=columns["episode_return"],
+            group_ids=columns["group"],
+            values=values,
+            turn_rewards=turn_rewards,
+            turn_states=turn_states,
+            shards=shards,
+        )
         # A critic's advantages are whitened over the sampled tokens, not over the recursion's observation steps.
-        advantages, returns = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings(),
-                                                 whiten_mask=mask if estimator.needs_critic else None)
+        advantages, returns = compute_advantages(
+            config.advantage_estimator,
+            inputs,
+            config.advantage_settings(),
+            whiten_mask=mask if estimator.needs_critic else None,
+        )
         back = lambda x: x  # noqa: E731
     return back(advantages) * mask, (back(returns) if returns is not None else None)
 
@@ -75,8 +106,10 @@ def _turn_lists(turn_rewards: torch.Tensor, turn_states: torch.Tensor) -> tuple[
     float64, so the lists hold the environment's rewards exactly."""
     reward_counts = (~torch.isnan(turn_rewards)).sum(-1).tolist()
     state_counts = (turn_states >= 0).sum(-1).tolist()
-    return ([r[:n] for r, n in zip(turn_rewards.cpu().tolist(), reward_counts)],
-            [s[:n] for s, n in zip(turn_states.cpu().tolist(), state_counts)])
+    return (
+        [r[:n] for r, n in zip(turn_rewards.cpu().tolist(), reward_counts)],
+        [s[:n] for s, n in zip(turn_states.cpu().tolist(), state_counts)],
+    )
 
 
 def process_group_shards(device: torch.device | str) -> Shards:
@@ -97,10 +130,10 @@ def process_group_shards(device: torch.device | str) -> Shards:
         sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
         dist.all_gather(sizes, torch.tensor([len(x)], device=device))
         padded = torch.zeros(int(max(sizes)), dtype=x.dtype, device=device)
-        padded[:len(x)] = x.to(device)
+        padded[: len(x)] = x.to(device)
         parts = [torch.empty_like(padded) for _ in range(world)]
         dist.all_gather(parts, padded)
-        return [part[:int(size)].to(x.device) for part, size in zip(parts, sizes)]
+        return [part[: int(size)].to(x.device) for part, size in zip(parts, sizes)]
 
     def gathered(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         all_values, all_groups = everyone(values), everyone(group_ids)

@@ -51,10 +51,13 @@ def write_atomically(path, write: Callable[[str], object]) -> str:
     """
     path = pathlib.Path(path)
     recover_interrupted_save(path)
-    if path.exists() and (not path.is_dir() or (any(path.iterdir())
-                                                 and not any((path / m).exists() for m in _CHECKPOINT_MARKERS))):
-        raise FileExistsError(f"cannot save a checkpoint to {path}: it holds other files, which replacing it would "
-                              "delete. Save to a new or empty directory, or to an existing checkpoint.")
+    if path.exists() and (
+        not path.is_dir() or (any(path.iterdir()) and not any((path / m).exists() for m in _CHECKPOINT_MARKERS))
+    ):
+        raise FileExistsError(
+            f"cannot save a checkpoint to {path}: it holds other files, which replacing it would "
+            "delete. Save to a new or empty directory, or to an existing checkpoint."
+        )
     partial, previous = _siblings(path)
     shutil.rmtree(partial, ignore_errors=True)  # a save killed earlier
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,18 +89,25 @@ def check_checkpoint_fits(config, path) -> None:
         saved = pickle.load(f)["ctor_args_and_kwargs"][0][0]  # the config state the checkpoint was built with
     saved_model = {**DEFAULT_MODEL_CONFIG, **saved.get("_model_config", {})}
     ours = config.model_config
-    differing = {f"model_config[{key!r}]": (saved_model.get(key), ours.get(key))
-                 for key in ("model", "dtype", "critic") if saved_model.get(key) != ours.get(key)}
+    differing = {
+        f"model_config[{key!r}]": (saved_model.get(key), ours.get(key))
+        for key in ("model", "dtype", "critic")
+        if saved_model.get(key) != ours.get(key)
+    }
     if lora_settings(saved_model.get("lora")) != lora_settings(ours.get("lora")):  # adapters' shapes and layers
         differing["model_config['lora']"] = (saved_model.get("lora"), ours.get("lora"))
     estimator = saved.get("advantage_estimator", "gae")
-    if ADVANTAGE_ESTIMATORS.get(estimator, ADVANTAGE_ESTIMATORS["gae"]).needs_critic != \
-            ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
+    if (
+        ADVANTAGE_ESTIMATORS.get(estimator, ADVANTAGE_ESTIMATORS["gae"]).needs_critic
+        != ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic
+    ):
         differing["advantage_estimator"] = (estimator, config.advantage_estimator)
     if differing:
         listed = "; ".join(f"{name}: checkpoint {a!r}, this algorithm {b!r}" for name, (a, b) in differing.items())
-        raise ValueError(f"the checkpoint at {path} does not fit this algorithm ({listed}). Build the algorithm "
-                         "with the checkpoint's settings, or use StarPO.from_checkpoint(path).")
+        raise ValueError(
+            f"the checkpoint at {path} does not fit this algorithm ({listed}). Build the algorithm "
+            "with the checkpoint's settings, or use StarPO.from_checkpoint(path)."
+        )
 
 
 def remove_failed_copy(storage) -> None:

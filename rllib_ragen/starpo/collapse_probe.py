@@ -26,8 +26,9 @@ class CollapseProbe:
     """The learner's echo-trap probe: cross-scoring of reasonings under prompts, and the policy-gradient norm of
     each reward-variance bucket."""
 
-    def collapse_probe(self, batch: dict[str, np.ndarray], pairs: CrossScoringPairs | None, *,
-                       gradient_norms: bool = True) -> tuple[dict[str, float], np.ndarray]:
+    def collapse_probe(
+        self, batch: dict[str, np.ndarray], pairs: CrossScoringPairs | None, *, gradient_norms: bool = True
+    ) -> tuple[dict[str, float], np.ndarray]:
         """Cross-scoring, each reward-variance bucket's share of groups and (``gradient_norms``) its
         policy-gradient norm, on the current weights.
 
@@ -44,16 +45,18 @@ class CollapseProbe:
         data = {k: torch.as_tensor(v).to(self._device) for k, v in batch.items()}
         micro_size = config.micro_batch_size or data["input_ids"].shape[0]
         rows = torch.arange(data["input_ids"].shape[0])
-        self._prepare(data, module, config, [rows[i:i + micro_size] for i in range(0, len(rows), micro_size)])
-        buckets = variance_buckets(data["episode_return"].cpu().numpy(), data["group"].cpu().numpy(),
-                                   data["trajectory"].cpu().numpy())
+        self._prepare(data, module, config, [rows[i : i + micro_size] for i in range(0, len(rows), micro_size)])
+        buckets = variance_buckets(
+            data["episode_return"].cpu().numpy(), data["group"].cpu().numpy(), data["trajectory"].cpu().numpy()
+        )
         num_groups = len(torch.unique(data["group"]))
         for name in VARIANCE_BUCKETS:
             in_bucket = torch.as_tensor(buckets.get(name, np.zeros(0, dtype=np.int64)))
             results[M.BUCKET_SHARE.format(bucket=name)] = len(torch.unique(data["group"][in_bucket])) / num_groups
             if gradient_norms and len(in_bucket):
                 results[M.GRAD_NORM_BUCKET.format(bucket=name)] = self._policy_gradient_norm(
-                    data, in_bucket, module, config, micro_size)
+                    data, in_bucket, module, config, micro_size
+                )
         return results, (data["token_advantages"] * data["response_mask"]).cpu().numpy()
 
     @torch.no_grad()
@@ -68,13 +71,16 @@ class CollapseProbe:
             input_ids = torch.zeros((len(chunk), width), dtype=torch.long)
             attention, scored = torch.zeros_like(input_ids), torch.zeros((len(chunk), width))
             for row, r in enumerate(chunk):
-                input_ids[row, :len(ids[r])] = torch.tensor(ids[r])
-                attention[row, :len(ids[r])] = 1
-                scored[row, :len(masks[r])] = torch.tensor(masks[r], dtype=torch.float32)
+                input_ids[row, : len(ids[r])] = torch.tensor(ids[r])
+                attention[row, : len(ids[r])] = 1
+                scored[row, : len(masks[r])] = torch.tensor(masks[r], dtype=torch.float32)
             input_ids, attention = input_ids.to(self._device), attention.to(self._device)
             with self._precision(config):
-                totals = _scored_logprobs(module.policy, input_ids, attention, scored.to(self._device),
-                                          config.temperature).cpu().sum(-1)
+                totals = (
+                    _scored_logprobs(module.policy, input_ids, attention, scored.to(self._device), config.temperature)
+                    .cpu()
+                    .sum(-1)
+                )
             for row, r in enumerate(chunk):
                 scores[index[r]] = float(totals[row])
         return cross_scoring(scores)
@@ -88,27 +94,43 @@ class CollapseProbe:
         no_sync = module.no_sync if hasattr(module, "no_sync") else contextlib.nullcontext
         with no_sync():
             for i in range(0, len(rows), micro_size):
-                micro = rows[i:i + micro_size]
+                micro = rows[i : i + micro_size]
                 inputs = trimmed_inputs(data, micro)
                 width = inputs["input_ids"].shape[1]
                 trained = data["loss_mask"][micro, :width]
                 with self._precision(config):
-                    logp = _scored_logprobs(policy, inputs["input_ids"], inputs["attention_mask"],
-                                            data["response_mask"][micro, :width], config.temperature)
-                loss, _ = policy_loss(logp, data["old_logp"][micro, :width], data["token_advantages"][micro, :width],
-                                      trained, clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
-                                      dual_clip=config.dual_clip, aggregation="token-mean")
+                    logp = _scored_logprobs(
+                        policy,
+                        inputs["input_ids"],
+                        inputs["attention_mask"],
+                        data["response_mask"][micro, :width],
+                        config.temperature,
+                    )
+                loss, _ = policy_loss(
+                    logp,
+                    data["old_logp"][micro, :width],
+                    data["token_advantages"][micro, :width],
+                    trained,
+                    clip_low=config.clip_ratio_low,
+                    clip_high=config.clip_ratio_high,
+                    dual_clip=config.dual_clip,
+                    aggregation="token-mean",
+                )
                 (loss * trained.sum() / total_tokens).backward()
         grads = [p.grad for p in actor if p.grad is not None]
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))) \
-            if grads else 0.0
+        norm = (
+            float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+            if grads
+            else 0.0
+        )
         for p in module.parameters():
             p.grad = None
         return norm
 
 
-def _scored_logprobs(policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor,
-                     temperature: float) -> torch.Tensor:
+def _scored_logprobs(
+    policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """(B, T) log-probs of the ``scored`` tokens, zero elsewhere, as the learner's update computes them: the trunk
     reads a shared prompt once, and the LM head runs at the scored positions only (a probe of 128 rows with every
     position's logits took gigabytes)."""

@@ -27,28 +27,54 @@ from .environments import EnvEntry, entry, env_name
 from .knobs import KNOB_SECTIONS, KNOBS, RLLIB_DEFAULT, RLLIB_FIELDS, STARPO_S_DEFAULTS, knob_errors, settings_from
 from .llm_rl_module import DEFAULT_MODEL_CONFIG, CausalLMRLModule
 
-__all__ = ["KNOB_SECTIONS", "PRESETS", "PRESET_LABEL", "STARPO_S_DEFAULTS", "StarPOConfig", "VARIANT_LABEL",
-           "preset_flags"]
+__all__ = [
+    "KNOB_SECTIONS",
+    "PRESETS",
+    "PRESET_LABEL",
+    "STARPO_S_DEFAULTS",
+    "StarPOConfig",
+    "VARIANT_LABEL",
+    "preset_flags",
+]
 
 # Fields RLlib itself leaves at its deprecated-value marker (-1): they stay out of the state, as RLlib wants.
-_RLLIB_PLACEHOLDERS = frozenset(k for k, v in AlgorithmConfig().__dict__.items()
-                                if isinstance(v, int) and not isinstance(v, bool) and v == DEPRECATED_VALUE)
+_RLLIB_PLACEHOLDERS = frozenset(
+    k
+    for k, v in AlgorithmConfig().__dict__.items()
+    if isinstance(v, int) and not isinstance(v, bool) and v == DEPRECATED_VALUE
+)
 
 # Named settings, each a map from a config setter (``training``, ``rl_module``, ``learners``) to its arguments.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # StarPO-S (the defaults): rollout filter, critic, no KL, clip-higher.
-    "starpo-s": {"training": {k: STARPO_S_DEFAULTS[k] for k in ("kl_coeff", "clip_ratio_high", "rollout_filter",
-                                                                "rollout_filter_ratio", "advantage_estimator")}},
+    "starpo-s": {
+        "training": {
+            k: STARPO_S_DEFAULTS[k]
+            for k in ("kl_coeff", "clip_ratio_high", "rollout_filter", "rollout_filter_ratio", "advantage_estimator")
+        }
+    },
     # Vanilla StarPO, the paper's baseline: a KL penalty, symmetric clipping, no rollout filter.
-    "starpo": {"training": {"kl_coeff": 0.001, "clip_ratio_high": 0.2, "rollout_filter": "none",
-                            "rollout_filter_ratio": 1.0}},
+    "starpo": {
+        "training": {"kl_coeff": 0.001, "clip_ratio_high": 0.2, "rollout_filter": "none", "rollout_filter_ratio": 1.0}
+    },
     # RAGEN's own StarPO-S run: Qwen2.5-0.5B-Instruct, 8 x 16 trajectories, its learning rates and reply
     # length, 256 validation states, one GPU per learner.
     "ragen-gpu": {
-        "training": {**{k: STARPO_S_DEFAULTS[k] for k in ("num_groups", "group_size", "rollout_filter_ratio",
-                                                          "critic_lr", "max_new_tokens_per_turn", "validation_size",
-                                                          "whiten_advantages")},
-                     "lr": RLLIB_FIELDS["lr"].default},
+        "training": {
+            **{
+                k: STARPO_S_DEFAULTS[k]
+                for k in (
+                    "num_groups",
+                    "group_size",
+                    "rollout_filter_ratio",
+                    "critic_lr",
+                    "max_new_tokens_per_turn",
+                    "validation_size",
+                    "whiten_advantages",
+                )
+            },
+            "lr": RLLIB_FIELDS["lr"].default,
+        },
         "rl_module": {"model_config": {"model": "Qwen/Qwen2.5-0.5B-Instruct"}},
         "learners": {"num_gpus_per_learner": 1},
     },
@@ -57,8 +83,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # after RL only. Learning rates 1e-5 / 1e-4: the CPU jobs' 1e-4 / 1e-3 are for a 1M-parameter model trained
     # from scratch; RAGEN's 1e-6 / 1e-5 are for 200 steps of a 0.5B model, too small a step for a run of minutes.
     "smollm2-gpu": {
-        "training": {"lr": 1e-5, "critic_lr": 1e-4, "autocast_dtype": "bfloat16", "validation_size": 512,
-                     "validation_interval": 0},
+        "training": {
+            "lr": 1e-5,
+            "critic_lr": 1e-4,
+            "autocast_dtype": "bfloat16",
+            "validation_size": 512,
+            "validation_interval": 0,
+        },
         "rl_module": {"model_config": {"model": "smollm2-135m"}},
         "learners": {"num_gpus_per_learner": 1},
     },
@@ -74,12 +105,25 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 # (a wave's KV caches). What each setting saves and costs: docs/benchmarks.md.
 _BFLOAT16 = "bfloat16" if cpu_computes_bfloat16() else None
 PRESETS["smollm2-cpu"] = {
-    "training": {**{k: STARPO_S_DEFAULTS[k] for k in ("num_groups", "validation_size")}, "lr": 1e-4,
-                 "advantage_estimator": "grpo", "grpo_normalize_std": False, "group_size": 4,
-                 "micro_batch_size": 1, "max_concurrent_episodes": 64, "validation_interval": 0,
-                 "rollout_dtype": _BFLOAT16, "autocast_dtype": _BFLOAT16},
-    "rl_module": {"model_config": {"model": "smollm2-135m", "lora": {"r": 16, "base_dtype": _BFLOAT16},
-                                   "activation_checkpointing": True}},
+    "training": {
+        **{k: STARPO_S_DEFAULTS[k] for k in ("num_groups", "validation_size")},
+        "lr": 1e-4,
+        "advantage_estimator": "grpo",
+        "grpo_normalize_std": False,
+        "group_size": 4,
+        "micro_batch_size": 1,
+        "max_concurrent_episodes": 64,
+        "validation_interval": 0,
+        "rollout_dtype": _BFLOAT16,
+        "autocast_dtype": _BFLOAT16,
+    },
+    "rl_module": {
+        "model_config": {
+            "model": "smollm2-135m",
+            "lora": {"r": 16, "base_dtype": _BFLOAT16},
+            "activation_checkpointing": True,
+        }
+    },
 }
 
 
@@ -91,8 +135,11 @@ VARIANT_LABEL = "variant"
 
 def preset_flags(name: str) -> set[str]:
     """The fields (flag names) preset ``name`` sets, model settings by their own names."""
-    return {key for setter, arguments in PRESETS[name].items()
-            for key in (arguments.get("model_config", {}) if setter == "rl_module" else arguments)}
+    return {
+        key
+        for setter, arguments in PRESETS[name].items()
+        for key in (arguments.get("model_config", {}) if setter == "rl_module" else arguments)
+    }
 
 
 class StarPOConfig(AlgorithmConfig):
@@ -121,8 +168,9 @@ class StarPOConfig(AlgorithmConfig):
         self._model_config = dict(DEFAULT_MODEL_CONFIG)
 
     @override(AlgorithmConfig)
-    def environment(self, env=NotProvided, *, train_envs=NotProvided, validation_envs=NotProvided,
-                    curriculum=NotProvided, **kwargs) -> "StarPOConfig":
+    def environment(
+        self, env=NotProvided, *, train_envs=NotProvided, validation_envs=NotProvided, curriculum=NotProvided, **kwargs
+    ) -> "StarPOConfig":
         """RLlib's ``environment()``, plus environment mixtures (RAGEN's environment tags).
 
         Args:
@@ -153,8 +201,14 @@ class StarPOConfig(AlgorithmConfig):
         if curriculum is not NotProvided:
             self.curriculum = copy.deepcopy(curriculum)
         super().environment(env, **kwargs)
-        named = [self.env, *(entry.get("env") for entry in [*(self.train_envs or []), *(self.validation_envs or [])]
-                             if isinstance(entry, dict))]
+        named = [
+            self.env,
+            *(
+                entry.get("env")
+                for entry in [*(self.train_envs or []), *(self.validation_envs or [])]
+                if isinstance(entry, dict)
+            ),
+        ]
         self.text_env_registrations = registrations_of(named)
         return self
 
@@ -366,9 +420,12 @@ class StarPOConfig(AlgorithmConfig):
 
     # The signature help() and editors show: every knob by name, in the table's order.
     training.__signature__ = inspect.Signature(
-        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-         *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=NotProvided) for name in KNOBS),
-         inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
+        [
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            *(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=NotProvided) for name in KNOBS),
+            inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+        ]
+    )
 
     @override(AlgorithmConfig)
     def rl_module(self, *, model_config=NotProvided, **kwargs) -> "StarPOConfig":
@@ -407,8 +464,9 @@ class StarPOConfig(AlgorithmConfig):
         presets (``--grid '{"preset": [...]}'``) or named variants (``--grid '{"variant": {name: {...}}}'``) names
         each trial's with them, and resolves their fields beside them (``rllib_ragen.jobs.run.named_grid``). Set
         as an attribute, ``preset`` would hide the :meth:`preset` method."""
-        return super().update_from_dict({k: v for k, v in config_dict.items() if k not in (PRESET_LABEL,
-                                                                                            VARIANT_LABEL)})
+        return super().update_from_dict(
+            {k: v for k, v in config_dict.items() if k not in (PRESET_LABEL, VARIANT_LABEL)}
+        )
 
     # ---- what RLlib builds -----------------------------------------------------------------------------------------
     @override(AlgorithmConfig)
@@ -519,14 +577,18 @@ class StarPOConfig(AlgorithmConfig):
 
     def rollout_config(self) -> RolloutConfig:
         named = {e.name: (e.env, e.env_config) for e in self.training_environments() + self.validation_environments()}
-        environments = tuple((name, env, env_config) for name, (env, env_config) in named.items()) \
-            if self.is_mixture else ()
-        return settings_from(self, RolloutConfig, env=self.env, env_config=dict(self.env_config),
-                             environments=environments)
+        environments = (
+            tuple((name, env, env_config) for name, (env, env_config) in named.items()) if self.is_mixture else ()
+        )
+        return settings_from(
+            self, RolloutConfig, env=self.env, env_config=dict(self.env_config), environments=environments
+        )
 
     def sampling_params(self, validation: bool = False) -> SamplingParams:
-        return SamplingParams(temperature=self.validation_temperature if validation else self.temperature,
-                              max_new_tokens=self.max_new_tokens_per_turn)
+        return SamplingParams(
+            temperature=self.validation_temperature if validation else self.temperature,
+            max_new_tokens=self.max_new_tokens_per_turn,
+        )
 
     def advantage_settings(self) -> AdvantageSettings:
         return settings_from(self, AdvantageSettings)
@@ -540,8 +602,11 @@ class StarPOConfig(AlgorithmConfig):
         """Groups left for the update after the rollout filter (per environment: the sum of each one's share);
         None when the filter keeps a number that depends on the rollout (``fixed_kept_groups``)."""
         settings = self.filter_settings()
-        counts = ([e.count for e in self.training_environments()] if self.rollout_filter_per_env and self.is_mixture
-                  else [self.num_groups])
+        counts = (
+            [e.count for e in self.training_environments()]
+            if self.rollout_filter_per_env and self.is_mixture
+            else [self.num_groups]
+        )
         kept = [fixed_kept_groups(count, settings) for count in counts]
         return None if None in kept else sum(kept)
 
@@ -567,8 +632,10 @@ class StarPOConfig(AlgorithmConfig):
     def validate(self) -> None:
         register_carried(self.text_env_registrations)  # in a Tune trial's process, which never registered them
         if not (self.enable_rl_module_and_learner and self.enable_env_runner_and_connector_v2):
-            raise ValueError("Invalid StarPOConfig:\n  - api_stack: StarPO runs on RLlib's new API stack alone "
-                             "(RLModule, Learner, EnvRunner); drop the config.api_stack(...) call that turned it off.")
+            raise ValueError(
+                "Invalid StarPOConfig:\n  - api_stack: StarPO runs on RLlib's new API stack alone "
+                "(RLModule, Learner, EnvRunner); drop the config.api_stack(...) call that turned it off."
+            )
         # RLlib's notice that this algorithm runs on the new API stack offers the old one, which StarPO does not have.
         log_once(f"{self.algo_class.__name__}_on_new_api_stack")
         super().validate()

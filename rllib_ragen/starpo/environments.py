@@ -10,15 +10,16 @@ from typing import Any
 
 import gymnasium as gym
 
-from ..envs import (BUILT_IN_TEXT_ENVS, REMOTE_ENV_ID, TRL_ENV_ID, ensure_registered, make_text_env,
-                    registered_text_envs)
+from ..envs import BUILT_IN_TEXT_ENVS, REMOTE_ENV_ID, TRL_ENV_ID, ensure_registered, make_text_env, registered_text_envs
 from ..envs.base import load_import_path
 from .knobs import MAX_VALIDATION_STATES, is_int
 
 # Keys of one entry of ``train_envs`` / ``validation_envs`` (``StarPOConfig.environment``); the count key is required
 # in training entries and defaults to ``validation_size`` in validation ones.
-ENV_ENTRY_KEYS = {"train_envs": ("env", "env_config", "name", "groups"),
-                  "validation_envs": ("env", "env_config", "name", "states")}
+ENV_ENTRY_KEYS = {
+    "train_envs": ("env", "env_config", "name", "groups"),
+    "validation_envs": ("env", "env_config", "name", "states"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +63,16 @@ def import_paths(config) -> list[tuple[str, str]]:
     ``tasks``). Importing a module runs its code, so the readers of a run folder refuse them unless allowed."""
     entries = [("env_config", config.env, config.env_config)]
     for field in ("train_envs", "validation_envs"):
-        entries += [(f"{field}[{i}]['env_config']", item.get("env"), item.get("env_config") or {})
-                    for i, item in enumerate(getattr(config, field) or []) if isinstance(item, dict)]
-    entries += [(f"curriculum[{i}]['env_config']", config.env, stage.get("env_config") or {})
-                for i, stage in enumerate(config.curriculum or []) if isinstance(stage, dict)]
+        entries += [
+            (f"{field}[{i}]['env_config']", item.get("env"), item.get("env_config") or {})
+            for i, item in enumerate(getattr(config, field) or [])
+            if isinstance(item, dict)
+        ]
+    entries += [
+        (f"curriculum[{i}]['env_config']", config.env, stage.get("env_config") or {})
+        for i, stage in enumerate(config.curriculum or [])
+        if isinstance(stage, dict)
+    ]
     found = []
     for where, env, env_config in entries:
         if not isinstance(env_config, dict) or not is_known_env(env):
@@ -83,8 +90,12 @@ def is_known_env(env) -> bool:
 
 def entry(item: dict, count_key: str, default_count: int | None) -> EnvEntry:
     """The :class:`EnvEntry` of one (checked) ``train_envs`` / ``validation_envs`` item."""
-    return EnvEntry(name=item.get("name") or env_name(item["env"]), env=item["env"],
-                    env_config=dict(item.get("env_config") or {}), count=int(item.get(count_key, default_count)))
+    return EnvEntry(
+        name=item.get("name") or env_name(item["env"]),
+        env=item["env"],
+        env_config=dict(item.get("env_config") or {}),
+        count=int(item.get(count_key, default_count)),
+    )
 
 
 def env_config_errors(field: str, env, env_config):
@@ -93,8 +104,9 @@ def env_config_errors(field: str, env, env_config):
         return
     accepted = env_arguments(env) if is_known_env(env) else None
     if accepted is not None and set(env_config) - accepted:
-        yield (f"{field} has unknown keys {sorted(set(env_config) - accepted)} for {env!r}; "
-               f"accepted: {sorted(accepted)}.")
+        yield (
+            f"{field} has unknown keys {sorted(set(env_config) - accepted)} for {env!r}; accepted: {sorted(accepted)}."
+        )
     elif isinstance(env, str) and (env in BUILT_IN_TEXT_ENVS or env in (REMOTE_ENV_ID, TRL_ENV_ID)):
         # The built-in environments check their arguments' types and ranges when built (cheaply: no level is drawn
         # before a reset): build one here, so a bad value is named now rather than in a worker at build time. A TRL
@@ -115,8 +127,10 @@ def _entry_errors(where: str, item, count_key: str, required: bool):
     if unknown:
         yield f"{where} has unknown keys {sorted(unknown)}; accepted: {list(ENV_ENTRY_KEYS[field])}."
     if "env" not in item or not is_known_env(item["env"]):
-        yield (f"{where}['env']={item.get('env')!r} is not a registered text environment; pick one of "
-               f"{registered_text_envs()} or register yours with rllib_ragen.register_text_env.")
+        yield (
+            f"{where}['env']={item.get('env')!r} is not a registered text environment; pick one of "
+            f"{registered_text_envs()} or register yours with rllib_ragen.register_text_env."
+        )
     else:
         yield from env_config_errors(f"{where}['env_config']", item["env"], item.get("env_config", {}))
     if "name" in item and (not isinstance(item["name"], str) or not item["name"]):
@@ -126,16 +140,20 @@ def _entry_errors(where: str, item, count_key: str, required: bool):
     elif count_key in item and (not is_int(item[count_key]) or item[count_key] < 1):
         yield f"{where}[{count_key!r}]={item[count_key]!r} must be a positive integer."
     elif count_key == "states" and item.get(count_key, 0) > MAX_VALIDATION_STATES:
-        yield (f"{where}['states']={item[count_key]} must be at most {MAX_VALIDATION_STATES} (a validation plays its "
-               "states in one rollout, held in memory: play more in parts, each from its own validation_seed_start).")
+        yield (
+            f"{where}['states']={item[count_key]} must be at most {MAX_VALIDATION_STATES} (a validation plays its "
+            "states in one rollout, held in memory: play more in parts, each from its own validation_seed_start)."
+        )
 
 
 def environment_errors(config):
     """``env`` and ``env_config``; ``train_envs`` and ``validation_envs``: each entry's keys, environment and count;
     unique names; the training groups adding up to ``num_groups``; ``env`` being the first training environment."""
     if not is_known_env(config.env):
-        yield (f"env={config.env!r} is not a registered text environment; pick one of {registered_text_envs()} "
-               "or register yours with rllib_ragen.register_text_env.")
+        yield (
+            f"env={config.env!r} is not a registered text environment; pick one of {registered_text_envs()} "
+            "or register yours with rllib_ragen.register_text_env."
+        )
     yield from env_config_errors("env_config", config.env, config.env_config)
     yield from mixture_errors(config)
     yield from curriculum_errors(config)
@@ -150,12 +168,16 @@ def curriculum_errors(config):
     if stages is None:
         return
     if not isinstance(stages, (list, tuple)) or not stages:
-        yield (f"curriculum={stages!r} must be a non-empty list of stages {{\"iterations\": n, \"env_config\": "
-               "{...}}, or None.")
+        yield (
+            f'curriculum={stages!r} must be a non-empty list of stages {{"iterations": n, "env_config": '
+            "{...}}, or None."
+        )
         return
     if config.train_envs is not None:
-        yield ("curriculum changes env's env_config, but train_envs trains on several environments: give the "
-               "easier settings as a train_envs entry of their own instead, or drop train_envs.")
+        yield (
+            "curriculum changes env's env_config, but train_envs trains on several environments: give the "
+            "easier settings as a train_envs entry of their own instead, or drop train_envs."
+        )
     for i, stage in enumerate(stages):
         where = f"curriculum[{i}]"
         if not isinstance(stage, dict):
@@ -166,15 +188,21 @@ def curriculum_errors(config):
             yield f"{where}['iterations']={stage['iterations']!r} must be a positive integer: the stage's length."
         if "env_config" in stage and (not isinstance(stage["env_config"], dict) or not stage["env_config"]):
             yield f"{where}['env_config']={stage['env_config']!r} must be a non-empty dict of settings to change."
-        elif "env_config" in stage and not next(env_config_errors("env_config", config.env, config.env_config),
-                                                None):  # (env_config's own errors are reported above)
-            yield from env_config_errors(f"{where}['env_config']", config.env,
-                                         {**config.env_config, **stage["env_config"]})
+        elif "env_config" in stage and not next(
+            env_config_errors("env_config", config.env, config.env_config), None
+        ):  # (env_config's own errors are reported above)
+            yield from env_config_errors(
+                f"{where}['env_config']", config.env, {**config.env_config, **stage["env_config"]}
+            )
         missing, unknown = sorted(CURRICULUM_STAGE_KEYS - set(stage)), sorted(set(stage) - CURRICULUM_STAGE_KEYS)
         if missing or unknown:
-            yield (f"{where}={stage!r}" + (f" lacks {missing}" if missing else "")
-                   + (" and" if missing and unknown else "") + (f" has unknown keys {unknown}" if unknown else "")
-                   + ": a stage is {\"iterations\": n, \"env_config\": {...}}.")
+            yield (
+                f"{where}={stage!r}"
+                + (f" lacks {missing}" if missing else "")
+                + (" and" if missing and unknown else "")
+                + (f" has unknown keys {unknown}" if unknown else "")
+                + ': a stage is {"iterations": n, "env_config": {...}}.'
+            )
 
 
 def mixture_errors(config):
@@ -196,20 +224,28 @@ def mixture_errors(config):
         names = [e.name for e in entries[field]]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
-            yield (f"{field}: the names {repeated} are used twice; give each entry of one id its own "
-                   "\"name\" (metrics and outputs tell them apart by it).")
+            yield (
+                f"{field}: the names {repeated} are used twice; give each entry of one id its own "
+                '"name" (metrics and outputs tell them apart by it).'
+            )
     if entries.get("train_envs"):
         training = entries["train_envs"]
         total = sum(e.count for e in training)
         if total != config.num_groups:
-            yield (f"train_envs: the groups add up to {total}, but num_groups={config.num_groups}; set "
-                   f"num_groups={total} in .training() or change the groups.")
+            yield (
+                f"train_envs: the groups add up to {total}, but num_groups={config.num_groups}; set "
+                f"num_groups={total} in .training() or change the groups."
+            )
         if (config.env, dict(config.env_config)) != (training[0].env, training[0].env_config):
-            yield (f"env={config.env!r} (env_config={dict(config.env_config)}) is not train_envs[0] "
-                   f"({training[0].env!r}, {training[0].env_config}): with train_envs, env is the first training "
-                   "environment; leave env out of .environment(train_envs=...).")
+            yield (
+                f"env={config.env!r} (env_config={dict(config.env_config)}) is not train_envs[0] "
+                f"({training[0].env!r}, {training[0].env_config}): with train_envs, env is the first training "
+                "environment; leave env out of .environment(train_envs=...)."
+            )
     by_name = {}
     for e in entries.get("train_envs", []) + entries.get("validation_envs", []):
         if by_name.setdefault(e.name, (e.env, e.env_config)) != (e.env, e.env_config):
-            yield (f"the name {e.name!r} stands for two different environments in train_envs and validation_envs;"
-                   " one name, one environment (its metrics would mix).")
+            yield (
+                f"the name {e.name!r} stands for two different environments in train_envs and validation_envs;"
+                " one name, one environment (its metrics would mix)."
+            )

@@ -60,15 +60,21 @@ class RemoteEngine:
     def __init__(self, actor):
         self.actor = actor
 
-    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int | None = None,
-               max_new_tokens: Sequence[int] | None = None) -> Future:
+    def submit(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seed: int | None = None,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> Future:
         return self.actor.generate.remote(prompts, params, seed, max_new_tokens).future()
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int | None = None) -> float:
         return ray.get(self.actor.load_weights.remote(state_dict, version))
 
-    def load_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor],
-                     version: int | None = None) -> float:
+    def load_adapter(
+        self, config: dict[str, Any], tensors: dict[str, torch.Tensor], version: int | None = None
+    ) -> float:
         return ray.get(self.actor.load_adapter.remote(config, tensors, version))
 
     def get_stats(self) -> dict[str, Any]:
@@ -92,8 +98,9 @@ class EngineActors:
         ray.get([actor.load_weights.remote(ref, version) for actor in self.actors])
         return time.perf_counter() - t0
 
-    def load_adapter(self, config: dict[str, Any], tensors: dict[str, torch.Tensor],
-                     version: int | None = None) -> float:
+    def load_adapter(
+        self, config: dict[str, Any], tensors: dict[str, torch.Tensor], version: int | None = None
+    ) -> float:
         """Serve a new LoRA adapter on every engine from one object-store copy; returns the seconds."""
         t0 = time.perf_counter()
         ref = ray.put(tensors)
@@ -107,8 +114,9 @@ class EngineActors:
         self.actors, self.clients = [], []
 
 
-def launch_engines(model: str, num_engines: int = 1, *, num_gpus_per_engine: float | None = None,
-                   **engine_kwargs) -> EngineActors:
+def launch_engines(
+    model: str, num_engines: int = 1, *, num_gpus_per_engine: float | None = None, **engine_kwargs
+) -> EngineActors:
     """Start ``num_engines`` :class:`VLLMEngine` Ray actors in one placement group (a bundle per engine).
 
     Each bundle asks for ``tensor_parallel_size`` GPUs (``num_gpus_per_engine`` overrides; 0 on a CPU build)
@@ -124,9 +132,14 @@ def launch_engines(model: str, num_engines: int = 1, *, num_gpus_per_engine: flo
     group = placement_group([dict(bundle) for _ in range(num_engines)], strategy="PACK")
     ray.get(group.ready(), timeout=600)
     actor_class = ray.remote(VLLMEngine)
-    actors = [actor_class.options(num_cpus=1, num_gpus=gpus, scheduling_strategy=PlacementGroupSchedulingStrategy(
-        placement_group=group, placement_group_bundle_index=i)).remote(model, **engine_kwargs)
-        for i in range(num_engines)]
+    actors = [
+        actor_class.options(
+            num_cpus=1,
+            num_gpus=gpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=i),
+        ).remote(model, **engine_kwargs)
+        for i in range(num_engines)
+    ]
     ray.get([actor.get_stats.remote() for actor in actors])  # wait until every engine has loaded its model
     return EngineActors(actors, group)
 
@@ -144,11 +157,18 @@ def start_engines_for(algo) -> EngineActors:
     if lora:  # the engines serve the base weights and receive only the adapter
         options["max_lora_rank"] = lora["r"]
     gpus = options.pop("num_gpus_per_engine", None)
-    actors = launch_engines(model, config.num_inference_engines, num_gpus_per_engine=gpus,
-                            dtype=config.sampling_dtype, seed=config.seed or 0, **options)
+    actors = launch_engines(
+        model,
+        config.num_inference_engines,
+        num_gpus_per_engine=gpus,
+        dtype=config.sampling_dtype,
+        seed=config.seed or 0,
+        **options,
+    )
     clients = actors.clients
-    algo.env_runner_group.foreach_env_runner(lambda runner: runner.attach_inference_engines(clients),
-                                             local_env_runner=True)
+    algo.env_runner_group.foreach_env_runner(
+        lambda runner: runner.attach_inference_engines(clients), local_env_runner=True
+    )
     return actors
 
 
@@ -158,8 +178,7 @@ def load_policy_into_engines(algo) -> float:
 
     lora = lora_settings(algo.config.model_config.get("lora"))
     if lora:  # from one learner (they hold the same weights), adapters only: the critic stays there
-        adapter = algo._on_first_learner(lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped()
-                                         .adapter_state())
+        adapter = algo._on_first_learner(lambda learner: learner.module[DEFAULT_MODULE_ID].unwrapped().adapter_state())
         adapter_config, tensors = adapter_files(adapter, lora, str(algo.config.model_config["model"]))
         return algo.engine_actors.load_adapter(adapter_config, tensors, version=algo.iteration + 1)
     return algo.engine_actors.load_weights(algo.policy_weights(), version=algo.iteration + 1)

@@ -18,10 +18,30 @@ from typing import Any, Callable, Collection
 import numpy as np
 
 from ..objectives.rollout_filter import RATIO_RANGE as FILTER_RATIO_RANGE
-from ..objectives import (ADVANTAGE_ESTIMATORS, ADVANTAGE_MASKS, AGGREGATIONS, FILTER_MODES, FILTER_TYPES,
-                          KL_ESTIMATORS, TOP_P_MODES, AdvantageSettings, FilterSettings)
-from ..ranges import (ABOVE_ONE, ABOVE_ZERO_TO_ONE, AT_LEAST_ONE, AT_LEAST_TWO, BELOW_ONE, NON_NEGATIVE, NON_POSITIVE,
-                      POSITIVE, SEEDS, UNIT_INTERVAL, Range)
+from ..objectives import (
+    ADVANTAGE_ESTIMATORS,
+    ADVANTAGE_MASKS,
+    AGGREGATIONS,
+    FILTER_MODES,
+    FILTER_TYPES,
+    KL_ESTIMATORS,
+    TOP_P_MODES,
+    AdvantageSettings,
+    FilterSettings,
+)
+from ..ranges import (
+    ABOVE_ONE,
+    ABOVE_ZERO_TO_ONE,
+    AT_LEAST_ONE,
+    AT_LEAST_TWO,
+    BELOW_ONE,
+    NON_NEGATIVE,
+    NON_POSITIVE,
+    POSITIVE,
+    SEEDS,
+    UNIT_INTERVAL,
+    Range,
+)
 from ..rollout.engine import CONTEXT_WINDOWS, RolloutConfig
 from ..rollout.protocol import LOSS_MASK_REGIONS
 from ..rollout.trajectory import SeedSchedule
@@ -32,8 +52,13 @@ RLLIB_DEFAULT = object()  # an RLlib field whose default stays RLlib's
 AUTOCAST_DTYPES = (None, "bfloat16")  # the learner's forward passes (autocast_dtype)
 ROLLOUT_DTYPES = (None, "float32", "bfloat16")  # the sampler's copy of the policy (rollout_dtype)
 MAX_VALIDATION_STATES = 10_000  # per validation environment: every state's episode is held at once
-VLLM_ENGINE_OPTIONS = {"tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "enforce_eager",
-                       "num_gpus_per_engine"}
+VLLM_ENGINE_OPTIONS = {
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "enforce_eager",
+    "num_gpus_per_engine",
+}
 
 
 def is_number(value) -> bool:
@@ -148,40 +173,60 @@ def _adam_betas_error(betas) -> str | None:
 def _inference_backend_error(backend) -> str | None:
     if backend in INFERENCE_BACKENDS or callable(backend):
         return None
-    return (f"inference_backend={backend!r}: choose one of {sorted(INFERENCE_BACKENDS)}, register yours with "
-            "register_inference_backend, or pass a callable (model, tokenizer, config) -> InferenceBackend.")
+    return (
+        f"inference_backend={backend!r}: choose one of {sorted(INFERENCE_BACKENDS)}, register yours with "
+        "register_inference_backend, or pass a callable (model, tokenizer, config) -> InferenceBackend."
+    )
 
 
 def _vllm_engine_config_error(options) -> str | None:
     if not isinstance(options, dict):
         return f"vllm_engine_config={options!r} must be a dict of VLLMEngine's keyword arguments."
     unknown = set(options) - VLLM_ENGINE_OPTIONS
-    return f"vllm_engine_config has unknown keys {sorted(unknown)}; known: {sorted(VLLM_ENGINE_OPTIONS)}." \
-        if unknown else None
+    return (
+        f"vllm_engine_config has unknown keys {sorted(unknown)}; known: {sorted(VLLM_ENGINE_OPTIONS)}."
+        if unknown
+        else None
+    )
 
 
 def _action_separator_error(separator) -> str | None:
     """A short string that cannot be read as a tag, or None (each answer is one action)."""
     if separator is None:
         return None
-    if not isinstance(separator, str) or not separator.strip() or len(separator) > 16 or "<" in separator \
-            or ">" in separator:
-        return (f"action_separator={separator!r} must be a short string (1 to 16 characters, not only spaces, "
-                "without < or >, which would read as a tag), e.g. '||', or None: each answer is then one action.")
+    if (
+        not isinstance(separator, str)
+        or not separator.strip()
+        or len(separator) > 16
+        or "<" in separator
+        or ">" in separator
+    ):
+        return (
+            f"action_separator={separator!r} must be a short string (1 to 16 characters, not only spaces, "
+            "without < or >, which would read as a tag), e.g. '||', or None: each answer is then one action."
+        )
     return None
 
 
 def _tool_call_format_error(name) -> str | None:
     from ..rollout.tools import TOOL_CALL_FORMATS
 
-    return None if isinstance(name, str) and name in TOOL_CALL_FORMATS else \
-        (f"tool_call_format={name!r} is not a registered tool-call format; known: {sorted(TOOL_CALL_FORMATS)} "
-         "(rllib_ragen.rollout.tools.TOOL_CALL_FORMATS).")
+    return (
+        None
+        if isinstance(name, str) and name in TOOL_CALL_FORMATS
+        else (
+            f"tool_call_format={name!r} is not a registered tool-call format; known: {sorted(TOOL_CALL_FORMATS)} "
+            "(rllib_ragen.rollout.tools.TOOL_CALL_FORMATS)."
+        )
+    )
 
 
 def _rules_list_error(rules) -> str | None:
-    return None if isinstance(rules, (list, tuple)) else \
-        f"sentinel_rules={rules!r} must be a list of rllib_ragen.sentinel.Rule."
+    return (
+        None
+        if isinstance(rules, (list, tuple))
+        else f"sentinel_rules={rules!r} must be a list of rllib_ragen.sentinel.Rule."
+    )
 
 
 def _lr_error(lr) -> str | None:
@@ -217,10 +262,22 @@ KNOB_TABLE: tuple[Knob, ...] = (
         _knob("validation_temperature", 0.5, NUMBER, NON_NEGATIVE, why=" (0 is greedy)"),
         _knob("max_new_tokens_per_turn", 400, INT, AT_LEAST_ONE),
         _knob("format_penalty", None, NUMBER, NON_POSITIVE, why=_PENALTY, into=(_R, "format_penalty")),
-        _knob("ineffective_action_penalty", None, NUMBER, NON_POSITIVE, why=_PENALTY,
-              into=(_R, "ineffective_action_penalty")),
-        _knob("ungrounded_reasoning_penalty", None, NUMBER, NON_POSITIVE, into=(_R, "ungrounded_reasoning_penalty"),
-              why=": it is charged per action not stated truly, and a positive value would pay for wrong reasoning"),
+        _knob(
+            "ineffective_action_penalty",
+            None,
+            NUMBER,
+            NON_POSITIVE,
+            why=_PENALTY,
+            into=(_R, "ineffective_action_penalty"),
+        ),
+        _knob(
+            "ungrounded_reasoning_penalty",
+            None,
+            NUMBER,
+            NON_POSITIVE,
+            into=(_R, "ungrounded_reasoning_penalty"),
+            why=": it is charged per action not stated truly, and a positive value would pay for wrong reasoning",
+        ),
         _knob("enable_thinking", None, BOOL, into=(_R, "enable_thinking")),
         _knob("max_context_tokens", None, INT, AT_LEAST_ONE, into=(_R, "max_context_tokens")),
         _knob("independent_transitions", None, BOOL, into=(_R, "independent_transitions")),
@@ -228,19 +285,44 @@ KNOB_TABLE: tuple[Knob, ...] = (
         _knob("env_step_timeout_s", None, NUMBER, POSITIVE, why=_TIMEOUT, into=(_R, "env_step_timeout_s")),
         _knob("context_window", None, CHOICE, options=CONTEXT_WINDOWS, into=(_R, "context_window")),
         _knob("context_window_turns", None, INT, optional=True, into=(_R, "context_window_turns")),
-        _knob("action_separator", None, OTHER, optional=True, check=_action_separator_error, check_is_kind=True,
-              into=(_R, "action_separator")),
-        _knob("tool_call_format", None, OTHER, check=_tool_call_format_error, check_is_kind=True,
-              into=(_R, "tool_call_format")),
+        _knob(
+            "action_separator",
+            None,
+            OTHER,
+            optional=True,
+            check=_action_separator_error,
+            check_is_kind=True,
+            into=(_R, "action_separator"),
+        ),
+        _knob(
+            "tool_call_format",
+            None,
+            OTHER,
+            check=_tool_call_format_error,
+            check_is_kind=True,
+            into=(_R, "tool_call_format"),
+        ),
     ),
     *_section(
         "inference",
         _knob("inference_backend", "hf", OTHER, check=_inference_backend_error),
         _knob("inference_batch_size", 128, INT, AT_LEAST_ONE),
-        _knob("max_concurrent_episodes", None, INT, AT_LEAST_ONE, why=", or None (every episode at once)",
-              optional=True, into=(_R, "max_concurrent_episodes")),
-        _knob("rollout_dtype", None, CHOICE, options=ROLLOUT_DTYPES,
-              why=" (None: the model's dtype, model_config['dtype'])"),
+        _knob(
+            "max_concurrent_episodes",
+            None,
+            INT,
+            AT_LEAST_ONE,
+            why=", or None (every episode at once)",
+            optional=True,
+            into=(_R, "max_concurrent_episodes"),
+        ),
+        _knob(
+            "rollout_dtype",
+            None,
+            CHOICE,
+            options=ROLLOUT_DTYPES,
+            why=" (None: the model's dtype, model_config['dtype'])",
+        ),
         _knob("num_inference_engines", 1, INT, AT_LEAST_ONE),
         _knob("vllm_engine_config", {}, OTHER, check=_vllm_engine_config_error),
     ),
@@ -288,23 +370,44 @@ KNOB_TABLE: tuple[Knob, ...] = (
         _knob("critic_lr", 1e-5, NUMBER, POSITIVE),  # <= 0 would train by gradient ascent, or not at all
         _knob("weight_decay", 0.01, NUMBER, NON_NEGATIVE),
         _knob("adam_betas", (0.9, 0.999), OTHER, check=_adam_betas_error),
-        _knob("micro_batch_size", None, INT, AT_LEAST_ONE, why=" row, or None (the whole minibatch at once)",
-              optional=True),
-        _knob("autocast_dtype", None, CHOICE, options=AUTOCAST_DTYPES,
-              why=" (float16 would need a loss scaler; bfloat16 does not)"),
+        _knob(
+            "micro_batch_size",
+            None,
+            INT,
+            AT_LEAST_ONE,
+            why=" row, or None (the whole minibatch at once)",
+            optional=True,
+        ),
+        _knob(
+            "autocast_dtype",
+            None,
+            CHOICE,
+            options=AUTOCAST_DTYPES,
+            why=" (float16 would need a loss scaler; bfloat16 does not)",
+        ),
         _knob("updates_per_rollout_batch", 1, INT, AT_LEAST_ONE),
         _knob("max_consecutive_skipped_steps", 5, INT, AT_LEAST_ONE),
         # one-step off-policy rollouts: overlap iteration k+1's generation with iteration k's update
-        _knob("max_policy_lag", 0, INT, options=(0, 1),
-              why=" (0: synchronous, 1: one-step off-policy; longer lags are not implemented)"),
+        _knob(
+            "max_policy_lag",
+            0,
+            INT,
+            options=(0, 1),
+            why=" (0: synchronous, 1: one-step off-policy; longer lags are not implemented)",
+        ),
         _knob("importance_weight_cap", 2.0, NUMBER, AT_LEAST_ONE, why=" (1 drops the correction's upside)"),
     ),
     *_section(
         "validation and seeds",
         _knob("validation_interval", 10, INT, NON_NEGATIVE, why=" (0 switches validation off)"),
-        _knob("validation_size", 256, INT, Range(1, MAX_VALIDATION_STATES),
-              why=" (a validation plays its states in one rollout, held in memory: play more in parts, each from "
-                  "its own validation_seed_start)"),
+        _knob(
+            "validation_size",
+            256,
+            INT,
+            Range(1, MAX_VALIDATION_STATES),
+            why=" (a validation plays its states in one rollout, held in memory: play more in parts, each from "
+            "its own validation_seed_start)",
+        ),
         _knob("validation_group_size", 1, INT, AT_LEAST_ONE),
         _knob("validate_before_training", True, BOOL),
         _knob("train_seed_start", None, INT, NON_NEGATIVE, why=" (a reset seed)", into=(SeedSchedule, "next_train")),
@@ -325,27 +428,37 @@ KNOBS: dict[str, Knob] = {k.name: k for k in KNOB_TABLE}
 
 _GPUS = " (0: the CPU; a fraction shares a GPU)"
 # RLlib's own fields that StarPO sets a default for (RAGEN's) or checks (RLlib takes them as given).
-RLLIB_FIELDS: dict[str, Knob] = {k.name: k for k in (
-    _knob("lr", 1e-6, OTHER, check=_lr_error),  # the actor's; a rate or RLlib's schedule
-    _knob("gamma", None, NUMBER, ABOVE_ZERO_TO_ONE, into=(_A, "gamma")),  # 1: trajectory-level credit
-    _knob("grad_clip", 1.0, NUMBER, POSITIVE, why=", or None to switch it off", optional=True),
-    _knob("grad_clip_by", "global_norm", OTHER),
-    # learner rows per optimizer step; None: the kept batch split into updates_per_rollout_batch steps
-    _knob("minibatch_size", None, INT, AT_LEAST_ONE, why=" trajectory, or None (the kept batch split evenly)",
-          optional=True),
-    _knob("num_epochs", 1, INT, AT_LEAST_ONE),
-    _knob("shuffle_batch_per_epoch", True, OTHER),
-    _knob("seed", RLLIB_DEFAULT, INT, SEEDS, why=" (numpy's seeds), or be None", optional=True),
-    _knob("num_env_runners", RLLIB_DEFAULT, INT, NON_NEGATIVE),
-    _knob("num_learners", RLLIB_DEFAULT, INT, NON_NEGATIVE),
-    _knob("num_gpus_per_env_runner", RLLIB_DEFAULT, NUMBER, NON_NEGATIVE, why=_GPUS),
-    _knob("num_gpus_per_learner", RLLIB_DEFAULT, NUMBER, NON_NEGATIVE, why=_GPUS),
-)}
+RLLIB_FIELDS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        _knob("lr", 1e-6, OTHER, check=_lr_error),  # the actor's; a rate or RLlib's schedule
+        _knob("gamma", None, NUMBER, ABOVE_ZERO_TO_ONE, into=(_A, "gamma")),  # 1: trajectory-level credit
+        _knob("grad_clip", 1.0, NUMBER, POSITIVE, why=", or None to switch it off", optional=True),
+        _knob("grad_clip_by", "global_norm", OTHER),
+        # learner rows per optimizer step; None: the kept batch split into updates_per_rollout_batch steps
+        _knob(
+            "minibatch_size",
+            None,
+            INT,
+            AT_LEAST_ONE,
+            why=" trajectory, or None (the kept batch split evenly)",
+            optional=True,
+        ),
+        _knob("num_epochs", 1, INT, AT_LEAST_ONE),
+        _knob("shuffle_batch_per_epoch", True, OTHER),
+        _knob("seed", RLLIB_DEFAULT, INT, SEEDS, why=" (numpy's seeds), or be None", optional=True),
+        _knob("num_env_runners", RLLIB_DEFAULT, INT, NON_NEGATIVE),
+        _knob("num_learners", RLLIB_DEFAULT, INT, NON_NEGATIVE),
+        _knob("num_gpus_per_env_runner", RLLIB_DEFAULT, NUMBER, NON_NEGATIVE, why=_GPUS),
+        _knob("num_gpus_per_learner", RLLIB_DEFAULT, NUMBER, NON_NEGATIVE, why=_GPUS),
+    )
+}
 
 # The flags' sections, and the StarPO-S defaults by name (rllib_ragen.STARPO_S_DEFAULTS).
 KNOB_SECTIONS: dict[str, dict[str, Any]] = {
     section: {k.name: k.default for k in KNOB_TABLE if k.section == section}
-    for section in dict.fromkeys(k.section for k in KNOB_TABLE)}
+    for section in dict.fromkeys(k.section for k in KNOB_TABLE)
+}
 STARPO_S_DEFAULTS: dict[str, Any] = {k.name: k.default for k in KNOB_TABLE}
 
 
@@ -361,6 +474,9 @@ def knob_errors(config) -> tuple[list[str], list[str]]:
 def settings_from(config, settings_class: type, **fields):
     """``settings_class`` (RolloutConfig, AdvantageSettings, FilterSettings, SeedSchedule) filled from the knobs
     that feed it, ``fields`` given beside them (or over them)."""
-    fed = {k.into[1]: getattr(config, k.name) for k in [*KNOB_TABLE, *RLLIB_FIELDS.values()]
-           if k.into is not None and k.into[0] is settings_class}
+    fed = {
+        k.into[1]: getattr(config, k.name)
+        for k in [*KNOB_TABLE, *RLLIB_FIELDS.values()]
+        if k.into is not None and k.into[0] is settings_class
+    }
     return settings_class(**{**fed, **fields})

@@ -126,8 +126,9 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             # Every trajectory opens with the same system prompt and instructions: read once per batch.
             out = forward_sharing_prefix(self.policy.get_decoder(), ids, mask)
             hidden = out["last_hidden_state"]
-            logp, entropy = scored_logprobs_and_entropy(hidden, self.policy.get_output_embeddings(), ids, scored,
-                                                        self.temperature)
+            logp, entropy = scored_logprobs_and_entropy(
+                hidden, self.policy.get_output_embeddings(), ids, scored, self.temperature
+            )
         else:
             out = forward_sharing_prefix(self.policy, ids, mask, output_hidden_states=self.critic_type == "head")
             hidden = out["hidden_states"][-1] if self.critic_type == "head" else None
@@ -146,8 +147,11 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         export load); otherwise only what trains, the adapters and the critic (what checkpoints hold)."""
         if self.lora and inference_only:
             return {f"policy.{k}": v.cpu().clone() for k, v in merged_policy_state(self.policy).items()}
-        state = {k: v.detach().cpu().clone() for k, v in self.state_dict().items()
-                 if not (self.lora and k.startswith("policy.") and not is_adapter_key(k))}
+        state = {
+            k: v.detach().cpu().clone()
+            for k, v in self.state_dict().items()
+            if not (self.lora and k.startswith("policy.") and not is_adapter_key(k))
+        }
         if inference_only and not self.inference_only:
             skip = tuple(f"{a}." for a in self.get_non_inference_attributes())
             state = {k: v for k, v in state.items() if not k.startswith(skip)}
@@ -162,15 +166,18 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
             raise ValueError(f"weights for this policy are missing keys {missing[:5]}...: is it the same model?")
         if self.lora and (unexpected or not any(is_adapter_key(k) for k in state)):
             # A LoRA learner loads adapters only; plain weights would otherwise be dropped without a word.
-            raise ValueError(f"this LoRA module takes adapter weights, got {(unexpected or list(state))[:3]}...: "
-                             "is the state from a module without model_config['lora']?")
+            raise ValueError(
+                f"this LoRA module takes adapter weights, got {(unexpected or list(state))[:3]}...: "
+                "is the state from a module without model_config['lora']?"
+            )
 
     def _check_shapes(self, state: dict[str, torch.Tensor]) -> None:
         """Refuse weights of another size, naming the model they were loaded into: a checkpoint restored after its
         model folder was replaced would otherwise fail deep in torch ("size mismatch for critic.head.weight")."""
         own = self.state_dict()
-        mismatched = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state.items()
-                      if k in own and v.shape != own[k].shape]
+        mismatched = [
+            (k, tuple(v.shape), tuple(own[k].shape)) for k, v in state.items() if k in own and v.shape != own[k].shape
+        ]
         if mismatched:
             model = {**DEFAULT_MODEL_CONFIG, **(self.model_config or {})}["model"]
             key, theirs, ours = mismatched[0]
@@ -178,7 +185,8 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
                 f"{len(mismatched)} weight tensors do not fit the model built from model={model!r}: {key} is "
                 f"{theirs} in the weights loaded and {ours} in the model. A model folder whose config.json "
                 "describes another size than the one these weights (a checkpoint) were trained with was replaced "
-                "or edited since: restore with the model they were trained from, or start a new run.")
+                "or edited since: restore with the model they were trained from, or start a new run."
+            )
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """The LoRA adapter weights alone (what vLLM engines receive); empty without LoRA."""
@@ -193,14 +201,16 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     @staticmethod
     def policy_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The policy's own ``state_dict`` (Hugging Face names) out of a module state."""
-        return {k[len("policy."):]: v for k, v in state.items() if k.startswith("policy.")}
+        return {k[len("policy.") :]: v for k, v in state.items() if k.startswith("policy.")}
 
     def save_pretrained(self, path) -> None:
         """Write the policy and its tokenizer so that plain ``transformers`` loads them (call it on an inference-only
         module: with LoRA, that one holds the merged weights)."""
         if self.lora:
-            raise ValueError("save_pretrained on a LoRA learner module would write the adapter; export from an "
-                             "inference-only module loaded with get_state(inference_only=True).")
+            raise ValueError(
+                "save_pretrained on a LoRA learner module would write the adapter; export from an "
+                "inference-only module loaded with get_state(inference_only=True)."
+            )
         self.policy.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
 

@@ -27,7 +27,6 @@ MAX_ROLLOUT_ATTEMPTS = 3  # a rollout played again after env runners died in it,
 ROLLOUT_THREAD = "rllib_ragen_rollout"  # the thread that plays the next rollout beside the update (max_policy_lag)
 
 
-
 def sample_seed(seed: int | None, purpose: str, iteration: int) -> int:
     """The sampling seed of a run of ``seed`` for ``purpose`` ("train" or "validation") at ``iteration``."""
     words = [seed or 0, iteration, 0 if purpose == "train" else 1]
@@ -37,6 +36,7 @@ def sample_seed(seed: int | None, purpose: str, iteration: int) -> int:
 def validation_sample_seed(config) -> int:
     """The sampling seed every validation of a run plays with (the same states, the same seed: paired)."""
     return sample_seed(config.seed, "validation", 0)
+
 
 class RolloutScheduler:
     """The rollouts of one :class:`StarPO` algorithm, and their state: the seed schedule and the rollout in flight.
@@ -50,8 +50,9 @@ class RolloutScheduler:
         self.algorithm = algorithm
         self.config = algorithm.config
         self.seed_schedule = settings_from(self.config, SeedSchedule)  # from train_seed_start on
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=ROLLOUT_THREAD) \
-            if self.config.max_policy_lag else None
+        self._thread = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=ROLLOUT_THREAD) if self.config.max_policy_lag else None
+        )
         # The rollout playing beside the update: the future (or its result, once collected) and the update
         # count of the policy that played it.
         self._pending: dict | None = None
@@ -84,9 +85,14 @@ class RolloutScheduler:
         """What iteration ``iteration``'s training rollout plays: the next ``num_groups`` fresh seeds as starts of
         the training environment(s), its sampling and sampling seed, and its curriculum stage."""
         starts = self.config.training_starts(self.seed_schedule.train(self.config.num_groups))
-        return (starts, self.config.group_size, self.config.sampling_params(), self.sample_seed("train", iteration),
-                self.config.curriculum_stage(iteration) if self.config.curriculum else None,
-                self.config.training_env_config(iteration))
+        return (
+            starts,
+            self.config.group_size,
+            self.config.sampling_params(),
+            self.sample_seed("train", iteration),
+            self.config.curriculum_stage(iteration) if self.config.curriculum else None,
+            self.config.training_env_config(iteration),
+        )
 
     def _play_training(self, starts, group_size, sampling, sample_seed, stage, env_config):
         trajectories, results = self.play(starts, group_size, sampling, sample_seed, env_config)
@@ -127,19 +133,35 @@ class RolloutScheduler:
         return sample_seed(self.config.seed, purpose, iteration)
 
     # ---- the fan-out over env runners ---------------------------------------------------------------------------
-    def play(self, seeds: list[Start], group_size: int, sampling: SamplingParams, sample_seed: int,
-             env_config: dict | None = None) -> tuple[list[Trajectory], dict[str, float]]:
+    def play(
+        self,
+        seeds: list[Start],
+        group_size: int,
+        sampling: SamplingParams,
+        sample_seed: int,
+        env_config: dict | None = None,
+    ) -> tuple[list[Trajectory], dict[str, float]]:
         """Split the groups over the env runners, play them, and pool trajectories and metrics (``env_config``:
         the arguments a curriculum stage builds ``config.env`` with)."""
         algorithm, restarts = self.algorithm, 0
         if not algorithm.env_runner_group.num_remote_env_runners():
             chunks = {0: list(seeds)}
             runner = algorithm.env_runner
-            parts = [(0, runner.sample(seeds=seeds, group_size=group_size, sampling=sampling, sample_seed=sample_seed,
-                                       env_config=env_config), runner.get_metrics())]
+            parts = [
+                (
+                    0,
+                    runner.sample(
+                        seeds=seeds,
+                        group_size=group_size,
+                        sampling=sampling,
+                        sample_seed=sample_seed,
+                        env_config=env_config,
+                    ),
+                    runner.get_metrics(),
+                )
+            ]
         else:
-            chunks, parts, restarts = self._play_on_remote_runners(seeds, group_size, sampling, sample_seed,
-                                                                   env_config)
+            chunks, parts, restarts = self._play_on_remote_runners(seeds, group_size, sampling, sample_seed, env_config)
         # Runners number their groups from 0; make the ids global, in seed order.
         offsets = dict(zip(chunks, np.cumsum([0] + [len(c) for c in chunks.values()]).tolist()))
         trajectories = []
@@ -159,8 +181,9 @@ class RolloutScheduler:
             metrics[M.FIRST_ENV_ERROR] = first_error
         return trajectories, metrics
 
-    def _play_on_remote_runners(self, seeds: list[Start], group_size: int, sampling: SamplingParams,
-                                sample_seed: int, env_config: dict | None):
+    def _play_on_remote_runners(
+        self, seeds: list[Start], group_size: int, sampling: SamplingParams, sample_seed: int, env_config: dict | None
+    ):
         """Play the groups on the healthy remote env runners; returns (chunks, parts, restarted runners).
 
         A runner that dies mid-rollout fails its part: RLlib's fault tolerance restarts it
@@ -173,25 +196,40 @@ class RolloutScheduler:
             if not remote:
                 break
             # Consecutive groups per runner (a mixture's environments stay in order across the runners).
-            chunks = {rid: [seeds[i] for i in part]
-                      for rid, part in zip(remote, np.array_split(np.arange(len(seeds)), len(remote)))}
+            chunks = {
+                rid: [seeds[i] for i in part]
+                for rid, part in zip(remote, np.array_split(np.arange(len(seeds)), len(remote)))
+            }
 
             def play(runner, chunks=chunks):
                 index = runner.worker_index
-                return index, runner.sample(seeds=chunks[index], group_size=group_size, sampling=sampling,
-                                            sample_seed=sample_seed + index, env_config=env_config), \
-                    runner.get_metrics()
+                return (
+                    index,
+                    runner.sample(
+                        seeds=chunks[index],
+                        group_size=group_size,
+                        sampling=sampling,
+                        sample_seed=sample_seed + index,
+                        env_config=env_config,
+                    ),
+                    runner.get_metrics(),
+                )
 
             parts = group.foreach_env_runner(play, local_env_runner=False, remote_worker_ids=remote)
             if len(parts) == len(remote):
                 return chunks, parts, restarts
             restored = self._restore_env_runners_waiting()
             restarts += len(restored)
-            logger.warning("env runners %s failed during a rollout; restarted %s, playing the rollout again.",
-                           sorted(set(remote) - {index for index, _, _ in parts}), restored)
-        raise RuntimeError(f"the rollout failed on its env runners {MAX_ROLLOUT_ATTEMPTS} times, or none is left "
-                           f"(healthy now: {group.healthy_env_runner_ids()}). See the env runner errors above; "
-                           "restart_failed_env_runners in .fault_tolerance() restarts dead ones.")
+            logger.warning(
+                "env runners %s failed during a rollout; restarted %s, playing the rollout again.",
+                sorted(set(remote) - {index for index, _, _ in parts}),
+                restored,
+            )
+        raise RuntimeError(
+            f"the rollout failed on its env runners {MAX_ROLLOUT_ATTEMPTS} times, or none is left "
+            f"(healthy now: {group.healthy_env_runner_ids()}). See the env runner errors above; "
+            "restart_failed_env_runners in .fault_tolerance() restarts dead ones."
+        )
 
     def _restore_env_runners_waiting(self) -> list[int]:
         """RLlib's restore of dead env runners, repeated while Ray restarts their processes (a ping right after a
@@ -200,8 +238,12 @@ class RolloutScheduler:
         group = algorithm.env_runner_group
         restored = algorithm.restore_env_runners(group)
         deadline = time.monotonic() + self.config.env_runner_health_probe_timeout_s
-        while (not restored and self.config.restart_failed_env_runners and time.monotonic() < deadline
-               and len(group.healthy_env_runner_ids()) < group.num_remote_env_runners()):
+        while (
+            not restored
+            and self.config.restart_failed_env_runners
+            and time.monotonic() < deadline
+            and len(group.healthy_env_runner_ids()) < group.num_remote_env_runners()
+        ):
             time.sleep(1.0)
             restored = algorithm.restore_env_runners(group)
         return restored
@@ -219,8 +261,7 @@ class RolloutScheduler:
         self.seed_schedule.set_state(state["seed_schedule"])
         pending = state.get("pending_rollout")
         if pending is not None and self.config.max_policy_lag:
-            self._pending = {"result": (pending["trajectories"], pending["results"]),
-                             "played_by": pending["played_by"]}
+            self._pending = {"result": (pending["trajectories"], pending["results"]), "played_by": pending["played_by"]}
 
     def shutdown(self) -> None:
         if self._thread is not None:

@@ -54,14 +54,23 @@ class SentinelActions(RLlibCallback):
                 self._act_on(firing)
                 rolled_back |= firing.action == "rollback"
             logger.warning(firing.describe())
-        if not fired and self.sentinel.healthy and self.snapshot_dir is not None \
-                and iteration % self.algorithm.config.sentinel_snapshot_interval == 0:
+        if (
+            not fired
+            and self.sentinel.healthy
+            and self.snapshot_dir is not None
+            and iteration % self.algorithm.config.sentinel_snapshot_interval == 0
+        ):
             self._save_healthy_snapshot(iteration)
-        result.update({M.SENTINEL_FIRINGS: float(len(fired)),
-                       M.SENTINEL_TOTAL_FIRINGS: float(len(self.sentinel.firings)),
-                       M.SENTINEL_ROLLBACKS: float(self.sentinel.rollbacks),
-                       M.SENTINEL_LR_FACTOR: self.sentinel.lr_factor, M.SENTINEL_STOP: float(self.sentinel.stopped),
-                       M.SENTINEL_EVENTS: json.dumps([dataclasses.asdict(f) for f in fired])})
+        result.update(
+            {
+                M.SENTINEL_FIRINGS: float(len(fired)),
+                M.SENTINEL_TOTAL_FIRINGS: float(len(self.sentinel.firings)),
+                M.SENTINEL_ROLLBACKS: float(self.sentinel.rollbacks),
+                M.SENTINEL_LR_FACTOR: self.sentinel.lr_factor,
+                M.SENTINEL_STOP: float(self.sentinel.stopped),
+                M.SENTINEL_EVENTS: json.dumps([dataclasses.asdict(f) for f in fired]),
+            }
+        )
         if self.sentinel.stopped:
             result["done"] = True  # ends a Tune trial and a main job's loop
 
@@ -81,12 +90,13 @@ class SentinelActions(RLlibCallback):
     def _save_healthy_snapshot(self, iteration: int) -> None:
         """The learner's weights and optimizer state now, atomically, as a rollback point; the last
         ``sentinel_rollback_depth`` are kept."""
-        state = self.algorithm.learner_group.get_state(components=[f"learner/{COMPONENT_RL_MODULE}",
-                                                                   f"learner/{COMPONENT_OPTIMIZER}"])["learner"]
+        state = self.algorithm.learner_group.get_state(
+            components=[f"learner/{COMPONENT_RL_MODULE}", f"learner/{COMPONENT_OPTIMIZER}"]
+        )["learner"]
         path = pathlib.Path(self.snapshot_dir) / f"healthy_{iteration}.pt"
         with written_whole(path) as partial:
             torch.save({"iteration": iteration, "learner": state}, partial)
-        for old in self._snapshots()[:-self.algorithm.config.sentinel_rollback_depth]:
+        for old in self._snapshots()[: -self.algorithm.config.sentinel_rollback_depth]:
             old.unlink()
 
     def _roll_back(self, firing: Firing) -> str:
@@ -98,8 +108,9 @@ class SentinelActions(RLlibCallback):
                 newer.unlink()
             state = snapshot["learner"]
             # Newer than the learners' and the env runners' current weights, or they would refuse it.
-            current = max(r.get() for r in algorithm.learner_group.foreach_learner(
-                lambda learner: learner._weights_seq_no))
+            current = max(
+                r.get() for r in algorithm.learner_group.foreach_learner(lambda learner: learner._weights_seq_no)
+            )
             state[WEIGHTS_SEQ_NO] = int(current) + 1
             algorithm.learner_group.set_state({"learner": state})
             words.append(f"restored the weights and optimizer state of iteration {snapshot['iteration']}")
@@ -111,8 +122,12 @@ class SentinelActions(RLlibCallback):
             algorithm.rollouts.drop()
             words.append("dropped the rollout played beside the update")
         rule = next(r for r in self.sentinel.rules if r.label == firing.rule)
-        words += [f"{knob} -> {value:g}" if knob != "lr_factor" else f"learning rates x{value:g} (now x"
-                  f"{self.sentinel.lr_factor:g})" for knob, value in rule.knobs.items()]
+        words += [
+            f"{knob} -> {value:g}"
+            if knob != "lr_factor"
+            else f"learning rates x{value:g} (now x{self.sentinel.lr_factor:g})"
+            for knob, value in rule.knobs.items()
+        ]
         algorithm.sync_rollout_weights()
         return "; ".join(words)
 

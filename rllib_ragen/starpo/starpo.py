@@ -39,8 +39,13 @@ from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils import force_list
 from ray.rllib.utils.annotations import override
-from ray.rllib.utils.metrics import (ENV_RUNNER_RESULTS, EVALUATION_RESULTS, LEARNER_RESULTS,
-                                     NUM_ENV_STEPS_SAMPLED_LIFETIME, WEIGHTS_SEQ_NO)
+from ray.rllib.utils.metrics import (
+    ENV_RUNNER_RESULTS,
+    EVALUATION_RESULTS,
+    LEARNER_RESULTS,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME,
+    WEIGHTS_SEQ_NO,
+)
 
 from .. import metrics as M
 from ..collapse import cross_scoring_pairs, probe_schedule, reply_diagnostics
@@ -78,7 +83,7 @@ class StarPO(Algorithm):
         starts here (as RLlib would, with this machine's resources) when it has not been started."""
         if not ray.is_initialized():
             ray.init()
-        bundles = cls.default_resource_request(config).bundles[0 if as_tune_trial else 1:]
+        bundles = cls.default_resource_request(config).bundles[0 if as_tune_trial else 1 :]
         asked: dict[str, float] = {}
         for bundle in bundles:
             for name, amount in bundle.items():
@@ -86,11 +91,13 @@ class StarPO(Algorithm):
         have = ray.cluster_resources()
         if all(amount <= have.get(name, 0.0) + 1e-9 for name, amount in asked.items()):
             return None
-        return (f"the run asks for {', '.join(f'{v:g} {k}' for k, v in asked.items())} "
-                f"({'the trial itself, ' if as_tune_trial else ''}num_learners={config.num_learners} and "
-                f"num_env_runners={config.num_env_runners} with their CPUs and GPUs each), and the Ray cluster has "
-                f"{', '.join(f'{have.get(k, 0.0):g} {k}' for k in asked)}: lower num_learners, num_env_runners or "
-                "their resources, or add nodes.")
+        return (
+            f"the run asks for {', '.join(f'{v:g} {k}' for k, v in asked.items())} "
+            f"({'the trial itself, ' if as_tune_trial else ''}num_learners={config.num_learners} and "
+            f"num_env_runners={config.num_env_runners} with their CPUs and GPUs each), and the Ray cluster has "
+            f"{', '.join(f'{have.get(k, 0.0):g} {k}' for k in asked)}: lower num_learners, num_env_runners or "
+            "their resources, or add nodes."
+        )
 
     # Called with each phase's name as it starts ("sampling", "updating", ...): a main job shows it while an
     # iteration is long (rllib_ragen.jobs.callbacks.PhaseFile). None: nobody listens. A class default, not set in
@@ -146,28 +153,35 @@ class StarPO(Algorithm):
         if not trajectories:
             raise RuntimeError(self._every_episode_failed(iteration, rollout_results, first_error))
         self._log(rollout_results, ENV_RUNNER_RESULTS)
-        self.metrics.log_value((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME),
-                               rollout_results[M.NUM_ENV_STEPS_SAMPLED], reduce="lifetime_sum")
+        self.metrics.log_value(
+            (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME),
+            rollout_results[M.NUM_ENV_STEPS_SAMPLED],
+            reduce="lifetime_sum",
+        )
         self._log(reply_diagnostics(trajectories))
 
-        columns, update_metrics = prepare_update_batch(trajectories, config, self._pad_token_id(),
-                                                       keep_ratio=self.sentinel.rollout_filter_ratio)
+        columns, update_metrics = prepare_update_batch(
+            trajectories, config, self._pad_token_id(), keep_ratio=self.sentinel.rollout_filter_ratio
+        )
         self._empty_filter_steps = 0 if columns is not None else self._empty_filter_steps + 1
         update_metrics[M.FILTER_EMPTY_STEPS] = float(self._empty_filter_steps)
         self._log(update_metrics)
         if columns is None:
             self._skip_update(iteration, played_by)
             return
-        probe, gradient_norms = probe_schedule(iteration, config.collapse_diagnostics_interval,
-                                               config.gradient_analysis_interval)
+        probe, gradient_norms = probe_schedule(
+            iteration, config.collapse_diagnostics_interval, config.gradient_analysis_interval
+        )
         if probe:
             with self._timer(M.TIME_COLLAPSE_PROBE):
                 self._log(self._collapse_probe(columns, trajectories, gradient_norms))
 
         lag = iteration - played_by  # updates the learner made since the rollout's policy
         if not 0 <= lag <= config.max_policy_lag:
-            raise RuntimeError(f"a rollout {lag} updates old reached the learner (max_policy_lag="
-                               f"{config.max_policy_lag}); this is a bug in StarPO's rollout scheduling.")
+            raise RuntimeError(
+                f"a rollout {lag} updates old reached the learner (max_policy_lag="
+                f"{config.max_policy_lag}); this is a bug in StarPO's rollout scheduling."
+            )
         self._log({M.POLICY_LAG: float(lag)})
         if config.max_policy_lag:  # the runners play the next rollout, on the pre-update weights, beside the update
             self.rollouts.start_next(iteration + 1)
@@ -187,9 +201,14 @@ class StarPO(Algorithm):
         """The rollout filter kept no group: no update this iteration (the weights stay, so nothing to sync). The
         policy lag stays as it was, the next rollout is played as usual, and validation runs on schedule."""
         config = self.config
-        logger.warning("iteration %d: the rollout filter (%s) kept no group, so there is no update (%d such "
-                       "iterations in a row; %d end the run).", iteration, config.rollout_filter,
-                       self._empty_filter_steps, config.rollout_filter_empty_stop_steps)
+        logger.warning(
+            "iteration %d: the rollout filter (%s) kept no group, so there is no update (%d such "
+            "iterations in a row; %d end the run).",
+            iteration,
+            config.rollout_filter,
+            self._empty_filter_steps,
+            config.rollout_filter_empty_stop_steps,
+        )
         self._log({M.POLICY_LAG: float(iteration - played_by)})
         if config.max_policy_lag:
             self.rollouts.start_next(iteration + 1)
@@ -204,14 +223,16 @@ class StarPO(Algorithm):
             self.rollouts.wait_outside_the_rollout_thread()
         return super().restore_env_runners(env_runner_group)
 
-    def _collapse_probe(self, columns: dict[str, np.ndarray], trajectories: list[Trajectory],
-                        gradient_norms: bool = True) -> dict[str, float]:
+    def _collapse_probe(
+        self, columns: dict[str, np.ndarray], trajectories: list[Trajectory], gradient_norms: bool = True
+    ) -> dict[str, float]:
         """The learner's echo-trap probe on this rollout, before its update (``collapse.py``): cross-scoring, the
         buckets' shares and, with ``gradient_norms``, their policy-gradient norms. With several learners the first
         one probes the whole batch (outside DDP's gradient sync)."""
         pairs = cross_scoring_pairs(trajectories, self.config.collapse_subsample)
         metrics, advantages = self._on_first_learner(
-            lambda learner: learner.collapse_probe(columns, pairs, gradient_norms=gradient_norms))
+            lambda learner: learner.collapse_probe(columns, pairs, gradient_norms=gradient_norms)
+        )
         self.last_token_advantages = token_advantages_by_trajectory(columns, advantages, trajectories)
         return metrics
 
@@ -247,11 +268,13 @@ class StarPO(Algorithm):
                 f"remote learner(s) {dead} of {manager.num_actors()} died ({why})"
                 ". RLlib does not restart learners and their optimizer state died with them, so this algorithm "
                 "cannot train on. Stop it and resume from the last checkpoint: StarPO.from_checkpoint(path), or "
-                "a main job's --resume.") from cause
+                "a main job's --resume."
+            ) from cause
 
     def _update_learners(self, columns: dict[str, np.ndarray], env_steps: int) -> list[dict]:
-        lifetime = {NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek(
-            (ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME))}
+        lifetime = {
+            NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME))
+        }
         shards = shard_by_groups(columns, self.config.num_learners) if self.config.num_learners > 1 else [columns]
         batches = [MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(shard)}, env_steps=env_steps) for shard in shards]
         if len(batches) == 1:
@@ -270,14 +293,22 @@ class StarPO(Algorithm):
         self.announce_phase("playing the validation states " + (f"at T={temperature:g}" if temperature else "greedily"))
         self.rollouts.runners_on_current_weights()
         sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
-        trajectories, _ = self.rollouts.play(config.validation_starts(), config.validation_group_size, sampling,
-                                             validation_sample_seed(config))
+        trajectories, _ = self.rollouts.play(
+            config.validation_starts(), config.validation_group_size, sampling, validation_sample_seed(config)
+        )
         return trajectories
 
     @staticmethod
-    def play_validation_states_with(config, policy, tokenizer=None, *, temperature: float = 0.0,
-                                    env_name: str | None = None, device: str = "cpu",
-                                    progress: Callable[[int, int], None] | None = None) -> list[Trajectory]:
+    def play_validation_states_with(
+        config,
+        policy,
+        tokenizer=None,
+        *,
+        temperature: float = 0.0,
+        env_name: str | None = None,
+        device: str = "cpu",
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[Trajectory]:
         """The validation states of ``env_name`` (None: all) played without a built algorithm, in the agent's own
         loop (prompts, budgets, transition seeds, sampling seed, as many episodes per state as validation plays),
         by ``policy``: a scripted one (prompt text -> reply), the baselines a job pairs its agent against; a model
@@ -299,12 +330,17 @@ class StarPO(Algorithm):
             backend = make_backend("hf", policy, tokenizer, config)
         else:
             backend = ScriptedBackend(policy, tokenizer)
-        starts = [s for s in config.validation_starts()
-                  if env_name is None or not isinstance(s, tuple) or s[0] == env_name]
+        starts = [
+            s for s in config.validation_starts() if env_name is None or not isinstance(s, tuple) or s[0] == env_name
+        ]
         sampling = dataclasses.replace(config.sampling_params(validation=True), temperature=float(temperature))
         trajectories, _ = RolloutEngine(config.rollout_config(), backend, tokenizer).rollout(
-            starts, config.validation_group_size, sampling, sample_seed=validation_sample_seed(config),
-            progress=progress)
+            starts,
+            config.validation_group_size,
+            sampling,
+            sample_seed=validation_sample_seed(config),
+            progress=progress,
+        )
         return trajectories
 
     def _validate(self, iteration: int) -> dict[str, float]:
@@ -312,16 +348,20 @@ class StarPO(Algorithm):
         config, start = self.config, time.perf_counter()
         self.rollouts.runners_on_current_weights()
         sampling = config.sampling_params(validation=True)
-        trajectories, results = self.rollouts.play(config.validation_starts(), config.validation_group_size,
-                                                   sampling, validation_sample_seed(config))
+        trajectories, results = self.rollouts.play(
+            config.validation_starts(), config.validation_group_size, sampling, validation_sample_seed(config)
+        )
         results.pop(M.FIRST_ENV_ERROR, None)  # counted in the results; its log line has it
         self.last_validation = trajectories
         results[M.VALIDATION_ITERATION] = float(iteration)
         self._log(results, EVALUATION_RESULTS, ENV_RUNNER_RESULTS)
         # RLlib's hook after an evaluation: callbacks (the job's outputs) see each validation as it happens.
-        make_callback("on_evaluate_end", callbacks_objects=self.callbacks,
-                      callbacks_functions=config.callbacks_on_evaluate_end,
-                      kwargs=dict(algorithm=self, metrics_logger=self.metrics, evaluation_metrics=results))
+        make_callback(
+            "on_evaluate_end",
+            callbacks_objects=self.callbacks,
+            callbacks_functions=config.callbacks_on_evaluate_end,
+            kwargs=dict(algorithm=self, metrics_logger=self.metrics, evaluation_metrics=results),
+        )
         spent = self._validation_time
         spent[:] = [spent[0] + time.perf_counter() - start, spent[1] + 1]
         self._log({M.TIME_VALIDATE: spent[0], M.VALIDATIONS_IN_ITERATION: float(spent[1])})
@@ -337,9 +377,11 @@ class StarPO(Algorithm):
     def _stop_when_nothing_is_kept(self, result: dict) -> None:
         """RAGEN's early stop: ``rollout_filter_empty_stop_steps`` iterations in a row with no group kept."""
         if self._empty_filter_steps >= self.config.rollout_filter_empty_stop_steps:
-            logger.warning("the rollout filter kept no group in %d iterations in a row: stopping the run (the policy "
-                           "has no reward variance left to learn from; rollout_filter_empty_stop_steps).",
-                           self._empty_filter_steps)
+            logger.warning(
+                "the rollout filter kept no group in %d iterations in a row: stopping the run (the policy "
+                "has no reward variance left to learn from; rollout_filter_empty_stop_steps).",
+                self._empty_filter_steps,
+            )
             result["done"] = True
 
     def sync_rollout_weights(self) -> None:
@@ -362,8 +404,11 @@ class StarPO(Algorithm):
     def _play_learner_in_process(self, *, share: bool) -> int | None:
         """Where the learner and the only env runner live in this process: the runner takes the learner's policy
         tensor by tensor (``EnvRunner.play_in_process``) and the bytes copied are returned; elsewhere None."""
-        if not (self.learner_group.is_local and self.env_runner is not None
-                and not self.env_runner_group.num_remote_env_runners()):
+        if not (
+            self.learner_group.is_local
+            and self.env_runner is not None
+            and not self.env_runner_group.num_remote_env_runners()
+        ):
             return None
         learner = self.learner_group._learner  # private: see _on_first_learner
         module = learner.module[DEFAULT_MODULE_ID].unwrapped()
@@ -378,8 +423,9 @@ class StarPO(Algorithm):
         than its own (a checkpoint restored into a running algorithm, as Tune's PBT does). Either way the runner
         went on playing other weights than the learner's.
         """
-        state = self.learner_group.get_state(components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}",
-                                             inference_only=True)[COMPONENT_LEARNER]
+        state = self.learner_group.get_state(
+            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}", inference_only=True
+        )[COMPONENT_LEARNER]
         wanted = state[WEIGHTS_SEQ_NO]
         state_ref = ray.put({COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE], WEIGHTS_SEQ_NO: wanted})
 
@@ -390,8 +436,10 @@ class StarPO(Algorithm):
         loaded = self.env_runner_group.foreach_env_runner(load, local_env_runner=self.env_runner is not None)
         behind = {index: seq_no for index, seq_no in loaded if seq_no != wanted}
         if behind:
-            raise RuntimeError(f"env runners {behind} (index: weights version) did not take the learner's weights "
-                               f"(version {wanted}); a rollout on them would play another policy.")
+            raise RuntimeError(
+                f"env runners {behind} (index: weights version) did not take the learner's weights "
+                f"(version {wanted}); a rollout on them would play another policy."
+            )
         return state_bytes(state[COMPONENT_RL_MODULE])
 
     @override(Algorithm)
@@ -412,8 +460,9 @@ class StarPO(Algorithm):
         if self.env_runner is not None:
             return self.env_runner.tokenizer
         if getattr(self, "_remote_tokenizer", None) is None:
-            self._remote_tokenizer = self.env_runner_group.foreach_env_runner(lambda r: r.tokenizer,
-                                                                              local_env_runner=False)[0]
+            self._remote_tokenizer = self.env_runner_group.foreach_env_runner(
+                lambda r: r.tokenizer, local_env_runner=False
+            )[0]
         return self._remote_tokenizer
 
     def _pad_token_id(self) -> int:
@@ -423,19 +472,25 @@ class StarPO(Algorithm):
         """Why a training rollout of iteration ``iteration`` brought back no trajectory: the counts, the first failed
         environment call (its type and message), and the curriculum stage the rollout played."""
         config = self.config
-        counted = ", ".join(f"{int(results[key])} {key.split('/')[-1].replace('_', ' ')}"
-                            for key in (M.ENV_ERRORS, M.ENV_TIMEOUTS, M.NONFINITE_REWARDS, M.PROMPTS_TOO_LONG)
-                            if results.get(key))
+        counted = ", ".join(
+            f"{int(results[key])} {key.split('/')[-1].replace('_', ' ')}"
+            for key in (M.ENV_ERRORS, M.ENV_TIMEOUTS, M.NONFINITE_REWARDS, M.PROMPTS_TOO_LONG)
+            if results.get(key)
+        )
         where = config.env_name
         if config.curriculum:
             stage = config.curriculum_stage(iteration)
             if stage < len(config.curriculum):
-                where += (f" in curriculum stage {stage + 1} of {len(config.curriculum)} (curriculum[{stage}], "
-                          f"env_config {config.training_env_config(iteration)})")
-        return (f"every episode of iteration {iteration + 1}'s training rollout of {where} failed"
-                + (f" ({counted})" if counted else "")
-                + (f"; the first: {first_error.rstrip('.')}" if first_error else "")
-                + ". The env runner logs have each one.")
+                where += (
+                    f" in curriculum stage {stage + 1} of {len(config.curriculum)} (curriculum[{stage}], "
+                    f"env_config {config.training_env_config(iteration)})"
+                )
+        return (
+            f"every episode of iteration {iteration + 1}'s training rollout of {where} failed"
+            + (f" ({counted})" if counted else "")
+            + (f"; the first: {first_error.rstrip('.')}" if first_error else "")
+            + ". The env runner logs have each one."
+        )
 
     def _log(self, metrics: dict[str, float], *path: str) -> None:
         """Log each value as the latest of its kind, under ``path`` (e.g. ``env_runners``) in the result."""
@@ -523,8 +578,9 @@ class StarPO(Algorithm):
 
     def _learner_module_state(self) -> dict[str, torch.Tensor]:
         """The learner's current module state, critic left out."""
-        return self.learner_group.get_state(components="learner/rl_module/" + DEFAULT_MODULE_ID,
-                                            inference_only=True)["learner"]["rl_module"][DEFAULT_MODULE_ID]
+        return self.learner_group.get_state(components="learner/rl_module/" + DEFAULT_MODULE_ID, inference_only=True)[
+            "learner"
+        ]["rl_module"][DEFAULT_MODULE_ID]
 
     def policy_weights(self) -> dict[str, torch.Tensor]:
         """The learner's current policy weights, with the Hugging Face model's own parameter names."""
@@ -539,8 +595,13 @@ class StarPO(Algorithm):
         # A runner that plays the learner's own tensors takes them in place, one merged LoRA layer at a time; else a
         # module loads the whole merged state (SmolLM2: a float32 copy of every weight, 0.54 GB at once).
         if self.config.max_policy_lag or self._play_learner_in_process(share=True) is None:
-            module = self.env_runner.module if self.env_runner is not None else self.config.get_rl_module_spec(
-                spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True).build()
+            module = (
+                self.env_runner.module
+                if self.env_runner is not None
+                else self.config.get_rl_module_spec(
+                    spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True
+                ).build()
+            )
             module.set_state(self._learner_module_state())
         else:
             module = self.env_runner.module
@@ -549,8 +610,12 @@ class StarPO(Algorithm):
             raise OSError(f"exporting the policy to {path} wrote no config.json; see the errors above.")
 
 
-PHASES = {M.TIME_SAMPLE: "sampling", M.TIME_COLLAPSE_PROBE: "probing for the echo trap", M.TIME_UPDATE: "updating",
-          M.TIME_SYNC: "sending the weights to the runners"}  # each timed block's name as a phase
+PHASES = {
+    M.TIME_SAMPLE: "sampling",
+    M.TIME_COLLAPSE_PROBE: "probing for the echo trap",
+    M.TIME_UPDATE: "updating",
+    M.TIME_SYNC: "sending the weights to the runners",
+}  # each timed block's name as a phase
 
 
 def _absolute(path):

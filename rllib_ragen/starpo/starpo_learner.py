@@ -27,15 +27,33 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
 from .. import metrics as M
-from ..objectives import (ADVANTAGE_ESTIMATORS, ONE_LEARNER, Shards, advantage_recursion_mask, aggregate, kl_penalty,
-                          policy_loss, token_logprobs, truncated_importance_weights, value_loss)
+from ..objectives import (
+    ADVANTAGE_ESTIMATORS,
+    ONE_LEARNER,
+    Shards,
+    advantage_recursion_mask,
+    aggregate,
+    kl_penalty,
+    policy_loss,
+    token_logprobs,
+    truncated_importance_weights,
+    value_loss,
+)
 from ..rollout.models import load_policy
 from .batch_advantages import batch_advantages, process_group_shards
 from .collapse_probe import CollapseProbe
 from .llm_rl_module import trimmed_inputs
 
-LOSS_COLUMNS = ("response_mask", "loss_mask", "value_mask", "old_logp", "token_advantages", "ref_logp", "old_values",
-                "returns")
+LOSS_COLUMNS = (
+    "response_mask",
+    "loss_mask",
+    "value_mask",
+    "old_logp",
+    "token_advantages",
+    "ref_logp",
+    "old_values",
+    "returns",
+)
 
 
 class StarPOTorchLearner(CollapseProbe, TorchLearner):
@@ -50,8 +68,9 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
         # adapters switched off (see _reference_logits): no second copy of the weights.
         if self.config.kl_coeff > 0 and not self.module[DEFAULT_MODULE_ID].unwrapped().lora:
             cfg = self.config.model_config
-            self._reference, _ = load_policy(cfg["model"], dtype=cfg.get("dtype", "float32"),
-                                             seed=int(cfg.get("seed", 0)))
+            self._reference, _ = load_policy(
+                cfg["model"], dtype=cfg.get("dtype", "float32"), seed=int(cfg.get("seed", 0))
+            )
             self._reference.requires_grad_(False).to(self._device)
 
     # ---- optimizers: AdamW for the actor and the critic, each with its own learning rate --------------------------
@@ -59,20 +78,31 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         module = self._module[module_id]
         actor = [p for p in module.policy.parameters() if p.requires_grad]  # with LoRA: the adapters alone
-        self.register_optimizer(module_id=module_id, optimizer_name="actor", params=actor,
-                                optimizer=self._adamw(actor, config), lr_or_lr_schedule=config.lr)
+        self.register_optimizer(
+            module_id=module_id,
+            optimizer_name="actor",
+            params=actor,
+            optimizer=self._adamw(actor, config),
+            lr_or_lr_schedule=config.lr,
+        )
         critic = [p for name, p in module.named_parameters() if name.startswith(("critic.", "value_head."))]
         if critic:
-            self.register_optimizer(module_id=module_id, optimizer_name="critic", params=critic,
-                                    optimizer=self._adamw(critic, config), lr_or_lr_schedule=config.critic_lr)
+            self.register_optimizer(
+                module_id=module_id,
+                optimizer_name="critic",
+                params=critic,
+                optimizer=self._adamw(critic, config),
+                lr_or_lr_schedule=config.critic_lr,
+            )
 
     @staticmethod
     def _adamw(params: list, config) -> torch.optim.AdamW:
         """AdamW; on a GPU its fused kernel (one launch for every tensor, the same update up to rounding), on the CPU
         torch's default implementation, as before."""
         fused = bool(params) and all(p.is_cuda for p in params)
-        return torch.optim.AdamW(params, betas=config.adam_betas, weight_decay=config.weight_decay,
-                                 **({"fused": True} if fused else {}))
+        return torch.optim.AdamW(
+            params, betas=config.adam_betas, weight_decay=config.weight_decay, **({"fused": True} if fused else {})
+        )
 
     def _precision(self, config):
         """The context of every forward pass the learner makes: bfloat16 autocast when ``autocast_dtype`` asks for
@@ -124,8 +154,10 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
     # ---- optimizer state as torch tensors (numpy has no bfloat16) --------------------------------------------------
     @override(TorchLearner)
     def _get_optimizer_state(self):
-        return {name: {"module_id": self._optimizer_name_to_module[name], "state": _cpu_clone(optim.state_dict())}
-                for name, optim in self._named_optimizers.items()}
+        return {
+            name: {"module_id": self._optimizer_name_to_module[name], "state": _cpu_clone(optim.state_dict())}
+            for name, optim in self._named_optimizers.items()
+        }
 
     # ---- data-parallel learners: every shard trains as a part of the whole batch -----------------------------------
     def _sum_over_learners(self, x: torch.Tensor) -> torch.Tensor:
@@ -172,12 +204,16 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
 
         # Row order of every epoch, fixed up front from the learner's update counter so a resumed run repeats it.
         generator = torch.Generator().manual_seed(int((config.seed or 0) * 1_000_003 + self._weights_seq_no))
-        orders = [torch.arange(size) if epoch == 0 and not config.shuffle_batch_per_epoch
-                  else torch.randperm(size, generator=generator) for epoch in range(config.num_epochs)]
+        orders = [
+            torch.arange(size)
+            if epoch == 0 and not config.shuffle_batch_per_epoch
+            else torch.randperm(size, generator=generator)
+            for epoch in range(config.num_epochs)
+        ]
         # With several learners, minibatch i of the update is every learner's own i-th slice of its shard.
         rows_in_update = int(self._sum_over_learners(torch.tensor(float(size), device=self._device)).item())
         steps = min(smallest, config.optimizer_steps(rows_in_update))
-        minibatches = [order[i * size // steps:(i + 1) * size // steps] for order in orders for i in range(steps)]
+        minibatches = [order[i * size // steps : (i + 1) * size // steps] for order in orders for i in range(steps)]
         micro_size = config.micro_batch_size or size
         if micro_size < size:  # micro-batches of similar lengths pad less; a step's gradient is their sum either way
             lengths = data["attention_mask"].sum(-1).cpu()
@@ -185,18 +221,24 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
 
         if self._step_scores_itself(len(minibatches), config.micro_batch_size or largest, largest, config):
             self._start_scores(data, config)
-            total, applied = self._optimizer_step(data, minibatches[0], module, module_id, config, micro_size,
-                                                  first=True, scores_itself=True)
+            total, applied = self._optimizer_step(
+                data, minibatches[0], module, module_id, config, micro_size, first=True, scores_itself=True
+            )
             self._log_scores(data, config)
             skipped, passes = int(not applied), 1
         else:
             # Score once, in the exact micro-batches the first optimizer step will use: the first step's ratio is 1.
-            self._prepare(data, module, config, [mb[i:i + micro_size] for mb in minibatches[:steps]
-                                                 for i in range(0, len(mb), micro_size)])
+            self._prepare(
+                data,
+                module,
+                config,
+                [mb[i : i + micro_size] for mb in minibatches[:steps] for i in range(0, len(mb), micro_size)],
+            )
             total, skipped = None, 0
             for step, rows in enumerate(minibatches):
-                total, applied = self._optimizer_step(data, rows, module, module_id, config, micro_size,
-                                                      first=step == 0)
+                total, applied = self._optimizer_step(
+                    data, rows, module, module_id, config, micro_size, first=step == 0
+                )
                 skipped += not applied
             passes = config.num_epochs + 1
         self.metrics.log_value((module_id, M.SKIPPED_OPTIMIZER_STEPS), skipped, window=1)
@@ -211,8 +253,9 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
         the weights the score would use. In several micro-batches only without a critic, whose advantages need
         the whole batch's values (whitened over it) before the first micro-batch's loss."""
         one_micro_batch = micro_size >= size
-        return optimizer_steps == 1 and (one_micro_batch or
-                                         not ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic)
+        return optimizer_steps == 1 and (
+            one_micro_batch or not ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic
+        )
 
     @torch.no_grad()
     def _prepare(self, data: dict, module, config, micro_batches: list[torch.Tensor]) -> None:
@@ -258,13 +301,13 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
         mask, behaviour, learner_logp = data["response_mask"], data["behaviour_logprobs"], data["learner_logp"]
         data["old_logp"] = learner_logp * mask if config.recompute_logprobs else behaviour * mask
         if ADVANTAGE_ESTIMATORS[config.advantage_estimator].needs_critic:
-            advantages, returns = batch_advantages(data, config, values=data["old_values"],
-                                                   shards=self._shards_now())
+            advantages, returns = batch_advantages(data, config, values=data["old_values"], shards=self._shards_now())
         else:
             advantages, returns = data["outcome_advantages"], torch.zeros_like(mask)
         if config.max_policy_lag:  # the off-policy correction of a rollout one update old
             data["importance_weights"], data["importance_truncated"] = truncated_importance_weights(
-                learner_logp, behaviour, mask, config.importance_weight_cap)
+                learner_logp, behaviour, mask, config.importance_weight_cap
+            )
             advantages = advantages * data["importance_weights"]
         data["token_advantages"], data["returns"] = advantages, returns
 
@@ -279,10 +322,12 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
         self.metrics.log_value((DEFAULT_MODULE_ID, M.LOGPROB_GAP_MEAN), (gap.sum() / tokens).item(), window=1)
         if config.max_policy_lag:
             weight, truncated = data["importance_weights"], data["importance_truncated"]
-            self.metrics.log_value((DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_MEAN), (weight.sum() / tokens).item(),
-                                   window=1)
-            self.metrics.log_value((DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_TRUNCATED),
-                                   (truncated.sum() / tokens).item(), window=1)
+            self.metrics.log_value(
+                (DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_MEAN), (weight.sum() / tokens).item(), window=1
+            )
+            self.metrics.log_value(
+                (DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_TRUNCATED), (truncated.sum() / tokens).item(), window=1
+            )
 
     def _reference_logits(self, module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         with self._precision(self.config.get_config_for_module(DEFAULT_MODULE_ID)):
@@ -291,8 +336,17 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
             with module.unwrapped().policy.disable_adapter():  # LoRA: the base weights are the reference policy
                 return module.unwrapped().policy(**inputs, use_cache=False).logits
 
-    def _optimizer_step(self, data: dict, rows: torch.Tensor, module, module_id, config, micro_size: int,
-                        first: bool, scores_itself: bool = False) -> tuple[torch.Tensor, bool]:
+    def _optimizer_step(
+        self,
+        data: dict,
+        rows: torch.Tensor,
+        module,
+        module_id,
+        config,
+        micro_size: int,
+        first: bool,
+        scores_itself: bool = False,
+    ) -> tuple[torch.Tensor, bool]:
         """One optimizer step on the minibatch ``rows``, accumulating gradients over micro-batches.
 
         Each micro-batch's loss is weighted by its share of the minibatch's normaliser (tokens for token-mean,
@@ -313,7 +367,7 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
         denominators = {key: total.clamp(min=1) / self._shards for key, total in zip(keys, totals)}
         for optimizer in self._optimizer_parameters:
             optimizer.zero_grad(set_to_none=True)
-        micro_batches = [rows[i:i + micro_size] for i in range(0, len(rows), micro_size)]
+        micro_batches = [rows[i : i + micro_size] for i in range(0, len(rows), micro_size)]
         total = torch.zeros(())
         for index, micro in enumerate(micro_batches):
             shares = {key: normaliser(data[key][micro]) / denominators[key] for key in denominators}
@@ -321,9 +375,17 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
                 continue
             sync = index == len(micro_batches) - 1 or not hasattr(module, "no_sync")
             with contextlib.nullcontext() if sync else module.no_sync():
-                loss = self._micro_loss(data, micro, module, module_id, config, first and index == 0,
-                                        policy_share=shares["loss_mask"], value_share=shares["value_mask"],
-                                        score=scores_itself)
+                loss = self._micro_loss(
+                    data,
+                    micro,
+                    module,
+                    module_id,
+                    config,
+                    first and index == 0,
+                    policy_share=shares["loss_mask"],
+                    value_share=shares["value_mask"],
+                    score=scores_itself,
+                )
                 loss.backward()
             total = total + loss.detach()
         gradients = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
@@ -351,11 +413,23 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
                 f"{self._skipped_in_a_row} optimizer steps in a row had a non-finite loss or gradient (loss "
                 f"{loss.item()}); weights and optimizer state are as before the first. Likely causes: a learning "
                 f"rate too high (lr={config.lr}, critic_lr={config.critic_lr}) or rewards too large "
-                "(rescale the environment's rewards). max_consecutive_skipped_steps sets how many are tolerated.")
+                "(rescale the environment's rewards). max_consecutive_skipped_steps sets how many are tolerated."
+            )
         return True
 
-    def _micro_loss(self, data: dict, rows: torch.Tensor, module, module_id, config, first: bool, *,
-                    policy_share: torch.Tensor, value_share: torch.Tensor, score: bool = False) -> torch.Tensor:
+    def _micro_loss(
+        self,
+        data: dict,
+        rows: torch.Tensor,
+        module,
+        module_id,
+        config,
+        first: bool,
+        *,
+        policy_share: torch.Tensor,
+        value_share: torch.Tensor,
+        score: bool = False,
+    ) -> torch.Tensor:
         """The loss of micro-batch ``rows``, its policy and value terms weighted by their shares of the minibatch's
         normalisers, so that the accumulated gradient is the whole minibatch's. ``score``: this forward pass is
         also the rows' score, stored before the loss reads it."""
@@ -366,8 +440,12 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
         if score:
             self._score(data, module, config, rows, inputs, fwd_out)
             self._finish_scores(data, config)
-        batch = {**inputs, **{key: data[key][rows, :width] for key in LOSS_COLUMNS if data.get(key) is not None},
-                 "policy_share": policy_share, "value_share": value_share}
+        batch = {
+            **inputs,
+            **{key: data[key][rows, :width] for key in LOSS_COLUMNS if data.get(key) is not None},
+            "policy_share": policy_share,
+            "value_share": value_share,
+        }
         if first:  # before any step: old and new log-probs come from the same weights and the same computation
             deviation = ((fwd_out["logp"] - batch["old_logp"]).abs() * batch["response_mask"]).max().item()
             self.metrics.log_value((module_id, M.FIRST_STEP_LOGPROB_DEVIATION), deviation, window=1)
@@ -385,9 +463,16 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
         """
         agg = config.loss_aggregation
         mask, trained = batch["value_mask"], batch["loss_mask"]
-        pg, metrics = policy_loss(fwd_out["logp"], batch["old_logp"], batch["token_advantages"], trained,
-                                  clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high,
-                                  dual_clip=config.dual_clip, aggregation=agg)
+        pg, metrics = policy_loss(
+            fwd_out["logp"],
+            batch["old_logp"],
+            batch["token_advantages"],
+            trained,
+            clip_low=config.clip_ratio_low,
+            clip_high=config.clip_ratio_high,
+            dual_clip=config.dual_clip,
+            aggregation=agg,
+        )
         entropy = aggregate(fwd_out["entropy"], trained, agg)
         policy = pg - config.entropy_coeff * entropy
         metrics[M.ENTROPY] = entropy.item()
@@ -397,8 +482,9 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
             metrics[M.KL_TO_REFERENCE] = kl.item()
         loss = batch.get("policy_share", 1.0) * policy
         if "values" in fwd_out:
-            vf, critic_metrics = value_loss(fwd_out["values"], batch["old_values"], batch["returns"], mask,
-                                            clip=config.value_clip, aggregation=agg)
+            vf, critic_metrics = value_loss(
+                fwd_out["values"], batch["old_values"], batch["returns"], mask, clip=config.value_clip, aggregation=agg
+            )
             loss = loss + batch.get("value_share", 1.0) * config.vf_loss_coeff * vf
             metrics.update(critic_metrics)
             metrics[M.VALUES_MEAN] = float((fwd_out["values"].detach() * mask).sum() / mask.sum().clamp(min=1))
@@ -411,7 +497,7 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
 def _scoring_sampled_tokens(inputs: dict, data: dict, rows: torch.Tensor) -> dict:
     """``forward_train``'s batch: the model inputs, and the tokens to score, the sampled ones (every loss, the
     log-prob gap and the scores read those alone; the module skips the LM head elsewhere)."""
-    return {**inputs, "score_mask": data["response_mask"][rows, :inputs["input_ids"].shape[1]]}
+    return {**inputs, "score_mask": data["response_mask"][rows, : inputs["input_ids"].shape[1]]}
 
 
 def _cpu_clone(state):

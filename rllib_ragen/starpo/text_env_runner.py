@@ -41,7 +41,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         if self.worker_index:  # a Ray actor: one torch thread per CPU it was given (more threads thrash)
             torch.set_num_threads(max(1, int(self.config.num_cpus_per_env_runner)))
         spec = self.config.get_rl_module_spec(
-            spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True)
+            spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True
+        )
         self.module = spec.build().to(self._rollout_device())
         if self.config.rollout_dtype is not None:  # the sampler's copy only: the learner keeps the model's dtype
             cast_weights(self.module.policy, getattr(torch, self.config.rollout_dtype))
@@ -59,8 +60,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         samples_here = self.worker_index > 0 or self.config.num_env_runners == 0
         if self.config.num_gpus_per_env_runner > 0 and samples_here:
             if not torch.cuda.is_available():
-                raise RuntimeError(f"num_gpus_per_env_runner={self.config.num_gpus_per_env_runner} but this "
-                                   "process sees no CUDA device: set it to 0 to sample on the CPU.")
+                raise RuntimeError(
+                    f"num_gpus_per_env_runner={self.config.num_gpus_per_env_runner} but this "
+                    "process sees no CUDA device: set it to 0 to sample on the CPU."
+                )
             return get_device(self.config, self.config.num_gpus_per_env_runner)
         return torch.device("cpu")
 
@@ -84,13 +87,16 @@ class TextEnvRunner(EnvRunner, Checkpointable):
                     logger.warning("start-up check: %s failed to reset on validation seed %s: %r", name, seed, error)
                     errors.append(error)
             if not lengths:
-                raise RuntimeError(f"{name} failed to reset on every probed validation seed ({seeds.start}-"
-                                   f"{seeds.stop - 1}); the last error: {errors[-1]!r}") from errors[-1]
+                raise RuntimeError(
+                    f"{name} failed to reset on every probed validation seed ({seeds.start}-"
+                    f"{seeds.stop - 1}); the last error: {errors[-1]!r}"
+                ) from errors[-1]
             if min(lengths) + self.engine.reply_reserve >= config.max_context_tokens:
                 raise ValueError(
                     f"max_context_tokens={config.max_context_tokens} leaves no room for a reply: the first prompts "
                     f"of {name} take {min(lengths)}-{max(lengths)} tokens (validation seeds {seeds.start}-"
-                    f"{seeds.stop - 1}). Raise max_context_tokens, or shorten the observation or system prompt.")
+                    f"{seeds.stop - 1}). Raise max_context_tokens, or shorten the observation or system prompt."
+                )
 
     # ---- EnvRunner API ---------------------------------------------------------------------------------------------
     @override(EnvRunner)
@@ -99,12 +105,22 @@ class TextEnvRunner(EnvRunner, Checkpointable):
 
     @override(EnvRunner)
     def get_spaces(self):
-        return {INPUT_ENV_SPACES: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE),
-                DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}
+        return {
+            INPUT_ENV_SPACES: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE),
+            DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE),
+        }
 
     @override(EnvRunner)
-    def sample(self, *, seeds: Sequence[Start], group_size: int, sampling: SamplingParams,
-               sample_seed: int | None = None, env_config: dict | None = None, **kwargs) -> list[Trajectory]:
+    def sample(
+        self,
+        *,
+        seeds: Sequence[Start],
+        group_size: int,
+        sampling: SamplingParams,
+        sample_seed: int | None = None,
+        env_config: dict | None = None,
+        **kwargs,
+    ) -> list[Trajectory]:
         """Play ``len(seeds)`` groups of ``group_size`` episodes (``env_config``: a curriculum stage's arguments
         for ``config.env``); metrics go to :meth:`get_metrics`."""
         trajectories, self._metrics = self.engine.rollout(seeds, group_size, sampling, sample_seed, env_config)

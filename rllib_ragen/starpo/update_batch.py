@@ -17,8 +17,9 @@ from ..rollout.trajectory import Trajectory, pad_trajectories
 from ..rollout.protocol import LOSS_MASK_REGIONS, REGION_OTHER
 
 
-def prepare_update_batch(trajectories: Sequence[Trajectory], config, pad_token_id: int,
-                         keep_ratio: float | None = None) -> tuple[dict[str, np.ndarray] | None, dict[str, float]]:
+def prepare_update_batch(
+    trajectories: Sequence[Trajectory], config, pad_token_id: int, keep_ratio: float | None = None
+) -> tuple[dict[str, np.ndarray] | None, dict[str, float]]:
     """The learner's batch from one rollout.
 
     Args:
@@ -55,19 +56,32 @@ def prepare_update_batch(trajectories: Sequence[Trajectory], config, pad_token_i
     order = sorted(np.flatnonzero(keep.numpy()).tolist(), key=lambda i: trajectories[i].group)
     kept = [trajectories[i] for i in order]
     windowed = config.context_window != "full"
-    rows = [(i, k if windowed else None, row) for i, t in zip(order, kept)
-            for k, row in enumerate(t.rows if windowed else [t])]
+    rows = [
+        (i, k if windowed else None, row)
+        for i, t in zip(order, kept)
+        for k, row in enumerate(t.rows if windowed else [t])
+    ]
 
     columns = pad_trajectories([row for _, _, row in rows], pad_token_id)
     shape = columns["input_ids"].shape
     if windowed:  # each row's reply is one turn: its reward (or, on the last turn, the return) on its last token
         ends = [[row.reply_span[1] - 1] for _, _, row in rows]
-        values = [[trajectories[i].turn_rewards[k] if config.turn_level_rewards else
-                   (trajectories[i].total_return if k == trajectories[i].num_turns - 1 else 0.0)] for i, k, _ in rows]
+        values = [
+            [
+                trajectories[i].turn_rewards[k]
+                if config.turn_level_rewards
+                else (trajectories[i].total_return if k == trajectories[i].num_turns - 1 else 0.0)
+            ]
+            for i, k, _ in rows
+        ]
         rewards = place_rewards(ends, values, shape, per_turn=True)
     else:
-        rewards = place_rewards([[end - 1 for _, end in t.turn_spans] for t in kept], [t.turn_rewards for t in kept],
-                                shape, per_turn=config.turn_level_rewards)
+        rewards = place_rewards(
+            [[end - 1 for _, end in t.turn_spans] for t in kept],
+            [t.turn_rewards for t in kept],
+            shape,
+            per_turn=config.turn_level_rewards,
+        )
     columns["token_rewards"] = rewards.numpy()
     columns["loss_mask"] = _loss_mask([row for _, _, row in rows], columns["response_mask"], config.loss_mask)
     columns["group"] = np.array([trajectories[i].group for i, _, _ in rows], dtype=np.int64)
@@ -90,13 +104,14 @@ def _turn_columns(trajectories: Sequence[Trajectory]) -> tuple[np.ndarray, np.nd
     states = np.full((len(trajectories), width), -1, dtype=np.int64)
     ids: dict = {}
     for row, t in enumerate(trajectories):
-        rewards[row, :len(t.turn_rewards)] = t.turn_rewards
-        states[row, :len(t.turn_states)] = [ids.setdefault(key, len(ids)) for key in t.turn_states]
+        rewards[row, : len(t.turn_rewards)] = t.turn_rewards
+        states[row, : len(t.turn_states)] = [ids.setdefault(key, len(ids)) for key in t.turn_states]
     return rewards, states
 
 
-def token_advantages_by_trajectory(columns: dict, advantages: np.ndarray,
-                                   trajectories: Sequence[Trajectory]) -> dict[int, list[float]]:
+def token_advantages_by_trajectory(
+    columns: dict, advantages: np.ndarray, trajectories: Sequence[Trajectory]
+) -> dict[int, list[float]]:
     """(R, T) row advantages -> per kept trajectory (by index), one per token of its whole conversation (the
     viewer's layout): a windowed row's reply goes to its turn's span."""
     result = {int(i): [0.0] * len(trajectories[i].token_ids) for i in np.unique(columns["trajectory"])}
@@ -105,9 +120,9 @@ def token_advantages_by_trajectory(columns: dict, advantages: np.ndarray,
         if "turn" in columns:
             start, end = t.turn_spans[int(columns["turn"][row])]
             reply_start = t.turn_samples[int(columns["turn"][row])].reply_span[0]
-            result[i][start:end] = advantages[row, reply_start:reply_start + end - start].tolist()
+            result[i][start:end] = advantages[row, reply_start : reply_start + end - start].tolist()
         else:
-            result[i] = advantages[row, :len(t.token_ids)].tolist()
+            result[i] = advantages[row, : len(t.token_ids)].tolist()
     return result
 
 
@@ -115,7 +130,7 @@ def _loss_mask(kept: Sequence, response_mask: np.ndarray, mode: str) -> np.ndarr
     """(B, T) float32: the sampled tokens ``loss_mask`` trains, by the reply region each one belongs to."""
     regions = np.full(response_mask.shape, REGION_OTHER, dtype=np.int64)
     for row, t in enumerate(kept):
-        regions[row, :len(t.token_regions)] = t.token_regions
+        regions[row, : len(t.token_regions)] = t.token_regions
     return response_mask * np.isin(regions, LOSS_MASK_REGIONS[mode]).astype(np.float32)
 
 

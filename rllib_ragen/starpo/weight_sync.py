@@ -31,8 +31,10 @@ def share_or_copy(source: dict[str, torch.Tensor], target: torch.nn.Module, *, s
     own = target.state_dict(keep_vars=True)
     missing = sorted(set(own) - set(source))
     if missing:
-        raise ValueError(f"the learner's policy lacks {len(missing)} of the sampler's tensors ({missing[:3]}...): "
-                         "is it the same model?")
+        raise ValueError(
+            f"the learner's policy lacks {len(missing)} of the sampler's tensors ({missing[:3]}...): "
+            "is it the same model?"
+        )
     copied, seen = 0, set()
     with torch.no_grad():
         for name, tensor in own.items():
@@ -41,8 +43,10 @@ def share_or_copy(source: dict[str, torch.Tensor], target: torch.nn.Module, *, s
             seen.add(id(tensor))
             value = source[name].detach()
             if value.shape != tensor.shape:
-                raise ValueError(f"the learner's {name} is {tuple(value.shape)} and the sampler's "
-                                 f"{tuple(tensor.shape)}: is it the same model?")
+                raise ValueError(
+                    f"the learner's {name} is {tuple(value.shape)} and the sampler's "
+                    f"{tuple(tensor.shape)}: is it the same model?"
+                )
             if share and value.device == tensor.device and value.dtype == tensor.dtype:
                 if tensor.data_ptr() != value.data_ptr():
                     tensor.data = value
@@ -60,8 +64,10 @@ def share_or_copy(source: dict[str, torch.Tensor], target: torch.nn.Module, *, s
 
 def shares_storage(source: dict[str, torch.Tensor], target: torch.nn.Module) -> bool:
     """Whether every tensor of ``target`` is the very tensor of ``source`` under its name (the shared layout)."""
-    return all(name in source and tensor.data_ptr() == source[name].data_ptr()
-               for name, tensor in target.state_dict(keep_vars=True).items())
+    return all(
+        name in source and tensor.data_ptr() == source[name].data_ptr()
+        for name, tensor in target.state_dict(keep_vars=True).items()
+    )
 
 
 def state_bytes(state) -> int:

@@ -51,8 +51,9 @@ class GuessEnv(Environment):
         if action.guess == self.number:
             return GuessObservation(feedback="Right!", guesses_left=self.left, done=True, reward=1.0)
         side = "higher" if self.number > action.guess else "lower"
-        return GuessObservation(feedback=f"{action.guess} is wrong: go {side}.", guesses_left=self.left,
-                                done=self.left == 0, reward=0.0)
+        return GuessObservation(
+            feedback=f"{action.guess} is wrong: go {side}.", guesses_left=self.left, done=self.left == 0, reward=0.0
+        )
 
     @property
     def state(self):
@@ -80,8 +81,9 @@ class EchoEnv(Environment):
 
     def step(self, action, timeout_s=None, **kwargs):
         self._state.step_count += 1
-        return EchoObservation(echoed=action.message, reward=float(len(action.message)),
-                               done=self._state.step_count >= 3)
+        return EchoObservation(
+            echoed=action.message, reward=float(len(action.message)), done=self._state.step_count >= 3
+        )
 
     @property
     def state(self):
@@ -142,8 +144,11 @@ class LookupEnv(MCPEnvironment):
         return self._state
 
 
-GAMES = {"guess": (GuessEnv, GuessAction, GuessObservation), "echo": (EchoEnv, EchoAction, EchoObservation),
-         "lookup": (LookupEnv, CallToolAction, CallToolObservation)}
+GAMES = {
+    "guess": (GuessEnv, GuessAction, GuessObservation),
+    "echo": (EchoEnv, EchoAction, EchoObservation),
+    "lookup": (LookupEnv, CallToolAction, CallToolObservation),
+}
 
 if __name__ == "__main__":
     name = sys.argv[1]

@@ -50,8 +50,13 @@ class ServedRawEcho(TextEnv):
 
     def step(self, action):
         self.text, self.steps = action, self.steps + 1
-        return self.text, 1.0, self.steps >= 3, False, {"success": False, "action_is_valid": True,
-                                                        "action_is_effective": True}
+        return (
+            self.text,
+            1.0,
+            self.steps >= 3,
+            False,
+            {"success": False, "action_is_valid": True, "action_is_effective": True},
+        )
 
     def _render_text(self):
         return self.text

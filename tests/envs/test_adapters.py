@@ -17,11 +17,26 @@ from rllib_ragen.envs.gem_env import SUCCESS_PREFIX
 gem = pytest.importorskip("gem")
 ta = pytest.importorskip("textarena")
 
-GEM_IDS = ["game:GuessTheNumber-v0-easy", "game:Mastermind-v0-easy", "game:Sudoku-v0-easy", "game:Minesweeper-v0-easy",
-           "game:TowerofHanoi-v0-easy", "game:Game2048-v0-easy", "game:FifteenPuzzle-v0-easy", "game:Sokoban-v0-easy"]
-TEXTARENA_IDS = ["GuessTheNumber-v0-train", "Mastermind-v0-train", "Sudoku-v0-very-easy-train",
-                 "Minesweeper-v0-small-train", "TowerOfHanoi-v0-train", "2048-v0-ultra-easy-train",
-                 "FrozenLake-v0-train", "Sokoban-v0-train"]
+GEM_IDS = [
+    "game:GuessTheNumber-v0-easy",
+    "game:Mastermind-v0-easy",
+    "game:Sudoku-v0-easy",
+    "game:Minesweeper-v0-easy",
+    "game:TowerofHanoi-v0-easy",
+    "game:Game2048-v0-easy",
+    "game:FifteenPuzzle-v0-easy",
+    "game:Sokoban-v0-easy",
+]
+TEXTARENA_IDS = [
+    "GuessTheNumber-v0-train",
+    "Mastermind-v0-train",
+    "Sudoku-v0-very-easy-train",
+    "Minesweeper-v0-small-train",
+    "TowerOfHanoi-v0-train",
+    "2048-v0-ultra-easy-train",
+    "FrozenLake-v0-train",
+    "Sokoban-v0-train",
+]
 DIRECTIONS = ["up", "down", "left", "right"]
 
 
@@ -90,8 +105,13 @@ def _gem_game(gem_id: str) -> str:
 
 def _textarena_game(textarena_id: str) -> str:
     name = textarena_id.split("-")[0]
-    return {"2048": "Directions", "FrozenLake": "Directions", "Sokoban": "Directions", "Minesweeper": "MinesweeperTA",
-            "TowerOfHanoi": "TowerofHanoi"}.get(name, name)
+    return {
+        "2048": "Directions",
+        "FrozenLake": "Directions",
+        "Sokoban": "Directions",
+        "Minesweeper": "MinesweeperTA",
+        "TowerOfHanoi": "TowerofHanoi",
+    }.get(name, name)
 
 
 def _play_gem_side_by_side(gem_id: str, kind: str, seed: int, max_moves: int = 25) -> tuple[int, bool]:
@@ -113,10 +133,15 @@ def _play_gem_side_by_side(gem_id: str, kind: str, seed: int, max_moves: int = 2
             continue
         sent += 1
         text, direct_reward, direct_terminated, direct_truncated, direct_info = direct.step(
-            "\\boxed{" + " ".join(move.split()) + "}")
+            "\\boxed{" + " ".join(move.split()) + "}"
+        )
         expected = text if direct_terminated else f"{text}\n{direct_info['suffix']}"
-        assert (observation, reward, terminated, truncated) == (expected, direct_reward, direct_terminated,
-                                                                direct_truncated)
+        assert (observation, reward, terminated, truncated) == (
+            expected,
+            direct_reward,
+            direct_terminated,
+            direct_truncated,
+        )
         success = step_info["success"]
         assert success == (direct_terminated and text.startswith(SUCCESS_PREFIX))
         if terminated or truncated:
@@ -170,8 +195,15 @@ def test_adapted_games_match_the_package_itself(package, game_id):
         assert wins >= 24  # the scripted solver wins: the success path is compared too
 
 
-@pytest.mark.parametrize("env_id", ["gem/game.Mastermind-v0-easy", "gem/game.Game2048-v0-easy",
-                                    "textarena/Minesweeper-v0-small-train", "textarena/2048-v0-ultra-easy-train"])
+@pytest.mark.parametrize(
+    "env_id",
+    [
+        "gem/game.Mastermind-v0-easy",
+        "gem/game.Game2048-v0-easy",
+        "textarena/Minesweeper-v0-small-train",
+        "textarena/2048-v0-ultra-easy-train",
+    ],
+)
 def test_adapters_leave_the_process_generators_alone_and_interleave_exactly(env_id):
     """An adapted episode replays from its seed whatever else draws from the global generators in between, and its
     own draws never reach them."""
@@ -206,8 +238,9 @@ def test_gem_sees_one_move_per_piece_and_the_protocol_penalises_malformed_ones()
 
     env = make_text_env("gem/game.GuessTheNumber-v0-easy")
     env.reset(seed=4)
-    result = execute_turn(env, parse_reply("<think>bisect</think><answer>5 || five || 8</answer>"),
-                          actions_left=10, format_penalty=-0.1)
+    result = execute_turn(
+        env, parse_reply("<think>bisect</think><answer>5 || five || 8</answer>"), actions_left=10, format_penalty=-0.1
+    )
     # "five" is no number: not sent to GEM (which would end the game with -0.1), penalised by the protocol once.
     assert result.executed == ["5", "8"] and result.num_invalid == 1 and result.format_error
     assert result.reward == pytest.approx(result.env_reward - 0.1)
@@ -215,8 +248,10 @@ def test_gem_sees_one_move_per_piece_and_the_protocol_penalises_malformed_ones()
 
 def test_success_reward_pays_the_win_alone():
     # GEM pays 1 - distance / range for a last guess that misses; reward="success" pays 1 for the win, else 0.
-    game, success_only = make_text_env("gem/game.GuessTheNumber-v0-easy"), make_text_env(
-        "gem/game.GuessTheNumber-v0-easy", reward="success")
+    game, success_only = (
+        make_text_env("gem/game.GuessTheNumber-v0-easy"),
+        make_text_env("gem/game.GuessTheNumber-v0-easy", reward="success"),
+    )
     for env in (game, success_only):
         env.reset(seed=0)  # the number is 7; four guesses, all too low
     steps = [(game.step(move)[1:3], success_only.step(move)[1:3]) for move in ("1", "2", "3", "4")]
@@ -249,8 +284,9 @@ def test_a_game_stuck_in_its_package_cannot_stall_the_others(monkeypatch):
     stuck, release = make_text_env("gem/game.Mastermind-v0-easy"), threading.Event()
     stuck.reset(seed=0)
     # GEM's step hangs (until released) while it holds the swapped-in generators.
-    monkeypatch.setattr(stuck.unwrapped.game, "step",
-                        lambda action: (release.wait(30), ("hung", 0.0, False, False, {}))[1])
+    monkeypatch.setattr(
+        stuck.unwrapped.game, "step", lambda action: (release.wait(30), ("hung", 0.0, False, False, {}))[1]
+    )
     threading.Thread(target=stuck.step, args=("1 2",), daemon=True).start()
     while not external._GLOBAL_GENERATORS.locked():
         time.sleep(0.01)
@@ -300,7 +336,8 @@ def test_reasoning_gym_tasks_by_id_are_scored_by_their_own_verifier():
             assert reward == dataset.score_answer(answer="no idea", entry=entry) < 1.0 and not info["success"]
             assert before[0] == random.getstate() and np.array_equal(before[1], np.random.get_state()[1])
     assert make_text_env("reasoning_gym/basic_arithmetic").reset(seed=1) != make_text_env(
-        "reasoning_gym/basic_arithmetic").reset(seed=2)
+        "reasoning_gym/basic_arithmetic"
+    ).reset(seed=2)
     with pytest.raises(ValueError, match="reasoning-gym has no task 'arithmetics'"):
         make_text_env("reasoning_gym/arithmetics")
     with pytest.raises(ValueError, match="size=0 must be a whole number >= 1"):
@@ -326,17 +363,26 @@ def test_a_rollout_counts_a_right_reasoning_gym_answer_as_success():
 
     config = RolloutConfig(env="reasoning_gym/basic_arithmetic", action_separator=None, max_actions_per_turn=1)
     trajectories, metrics = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
-        list(range(8)), 1, SamplingParams(), sample_seed=0)
+        list(range(8)), 1, SamplingParams(), sample_seed=0
+    )
     assert [t.success for t in trajectories] == [seed % 2 == 0 for seed in range(8)]
     assert [t.turn_rewards for t in trajectories] == [[1.0] if seed % 2 == 0 else [0.0] for seed in range(8)]
     assert metrics["rollout/format_error_rate"] == 0
 
 
-@pytest.mark.parametrize("env_id, replies", [
-    ("gem/game.GuessTheNumber-v0-easy", ["<think>halve</think> My guess: \\boxed{5}.", "\\boxed{7} <- seven",
-                                         "no number", "\\boxed{8}\\boxed{9}"]),
-    ("textarena/GuessTheNumber-v0-train", ["<think>halve</think> I say [10].", "[15], surely", "no number", "[12]"]),
-])
+@pytest.mark.parametrize(
+    "env_id, replies",
+    [
+        (
+            "gem/game.GuessTheNumber-v0-easy",
+            ["<think>halve</think> My guess: \\boxed{5}.", "\\boxed{7} <- seven", "no number", "\\boxed{8}\\boxed{9}"],
+        ),
+        (
+            "textarena/GuessTheNumber-v0-train",
+            ["<think>halve</think> I say [10].", "[15], surely", "no number", "[12]"],
+        ),
+    ],
+)
 def test_with_raw_replies_the_package_reads_each_whole_reply_as_its_own_agents_do(env_id, replies):
     adapter = make_text_env(env_id, raw_replies=True)
     if env_id.startswith("gem/"):

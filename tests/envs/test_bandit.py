@@ -19,8 +19,11 @@ def _pull_many(env_id, arm, n=4000):
 
 @pytest.mark.parametrize(
     "env_id, safe, risky",
-    [("rllib_ragen/Bandit-v0", "Phoenix", "Dragon"), ("rllib_ragen/BanditHeldOut-v0", "Librarian", "Trader"),
-     ("rllib_ragen/BanditReversed-v0", "Dragon", "Phoenix")],
+    [
+        ("rllib_ragen/Bandit-v0", "Phoenix", "Dragon"),
+        ("rllib_ragen/BanditHeldOut-v0", "Librarian", "Trader"),
+        ("rllib_ragen/BanditReversed-v0", "Dragon", "Phoenix"),
+    ],
 )
 def test_payoffs_match_their_expectations(env_id, safe, risky):
     safe_rewards, safe_success = _pull_many(env_id, safe)

@@ -60,7 +60,7 @@ def test_sudoku_puzzles_have_one_solution_and_the_requested_gaps():
     for seed in range(200):
         puzzle, solution = generate_puzzle(np.random.default_rng(seed), num_empty=6)
         assert (puzzle == 0).sum() == 6 and np.array_equal(puzzle[puzzle > 0], solution[puzzle > 0])
-        for line in [*solution, *solution.T, *(solution[r:r + 2, c:c + 2].ravel() for r in (0, 2) for c in (0, 2))]:
+        for line in [*solution, *solution.T, *(solution[r : r + 2, c : c + 2].ravel() for r in (0, 2) for c in (0, 2))]:
             assert sorted(line) == [1, 2, 3, 4]
         (only,) = solutions(puzzle)
         assert np.array_equal(only, solution)

@@ -28,8 +28,9 @@ GAMES = pathlib.Path(__file__).with_name("openenv_games.py")
 @contextlib.contextmanager
 def openenv_game(name):
     """One of ``openenv_games.py``'s OpenEnv servers, as its own process."""
-    process = subprocess.Popen([sys.executable, str(GAMES), name], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(GAMES), name], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     try:
         line = process.stdout.readline()
         assert line.startswith("serving"), f"the OpenEnv server did not start: {line!r}"
@@ -76,18 +77,26 @@ def test_openenvs_client_plays_a_served_sokoban_level_to_the_end_as_in_process(s
 
 
 def test_openenv_validate_passes_on_a_served_environment(sokoban_over_openenv):
-    run = subprocess.run([sys.executable, "-m", "openenv.cli", "validate", "--url", sokoban_over_openenv, "--json"],
-                         capture_output=True, text=True, timeout=120)
-    report = json.loads(run.stdout[run.stdout.index("{"):])
+    run = subprocess.run(
+        [sys.executable, "-m", "openenv.cli", "validate", "--url", sokoban_over_openenv, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = json.loads(run.stdout[run.stdout.index("{") :])
     assert run.returncode == 0 and report["passed"], report
-    assert {c["id"] if "id" in c else c["name"] for c in report["criteria"]} >= {"health_endpoint", "schema_endpoint",
-                                                                                 "metadata_endpoint"}
+    assert {c["id"] if "id" in c else c["name"] for c in report["criteria"]} >= {
+        "health_endpoint",
+        "schema_endpoint",
+        "metadata_endpoint",
+    }
 
 
 def test_a_rollout_over_openenv_is_token_for_token_the_in_process_one(sokoban_over_openenv):
     tokenizer = build_tiny_tokenizer(seed=0)
-    backend = ScriptedBackend(lambda prompt: "<think>go</think><answer>Up || Left || Sideways || Down</answer>",
-                              tokenizer)
+    backend = ScriptedBackend(
+        lambda prompt: "<think>go</think><answer>Up || Left || Sideways || Down</answer>", tokenizer
+    )
 
     def play(env, env_config):
         engine = RolloutEngine(RolloutConfig(env=env, env_config=env_config), backend, tokenizer)
@@ -135,11 +144,16 @@ def test_remote_v0_plays_an_openenv_game_with_json_actions_to_the_end(guess_game
 
 def test_a_rollout_plays_an_openenv_game_to_the_end_and_charges_malformed_actions(guess_game):
     tokenizer = build_tiny_tokenizer(seed=0)
-    replies = iter(['<think>a</think><answer>{"guess": 4}</answer>', "<think>b</think><answer>{\"guess\": 12}</answer>"]
-                   * 8)
+    replies = iter(
+        ['<think>a</think><answer>{"guess": 4}</answer>', '<think>b</think><answer>{"guess": 12}</answer>'] * 8
+    )
     backend = ScriptedBackend(lambda prompt: next(replies), tokenizer)
-    config = RolloutConfig(env=REMOTE, env_config={"url": guess_game, "protocol": "openenv", "success_reward": 1.0},
-                           max_turns=8, max_actions_per_turn=1)
+    config = RolloutConfig(
+        env=REMOTE,
+        env_config={"url": guess_game, "protocol": "openenv", "success_reward": 1.0},
+        max_turns=8,
+        max_actions_per_turn=1,
+    )
     trajectories, metrics = RolloutEngine(config, backend, tokenizer).rollout([2], 1, SamplingParams(), sample_seed=0)
     (trajectory,) = trajectories
     # 4 is wrong for seed 2 (its number is 1): two valid guesses of 4 and two schema failures ({"guess": 12}) in
@@ -155,8 +169,11 @@ def test_remote_v0_fills_the_one_string_field_of_an_openenv_action(echo_game):
     assert env.reset(seed=0)[0] == "Say something."
     assert "Answer with the action's 'message' (the text to echo)." in env.unwrapped.describe()
     steps = [env.step(env.unwrapped.canonical_action(text)) for text in ("hi", "hello || there", "bye")]
-    assert [s[:4] for s in steps] == [("hi", 2.0, False, False), ("hello || there", 14.0, False, False),
-                                      ("bye", 3.0, True, False)]
+    assert [s[:4] for s in steps] == [
+        ("hi", 2.0, False, False),
+        ("hello || there", 14.0, False, False),
+        ("bye", 3.0, True, False),
+    ]
     assert not any(s[4]["success"] for s in steps)  # no success field and no success_reward: never solved
     with pytest.raises(RemoteEnvError, match=r"action_field='text', but .* has the fields \['message'\]"):
         make_text_env(REMOTE, url=echo_game, protocol="openenv", action_field="text").reset(seed=0)
@@ -174,24 +191,35 @@ def test_a_server_of_the_other_protocol_or_none_fails_with_one_clear_error(env_s
 
 def test_a_web_page_where_an_openenv_server_should_be_is_named_not_parsed(tmp_path):
     (tmp_path / "schema").write_text("<html><body>Welcome!</body></html>")
-    page = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # its "Serving HTTP on ... port N" line
+    page = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # its "Serving HTTP on ... port N" line
     try:
         port = re.search(r"port (\d+)", page.stdout.readline()).group(1)
-        with pytest.raises(RemoteEnvError, match=rf"http://127.0.0.1:{port}/schema answered something that is not "
-                                                 r"JSON: b'<html><body>Welcome!"):
+        with pytest.raises(
+            RemoteEnvError,
+            match=rf"http://127.0.0.1:{port}/schema answered something that is not "
+            r"JSON: b'<html><body>Welcome!",
+        ):
             make_text_env(REMOTE, url=f"http://127.0.0.1:{port}", protocol="openenv").reset(seed=0)
     finally:
         page.kill()
         page.wait()
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"protocol": "grpc"}, r"protocol='grpc': choose one of \('rllib_ragen', 'openenv'\)"),
-    ({"action_field": "message"}, "action_field='message' applies to OpenEnv servers only: set protocol='openenv'"),
-    ({"protocol": "openenv", "success_reward": float("nan")}, "success_reward=nan must be a finite number"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"protocol": "grpc"}, r"protocol='grpc': choose one of \('rllib_ragen', 'openenv'\)"),
+        ({"action_field": "message"}, "action_field='message' applies to OpenEnv servers only: set protocol='openenv'"),
+        ({"protocol": "openenv", "success_reward": float("nan")}, "success_reward=nan must be a finite number"),
+    ],
+)
 def test_bad_remote_settings_fail_when_the_environment_is_built(settings, message):
     with pytest.raises(ValueError, match=message):
         make_text_env(REMOTE, url="http://127.0.0.1:8000", **settings)
@@ -236,7 +264,9 @@ def test_an_openenv_mcp_tool_server_is_played_in_tool_mode(lookup_mcp_game):
     observation, _ = env.reset(seed=3)
     assert observation == "Where does Ada live?"  # the one text field of its reset observation
     assert [(t["function"]["name"], t["function"]["parameters"]["required"]) for t in env.unwrapped.tools] == [
-        ("search", ["name"]), ("answer", ["city"])]
+        ("search", ["name"]),
+        ("answer", ["city"]),
+    ]
     env.close()
     tokenizer = build_tiny_tokenizer(seed=0)
 
@@ -245,16 +275,26 @@ def test_an_openenv_mcp_tool_server_is_played_in_tool_mode(lookup_mcp_game):
         found = re.findall(rf"{person} lives in (\w+)\.", prompt)
         if found:
             return f'<tool_call>{{"name": "answer", "arguments": {{"city": "{found[-1]}"}}}}</tool_call>'
-        return (f'<tool_call>{{"name": "lookup", "arguments": {{}}}}</tool_call>'  # refused here: no such tool
-                f'<tool_call>{{"name": "search", "arguments": {{"name": "{person}"}}}}</tool_call>')
+        return (
+            f'<tool_call>{{"name": "lookup", "arguments": {{}}}}</tool_call>'  # refused here: no such tool
+            f'<tool_call>{{"name": "search", "arguments": {{"name": "{person}"}}}}</tool_call>'
+        )
 
-    engine = RolloutEngine(RolloutConfig(env=REMOTE, env_config={"url": lookup_mcp_game, "protocol": "openenv",
-                                                                 "success_reward": 1.0}, max_turns=3),
-                           ScriptedBackend(solver, tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(
+            env=REMOTE, env_config={"url": lookup_mcp_game, "protocol": "openenv", "success_reward": 1.0}, max_turns=3
+        ),
+        ScriptedBackend(solver, tokenizer),
+        tokenizer,
+    )
     trajectories, metrics = engine.rollout([0, 1, 2, 3], group_size=2, sampling=SamplingParams())
     assert metrics["rollout/success"] == 1.0 and metrics["rollout/env_errors"] == 0
     assert metrics["rollout/tool_call_errors"] == 8  # the unknown tool, once per episode, answered before any request
     t = trajectories[0]
     assert t.turn_rewards == [-0.1, 1.0] and t.num_turns == 2
-    assert re.search(r"<\|im_start\|>tool\nError: there is no tool 'lookup'.*<\|im_end\|>\n<\|im_start\|>tool\n"
-                     r"\w+ lives in \w+\.<\|im_end\|>", t.text, re.DOTALL)
+    assert re.search(
+        r"<\|im_start\|>tool\nError: there is no tool 'lookup'.*<\|im_end\|>\n<\|im_start\|>tool\n"
+        r"\w+ lives in \w+\.<\|im_end\|>",
+        t.text,
+        re.DOTALL,
+    )

@@ -17,8 +17,19 @@ ENV_IDS = rllib_ragen.registered_text_envs()
 
 
 def test_builtins_are_registered():
-    for name in ["Bandit", "BanditHeldOut", "BanditReversed", "Sokoban", "Sokoban8x8TwoBoxes", "SokobanAltSymbols",
-                 "SokobanCoordinates", "FrozenLake", "FrozenLakeNotSlippery", "Countdown", "Sudoku4x4"]:
+    for name in [
+        "Bandit",
+        "BanditHeldOut",
+        "BanditReversed",
+        "Sokoban",
+        "Sokoban8x8TwoBoxes",
+        "SokobanAltSymbols",
+        "SokobanCoordinates",
+        "FrozenLake",
+        "FrozenLakeNotSlippery",
+        "Countdown",
+        "Sudoku4x4",
+    ]:
         assert f"rllib_ragen/{name}-v0" in ENV_IDS
 
 
@@ -34,8 +45,11 @@ def _moves(env):
     tool environment a call of each tool with each required argument a few names."""
     tools = [tool["function"] for tool in env.unwrapped.tools]
     if tools:
-        return [json.dumps({"name": tool["name"], "arguments": {p: value for p in tool["parameters"]["required"]}})
-                for value in ("Ada", "Ben", "Oslo") for tool in tools]
+        return [
+            json.dumps({"name": tool["name"], "arguments": {p: value for p in tool["parameters"]["required"]}})
+            for value in ("Ada", "Ben", "Oslo")
+            for tool in tools
+        ]
     return list(env.unwrapped.action_names) or ["1 + 2", "3 * 4 - 5", "(6 - 2) * 5"]
 
 

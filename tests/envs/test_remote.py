@@ -27,11 +27,14 @@ def _random_play(env, seed, actions, steps=12):
     return trace
 
 
-@pytest.mark.parametrize("env_id, actions", [
-    ("rllib_ragen/Sokoban-v0", ["Up", "Down", "Left", "Right", "Jump"]),
-    ("rllib_ragen/FrozenLake-v0", ["Left", "Down", "Right", "Up"]),  # slippery: the server's own luck, seeded
-    ("gem/game.Mastermind-v0-easy", ["1 2", "3 4", "5 6", "2 1", "6 5"]),
-])
+@pytest.mark.parametrize(
+    "env_id, actions",
+    [
+        ("rllib_ragen/Sokoban-v0", ["Up", "Down", "Left", "Right", "Jump"]),
+        ("rllib_ragen/FrozenLake-v0", ["Left", "Down", "Right", "Up"]),  # slippery: the server's own luck, seeded
+        ("gem/game.Mastermind-v0-easy", ["1 2", "3 4", "5 6", "2 1", "6 5"]),
+    ],
+)
 def test_remote_play_equals_in_process_play(env_id, actions, env_server):
     if env_id.startswith("gem/"):
         pytest.importorskip("gem")
@@ -51,8 +54,10 @@ def test_a_rollout_through_a_server_is_token_for_token_the_in_process_one(env_se
         return engine.rollout([3, 4], 2, SamplingParams(), sample_seed=0)
 
     with env_server("rllib_ragen/Sokoban-v0") as server:
-        (remote, remote_metrics), (local, local_metrics) = play(REMOTE, {"url": server.url}), play(
-            "rllib_ragen/Sokoban-v0", {})
+        (remote, remote_metrics), (local, local_metrics) = (
+            play(REMOTE, {"url": server.url}),
+            play("rllib_ragen/Sokoban-v0", {}),
+        )
     assert [t.token_ids for t in remote] == [t.token_ids for t in local]
     assert [t.turn_rewards for t in remote] == [t.turn_rewards for t in local]
     assert [t.turn_states for t in remote] == [t.turn_states for t in local]  # GiGPO's anchor states too
@@ -71,8 +76,9 @@ def test_a_server_killed_mid_episode_drops_its_episodes_counted_and_a_restarted_
                 server.stop()
             return "<think></think><answer>Up</answer>"
 
-        config = RolloutConfig(env=REMOTE, env_config={"url": server.url, "connect_retries": 2,
-                                                       "retry_backoff_s": 0.05})
+        config = RolloutConfig(
+            env=REMOTE, env_config={"url": server.url, "connect_retries": 2, "retry_backoff_s": 0.05}
+        )
         engine = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer)
         started = time.monotonic()
         trajectories, metrics = engine.rollout([0, 1], 2, SamplingParams())
@@ -107,7 +113,7 @@ def test_control_tokens_in_a_served_observation_are_neutralised_and_counted(env_
 
 def test_a_retried_step_is_answered_once_and_bad_requests_are_refused(env_server):
     with env_server("rllib_ragen/Sokoban-v0") as server:
-        host, port = server.url[len("http://"):].split(":")
+        host, port = server.url[len("http://") :].split(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=10)
 
         def post(path, body):
@@ -146,9 +152,24 @@ def _serve_with_log(env_id, *flags):
 
     paths = [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-    process = subprocess.Popen([sys.executable, "-m", "rllib_ragen.envs.remote.server", "--env", env_id, "--port", "0",
-                                "--register", "served_envs", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=environ)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rllib_ragen.envs.remote.server",
+            "--env",
+            env_id,
+            "--port",
+            "0",
+            "--register",
+            "served_envs",
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+    )
     line = process.stdout.readline()
     assert line.startswith("serving"), f"the server did not start: {line!r}"
     host, port = line.split("http://")[1].split()[0].split(":")
@@ -174,8 +195,9 @@ def test_the_server_holds_under_abuse_and_logs_each_kind_of_environment_error_on
     import socket
     import threading
 
-    process, host, port = _serve_with_log("rllib_ragen/Sokoban-v0", "--max-sessions", "3", "--max-body-bytes", "200000",
-                                          "--request-timeout-s", "1")
+    process, host, port = _serve_with_log(
+        "rllib_ragen/Sokoban-v0", "--max-sessions", "3", "--max-body-bytes", "200000", "--request-timeout-s", "1"
+    )
     try:
         connection = http.client.HTTPConnection(host, port, timeout=10)
 
@@ -224,10 +246,15 @@ def test_the_server_holds_under_abuse_and_logs_each_kind_of_environment_error_on
     assert errors[1].endswith("the environment has raised Error 10 times")
 
 
-@pytest.mark.parametrize("flags, message", [(["--max-body-bytes", "-1"], "--max-body-bytes -1: give at least 0"),
-                                            (["--request-timeout-s", "0"], "--request-timeout-s 0.0: give a number"),
-                                            (["--session-ttl-s", "nan"], "--session-ttl-s nan: give a number"),
-                                            (["--max-sessions", "0"], "--max-sessions 0: give at least 1")])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--max-body-bytes", "-1"], "--max-body-bytes -1: give at least 0"),
+        (["--request-timeout-s", "0"], "--request-timeout-s 0.0: give a number"),
+        (["--session-ttl-s", "nan"], "--session-ttl-s nan: give a number"),
+        (["--max-sessions", "0"], "--max-sessions 0: give at least 1"),
+    ],
+)
 def test_bad_server_limits_are_refused_before_it_listens(flags, message, capsys):
     from rllib_ragen.envs.remote.server import main
 
@@ -240,9 +267,12 @@ def test_an_unknown_environment_is_one_line_and_exit_code_2():
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "rllib_ragen.envs.remote.server", "--env", "nope/Nope-v0", "--port",
-                           "0"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "rllib_ragen.envs.remote.server", "--env", "nope/Nope-v0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "cannot serve --env nope/Nope-v0" in done.stderr.splitlines()[-1]
 
@@ -254,9 +284,19 @@ def test_the_openenv_server_holds_the_same_limits_under_abuse():
     pytest.importorskip("openenv")
     import socket
 
-    process, host, port = _serve_with_log("rllib_ragen/Sokoban-v0", "--protocol", "openenv", "--max-sessions", "3",
-                                          "--max-body-bytes", "100000", "--request-timeout-s", "3",
-                                          "--session-ttl-s", "2")
+    process, host, port = _serve_with_log(
+        "rllib_ragen/Sokoban-v0",
+        "--protocol",
+        "openenv",
+        "--max-sessions",
+        "3",
+        "--max-body-bytes",
+        "100000",
+        "--request-timeout-s",
+        "3",
+        "--session-ttl-s",
+        "2",
+    )
     half_heads = []
     try:
         for _ in range(280):
@@ -277,17 +317,29 @@ def test_the_openenv_server_holds_the_same_limits_under_abuse():
         assert closed == 280
         # A body over the limit is refused, by its length unread, and sent in chunks as soon as it passes the limit.
         body = b'{"seed": 0, "pad": "' + b"x" * 2_000_000 + b'"}'
-        declared = _raw(host, port, b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n" % len(body))
+        declared = _raw(
+            host,
+            port,
+            b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body),
+        )
         assert declared.startswith(b"HTTP/1.1 413") and b"--max-body-bytes" in declared
         # Its first 100,001 bytes, and no more: bytes the server leaves unread would reset the connection under
         # its answer.
         chunk = b"%x\r\n%s\r\n" % (100_001, body[:100_001])
-        chunked = _raw(host, port, b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                       b"Transfer-Encoding: chunked\r\n\r\n" + chunk)
+        chunked = _raw(
+            host,
+            port,
+            b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + chunk,
+        )
         assert chunked.startswith(b"HTTP/1.1 413")
-        small = _raw(host, port, b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 11\r\nConnection: close\r\n\r\n{\"seed\": 0}")
+        small = _raw(
+            host,
+            port,
+            b"POST /reset HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 11\r\nConnection: close\r\n\r\n{"seed": 0}',
+        )
         assert small.startswith(b"HTTP/1.1 200")  # a body within the limit is served
         # An idle WebSocket session is ended after --session-ttl-s.
         from openenv.core.generic_client import GenericEnvClient
@@ -313,10 +365,13 @@ def test_the_remote_id_builds_each_protocols_client_through_one_factory():
 
     ours, theirs = remote_text_env("http://127.0.0.1:9"), remote_text_env("http://127.0.0.1:9", protocol="openenv")
     assert type(ours) is RemoteTextEnv and type(theirs) is OpenEnvTextEnv
-    assert type(make_text_env("rllib_ragen/Remote-v0", url="http://127.0.0.1:9", protocol="openenv").unwrapped) \
+    assert (
+        type(make_text_env("rllib_ragen/Remote-v0", url="http://127.0.0.1:9", protocol="openenv").unwrapped)
         is OpenEnvTextEnv
+    )
     assert env_class("rllib_ragen/Remote-v0") is RemoteTextEnv and "connect_retries" in env_arguments(
-        "rllib_ragen/Remote-v0")
+        "rllib_ragen/Remote-v0"
+    )
     with pytest.raises(ValueError, match=r"protocol='openenv' is played by OpenEnvTextEnv.*remote_text_env"):
         RemoteTextEnv("http://127.0.0.1:9", protocol="openenv")
 

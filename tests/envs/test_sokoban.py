@@ -120,9 +120,11 @@ def test_alternate_symbols_draw_the_same_level():
 def test_coordinates_name_the_same_level_cell_by_cell():
     # LINE with a wall inside: (row, column) from 0; the border walls are not listed one by one.
     level = SokobanLevel.from_text(LINE.replace("#____#\n#____#\n######", "#_#__#\n#____#\n######"))
-    assert level.to_coordinates() == ("Board size: 6 rows x 6 cols (zero-indexed).\n"
-                                      "Walls: the border, and (3, 2)\n"
-                                      "Targets: (1, 4)\nBoxes: (1, 2)\nPlayer: (1, 1)")
+    assert level.to_coordinates() == (
+        "Board size: 6 rows x 6 cols (zero-indexed).\n"
+        "Walls: the border, and (3, 2)\n"
+        "Targets: (1, 4)\nBoxes: (1, 2)\nPlayer: (1, 1)"
+    )
     parsed = SokobanLevel.from_text(level.to_coordinates())
     assert (parsed.targets, parsed.boxes, parsed.player) == (level.targets, level.boxes, level.player)
     assert np.array_equal(parsed.floor, level.floor)
@@ -157,13 +159,18 @@ def test_solver_is_optimal_on_known_levels():
 
 def test_solver_reports_unsolvable_levels():
     # Box in a corner that is not a target: dead.
-    assert solve_level(SokobanLevel.from_text("""\
+    assert (
+        solve_level(
+            SokobanLevel.from_text("""\
 ######
 #X___#
 #____#
 #__P_#
 #___O#
-######""")) is None
+######""")
+        )
+        is None
+    )
 
 
 def test_from_text_rejects_bad_levels():
@@ -185,8 +192,10 @@ def test_thousand_generated_levels_are_all_solved(dim, num_boxes):
         assert solution, f"seed {seed}: generated level has no solution"
         lengths.append(len(solution))
     counts = sorted(collections.Counter(lengths).items())
-    print(f"\n{dim}x{dim}/{num_boxes} box(es): optimal length mean {np.mean(lengths):.2f}, "
-          f"within 10 actions {np.mean(np.array(lengths) <= 10):.1%}, distribution {counts}")
+    print(
+        f"\n{dim}x{dim}/{num_boxes} box(es): optimal length mean {np.mean(lengths):.2f}, "
+        f"within 10 actions {np.mean(np.array(lengths) <= 10):.1%}, distribution {counts}"
+    )
 
 
 @pytest.mark.parametrize("env_id", ["rllib_ragen/Sokoban-v0", "rllib_ragen/Sokoban8x8TwoBoxes-v0"])
@@ -247,8 +256,11 @@ def test_max_solution_moves_redraws_long_levels_from_the_seeded_generator():
             expected = generate_level(rng, 6, 1, 50)
             if len(solve_level(expected)) <= 2:
                 break
-        assert (easy.level.boxes, easy.level.player, easy.level.targets) == \
-            (expected.boxes, expected.player, expected.targets)
+        assert (easy.level.boxes, easy.level.player, easy.level.targets) == (
+            expected.boxes,
+            expected.player,
+            expected.targets,
+        )
         assert easy.optimal_solution_length() <= 2
         if draws == 1:
             kept += 1

@@ -42,15 +42,18 @@ def test_the_class_is_read_as_trl_reads_it():
     env = make_text_env(TRL, **CONFIG).unwrapped
     assert [tool["function"]["name"] for tool in env.tools] == ["add", "double"]
     assert env.tools[0]["function"]["parameters"] == {
-        "type": "object", "properties": {"amount": {"type": "integer", "description": "how much to add (1 to 9)."}},
-        "required": ["amount"]}
+        "type": "object",
+        "properties": {"amount": {"type": "integer", "description": "how much to add (1 to 9)."}},
+        "required": ["amount"],
+    }
     observation, _ = env.reset(seed=4)  # seed 4 plays task 4 % 3 = 1: the prompt's last message, then reset's text
     assert observation == "Bring the counter to its target.\nThe counter is at 0; the target is 12."
 
 
 def test_a_trl_environment_plays_to_its_reward_through_the_engine(tokenizer):
-    engine = RolloutEngine(RolloutConfig(env=TRL, env_config=CONFIG, max_turns=4),
-                           ScriptedBackend(_counting_policy, tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env=TRL, env_config=CONFIG, max_turns=4), ScriptedBackend(_counting_policy, tokenizer), tokenizer
+    )
     trajectories, metrics = engine.rollout([0, 1, 2], group_size=1, sampling=SamplingParams())
     assert metrics[f"{TRL}/success"] == 1.0 and metrics["rollout/tool_call_errors"] == 0
     by_target = {t.seed: t for t in trajectories}
@@ -61,20 +64,27 @@ def test_a_trl_environment_plays_to_its_reward_through_the_engine(tokenizer):
 
 def test_an_episode_cut_by_the_turn_limit_still_returns_get_reward_at_its_end(tokenizer):
     overshoot = lambda prompt: _call("add", amount=9)  # noqa: E731 -- 9 passes target 3 at once and never returns
-    engine = RolloutEngine(RolloutConfig(env=TRL, env_config=CONFIG, max_turns=3),
-                           ScriptedBackend(overshoot, tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env=TRL, env_config=CONFIG, max_turns=3), ScriptedBackend(overshoot, tokenizer), tokenizer
+    )
     (t,), _ = engine.rollout([2], group_size=1, sampling=SamplingParams())  # target 7: 9, 18, 27
     assert t.num_turns == 3 and t.turn_rewards == [0.0, 0.0, 0.0] and not t.success
-    engine = RolloutEngine(RolloutConfig(env=TRL, env_config=CONFIG, max_turns=2),
-                           ScriptedBackend(lambda prompt: _call("add", amount=3), tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env=TRL, env_config=CONFIG, max_turns=2),
+        ScriptedBackend(lambda prompt: _call("add", amount=3), tokenizer),
+        tokenizer,
+    )
     (t,), _ = engine.rollout([0], group_size=1, sampling=SamplingParams())  # target 3: reached, then passed
     assert t.turn_rewards == [1.0, -1.0] and t.total_return == 0.0  # = get_reward() when the turns ran out
 
 
 def test_a_tool_that_raises_is_answered_with_its_error_and_counted(tokenizer):
     replies = iter([_call("add", amount=20), _call("add", amount="3"), _call("add", amount=3), "Done."])
-    engine = RolloutEngine(RolloutConfig(env=TRL, env_config=CONFIG, max_turns=4),
-                           ScriptedBackend(lambda prompt: next(replies), tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env=TRL, env_config=CONFIG, max_turns=4),
+        ScriptedBackend(lambda prompt: next(replies), tokenizer),
+        tokenizer,
+    )
     (t,), metrics = engine.rollout([0], group_size=1, sampling=SamplingParams())
     assert "Error: ValueError: amount must be between 1 and 9" in t.text  # the tool's own error, as TRL answers
     assert "Error: the arguments of 'add' do not fit its schema (amount: '3' is not of type 'integer')." in t.text
@@ -105,8 +115,11 @@ def test_what_the_contract_needs_is_checked_when_the_environment_is_built():
 
 def test_an_async_tool_runs_to_its_end(tokenizer):
     replies = iter([_call("add", amount=6), _call("double"), "Done."])
-    engine = RolloutEngine(RolloutConfig(env=TRL, env_config=CONFIG, max_turns=4),
-                           ScriptedBackend(lambda prompt: next(replies), tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env=TRL, env_config=CONFIG, max_turns=4),
+        ScriptedBackend(lambda prompt: next(replies), tokenizer),
+        tokenizer,
+    )
     (t,), _ = engine.rollout([1], group_size=1, sampling=SamplingParams())  # target 12: 6, then doubled
     assert t.turn_rewards == [0.0, 1.0, 0.0] and "The counter is at 12." in t.text
 
@@ -121,9 +134,11 @@ class NumpyReward(CounterEnv):
 
 
 def test_a_numpy_reward_is_a_number(tokenizer):
-    engine = RolloutEngine(RolloutConfig(env=TRL, env_config={"environment": NumpyReward, "tasks": TASKS},
-                                         max_turns=4),
-                           ScriptedBackend(_counting_policy, tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env=TRL, env_config={"environment": NumpyReward, "tasks": TASKS}, max_turns=4),
+        ScriptedBackend(_counting_policy, tokenizer),
+        tokenizer,
+    )
     (t,), metrics = engine.rollout([0], group_size=1, sampling=SamplingParams())  # target 3
     assert metrics["rollout/env_errors"] == 0 and t.success and sum(t.turn_rewards) == 1.0
 
@@ -137,12 +152,15 @@ class NoReset:
         return ""
 
 
-@pytest.mark.parametrize("env_config, message", [
-    ({"environment": NoReset}, "env_config for 'rllib_ragen/TRL-v0': TypeError: NoReset has no reset()"),
-    ({"environment": "no_such_module:Env"}, "ModuleNotFoundError: No module named 'no_such_module'"),
-    ({"environment": "trl_games:NoSuchClass"}, "AttributeError: module 'trl_games' has no attribute 'NoSuchClass'"),
-    ({"environment": CounterEnv, "tasks": []}, "tasks is empty"),
-])
+@pytest.mark.parametrize(
+    "env_config, message",
+    [
+        ({"environment": NoReset}, "env_config for 'rllib_ragen/TRL-v0': TypeError: NoReset has no reset()"),
+        ({"environment": "no_such_module:Env"}, "ModuleNotFoundError: No module named 'no_such_module'"),
+        ({"environment": "trl_games:NoSuchClass"}, "AttributeError: module 'trl_games' has no attribute 'NoSuchClass'"),
+        ({"environment": CounterEnv, "tasks": []}, "tasks is empty"),
+    ],
+)
 def test_a_trl_environment_that_cannot_be_built_fails_validate(env_config, message):
     from rllib_ragen import StarPOConfig
 

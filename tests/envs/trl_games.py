@@ -27,8 +27,7 @@ class CounterEnv:
         return f"The counter is at {self.counter}."
 
     async def double(self) -> str:
-        """Double the counter (an async tool, as TRL allows).
-        """
+        """Double the counter (an async tool, as TRL allows)."""
         self.counter *= 2
         return f"The counter is at {self.counter}."
 
@@ -36,5 +35,7 @@ class CounterEnv:
         return 1.0 if self.counter == self.target else 0.0
 
 
-TASKS = [{"prompt": [{"role": "user", "content": "Bring the counter to its target."}], "target": target}
-         for target in (3, 12, 7)]
+TASKS = [
+    {"prompt": [{"role": "user", "content": "Bring the counter to its target."}], "target": target}
+    for target in (3, 12, 7)
+]

@@ -29,18 +29,23 @@ def hole_blind_walk(seed: int, budget: int) -> bool:
     _, actions = optimal_policy(blind.P, size * size, budget)
     real, state = FrozenLakeEnv(desc=rows, is_slippery=False).P, env.position
     for moves_left in range(budget, 0, -1):
-        (_, state, reward, done), = real[state][int(actions[moves_left, state])]
+        ((_, state, reward, done),) = real[state][int(actions[moves_left, state])]
         if done:
             return reward > 0
     return False
 
 
 def test_a_baseline_plays_the_validation_states_in_the_agents_loop():
-    config = (StarPOConfig().environment(SOLID_ICE)
-              .training(enable_thinking=False, max_turns=10, max_actions_per_turn=1, max_actions_per_episode=10,
-                        validation_size=48))
+    config = (
+        StarPOConfig()
+        .environment(SOLID_ICE)
+        .training(
+            enable_thinking=False, max_turns=10, max_actions_per_turn=1, max_actions_per_episode=10, validation_size=48
+        )
+    )
     trajectories = StarPO.play_validation_states_with(
-        config, frozen_lake_hole_blind_policy(enable_thinking=False, is_slippery=False), build_tiny_tokenizer(0))
+        config, frozen_lake_hole_blind_policy(enable_thinking=False, is_slippery=False), build_tiny_tokenizer(0)
+    )
     assert [t.seed for t in trajectories] == list(config.validation_starts())
     outcomes = [bool(t.success) for t in trajectories]
     # Each map's outcome equals the walk planned from the environment's own map; some maps end in a hole.
@@ -58,8 +63,12 @@ def test_baselines_are_filed_by_name_and_two_names_may_not_share_a_file(tmp_path
     with pytest.raises(ValueError, match="would share a file"):  # refused before any work: no run folder
         run_job(StarPOConfig().environment(SOLID_ICE), job, baselines={"hole blind": policy, "hole-blind": policy})
     with pytest.raises(ValueError, match="both a baseline and a known score"):  # one would hide the other's line
-        run_job(StarPOConfig().environment(SOLID_ICE), job, known_scores={"random moves": 0.3},
-                baselines={"random moves": policy})
+        run_job(
+            StarPOConfig().environment(SOLID_ICE),
+            job,
+            known_scores={"random moves": 0.3},
+            baselines={"random moves": policy},
+        )
     assert not (tmp_path / "runs").exists()
 
 

@@ -19,15 +19,15 @@ def _trial_folder(tmp_path, config):
     return trial
 
 
-def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_session, small_config, tmp_path, capsys,
-                                                                       monkeypatch):
+def test_an_exported_policy_plays_the_runs_validation_state_for_state(
+    ray_session, small_config, tmp_path, capsys, monkeypatch
+):
     """The algorithm validates after one update; its exported policy, evaluated from the folder, scores each state
     as that validation did, sampled (the validation's temperature and sampling seed) and greedy; the untrained
     policy beside it is paired against it on the same states."""
     from rllib_ragen.jobs.readers import trajectory_outcomes
 
-    config = small_config("rllib_ragen/Bandit-v0", validation_size=6, validation_interval=1, num_groups=2,
-                          max_turns=1)
+    config = small_config("rllib_ragen/Bandit-v0", validation_size=6, validation_interval=1, num_groups=2, max_turns=1)
     algo = config.build_algo()
     try:
         algo.train()
@@ -64,11 +64,28 @@ def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_sessio
     assert "Loading weights" not in printed + captured.err  # transformers' bars stay off the console
 
     # Other states: --states and --seed-start choose them, and the run's folder stays the settings' source.
-    assert evaluate.main([str(trial / "policy"), "--states", "3", "--seed-start", "500", "--modes", "greedy",
-                          "--output", str(output), "--device", "cpu"]) == 0
+    assert (
+        evaluate.main(
+            [
+                str(trial / "policy"),
+                "--states",
+                "3",
+                "--seed-start",
+                "500",
+                "--modes",
+                "greedy",
+                "--output",
+                str(output),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     result = json.loads(output.read_text())
     assert sorted(result["outcomes"][str(trial / "policy")]["greedy"]) == [
-        f"rllib_ragen/Bandit-v0:{seed}" for seed in (500, 501, 502)]
+        f"rllib_ragen/Bandit-v0:{seed}" for seed in (500, 501, 502)
+    ]
     assert list(result["temperatures"]) == ["greedy"]
 
     # Library notices raised while it plays go to --log (appended), which the last line names; none reach the console.
@@ -90,13 +107,16 @@ def test_an_exported_policy_plays_the_runs_validation_state_for_state(ray_sessio
     assert sorted(p.name for p in trial.iterdir()) == ["params.json", "policy"]  # nothing written into the run
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--modes", "fast"], "--modes 'fast': choose from greedy, sampled"),
-    (["--env-config", "[1]"], "--env-config must be a JSON object"),
-    (["--device", "gpu0"], "--device 'gpu0': not a torch device; choose 'cpu', 'cuda' or 'cuda:N'"),
-    (["--device", "meta"], "--device 'meta': choose 'cpu', 'cuda' or 'cuda:N'"),
-    (["--device", "cuda:64"], "--device 'cuda:64': this process sees"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--modes", "fast"], "--modes 'fast': choose from greedy, sampled"),
+        (["--env-config", "[1]"], "--env-config must be a JSON object"),
+        (["--device", "gpu0"], "--device 'gpu0': not a torch device; choose 'cpu', 'cuda' or 'cuda:N'"),
+        (["--device", "meta"], "--device 'meta': choose 'cpu', 'cuda' or 'cuda:N'"),
+        (["--device", "cuda:64"], "--device 'cuda:64': this process sees"),
+    ],
+)
 def test_bad_flags_exit_2_naming_the_flag(flags, message, tmp_path, capsys):
     policy = tmp_path / "policy"
     policy.mkdir()
@@ -131,8 +151,9 @@ def test_a_runs_sentinel_rules_read_back_as_data_and_rule_objects_reprs_are_left
     rules = echo_trap_rules("warn")
     for name in ("data", "objects"):
         (tmp_path / name).mkdir()
-    as_data = _trial_folder(tmp_path / "data", StarPOConfig().training(
-        sentinel_rules=[dataclasses.asdict(rule) for rule in rules]))
+    as_data = _trial_folder(
+        tmp_path / "data", StarPOConfig().training(sentinel_rules=[dataclasses.asdict(rule) for rule in rules])
+    )
     assert evaluate.evaluation_config(as_data).sentinel_rules == [dataclasses.asdict(rule) for rule in rules]
     as_objects = _trial_folder(tmp_path / "objects", StarPOConfig().training(sentinel_rules=rules))
     assert json.loads((as_objects / "params.json").read_text())["sentinel_rules"][0].startswith("Rule(")
@@ -148,13 +169,16 @@ def _tiny_policy(folder):
     return folder
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"validation_size": "x"}, "validation_size='x' must be an integer"),
-    ({"validation_size": -4}, "validation_size=-4 must lie in [1, 10000]"),
-    ({"validation_size": 1_000_000_000}, "validation_size=1000000000 must lie in [1, 10000]"),
-    ({"env": "no_such/Env-v0"}, "env='no_such/Env-v0' is not a registered text environment"),
-    ({"env_config": {"bogus": 1}}, "env_config has unknown keys ['bogus']"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"validation_size": "x"}, "validation_size='x' must be an integer"),
+        ({"validation_size": -4}, "validation_size=-4 must lie in [1, 10000]"),
+        ({"validation_size": 1_000_000_000}, "validation_size=1000000000 must lie in [1, 10000]"),
+        ({"env": "no_such/Env-v0"}, "env='no_such/Env-v0' is not a registered text environment"),
+        ({"env_config": {"bogus": 1}}, "env_config has unknown keys ['bogus']"),
+    ],
+)
 def test_a_bad_setting_in_params_json_exits_2_with_its_reason(params, message, tmp_path, capsys):
     trial = tmp_path / "seed0"
     trial.mkdir()

@@ -57,32 +57,44 @@ def test_a_job_command_beside_a_time_is_marked():
 def test_the_main_jobs_page_prints_the_whole_table():
     page = (ROOT / "docs" / "main-jobs.md").read_text()
     start, end = "<!-- job-times-table -->\n", "\n<!-- /job-times-table -->"
-    assert page[page.index(start) + len(start):page.index(end)] == job_times_table()
+    assert page[page.index(start) + len(start) : page.index(end)] == job_times_table()
 
 
 @pytest.mark.parametrize("script", sorted({c.split()[0] for c in JOB_TIMES}))
 def test_each_tuned_examples_docstring_points_at_the_table_and_quotes_no_figure_of_its_own(script):
-    docstring_time = next(line for line in (ROOT / "tuned_examples" / script).read_text().splitlines()
-                          if line.startswith("Time:"))
+    docstring_time = next(
+        line for line in (ROOT / "tuned_examples" / script).read_text().splitlines() if line.startswith("Time:")
+    )
     assert "rllib_ragen/jobs/job_times.py" in docstring_time and not MINUTES.search(docstring_time), docstring_time
 
 
 def test_the_plan_line_names_the_cpu_kind_and_admits_an_untimed_one():
-    assert timing_sentence("starpo_bandit.py", True) == \
-        f"starpo_bandit.py took 1.2 min on a {XEON_BF16.label}, a CPU of this kind"
-    assert timing_sentence("starpo_bandit.py", False) == \
-        f"starpo_bandit.py took 2.5 min on a {AVX2.label}, a CPU of this kind"
+    assert (
+        timing_sentence("starpo_bandit.py", True)
+        == f"starpo_bandit.py took 1.2 min on a {XEON_BF16.label}, a CPU of this kind"
+    )
+    assert (
+        timing_sentence("starpo_bandit.py", False)
+        == f"starpo_bandit.py took 2.5 min on a {AVX2.label}, a CPU of this kind"
+    )
     assert timing_sentence("starpo_sokoban.py", True) == (
         f"starpo_sokoban.py took 21.5 min on a {AVX2.label}; not yet timed on a CPU with native bfloat16, as this "
-        "one is")
+        "one is"
+    )
     assert timing_sentence("starpo_sokoban.py --preset smollm2-cpu", True) == ""  # never timed: nothing stated
     assert job_time("starpo_frozenlake.py --quick", True)[0].minutes == 2.0
 
 
-@pytest.mark.parametrize("flags, timed", [([], "starpo_frozenlake.py"), (["--seed", "1"], "starpo_frozenlake.py"),
-                                          (["--preset", "smollm2-cpu"], "starpo_frozenlake.py --preset smollm2-cpu"),
-                                          (["--quick"], "starpo_frozenlake.py --quick"),
-                                          (["--timed-command", ""], "")])
+@pytest.mark.parametrize(
+    "flags, timed",
+    [
+        ([], "starpo_frozenlake.py"),
+        (["--seed", "1"], "starpo_frozenlake.py"),
+        (["--preset", "smollm2-cpu"], "starpo_frozenlake.py --preset smollm2-cpu"),
+        (["--quick"], "starpo_frozenlake.py --quick"),
+        (["--timed-command", ""], ""),
+    ],
+)
 def test_the_job_looks_up_the_command_as_run_preset_and_quick_included(flags, timed):
     job_file = runpy.run_path(str(ROOT / "tuned_examples" / "starpo_frozenlake.py"), run_name="imported")
     _, job, _, _ = job_file["parse_args"](job_file["config"], job_file["job"], flags)

@@ -23,8 +23,12 @@ def test_paired_comparison_by_hand():
     diffs = [1, -1, 0, 0, 1, 1]
     mean = sum(diffs) / 6
     sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 5)
-    assert (result.n, result.before, result.after, result.difference) == (6, pytest.approx(2 / 6),
-                                                                        pytest.approx(4 / 6), pytest.approx(mean))
+    assert (result.n, result.before, result.after, result.difference) == (
+        6,
+        pytest.approx(2 / 6),
+        pytest.approx(4 / 6),
+        pytest.approx(mean),
+    )
     assert result.ci_high - result.difference == pytest.approx(1.959964 * sd / math.sqrt(6), rel=1e-6)
     assert (result.improved, result.worsened) == (3, 1)
     assert result.p_value == pytest.approx(0.625)
@@ -44,10 +48,26 @@ def test_several_episodes_of_one_state_are_averaged_into_one_paired_state():
     # validation_group_size=2: two episodes per state. The state is the unit: its episodes share its difficulty,
     # and the k-th before pairs with the k-th after no better than with any other. Two environments share seed 123
     # in a mixture and stay apart.
-    before = outcomes_by_state([("a/S-v0", 123, 0.0), ("a/S-v0", 123, 1.0), ("a/S-v0", 124, 0.0), ("a/S-v0", 124, 0.0),
-                                ("F", 123, 0.0), ("F", 123, 0.0)])
-    after = outcomes_by_state([("a/S-v0", 123, 1.0), ("a/S-v0", 123, 1.0), ("a/S-v0", 124, 0.0), ("a/S-v0", 124, 0.0),
-                               ("F", 123, 1.0), ("F", 123, 0.0)])
+    before = outcomes_by_state(
+        [
+            ("a/S-v0", 123, 0.0),
+            ("a/S-v0", 123, 1.0),
+            ("a/S-v0", 124, 0.0),
+            ("a/S-v0", 124, 0.0),
+            ("F", 123, 0.0),
+            ("F", 123, 0.0),
+        ]
+    )
+    after = outcomes_by_state(
+        [
+            ("a/S-v0", 123, 1.0),
+            ("a/S-v0", 123, 1.0),
+            ("a/S-v0", 124, 0.0),
+            ("a/S-v0", 124, 0.0),
+            ("F", 123, 1.0),
+            ("F", 123, 0.0),
+        ]
+    )
     assert before == {"a/S-v0:123": 0.5, "a/S-v0:124": 0.0, "F:123": 0.0}
     assert after == {"a/S-v0:123": 1.0, "a/S-v0:124": 0.0, "F:123": 0.5}
     assert state_of("a/S-v0:123") == ("a/S-v0", 123)
@@ -81,5 +101,5 @@ def test_the_mcnemar_p_value_is_the_two_sided_binomial_sum_by_hand():
 
     for improved, worsened in [(7, 2), (0, 9), (12, 12), (30, 11), (1, 0)]:
         flips = improved + worsened
-        tail = sum(math.comb(flips, k) for k in range(min(improved, worsened) + 1)) / 2 ** flips
+        tail = sum(math.comb(flips, k) for k in range(min(improved, worsened) + 1)) / 2**flips
         assert exact_mcnemar_p(improved, worsened) == pytest.approx(min(1.0, 2 * tail), rel=1e-12)

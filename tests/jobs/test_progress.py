@@ -51,8 +51,9 @@ def test_the_time_budget_ends_a_trial_when_one_more_iteration_and_the_ending_wou
     assert out_of_time(later, budget_s=149.9, ending_s=0.0) and not out_of_time(later, budget_s=150.0, ending_s=0.0)
 
 
-def test_a_job_with_a_time_budget_ends_early_validated_exported_and_says_so(ray_session, small_config, tmp_path,
-                                                                             capsys):
+def test_a_job_with_a_time_budget_ends_early_validated_exported_and_says_so(
+    ray_session, small_config, tmp_path, capsys
+):
     import json
     import pathlib
 
@@ -62,8 +63,9 @@ def test_a_job_with_a_time_budget_ends_early_validated_exported_and_says_so(ray_
 
     # A budget no iteration fits (0.6 ms): the trial ends after its first iteration, not its fifth, the way a last
     # iteration ends: validated (not a scheduled validation: interval 4), played greedily, its policy exported.
-    job = JobSettings(output_dir=str(tmp_path), run_name="budget", iterations=5, max_minutes=1e-5,
-                      warm_start_steps=0, threads=1)
+    job = JobSettings(
+        output_dir=str(tmp_path), run_name="budget", iterations=5, max_minutes=1e-5, warm_start_steps=0, threads=1
+    )
     summary = run_job(small_config(validation_interval=4), job)
     printed = capsys.readouterr().out
     trial = pathlib.Path(summary["run_dir"])
@@ -79,7 +81,11 @@ def test_a_job_with_a_time_budget_ends_early_validated_exported_and_says_so(ray_
     assert "validation at iteration 1" in printed and "interrupted" not in printed
     # The trial's phase file: what it did last (its console shows it in a quiet stretch).
     assert json.loads((trial / "phase.json").read_text()) | {"since": 0} == {
-        "phase": "exporting the trained policy", "iteration": 1, "ending": True, "since": 0}
+        "phase": "exporting the trained policy",
+        "iteration": 1,
+        "ending": True,
+        "since": 0,
+    }
 
 
 class _Terminal(io.StringIO):
@@ -98,8 +104,10 @@ def test_off_a_terminal_progress_is_a_plain_line_every_few_seconds_and_one_at_th
             now[0] += seconds
             shown.update(step, loss=0.25)
     lines = stream.getvalue().splitlines()
-    assert lines == ["warm start: 3/10 steps [00:16<00:37,  5.33s/step, loss 0.25]",
-                     "warm start: 5/10 steps [00:35<00:35,  7.00s/step, loss 0.25]"]
+    assert lines == [
+        "warm start: 3/10 steps [00:16<00:37,  5.33s/step, loss 0.25]",
+        "warm start: 5/10 steps [00:35<00:35,  7.00s/step, loss 0.25]",
+    ]
     assert "\r" not in stream.getvalue()
 
 
@@ -116,7 +124,11 @@ def test_off_a_terminal_slow_steps_get_a_line_before_the_silence_would_pass_15_s
             now[0] += 11.0
             shown.update(step)
     assert [line.split(" [")[0] for line in stream.getvalue().splitlines()] == [
-        "warm start: 1/4 steps", "warm start: 2/4 steps", "warm start: 3/4 steps", "warm start: 4/4 steps"]
+        "warm start: 1/4 steps",
+        "warm start: 2/4 steps",
+        "warm start: 3/4 steps",
+        "warm start: 4/4 steps",
+    ]
 
 
 def test_on_a_terminal_progress_is_a_tqdm_bar():
@@ -136,9 +148,13 @@ def test_the_engine_reports_the_episodes_ended_after_every_turn():
 
     _, tokenizer = load_policy("tiny")
     calls = []
-    demos = collect_demonstrations(RolloutConfig(env="rllib_ragen/FrozenLakeNotSlippery-v0", max_turns=5),
-                                   frozen_lake_optimal_policy(False, is_slippery=False), tokenizer, 6,
-                                   progress=lambda done, total: calls.append((done, total)))
+    demos = collect_demonstrations(
+        RolloutConfig(env="rllib_ragen/FrozenLakeNotSlippery-v0", max_turns=5),
+        frozen_lake_optimal_policy(False, is_slippery=False),
+        tokenizer,
+        6,
+        progress=lambda done, total: calls.append((done, total)),
+    )
     assert len(demos) == 6 and calls[-1] == (6, 6) and len(calls) == max(len(t.turn_spans) for t in demos)
     assert all(a[0] <= b[0] for a, b in zip(calls, calls[1:])) and {total for _, total in calls} == {6}
 
@@ -153,15 +169,22 @@ def test_the_console_prints_the_before_rl_score_once_the_trial_has_written_it(tm
     from rllib_ragen.jobs.outputs import BEFORE_GREEDY_ROLLOUTS, BEFORE_ROLLOUTS
 
     monkeypatch.setattr(console_module, "EARLY_LOOK_S", 0.0)
-    console = console_module.JobConsole(iterations=5, validation_interval=0, env="rllib_ragen/Bandit-v0",
-                                    headline="rllib_ragen/Bandit-v0", trials=1)
-    trial = types.SimpleNamespace(trial_id="t0", path=str(tmp_path), storage=types.SimpleNamespace(
-        trial_dir_name="seed0"))
+    console = console_module.JobConsole(
+        iterations=5, validation_interval=0, env="rllib_ragen/Bandit-v0", headline="rllib_ragen/Bandit-v0", trials=1
+    )
+    trial = types.SimpleNamespace(
+        trial_id="t0", path=str(tmp_path), storage=types.SimpleNamespace(trial_dir_name="seed0")
+    )
     console.on_step_end(iteration=1, trials=[trial])
     assert capsys.readouterr().out == ""  # nothing written yet
     # Three states of the headline environment (one succeeded) and one of another validation environment.
-    table = pa.table({"env": ["rllib_ragen/Bandit-v0"] * 3 + ["rllib_ragen/BanditReversed-v0"],
-                      "seed": [1, 2, 3, 1], "success": [True, False, False, True]})
+    table = pa.table(
+        {
+            "env": ["rllib_ragen/Bandit-v0"] * 3 + ["rllib_ragen/BanditReversed-v0"],
+            "seed": [1, 2, 3, 1],
+            "success": [True, False, False, True],
+        }
+    )
     pq.write_table(table, tmp_path / BEFORE_ROLLOUTS)
     console.on_step_end(iteration=2, trials=[trial])
     console.on_step_end(iteration=3, trials=[trial])  # printed once
@@ -169,7 +192,8 @@ def test_the_console_prints_the_before_rl_score_once_the_trial_has_written_it(tm
     console.on_step_end(iteration=4, trials=[trial])
     assert capsys.readouterr().out.splitlines() == [
         "before RL: validation success 0.333 sampled on 3 validation states of rllib_ragen/Bandit-v0",
-        "before RL: validation success 0.333 greedy on 3 validation states of rllib_ragen/Bandit-v0"]
+        "before RL: validation success 0.333 greedy on 3 validation states of rllib_ragen/Bandit-v0",
+    ]
 
 
 def test_the_last_result_carries_the_peak_rss_read_after_the_closing_validation_and_export(monkeypatch, tmp_path):
@@ -184,10 +208,14 @@ def test_the_last_result_carries_the_peak_rss_read_after_the_closing_validation_
     order = []
     monkeypatch.setattr(callbacks, "write_rollouts", lambda *args, **kwargs: order.append("greedy play"))
     monkeypatch.setattr(callbacks, "peak_rss_gib", lambda: order.append("peak read") or 8.1)
-    algorithm = types.SimpleNamespace(iteration=3, tokenizer=None, on_phase=None,
-                                      play_validation_states=lambda temperature: [],
-                                      announce_phase=lambda phase: None,
-                                      export_pretrained=lambda path: order.append("export"))
+    algorithm = types.SimpleNamespace(
+        iteration=3,
+        tokenizer=None,
+        on_phase=None,
+        play_validation_states=lambda temperature: [],
+        announce_phase=lambda phase: None,
+        export_pretrained=lambda path: order.append("export"),
+    )
     result = {EVALUATION_RESULTS: {ENV_RUNNER_RESULTS: {M.VALIDATION_ITERATION: 3}}, M.PEAK_RSS: 6.1}
     callbacks.JobOutputs(iterations=3)._finish(algorithm, tmp_path, result)
     assert order == ["greedy play", "export", "peak read"] and result[M.PEAK_RSS] == 8.1
@@ -203,16 +231,19 @@ def test_after_a_quiet_stretch_the_console_says_what_each_running_trial_is_doing
     from rllib_ragen.jobs.outputs import PHASE_FILE
 
     monkeypatch.setattr(console_module, "EARLY_LOOK_S", 0.0)
-    console = console_module.JobConsole(iterations=5, validation_interval=0, env="rllib_ragen/Bandit-v0",
-                                    headline="rllib_ragen/Bandit-v0", trials=1)
-    trial = types.SimpleNamespace(trial_id="t0", path=str(tmp_path), status="RUNNING",
-                                  storage=types.SimpleNamespace(trial_dir_name="seed0"))
+    console = console_module.JobConsole(
+        iterations=5, validation_interval=0, env="rllib_ragen/Bandit-v0", headline="rllib_ragen/Bandit-v0", trials=1
+    )
+    trial = types.SimpleNamespace(
+        trial_id="t0", path=str(tmp_path), status="RUNNING", storage=types.SimpleNamespace(trial_dir_name="seed0")
+    )
     console.on_step_end(iteration=1, trials=[trial])
     assert capsys.readouterr().out == ""  # a line was printed less than QUIET_S ago (the console's start)
     console.last_line -= console_module.QUIET_S
     console.on_step_end(iteration=1, trials=[trial])
     assert capsys.readouterr().out.splitlines() == [
-        "  starting the trial: Ray places it, then it builds the algorithm and loads the model"]
+        "  starting the trial: Ray places it, then it builds the algorithm and loads the model"
+    ]
     PhaseFile(types.SimpleNamespace(iteration=3), tmp_path / PHASE_FILE)("updating")  # the trial's side
     console.last_line -= console_module.QUIET_S
     console.on_step_end(iteration=2, trials=[trial])
@@ -232,8 +263,7 @@ def test_after_a_quiet_stretch_the_console_says_what_each_running_trial_is_doing
 
 
 def test_a_starpo_iteration_announces_each_phase_as_it_starts(ray_session, small_config):
-    config = small_config("rllib_ragen/Bandit-v0", validation_size=2, validation_interval=1, num_groups=2,
-                          max_turns=1)
+    config = small_config("rllib_ragen/Bandit-v0", validation_size=2, validation_interval=1, num_groups=2, max_turns=1)
     algo = config.build_algo()
     phases = []
     algo.on_phase = phases.append
@@ -242,8 +272,14 @@ def test_a_starpo_iteration_announces_each_phase_as_it_starts(ray_session, small
         algo.play_validation_states(0.0)
     finally:
         algo.stop()
-    assert phases == ["validating before RL", "sampling", "updating", "sending the weights to the runners",
-                      "validating", "playing the validation states greedily"]
+    assert phases == [
+        "validating before RL",
+        "sampling",
+        "updating",
+        "sending the weights to the runners",
+        "validating",
+        "playing the validation states greedily",
+    ]
 
 
 def test_a_phase_file_that_cannot_be_written_is_said_once_and_stops_nothing(tmp_path, caplog):

@@ -17,9 +17,17 @@ def test_sokoban_optimal_solution_length_by_hand_and_by_the_solver():
     env.reset(seed=5)
     assert env.unwrapped.optimal_solution_length() == len(solve_level(env.unwrapped.level))
     env.step("Right")  # from the current position, not the level's start
-    assert env.unwrapped.optimal_solution_length() == len(solve_level(SokobanLevel(
-        6, env.unwrapped.level.floor, env.unwrapped.level.targets, frozenset(env.unwrapped.boxes),
-        env.unwrapped.player)))
+    assert env.unwrapped.optimal_solution_length() == len(
+        solve_level(
+            SokobanLevel(
+                6,
+                env.unwrapped.level.floor,
+                env.unwrapped.level.targets,
+                frozenset(env.unwrapped.boxes),
+                env.unwrapped.player,
+            )
+        )
+    )
 
 
 def test_initial_states_match_across_seeds_that_draw_the_same_level():
@@ -40,10 +48,13 @@ def test_the_seeds_each_training_environment_saw_are_read_off_the_schedule():
     from rllib_ragen.jobs.validation_states import trained_seeds_by_env
 
     # Two steps of 3 groups: Sokoban takes the first 2 seeds of each step, FrozenLake the third.
-    mixture = StarPOConfig().environment(train_envs=[{"env": "rllib_ragen/Sokoban-v0", "groups": 2},
-                                                     {"env": "rllib_ragen/FrozenLake-v0", "groups": 1}])
+    mixture = StarPOConfig().environment(
+        train_envs=[{"env": "rllib_ragen/Sokoban-v0", "groups": 2}, {"env": "rllib_ragen/FrozenLake-v0", "groups": 1}]
+    )
     mixture.training(num_groups=3, train_seed_start=100)
-    assert trained_seeds_by_env(mixture, next_train=106) == {"rllib_ragen/Sokoban-v0": [100, 101, 103, 104],
-                                                             "rllib_ragen/FrozenLake-v0": [102, 105]}
+    assert trained_seeds_by_env(mixture, next_train=106) == {
+        "rllib_ragen/Sokoban-v0": [100, 101, 103, 104],
+        "rllib_ragen/FrozenLake-v0": [102, 105],
+    }
     single = StarPOConfig().training(num_groups=3, train_seed_start=100)
     assert trained_seeds_by_env(single, next_train=106) == {"rllib_ragen/Sokoban-v0": list(range(100, 106))}

@@ -29,23 +29,46 @@ def run_dir(tmp_path_factory):
     _, tokenizer = load_policy("tiny", seed=0)
     out = tmp_path_factory.mktemp("run")
     # 3 actions are too few for some levels: a mix of solved and unsolved episodes, several turns each.
-    sokoban = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_actions_per_episode=3,
-                                          max_actions_per_turn=1),
-                            ScriptedBackend(sokoban_solver_policy(max_actions_per_turn=1), tokenizer), tokenizer)
+    sokoban = RolloutEngine(
+        RolloutConfig(env="rllib_ragen/Sokoban-v0", max_actions_per_episode=3, max_actions_per_turn=1),
+        ScriptedBackend(sokoban_solver_policy(max_actions_per_turn=1), tokenizer),
+        tokenizer,
+    )
     training, _ = sokoban.rollout(list(range(10_000, 10_004)), 2, SamplingParams())
     advantages = {0: [0.5] * len(training[0].token_ids), 1: [-0.25] * len(training[1].token_ids)}
     (out / TRAINING_ROLLOUTS).mkdir()  # one file per probe iteration, as the job's callback writes them
-    write_rollouts(out / TRAINING_ROLLOUTS / "iteration_000005.parquet", training, tokenizer, iteration=5,
-                   advantages=advantages)
-    lake = RolloutEngine(RolloutConfig(env="rllib_ragen/FrozenLake-v0"),
-                         ScriptedBackend(frozen_lake_optimal_policy(), tokenizer), tokenizer)
+    write_rollouts(
+        out / TRAINING_ROLLOUTS / "iteration_000005.parquet", training, tokenizer, iteration=5, advantages=advantages
+    )
+    lake = RolloutEngine(
+        RolloutConfig(env="rllib_ragen/FrozenLake-v0"),
+        ScriptedBackend(frozen_lake_optimal_policy(), tokenizer),
+        tokenizer,
+    )
     validation, _ = lake.rollout(list(range(123, 126)), 1, SamplingParams())
     write_rollouts(out / AFTER_ROLLOUTS, validation, tokenizer, iteration=10)
-    (out / "result.json").write_text("".join(  # Tune's results, one JSON line per iteration
-        json.dumps({"training_iteration": i, "rollout_filter": {"reward_std": 0.3 / i},
-                    "env_runners": {"rllib_ragen/Sokoban-v0": {"success": 0.1 * i}}}) + "\n" for i in range(1, 11)))
-    firing = {"iteration": 7, "rule": "reward std vanished", "signal": "rollout_filter/reward_std", "value": 0.04,
-              "compared_with": 0.05, "action": "warn", "done": "warned"}
+    (out / "result.json").write_text(
+        "".join(  # Tune's results, one JSON line per iteration
+            json.dumps(
+                {
+                    "training_iteration": i,
+                    "rollout_filter": {"reward_std": 0.3 / i},
+                    "env_runners": {"rllib_ragen/Sokoban-v0": {"success": 0.1 * i}},
+                }
+            )
+            + "\n"
+            for i in range(1, 11)
+        )
+    )
+    firing = {
+        "iteration": 7,
+        "rule": "reward std vanished",
+        "signal": "rollout_filter/reward_std",
+        "value": 0.04,
+        "compared_with": 0.05,
+        "action": "warn",
+        "done": "warned",
+    }
     (out / SENTINEL_FILE).write_text(json.dumps([firing]))
     viewer_main([str(out)])
     return out, training, validation
@@ -55,8 +78,20 @@ def dom(page, fragment: str) -> str:
     """The page's DOM after its script ran, opened at ``rollouts.html#fragment``."""
     if CHROMIUM is None:
         pytest.skip("no Chromium on this machine (.ci/run installs Debian's chromium where apt is available)")
-    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                           "--dump-dom", f"{page.as_uri()}#{fragment}"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            f"{page.as_uri()}#{fragment}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
@@ -105,7 +140,7 @@ def test_filters_list_the_expected_episodes(run_dir):
     assert len(rows(dom(page, "source=training&success=0"))) == sum(not t.success for t in training) > 0
     # The list starts with the trained policy's validation episodes, and the page opens on the first of them.
     lake = dom(page, "env=rllib_ragen/FrozenLake-v0")
-    assert rows(lake) == rows(everything)[:len(validation)] == [str(i) for i in range(len(validation))]
+    assert rows(lake) == rows(everything)[: len(validation)] == [str(i) for i in range(len(validation))]
     assert rows(dom(page, "iteration=5")) == [str(len(validation) + i) for i in range(len(training))]
     assert f"0 of {len(training) + len(validation)} episodes" in dom(page, "iteration=99")
     opened = everything.split('id="detail"')[1]
@@ -161,8 +196,11 @@ def test_a_hostile_environment_name_is_shown_as_text_never_run_as_markup(tmp_pat
     """An environment's name comes from the run (a user's registration, a mixture's label, a served game): the page
     puts it into its filters and rows as text, so an opened page runs no handler hidden in it."""
     _, tokenizer = load_policy("tiny", seed=0)
-    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/FrozenLake-v0"),
-                           ScriptedBackend(frozen_lake_optimal_policy(), tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env="rllib_ragen/FrozenLake-v0"),
+        ScriptedBackend(frozen_lake_optimal_policy(), tokenizer),
+        tokenizer,
+    )
     episodes, _ = engine.rollout([123], 1, SamplingParams())
     hostile = "<img src=x onerror=\"document.body.setAttribute('data-pwned', '1')\">"
     episodes[0].env_name = hostile
@@ -178,8 +216,11 @@ def test_a_tool_episode_shows_each_call_and_what_it_returned(tmp_path):
     from rllib_ragen.demonstrators import fact_lookup_solver_policy
 
     _, tokenizer = load_policy("tiny", seed=0)
-    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/FactLookup-v0", max_turns=3),
-                           ScriptedBackend(fact_lookup_solver_policy(), tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env="rllib_ragen/FactLookup-v0", max_turns=3),
+        ScriptedBackend(fact_lookup_solver_policy(), tokenizer),
+        tokenizer,
+    )
     (episode,), _ = engine.rollout([123], 1, SamplingParams())
     write_rollouts(tmp_path / AFTER_ROLLOUTS, [episode], tokenizer, iteration=1)
     viewer_main([str(tmp_path)])

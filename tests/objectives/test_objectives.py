@@ -5,9 +5,20 @@ import math
 import pytest
 import torch
 
-from rllib_ragen.objectives import (aggregate, compute_batch_advantages, compute_gae, compute_group_advantages,
-                                    entropy_from_logits, explained_variance, kl_penalty, place_rewards, policy_loss,
-                                    select_groups, truncated_importance_weights, value_loss)
+from rllib_ragen.objectives import (
+    aggregate,
+    compute_batch_advantages,
+    compute_gae,
+    compute_group_advantages,
+    entropy_from_logits,
+    explained_variance,
+    kl_penalty,
+    place_rewards,
+    policy_loss,
+    select_groups,
+    truncated_importance_weights,
+    value_loss,
+)
 
 
 def _loss_per_token(ratios, advantage, **kwargs):
@@ -16,8 +27,9 @@ def _loss_per_token(ratios, advantage, **kwargs):
     for i in range(ratios.shape[1]):
         mask = torch.zeros_like(ratios)
         mask[0, i] = 1
-        loss, _ = policy_loss(torch.log(ratios), torch.zeros_like(ratios), torch.full_like(ratios, advantage), mask,
-                              **kwargs)
+        loss, _ = policy_loss(
+            torch.log(ratios), torch.zeros_like(ratios), torch.full_like(ratios, advantage), mask, **kwargs
+        )
         out.append(round(loss.item(), 6))
     return out
 
@@ -82,8 +94,9 @@ def test_gae_skips_observation_tokens_by_hand():
     # mask [1, 0, 1], r = [0, 0, 1], V = [0.5, 9, 0.2], gamma 0.9, lambda 0.8:
     # t=2: delta = 1 - 0.2 = 0.8, A = 0.8.  t=1: observation, skipped.
     # t=0: delta = 0 + 0.9 * 0.2 - 0.5 = -0.32, A = -0.32 + 0.9 * 0.8 * 0.8 = 0.256; return = 0.756.
-    advantages, returns = compute_gae(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 9.0, 0.2]]),
-                                      torch.tensor([[1, 0, 1]]), gamma=0.9, lam=0.8)
+    advantages, returns = compute_gae(
+        torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 9.0, 0.2]]), torch.tensor([[1, 0, 1]]), gamma=0.9, lam=0.8
+    )
     assert torch.allclose(advantages, torch.tensor([[0.256, 0.0, 0.8]]))
     assert torch.allclose(returns, torch.tensor([[0.756, 0.0, 1.0]]))
 
@@ -103,12 +116,14 @@ def test_group_advantages_and_zero_std_groups():
     groups = torch.tensor([0, 0, 0, 1, 1, 1])
     # Group 0 has std 0 -> zero advantages. Group 1: mean 2, std 2 -> [-1, 0, 1]; mean-only -> [-2, 0, 2].
     assert torch.allclose(compute_group_advantages(returns, groups), torch.tensor([0, 0, 0, -1, 0, 1.0]), atol=1e-5)
-    assert torch.allclose(compute_group_advantages(returns, groups, normalize_std=False),
-                          torch.tensor([0, 0, 0, -2, 0, 2.0]))
+    assert torch.allclose(
+        compute_group_advantages(returns, groups, normalize_std=False), torch.tensor([0, 0, 0, -2, 0, 2.0])
+    )
     # Equal returns whose float32 mean rounds off (10.9 x 8): exactly zero, not a rounding error over a tiny std.
     for value in (10.9, 0.1, -3.7, 1e6 + 0.3):
-        assert torch.equal(compute_group_advantages(torch.full((8,), value), torch.zeros(8, dtype=torch.long)),
-                           torch.zeros(8))
+        assert torch.equal(
+            compute_group_advantages(torch.full((8,), value), torch.zeros(8, dtype=torch.long)), torch.zeros(8)
+        )
     # BRPO: one group over the batch: mean 1.5.
     brpo = compute_batch_advantages(returns, normalize_std=False)
     assert torch.allclose(brpo, returns - 1.5)
@@ -187,11 +202,29 @@ def test_truncated_importance_weights_by_hand():
     # Weighting the advantage weights the clipped surrogate, dual clip included: w > 0 passes through min and max.
     logp = torch.tensor([[-0.8, -0.1, -2.6, -3.0]])
     advantages = torch.tensor([[1.0, -2.0, -1.0, 5.0]])
-    weighted, _ = policy_loss(logp, proximal, advantages * weights, mask, clip_low=0.2, clip_high=0.28,
-                              dual_clip=3.0, aggregation="seq-mean-token-sum")
-    per_token = [policy_loss(logp[:, i:i + 1], proximal[:, i:i + 1], advantages[:, i:i + 1], mask[:, i:i + 1],
-                             clip_low=0.2, clip_high=0.28, dual_clip=3.0, aggregation="seq-mean-token-sum")[0]
-                 for i in range(3)]
+    weighted, _ = policy_loss(
+        logp,
+        proximal,
+        advantages * weights,
+        mask,
+        clip_low=0.2,
+        clip_high=0.28,
+        dual_clip=3.0,
+        aggregation="seq-mean-token-sum",
+    )
+    per_token = [
+        policy_loss(
+            logp[:, i : i + 1],
+            proximal[:, i : i + 1],
+            advantages[:, i : i + 1],
+            mask[:, i : i + 1],
+            clip_low=0.2,
+            clip_high=0.28,
+            dual_clip=3.0,
+            aggregation="seq-mean-token-sum",
+        )[0]
+        for i in range(3)
+    ]
     assert torch.allclose(weighted, sum(w * loss for w, loss in zip(weights[0, :3], per_token)))
 
 
@@ -226,10 +259,12 @@ def test_scored_logprobs_agree_with_the_full_pass_on_a_real_model():
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         full_logp, full_entropy = token_logprobs_and_entropy(out.logits, ids, 0.7)
-        logp, entropy = scored_logprobs_and_entropy(out.hidden_states[-1], model.get_output_embeddings(), ids,
-                                                    scored, 0.7)
-    assert torch.allclose(logp, full_logp * scored, atol=1e-6) and torch.allclose(entropy, full_entropy * scored,
-                                                                                   atol=1e-5)
+        logp, entropy = scored_logprobs_and_entropy(
+            out.hidden_states[-1], model.get_output_embeddings(), ids, scored, 0.7
+        )
+    assert torch.allclose(logp, full_logp * scored, atol=1e-6) and torch.allclose(
+        entropy, full_entropy * scored, atol=1e-5
+    )
     assert (logp[scored == 0] == 0).all()
 
 

@@ -18,12 +18,15 @@ def kept(scores, **settings) -> set[int]:
     return set(ragen_selection(torch.as_tensor(scores, dtype=torch.float64), FilterSettings(**settings)).tolist())
 
 
-@pytest.mark.parametrize("value, expected", [
-    (0.5, {0, 3}),  # threshold 0.5 x 10 - 0.01 = 4.99: 4 < 4.99, 4 + 3 = 7 reaches it
-    (0.9, {0, 3, 4}),  # 8.99: 4, 7, 9
-    (0.4, {0}),  # 3.99: 4 alone reaches it
-    (1.0, {0, 1, 2, 3, 4}),  # p >= 1 keeps every candidate
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (0.5, {0, 3}),  # threshold 0.5 x 10 - 0.01 = 4.99: 4 < 4.99, 4 + 3 = 7 reaches it
+        (0.9, {0, 3, 4}),  # 8.99: 4, 7, 9
+        (0.4, {0}),  # 3.99: 4 alone reaches it
+        (1.0, {0, 1, 2, 3, 4}),  # p >= 1 keeps every candidate
+    ],
+)
 def test_top_p_linear_takes_the_best_groups_until_their_scores_reach_p_of_the_total(value, expected):
     assert kept(SCORES, mode="top_p", value=value) == expected
     # Without the zero-variance group: the same total, the same choice (but p = 1 keeps four).
@@ -96,8 +99,9 @@ def test_select_groups_scores_by_the_sample_std_and_reports_what_it_kept():
     keep, _ = select_groups(returns, groups, settings=FilterSettings(mode="snr_adaptive", value=0.5))
     assert set(groups[keep].tolist()) == {3}
     # Nothing kept: an empty mask, and no kept-group means.
-    keep, metrics = select_groups(torch.ones(4), torch.tensor([0, 0, 1, 1]), settings=FilterSettings(mode="top_p",
-                                                                                                      value=0.9))
+    keep, metrics = select_groups(
+        torch.ones(4), torch.tensor([0, 0, 1, 1]), settings=FilterSettings(mode="top_p", value=0.9)
+    )
     assert not keep.any() and metrics["rollout_filter/kept_groups"] == 0
     assert math.isnan(metrics["rollout_filter/kept_reward_std"])
 
@@ -130,6 +134,7 @@ def test_linear_top_p_below_one_keeps_the_same_groups_with_or_without_zero_varia
     for _ in range(200):
         scores = torch.rand(8, generator=generator) * (torch.rand(8, generator=generator) > 0.4)
         for value in (0.3, 0.6, 0.9):
-            assert kept(scores, mode="top_p", value=value) == kept(scores, mode="top_p", value=value,
-                                                                   include_zero=False)
+            assert kept(scores, mode="top_p", value=value) == kept(
+                scores, mode="top_p", value=value, include_zero=False
+            )
         assert kept(scores, mode="snr_adaptive") == kept(scores, mode="top_p", value=0.9)

@@ -4,9 +4,20 @@ reference's advantage whitening."""
 import pytest
 import torch
 
-from rllib_ragen.objectives import (AdvantageInputs, AdvantageSettings, advantage_recursion_mask, compute_advantages,
-                                    compute_bi_level_gae, compute_gae, compute_gigpo_step_advantages, compute_turn_gae,
-                                    masked_whiten, place_rewards, turn_end_mask, turn_index)
+from rllib_ragen.objectives import (
+    AdvantageInputs,
+    AdvantageSettings,
+    advantage_recursion_mask,
+    compute_advantages,
+    compute_bi_level_gae,
+    compute_gae,
+    compute_gigpo_step_advantages,
+    compute_turn_gae,
+    masked_whiten,
+    place_rewards,
+    turn_end_mask,
+    turn_index,
+)
 
 # Row 0: turn 1 on tokens 0-2 (reward 1), an observation on 3-4 (values there must never be read), turn 2 on 5-6
 # (reward 2). Row 1: a turn whose reward is exactly 0 (tokens 0-1), then a one-token turn (reward 1), padding.
@@ -37,9 +48,12 @@ def test_gae_through_observations_by_hand():
     # Row 1: A3 = 0.7, A2 = (0.3 - 5) + 0.35 = -4.35, A1 = (5 - 0.1) - 2.175 = 2.725, A0 = (0.1 - 0.2) + 1.3625.
     through = advantage_recursion_mask(MASK, "sampled_and_observations")
     advantages, _ = compute_gae(REWARDS, VALUES, through, gamma=1.0, lam=0.5)
-    torch.testing.assert_close(advantages, torch.tensor([
-        [1.7515625, 3.703125, 7.60625, -4.1875, -8.375, 0.85, 1.9],
-        [1.2625, 2.725, -4.35, 0.7, 0, 0, 0]]))
+    torch.testing.assert_close(
+        advantages,
+        torch.tensor(
+            [[1.7515625, 3.703125, 7.60625, -4.1875, -8.375, 0.85, 1.9], [1.2625, 2.725, -4.35, 0.7, 0, 0, 0]]
+        ),
+    )
     # Skipping the observation (the default) the same rewards give A2 = (1 + 0.2 - 0.3) + 0.5 * 0.85 = 1.325, ...
     skipped, _ = compute_gae(REWARDS, VALUES, MASK, gamma=1.0, lam=0.5)
     torch.testing.assert_close(skipped[0], torch.tensor([0.18125, 0.5625, 1.325, 0, 0, 0.85, 1.9]))
@@ -70,7 +84,7 @@ def _random_turns(seed: int, batch: int = 6, width: int = 40):
             length = int(torch.randint(1, 6, (1,), generator=generator))
             if position + length > width:
                 break
-            mask[row, position:position + length] = 1
+            mask[row, position : position + length] = 1
             row_ends.append(position + length - 1)
             position += length + int(torch.randint(1, 5, (1,), generator=generator))
         ends.append(row_ends)
@@ -103,8 +117,9 @@ def test_turn_gae_by_hand_and_one_value_per_turn():
 def test_gigpo_step_advantages_compare_turns_that_saw_the_same_state():
     # One group. A: states [s0, s1], rewards [0, 1]; B: [s0, s2], rewards [0.2, 0]. Step gamma 0.5: step returns
     # A [0.5, 1], B [0.2, 0]. Only s0 repeats: mean 0.35 -> A0 +0.15, B0 -0.15; s1, s2 alone -> 0.
-    steps = compute_gigpo_step_advantages([[0.0, 1.0], [0.2, 0.0]], [["s0", "s1"], ["s0", "s2"]],
-                                          torch.tensor([0, 0]), gamma=0.5, normalize_std=False)
+    steps = compute_gigpo_step_advantages(
+        [[0.0, 1.0], [0.2, 0.0]], [["s0", "s1"], ["s0", "s2"]], torch.tensor([0, 0]), gamma=0.5, normalize_std=False
+    )
     assert torch.allclose(torch.tensor(steps), torch.tensor([[0.15, 0.0], [-0.15, 0.0]]))
     # The same state in another group is another anchor.
     steps = compute_gigpo_step_advantages([[1.0], [0.0]], [["s0"], ["s0"]], torch.tensor([0, 1]), normalize_std=False)
@@ -115,8 +130,14 @@ def _gigpo_inputs(states):
     mask = torch.tensor([[1, 1, 0, 1, 0], [1, 0, 1, 1, 0]], dtype=torch.float32)
     turn_rewards = [[0.0, 1.0], [0.2, 0.0]]
     rewards = place_rewards([[1, 3], [0, 3]], turn_rewards, (2, 5), per_turn=True)
-    return AdvantageInputs(token_rewards=rewards, response_mask=mask, returns=torch.tensor([1.0, 0.2]),
-                           group_ids=torch.tensor([0, 0]), turn_rewards=turn_rewards, turn_states=states)
+    return AdvantageInputs(
+        token_rewards=rewards,
+        response_mask=mask,
+        returns=torch.tensor([1.0, 0.2]),
+        group_ids=torch.tensor([0, 0]),
+        turn_rewards=turn_rewards,
+        turn_states=states,
+    )
 
 
 def test_gigpo_adds_omega_times_the_step_advantage_to_grpo():
@@ -136,8 +157,9 @@ def test_gigpo_without_repeated_states_is_grpo():
 
 def test_gigpo_refuses_turns_the_mask_does_not_hold():
     inputs = _gigpo_inputs([["a", "b"], ["c", "d"]])
-    broken = AdvantageInputs(**{**vars(inputs), "turn_rewards": [[0.0, 1.0, 2.0], [0.2, 0.0]],
-                                "turn_states": [["a", "b", "c"], ["c", "d"]]})
+    broken = AdvantageInputs(
+        **{**vars(inputs), "turn_rewards": [[0.0, 1.0, 2.0], [0.2, 0.0]], "turn_states": [["a", "b", "c"], ["c", "d"]]}
+    )
     with pytest.raises(ValueError, match="every turn must be one contiguous run"):
         compute_advantages("gigpo", broken, AdvantageSettings())
 
@@ -152,8 +174,13 @@ def test_masked_whiten_by_hand():
 @pytest.mark.parametrize("estimator", ["gae", "bi_level_gae", "turn_gae"])
 def test_estimators_with_a_critic_whiten_by_default_and_keep_their_returns(estimator):
     mask, rewards, values = _random_turns(3)
-    inputs = AdvantageInputs(token_rewards=rewards, response_mask=mask, returns=rewards.sum(-1),
-                             group_ids=torch.zeros(mask.shape[0], dtype=torch.long), values=values)
+    inputs = AdvantageInputs(
+        token_rewards=rewards,
+        response_mask=mask,
+        returns=rewards.sum(-1),
+        group_ids=torch.zeros(mask.shape[0], dtype=torch.long),
+        values=values,
+    )
     raw, raw_returns = compute_advantages(estimator, inputs, AdvantageSettings(whiten=False))
     whitened, returns = compute_advantages(estimator, inputs, AdvantageSettings())
     assert torch.allclose(whitened, masked_whiten(raw, mask)) and torch.equal(returns, raw_returns)

@@ -77,8 +77,13 @@ def test_a_save_killed_at_any_moment_leaves_the_old_checkpoint_intact(ray_sessio
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     # RLlib writes 18 files per checkpoint: the first, the module weights (11th) and the algorithm state (last).
     for kill_at, mode in [(1, "before"), (11, "half"), (14, "before"), (18, "half")]:
-        run = subprocess.run([sys.executable, "-c", _SAVE_AND_DIE, str(path), str(kill_at), mode], env=env,
-                             capture_output=True, text=True, timeout=300)
+        run = subprocess.run(
+            [sys.executable, "-c", _SAVE_AND_DIE, str(path), str(kill_at), mode],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert run.returncode == -9, (kill_at, mode, run.stdout[-2000:], run.stderr[-3000:])
         assert _same_tree(path, pristine), f"killed at file {kill_at} ({mode}): the checkpoint changed"
 
@@ -98,6 +103,7 @@ def _write(files: dict):
         os.makedirs(directory)
         for name, text in files.items():
             pathlib.Path(directory, name).write_text(text)
+
     return write
 
 

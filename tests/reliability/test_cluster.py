@@ -29,17 +29,26 @@ def _node_ports() -> list[str]:
     """Every fixed port a node listens on, free ones: two nodes on one machine must not both take Ray's defaults.
     Worker ports stay in Ray's default range (10002-19999), below the ephemeral ports these are drawn from, so
     they cannot collide with them."""
-    return [f"--node-manager-port={_free_port()}", f"--object-manager-port={_free_port()}",
-            f"--metrics-export-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
-            f"--dashboard-agent-grpc-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}"]
+    return [
+        f"--node-manager-port={_free_port()}",
+        f"--object-manager-port={_free_port()}",
+        f"--metrics-export-port={_free_port()}",
+        f"--dashboard-agent-listen-port={_free_port()}",
+        f"--dashboard-agent-grpc-port={_free_port()}",
+        f"--runtime-env-agent-port={_free_port()}",
+    ]
 
 
 @pytest.fixture(scope="module")
 def two_node_cluster(tmp_path_factory):
     """``ray start --head`` (1 CPU, dashboard and job server on 127.0.0.1) and ``ray start --address`` (1 CPU), each
     with ``--block``: stopping those two processes stops everything they started, and nothing else."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "CUDA_VISIBLE_DEVICES": "",
-           "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PATH": f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     gcs, dashboard = _free_port(), _free_port()
     # One temporary folder per node (short: Ray's socket paths must stay under 108 characters). Sharing one, two
     # nodes on one machine unpack the job's working directory into the same place and delete it under each other.
@@ -47,18 +56,47 @@ def two_node_cluster(tmp_path_factory):
     logs = temp_dirs[0] / "nodes.log"
     with open(logs, "w") as log:
         head = subprocess.Popen(
-            [RAY, "start", "--head", "--block", f"--port={gcs}", "--node-ip-address=127.0.0.1",
-             "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-             f"--ray-client-server-port={_free_port()}", "--num-cpus=1", f"--temp-dir={temp_dirs[0]}",
-             "--disable-usage-stats", *_node_ports()], env=env, stdout=log, stderr=subprocess.STDOUT)
+            [
+                RAY,
+                "start",
+                "--head",
+                "--block",
+                f"--port={gcs}",
+                "--node-ip-address=127.0.0.1",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dashboard}",
+                f"--ray-client-server-port={_free_port()}",
+                "--num-cpus=1",
+                f"--temp-dir={temp_dirs[0]}",
+                "--disable-usage-stats",
+                *_node_ports(),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         processes = [head]
         try:
             address = f"http://127.0.0.1:{dashboard}"
             _wait_for(lambda: _get_json(f"{address}/api/version"), "the head node's dashboard", logs)
-            processes.append(subprocess.Popen(
-                [RAY, "start", "--block", f"--address=127.0.0.1:{gcs}", "--node-ip-address=127.0.0.1",
-                 "--num-cpus=1", f"--temp-dir={temp_dirs[1]}", *_node_ports()], env=env, stdout=log,
-                stderr=subprocess.STDOUT))
+            processes.append(
+                subprocess.Popen(
+                    [
+                        RAY,
+                        "start",
+                        "--block",
+                        f"--address=127.0.0.1:{gcs}",
+                        "--node-ip-address=127.0.0.1",
+                        "--num-cpus=1",
+                        f"--temp-dir={temp_dirs[1]}",
+                        *_node_ports(),
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
             _wait_for(lambda: len(_alive_nodes(address)) == 2, "the worker node to join", logs)
             yield address, env
         finally:
@@ -97,12 +135,46 @@ def test_the_readmes_job_submit_runs_a_sweep_over_both_nodes_into_one_storage_fo
 
     address, env = two_node_cluster
     storage = tmp_path / "runs"  # one folder both nodes write to (a shared file system on a real cluster)
-    budget = ["--iterations", "2", "--num-groups", "2", "--group-size", "4", "--validation-size", "8",
-              "--warm-start-episodes", "16", "--warm-start-steps", "5", "--max-new-tokens-per-turn", "24"]
+    budget = [
+        "--iterations",
+        "2",
+        "--num-groups",
+        "2",
+        "--group-size",
+        "4",
+        "--validation-size",
+        "8",
+        "--warm-start-episodes",
+        "16",
+        "--warm-start-steps",
+        "5",
+        "--max-new-tokens-per-turn",
+        "24",
+    ]
     done = subprocess.run(
-        [RAY, "job", "submit", "--address", address, "--working-dir", ".", "--",
-         "python", "tuned_examples/starpo_bandit.py", *budget, "--seeds", "0,1", "--output-dir", str(storage)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        [
+            RAY,
+            "job",
+            "submit",
+            "--address",
+            address,
+            "--working-dir",
+            ".",
+            "--",
+            "python",
+            "tuned_examples/starpo_bandit.py",
+            *budget,
+            "--seeds",
+            "0,1",
+            "--output-dir",
+            str(storage),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0 and "succeeded" in done.stdout + done.stderr, (done.stdout + done.stderr)[-12000:]
     experiment = (storage / "latest").resolve()
     for seed in (0, 1):
@@ -136,12 +208,16 @@ def three_node_cluster():
 def _runner_nodes(algo) -> dict[int, str]:
     import ray
 
-    return dict(algo.env_runner_group.foreach_env_runner(
-        lambda runner: (runner.worker_index, ray.get_runtime_context().get_node_id()), local_env_runner=False))
+    return dict(
+        algo.env_runner_group.foreach_env_runner(
+            lambda runner: (runner.worker_index, ray.get_runtime_context().get_node_id()), local_env_runner=False
+        )
+    )
 
 
 def test_env_runners_on_other_nodes_play_the_one_node_rollouts_and_survive_a_lost_node(
-        three_node_cluster, small_config, monkeypatch):
+    three_node_cluster, small_config, monkeypatch
+):
     import numpy as np
     import ray
     import torch
@@ -154,8 +230,9 @@ def test_env_runners_on_other_nodes_play_the_one_node_rollouts_and_survive_a_los
     head = cluster.head_node.node_id
     # An environment registered by id in this process only: the config carries it to the other nodes' runners.
     register_text_env("driveronly/Sokoban-v0", "rllib_ragen.envs.sokoban:SokobanEnv")
-    config = small_config("driveronly/Sokoban-v0", num_groups=3, validation_interval=0,
-                          validate_before_training=False).env_runners(num_env_runners=3)
+    config = small_config(
+        "driveronly/Sokoban-v0", num_groups=3, validation_interval=0, validate_before_training=False
+    ).env_runners(num_env_runners=3)
 
     # Where the runners are: all on the worker nodes, over both of them.
     algo = config.build_algo()
@@ -169,11 +246,15 @@ def test_env_runners_on_other_nodes_play_the_one_node_rollouts_and_survive_a_los
         remote, _ = algo.rollouts.play(seeds, config.group_size, sampling, sample_seed=11)
         local = []
         for index, chunk in zip(sorted(nodes), np.array_split(np.array(seeds), len(nodes))):
-            local += algo.env_runner.sample(seeds=chunk.tolist(), group_size=config.group_size, sampling=sampling,
-                                            sample_seed=11 + index)
+            local += algo.env_runner.sample(
+                seeds=chunk.tolist(), group_size=config.group_size, sampling=sampling, sample_seed=11 + index
+            )
         assert [t.token_ids for t in remote] == [t.token_ids for t in local]
-        np.testing.assert_allclose(np.concatenate([t.behaviour_logprobs for t in remote]),
-                                   np.concatenate([t.behaviour_logprobs for t in local]), atol=1e-5)
+        np.testing.assert_allclose(
+            np.concatenate([t.behaviour_logprobs for t in remote]),
+            np.concatenate([t.behaviour_logprobs for t in local]),
+            atol=1e-5,
+        )
 
         # New weights after an update: one object, put once, read by every runner; Ray keeps one copy per node.
         puts = []
@@ -205,5 +286,6 @@ def test_env_runners_on_other_nodes_play_the_one_node_rollouts_and_survive_a_los
     assert second["env_runners"]["rollout/env_runner_restarts"] == 2
     keys = ["episode_return_mean", "rollout/num_trajectories"]
     assert [[r["env_runners"][k] for k in keys] for r in (first, second)] == [
-        [r["env_runners"][k] for k in keys] for r in twin]
+        [r["env_runners"][k] for k in keys] for r in twin
+    ]
     assert all(torch.equal(weights[k], twin_weights[k]) for k in twin_weights)

@@ -36,10 +36,12 @@ class _Recording:
 def test_an_untrained_model_never_writes_past_the_limit(tiny, limit):
     model, tokenizer = tiny
     # An untrained model babbles until max_new_tokens: without a per-reply cap its last reply overshoots the limit.
-    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_context_tokens=limit),
-                           HFBackend(model, tokenizer), tokenizer)
-    trajectories, metrics = engine.rollout([0, 1], 2, SamplingParams(max_new_tokens=200, stop_strings=()),
-                                           sample_seed=0)
+    engine = RolloutEngine(
+        RolloutConfig(env="rllib_ragen/Sokoban-v0", max_context_tokens=limit), HFBackend(model, tokenizer), tokenizer
+    )
+    trajectories, metrics = engine.rollout(
+        [0, 1], 2, SamplingParams(max_new_tokens=200, stop_strings=()), sample_seed=0
+    )
     lengths = [len(t.token_ids) for t in trajectories]
     assert len(trajectories) == 4 and max(lengths) <= limit, lengths
     assert metrics["rollout/truncated_rate"] == 1.0
@@ -93,8 +95,11 @@ def test_a_first_prompt_with_no_room_is_not_played_but_counted(tiny, caplog):
 
 def test_a_rollout_where_no_first_prompt_fits_names_the_setting(tiny):
     _, tokenizer = tiny
-    engine = RolloutEngine(RolloutConfig(env=_Wordy, max_context_tokens=4096),
-                           ScriptedBackend(lambda prompt: "<think></think><answer>Go</answer>", tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env=_Wordy, max_context_tokens=4096),
+        ScriptedBackend(lambda prompt: "<think></think><answer>Go</answer>", tokenizer),
+        tokenizer,
+    )
     with pytest.raises(ValueError, match="no episode can be played. Raise max_context_tokens"):
         engine.rollout([0], 2, SamplingParams())
 

@@ -18,9 +18,26 @@ from tests.test_tuned_examples import CPU_ONLY, ROOT
 # and not the second. Small rollouts and no warm start keep the two job runs short.
 DISK_MB = 36
 ITERATIONS = 2
-FLAGS = ["--model", "tiny", "--iterations", str(ITERATIONS), "--warm-start-steps", "0", "--num-groups", "2",
-         "--group-size", "2", "--validation-size", "4", "--validation-interval", "0", "--checkpoint-interval", "1",
-         "--run-name", "full"]
+FLAGS = [
+    "--model",
+    "tiny",
+    "--iterations",
+    str(ITERATIONS),
+    "--warm-start-steps",
+    "0",
+    "--num-groups",
+    "2",
+    "--group-size",
+    "2",
+    "--validation-size",
+    "4",
+    "--validation-interval",
+    "0",
+    "--checkpoint-interval",
+    "1",
+    "--run-name",
+    "full",
+]
 
 
 @pytest.fixture
@@ -29,11 +46,14 @@ def small_disk(tmp_path):
     ``.resize(mb)``."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(disk)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip() or 'mount failed'}): the full-disk "
-                    "test needs root")
+        pytest.skip(
+            f"cannot mount a small tmpfs here ({mounted.stderr.strip() or 'mount failed'}): the full-disk "
+            "test needs root"
+        )
 
     def resize(mb: int) -> None:
         subprocess.run(["mount", "-o", f"remount,size={mb}m", str(disk)], check=True)
@@ -45,9 +65,21 @@ def small_disk(tmp_path):
 
 
 def _job(disk, *extra):
-    return subprocess.run([sys.executable, str(ROOT / "tuned_examples" / "starpo_sokoban.py"), *FLAGS, *extra,
-                           "--output-dir", str(disk.path / "out")], capture_output=True, text=True, cwd=ROOT,
-                          env=CPU_ONLY, timeout=900)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tuned_examples" / "starpo_sokoban.py"),
+            *FLAGS,
+            *extra,
+            "--output-dir",
+            str(disk.path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=CPU_ONLY,
+        timeout=900,
+    )
 
 
 def _assert_whole(run):

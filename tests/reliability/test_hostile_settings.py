@@ -11,12 +11,15 @@ from rllib_ragen import StarPOConfig
 from rllib_ragen.envs.countdown import MAX_DRAWS
 
 
-@pytest.mark.parametrize("schedule, message", [
-    ([[0, 1e-4], [8, float("nan")]], r"the rate nan at timestep 8 must be a finite number > 0"),
-    ([[0, 1e-4], [8, -1e-4]], r"the rate -0.0001 at timestep 8"),
-    ([[0, 1e-4], [8, float("inf")]], r"the rate inf at timestep 8"),
-    ([[0, 1e-4], [8]], r"each tuple in the schedule list must have exctly 2 items"),  # RLlib's own check of shape
-])
+@pytest.mark.parametrize(
+    "schedule, message",
+    [
+        ([[0, 1e-4], [8, float("nan")]], r"the rate nan at timestep 8 must be a finite number > 0"),
+        ([[0, 1e-4], [8, -1e-4]], r"the rate -0.0001 at timestep 8"),
+        ([[0, 1e-4], [8, float("inf")]], r"the rate inf at timestep 8"),
+        ([[0, 1e-4], [8]], r"each tuple in the schedule list must have exctly 2 items"),  # RLlib's own check of shape
+    ],
+)
 def test_a_learning_rate_schedule_with_a_bad_point_is_refused(schedule, message):
     with pytest.raises(ValueError, match=message):
         StarPOConfig().training(lr=schedule).validate()
@@ -39,16 +42,22 @@ def test_a_seed_outside_numpys_range_is_refused(seed):
         StarPOConfig().debugging(seed=seed).validate()
 
 
-@pytest.mark.parametrize("env, env_config, message", [
-    ("rllib_ragen/SokobanCoordinates-v0", {"dim": 6.5}, r"dim=6.5 must be a whole number from 4 to 20"),
-    ("rllib_ragen/SokobanCoordinates-v0", {"num_boxes": 2.5}, r"num_boxes=2.5 must be a whole number"),
-    ("rllib_ragen/Sokoban-v0", {"dim": 10**6}, r"dim=1000000 must be a whole number from 4 to 20"),
-    ("rllib_ragen/Countdown-v0", {"max_number": 10**30}, r"max_number=1000000000000000000000000000000 must be"),
-    ("rllib_ragen/FrozenLake-v0", {"size": 10**6}, r"size=1000000 must be a whole number from 2 to 16"),
-    ("rllib_ragen/FrozenLake-v0", {"p": 0.0}, r"p=0.0 \(the chance a cell is frozen\) must lie in \(0, 1\]"),
-    ("rllib_ragen/Remote-v0", {"url": "http://127.0.0.1:9", "request_timeout_s": float("inf")},
-     r"request_timeout_s=inf must be a positive, finite number"),
-])
+@pytest.mark.parametrize(
+    "env, env_config, message",
+    [
+        ("rllib_ragen/SokobanCoordinates-v0", {"dim": 6.5}, r"dim=6.5 must be a whole number from 4 to 20"),
+        ("rllib_ragen/SokobanCoordinates-v0", {"num_boxes": 2.5}, r"num_boxes=2.5 must be a whole number"),
+        ("rllib_ragen/Sokoban-v0", {"dim": 10**6}, r"dim=1000000 must be a whole number from 4 to 20"),
+        ("rllib_ragen/Countdown-v0", {"max_number": 10**30}, r"max_number=1000000000000000000000000000000 must be"),
+        ("rllib_ragen/FrozenLake-v0", {"size": 10**6}, r"size=1000000 must be a whole number from 2 to 16"),
+        ("rllib_ragen/FrozenLake-v0", {"p": 0.0}, r"p=0.0 \(the chance a cell is frozen\) must lie in \(0, 1\]"),
+        (
+            "rllib_ragen/Remote-v0",
+            {"url": "http://127.0.0.1:9", "request_timeout_s": float("inf")},
+            r"request_timeout_s=inf must be a positive, finite number",
+        ),
+    ],
+)
 def test_an_environment_argument_of_the_wrong_kind_or_range_is_named_at_validate(env, env_config, message):
     with pytest.raises(ValueError, match=rf"env_config for '{env}': {message}"):
         StarPOConfig().environment(env, env_config=env_config).validate()
@@ -62,7 +71,7 @@ def test_countdown_settings_that_draw_no_target_fail_in_bounded_time_instead_of_
     assert time.perf_counter() - t0 < 10
 
 
-@pytest.mark.parametrize("bad_line", ['{"training_iteration": 2, "env_runners": {', '[1, 2]', '{"no": "iteration"}'])
+@pytest.mark.parametrize("bad_line", ['{"training_iteration": 2, "env_runners": {', "[1, 2]", '{"no": "iteration"}'])
 def test_a_damaged_result_file_is_named_with_its_line(tmp_path, bad_line):
     import json
 
@@ -90,9 +99,11 @@ def test_an_unknown_flag_is_refused_with_the_nearest_flag(capsys):
     from tests.test_tuned_examples import job_file
 
     bandit = job_file("starpo_bandit.py")
-    for argv, words in ((["--seeed", "2"], "unrecognized arguments: --seeed 2; --seeed -> did you mean --seed?"),
-                        (["--group-sise=4"], "--group-sise=4 -> did you mean --group-size?"),
-                        (["--zzzz"], "unrecognized arguments: --zzzz\n")):
+    for argv, words in (
+        (["--seeed", "2"], "unrecognized arguments: --seeed 2; --seeed -> did you mean --seed?"),
+        (["--group-sise=4"], "--group-sise=4 -> did you mean --group-size?"),
+        (["--zzzz"], "unrecognized arguments: --zzzz\n"),
+    ):
         with pytest.raises(SystemExit) as stopped:
             parse_job_args(bandit["config"], bandit["job"], argv)
         assert stopped.value.code == 2 and words in capsys.readouterr().err

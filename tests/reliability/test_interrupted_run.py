@@ -12,18 +12,30 @@ import pytest
 
 from tests.test_tuned_examples import CPU_ONLY, ROOT
 
-FLAGS = ["--iterations", "6", "--warm-start-steps", "3", "--warm-start-episodes", "8", "--validation-size", "8",
-         "--validation-interval", "0", "--checkpoint-interval", "1", "--run-name", "cut"]
+FLAGS = [
+    "--iterations",
+    "6",
+    "--warm-start-steps",
+    "3",
+    "--warm-start-episodes",
+    "8",
+    "--validation-size",
+    "8",
+    "--validation-interval",
+    "0",
+    "--checkpoint-interval",
+    "1",
+    "--run-name",
+    "cut",
+]
 
 
 @pytest.mark.slow
 def test_an_interrupted_job_says_so_exits_non_zero_and_resumes(tmp_path):
     """SIGTERM (a scheduler's stop, kill) used to end in Ray's C++ stack trace and exit -6. The job now turns it into
     Ctrl-C's SIGINT, so this one run goes through both: the job's SIGTERM handler, then Tune's own interrupt."""
-    command = [sys.executable, str(ROOT / "tuned_examples" / "starpo_bandit.py"), *FLAGS,
-               "--output-dir", str(tmp_path)]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                           env=CPU_ONLY)
+    command = [sys.executable, str(ROOT / "tuned_examples" / "starpo_bandit.py"), *FLAGS, "--output-dir", str(tmp_path)]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=CPU_ONLY)
     lines, deadline = [], time.monotonic() + 400
     for line in job.stdout:  # the first iteration's progress line, then Ctrl-C
         lines.append(line)
@@ -57,12 +69,15 @@ def _state_folder(tmp_path, tuner_bytes: bytes, state_text: str | None):
     return run
 
 
-@pytest.mark.parametrize("tuner_bytes, state_text, message", [
-    (b"", '{"trial_data": [["{}", "{}"]]}', r"tuner.pkl is missing or empty"),
-    (b"\x80\x05...", '{"trial_data": [["{}", "{}"]', r"experiment_state-2026-11-27_21-00-00.json cannot be read"),
-    (b"\x80\x05...", '{"trial_data": []}', r"lists no trial: Tune would start a trial from empty settings"),
-    (b"\x80\x05...", None, r"has no experiment_state-\*.json"),
-])
+@pytest.mark.parametrize(
+    "tuner_bytes, state_text, message",
+    [
+        (b"", '{"trial_data": [["{}", "{}"]]}', r"tuner.pkl is missing or empty"),
+        (b"\x80\x05...", '{"trial_data": [["{}", "{}"]', r"experiment_state-2026-11-27_21-00-00.json cannot be read"),
+        (b"\x80\x05...", '{"trial_data": []}', r"lists no trial: Tune would start a trial from empty settings"),
+        (b"\x80\x05...", None, r"has no experiment_state-\*.json"),
+    ],
+)
 def test_resume_refuses_a_damaged_experiment_state_naming_the_file(tmp_path, tuner_bytes, state_text, message):
     from rllib_ragen.jobs.settings import _experiment_state_errors
 
@@ -86,11 +101,25 @@ def test_a_sigterm_after_the_last_iteration_is_said_and_exits_143(tmp_path):
     """A SIGTERM that lands once the trial has closed (its policy exported) while Tune winds down, or during the
     report, was ignored: exit 0 and a normal table, with no word of it (or, after fit(), Ray's C++ abort). The run
     is whole then: the job reports it, says the signal came, and exits 143, as a job stopped by SIGTERM does."""
-    command = [sys.executable, str(ROOT / "tuned_examples" / "starpo_bandit.py"), "--iterations", "1",
-               "--warm-start-steps", "3", "--warm-start-episodes", "8", "--validation-size", "8",
-               "--validation-interval", "0", "--run-name", "closing", "--output-dir", str(tmp_path)]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                           env=CPU_ONLY)
+    command = [
+        sys.executable,
+        str(ROOT / "tuned_examples" / "starpo_bandit.py"),
+        "--iterations",
+        "1",
+        "--warm-start-steps",
+        "3",
+        "--warm-start-episodes",
+        "8",
+        "--validation-size",
+        "8",
+        "--validation-interval",
+        "0",
+        "--run-name",
+        "closing",
+        "--output-dir",
+        str(tmp_path),
+    ]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=CPU_ONLY)
     deadline = time.monotonic() + 600
     while not list((tmp_path / "closing").glob("*/policy/model.safetensors")) and time.monotonic() < deadline:
         time.sleep(0.02)

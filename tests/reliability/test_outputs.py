@@ -16,8 +16,9 @@ def test_a_named_run_that_exists_is_refused_before_any_work(tmp_path):
     (tmp_path / "run" / "policy").write_text("an earlier run's file")
     # An invalid env would fail at build: reaching it would mean the folder was not claimed first.
     with pytest.raises(ValueError, match="run_name='run': .* holds an earlier run"):
-        run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path), run_name="run",
-                                                                   iterations=1))
+        run_job(
+            StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path), run_name="run", iterations=1)
+        )
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["policy"]  # nothing else was written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # not even the "latest" link
 
@@ -61,8 +62,13 @@ def test_a_model_path_that_is_no_folder_exits_2_with_one_line_before_anything_is
 
     # A new user's typo: it used to print the plan, then a 54-line traceback, and leave a run folder behind.
     job = pathlib.Path(__file__).resolve().parents[2] / "tuned_examples" / "starpo_bandit.py"
-    done = subprocess.run([sys.executable, str(job), "--model", "./models/my-qwen", "--output-dir",
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(job), "--model", "./models/my-qwen", "--output-dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert done.returncode == 2, done.stderr
     assert "model='./models/my-qwen' is no local folder" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists() and done.stdout == ""
@@ -79,13 +85,30 @@ def test_export_onto_a_file_raises(ray_session, small_config, tmp_path):
         algo.stop()
 
 
-@pytest.mark.parametrize("field, value", [("iterations", 0), ("threads", 1.5), ("warm_start_steps", -1),
-                                          ("warm_start_lr", 0.0), ("pass_bar", float("nan")), ("iterations", True),
-                                          ("run_name", "a/b"), ("run_name", "latest"), ("verbose", "no"),
-                                          ("quick", "yes"),
-                                          ("timed_command", "no_such_job.py"), ("threads", -1), ("max_failures", -1),
-                                          ("max_failures", True), ("seeds", "0,x"), ("seeds", "1,1"), ("seeds", "-1"),
-                                          ("grid", {"lr": []}), ("grid", {"lr": 1e-4})])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("iterations", 0),
+        ("threads", 1.5),
+        ("warm_start_steps", -1),
+        ("warm_start_lr", 0.0),
+        ("pass_bar", float("nan")),
+        ("iterations", True),
+        ("run_name", "a/b"),
+        ("run_name", "latest"),
+        ("verbose", "no"),
+        ("quick", "yes"),
+        ("timed_command", "no_such_job.py"),
+        ("threads", -1),
+        ("max_failures", -1),
+        ("max_failures", True),
+        ("seeds", "0,x"),
+        ("seeds", "1,1"),
+        ("seeds", "-1"),
+        ("grid", {"lr": []}),
+        ("grid", {"lr": 1e-4}),
+    ],
+)
 def test_bad_job_settings_fail_before_any_work_naming_the_field(tmp_path, field, value):
     job = JobSettings(output_dir=str(tmp_path / "run"), **{field: value})
     with pytest.raises(ValueError, match=re.escape(f"{field}={value!r}")):
@@ -93,16 +116,20 @@ def test_bad_job_settings_fail_before_any_work_naming_the_field(tmp_path, field,
     assert not (tmp_path / "run").exists()  # nothing was written
 
 
-@pytest.mark.parametrize("grid, message", [
-    ({"no_such_knob": [1]}, "grid names ['no_such_knob']"), ({"lr": [1e-4, 0.0]}, "grid lr=0.0: "),
-    # Named variants: each variant's settings are checked as its trial will build them.
-    ({"variant": {"a": {"no_such_knob": 1}}}, "grid names ['no_such_knob']"),
-    ({"variant": {"fine": {}, "bad": {"lr": 0.0}}}, "grid variant='bad': "),
-    ({"variant": {"a": {"lr": 1e-4}}, "lr": [1e-3]}, "grid varies ['lr'] both as a list and in its variants"),
-    ({"variant": {"a": {"seed": 1}}}, "grid varies 'seed'"),
-    ({"variant": {"a": {}}, "preset": ["starpo"]}, "grid has both 'preset' and 'variant'"),
-    ({"variant": ["a", "b"]}, "must map config fields to non-empty lists of values"),
-])
+@pytest.mark.parametrize(
+    "grid, message",
+    [
+        ({"no_such_knob": [1]}, "grid names ['no_such_knob']"),
+        ({"lr": [1e-4, 0.0]}, "grid lr=0.0: "),
+        # Named variants: each variant's settings are checked as its trial will build them.
+        ({"variant": {"a": {"no_such_knob": 1}}}, "grid names ['no_such_knob']"),
+        ({"variant": {"fine": {}, "bad": {"lr": 0.0}}}, "grid variant='bad': "),
+        ({"variant": {"a": {"lr": 1e-4}}, "lr": [1e-3]}, "grid varies ['lr'] both as a list and in its variants"),
+        ({"variant": {"a": {"seed": 1}}}, "grid varies 'seed'"),
+        ({"variant": {"a": {}}, "preset": ["starpo"]}, "grid has both 'preset' and 'variant'"),
+        ({"variant": ["a", "b"]}, "must map config fields to non-empty lists of values"),
+    ],
+)
 def test_a_sweep_with_an_unknown_knob_or_a_bad_point_fails_before_any_work(tmp_path, grid, message):
     # Each point is validated as its trial would build it: a bad one must not fail mid-sweep, after other trials ran.
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -110,8 +137,10 @@ def test_a_sweep_with_an_unknown_knob_or_a_bad_point_fails_before_any_work(tmp_p
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("where, message", [("/proc/rllib_ragen_run", "no folder can be created in /proc"),
-                                            ("FILE/outputs/run", "which is a file")])
+@pytest.mark.parametrize(
+    "where, message",
+    [("/proc/rllib_ragen_run", "no folder can be created in /proc"), ("FILE/outputs/run", "which is a file")],
+)
 def test_an_output_dir_that_cannot_be_created_is_one_line_and_exit_code_2(tmp_path, capsys, where, message):
     # Both were a 20-line traceback naming no flag, exit code 1, after the job had started.
     from rllib_ragen.jobs.run import parse_job_args
@@ -136,7 +165,8 @@ def test_a_bad_job_flag_exits_with_code_2_naming_the_field(capsys):
 
 @pytest.mark.parametrize("before_rl", [True, False])
 def test_a_job_without_periodic_validation_still_measures_before_and_after_and_never_passes_one_for_the_other(
-        before_rl, ray_session, small_config, tmp_path, capsys):
+    before_rl, ray_session, small_config, tmp_path, capsys
+):
     # validation_interval=0 turns off validation between iterations, not the job's before/after table. With
     # validate_before_training=False nothing is measured before RL: "before" is NaN and no gain is judged (it
     # used to be the after-RL validation, a gain of exactly 0 reported as measured).
@@ -149,6 +179,7 @@ def test_a_job_without_periodic_validation_still_measures_before_and_after_and_n
     printed = capsys.readouterr().out
     assert summary["validated_at"] == ([0, 1] if before_rl else [1]) and summary["ended_by_time_budget"] is False
     assert math.isfinite(summary["after"]["success"])
+
     def no_nan(token):
         raise AssertionError(f"summary.json holds {token}: not standard JSON")
 
@@ -178,7 +209,11 @@ def test_a_job_without_periodic_validation_still_measures_before_and_after_and_n
     from rllib_ragen.jobs.evaluate import evaluation_config
 
     assert [rule["name"] for rule in evaluation_config(trial).sentinel_rules] == [
-        "reward std vanished", "entropy collapsed", "grad-norm spike", "reasoning collapsed"]
+        "reward std vanished",
+        "entropy collapsed",
+        "grad-norm spike",
+        "reasoning collapsed",
+    ]
     if before_rl:
         assert math.isfinite(summary["before"]["success"]) and summary["paired"]["n"] == 4
         assert summary["success_gain"] == summary["after"]["success"] - summary["before"]["success"]
@@ -190,9 +225,14 @@ def test_a_job_without_periodic_validation_still_measures_before_and_after_and_n
         assert "success gain not measured" in printed and "validation states after the last iteration" in printed
 
 
-@pytest.mark.parametrize("content, message", [(b"x", r"is not valid JSON \(JSONDecodeError"),
-                                              (b"\x00" * 1000, "is not valid JSON"),
-                                              (b"[" * 100_000, r"is not valid JSON \(RecursionError")])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"x", r"is not valid JSON \(JSONDecodeError"),
+        (b"\x00" * 1000, "is not valid JSON"),
+        (b"[" * 100_000, r"is not valid JSON \(RecursionError"),
+    ],
+)
 def test_a_damaged_run_record_is_named_not_a_bare_decode_error(tmp_path, content, message):
     from rllib_ragen.jobs.outputs import RunFileError, read_run_json
 
@@ -246,5 +286,6 @@ def test_starpo_refuses_the_old_api_stack_and_keeps_rllibs_notice_offering_it_qu
     finally:
         rllib_config_logger.removeHandler(handler)
     with pytest.raises(ValueError, match=re.escape("api_stack: StarPO runs on RLlib's new API stack alone")):
-        StarPOConfig().api_stack(enable_rl_module_and_learner=False,
-                                 enable_env_runner_and_connector_v2=False).validate()
+        StarPOConfig().api_stack(
+            enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False
+        ).validate()

@@ -9,8 +9,10 @@ from rllib_ragen.rollout import parse_reply
 
 # The template as a regular expression: the oracle (it backtracks, so only small inputs go through it).
 _TAG = re.compile(r"</?\s*(?:think|answer)\s*>", re.IGNORECASE)
-_ORACLE = {True: re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.IGNORECASE | re.DOTALL),
-           False: re.compile(r"\s*(?:<think>(.*?)</think>\s*)?<answer>(.*?)</answer>\s*", re.IGNORECASE | re.DOTALL)}
+_ORACLE = {
+    True: re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.IGNORECASE | re.DOTALL),
+    False: re.compile(r"\s*(?:<think>(.*?)</think>\s*)?<answer>(.*?)</answer>\s*", re.IGNORECASE | re.DOTALL),
+}
 
 
 def oracle(text: str, enable_thinking: bool):
@@ -20,8 +22,25 @@ def oracle(text: str, enable_thinking: bool):
     return True, match.group(1), match.group(2)
 
 
-_alphabet = st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", "<THINK>", "< answer>", "</ think >",
-                             "||", " ", "\n", "Up", "x", "<", ">", "/"])
+_alphabet = st.sampled_from(
+    [
+        "<think>",
+        "</think>",
+        "<answer>",
+        "</answer>",
+        "<THINK>",
+        "< answer>",
+        "</ think >",
+        "||",
+        " ",
+        "\n",
+        "Up",
+        "x",
+        "<",
+        ">",
+        "/",
+    ]
+)
 
 
 @settings(max_examples=2000, deadline=None)

@@ -19,8 +19,10 @@ def test_resume_without_a_run_fails_before_any_work(tmp_path):
         run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path / "job"), resume=True))
     assert not (tmp_path / "job").exists()
     with pytest.raises(ValueError, match="resume=True: there is no Tune experiment to continue"):
-        run_job(StarPOConfig().environment("Nope-v0"), JobSettings(output_dir=str(tmp_path / "job"), run_name="a",
-                                                                   resume=True))
+        run_job(
+            StarPOConfig().environment("Nope-v0"),
+            JobSettings(output_dir=str(tmp_path / "job"), run_name="a", resume=True),
+        )
     assert not (tmp_path / "job").exists()
 
 
@@ -32,8 +34,9 @@ def test_resuming_with_other_settings_is_refused_naming_them(tmp_path):
     resumed = JobSettings(**{**vars(job), "resume": True})
     start_run_folder(run, StarPOConfig().training(lr=3e-4), resumed)  # the same settings: fine
     with pytest.raises(ValueError, match=r"lr 0.0003 -> 0.0001; num_groups 8 -> 4; iterations 20 -> 25\."):
-        start_run_folder(run, StarPOConfig().training(lr=1e-4, num_groups=4),
-                         JobSettings(**{**vars(resumed), "iterations": 25}))
+        start_run_folder(
+            run, StarPOConfig().training(lr=1e-4, num_groups=4), JobSettings(**{**vars(resumed), "iterations": 25})
+        )
     recorded = json.loads((run / "run_config.json").read_text())
     assert recorded["config"]["lr"] == 3e-4 and len(recorded["resumed"]) == 1  # the refused resume left no trace
 
@@ -64,20 +67,25 @@ def test_a_crashed_job_resumes_through_tune_and_ends_as_if_never_stopped(ray_ses
     job = JobSettings(iterations=3, checkpoint_interval=1, warm_start_steps=0, threads=1)
     whole = run_job(config, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "whole")}))
     crashing = config.copy(copy_frozen=False).callbacks(
-        on_train_result=crash_once_at_iteration_2(tmp_path / "crashed.marker"))
+        on_train_result=crash_once_at_iteration_2(tmp_path / "crashed.marker")
+    )
     with pytest.raises(RuntimeError, match="1 of 1 trials failed.*--resume"):
-        run_job(crashing,
-                JobSettings(**{**vars(job), "output_dir": str(tmp_path / "crashed")}))
+        run_job(crashing, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "crashed")}))
     crashed = (tmp_path / "crashed" / "latest").resolve() / "seed7"
     assert [r["training_iteration"] for r in read_results(crashed)] == [1]  # iteration 2 never reported
     # --resume with the job's folder continues the experiment its "latest" link points at, through Tuner.restore.
     resumed = run_job(crashing, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "crashed"), "resume": True}))
     assert resumed["run_dir"] == str(crashed)
     # Same seeds, same weights, same optimizer state: the resumed run's numbers are the uninterrupted run's.
-    columns = ["training_iteration", "env_runners/episode_return_mean", "learners/default_policy/actor/pg_loss",
-               "learners/default_policy/actor/entropy"]
+    columns = [
+        "training_iteration",
+        "env_runners/episode_return_mean",
+        "learners/default_policy/actor/pg_loss",
+        "learners/default_policy/actor/entropy",
+    ]
     assert [[r[c] for c in columns] for r in read_results(crashed)] == [
-        [r[c] for c in columns] for r in read_results(pathlib.Path(whole["run_dir"]))]
+        [r[c] for c in columns] for r in read_results(pathlib.Path(whole["run_dir"]))
+    ]
     assert resumed["before"] == whole["before"] and resumed["after"] == whole["after"]
     assert all(value == value for value in resumed["before"].values())  # measured: no NaN
     assert resumed["validated_at"] == whole["validated_at"] == [0, 1, 2, 3]
@@ -107,7 +115,8 @@ def test_the_env_runner_plays_the_restored_weights(case, ray_session, small_conf
         algo.restore_from_path(checkpoint)
         learner = algo.learner_group._learner.module[DEFAULT_MODULE_ID].get_state(inference_only=True)
         [(version, played)] = algo.env_runner_group.foreach_env_runner(
-            lambda runner: (runner.weights_seq_no, runner.module.get_state()), local_env_runner=False)
+            lambda runner: (runner.weights_seq_no, runner.module.get_state()), local_env_runner=False
+        )
     finally:
         algo.stop()
     assert version == 1
@@ -127,8 +136,10 @@ def test_a_learning_rate_changed_on_resume_drives_the_first_resumed_update(ray_s
     resumed = small_config(validation_interval=0, lr=5e-4, critic_lr=2e-3).build_algo()
     try:
         resumed.restore_from_path(checkpoint)  # the optimizer state saved at lr 1e-3
-        rates = {name: optimizer.param_groups[0]["lr"]
-                 for name, optimizer in resumed.learner_group._learner._named_optimizers.items()}
+        rates = {
+            name: optimizer.param_groups[0]["lr"]
+            for name, optimizer in resumed.learner_group._learner._named_optimizers.items()
+        }
     finally:
         resumed.stop()
     assert rates == {f"{DEFAULT_MODULE_ID}_actor": 5e-4, f"{DEFAULT_MODULE_ID}_critic": 2e-3}

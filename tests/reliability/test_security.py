@@ -16,12 +16,14 @@ def test_a_jobs_local_ray_keeps_token_authentication(tmp_path):
     could run code as the user. The job starts Ray as a fresh process would (RAY_AUTH_MODE unset)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
     env["HOME"] = str(tmp_path)  # the token Ray writes goes here, not into the user's ~/.ray
-    script = ("import ray\n"
-              "from rllib_ragen.jobs.run import start_ray\n"
-              "start_ray(verbose=False)\n"
-              "from ray._private.authentication.authentication_utils import is_token_auth_enabled\n"
-              "print('token auth', is_token_auth_enabled())\n"
-              "ray.shutdown()\n")
+    script = (
+        "import ray\n"
+        "from rllib_ragen.jobs.run import start_ray\n"
+        "start_ray(verbose=False)\n"
+        "from ray._private.authentication.authentication_utils import is_token_auth_enabled\n"
+        "print('token auth', is_token_auth_enabled())\n"
+        "ray.shutdown()\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "token auth True" in done.stdout
@@ -52,8 +54,9 @@ def _trial_folder(tmp_path, params_json):
         from ray.tune.utils.util import SafeFallbackEncoder
 
         config = StarPOConfig().environment("rllib_ragen/FrozenLake-v0").training(validation_size=7)
-        text = json.dumps({**config.to_dict(), "seed": 3} if params_json == "tune" else params_json,
-                          cls=SafeFallbackEncoder)
+        text = json.dumps(
+            {**config.to_dict(), "seed": 3} if params_json == "tune" else params_json, cls=SafeFallbackEncoder
+        )
         (trial / "params.json").write_text(text)
     return trial, marker
 
@@ -117,26 +120,43 @@ def _policy_and_trial(tmp_path, params: dict):
     model, tokenizer = load_policy("tiny")
     model.save_pretrained(trial / "policy")
     tokenizer.save_pretrained(trial / "policy")
-    (trial / "params.json").write_text(json.dumps({"env": "rllib_ragen/TRL-v0", "validation_size": 2,
-                                                   "rl_module_spec": None, **params}))
+    (trial / "params.json").write_text(
+        json.dumps({"env": "rllib_ragen/TRL-v0", "validation_size": 2, "rl_module_spec": None, **params})
+    )
     (tmp_path / "evil_mod.py").write_text(EVIL_MODULE)
     return trial
 
 
 def _evaluate_in(folder, *args):
     """``python -m rllib_ragen.jobs.evaluate`` run from ``folder`` (which Python then puts first on sys.path)."""
-    return subprocess.run([sys.executable, "-m", "rllib_ragen.jobs.evaluate", *map(str, args)], cwd=folder,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "rllib_ragen.jobs.evaluate", *map(str, args)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
-@pytest.mark.parametrize("params, named", [
-    ({"env_config": {"environment": "evil_mod:E"}}, "env_config['environment']='evil_mod:E' is an import path"),
-    ({"env_config": {"environment": "tempfile:mkdtemp", "tasks": "evil_mod:E"}},
-     "env_config['environment']='tempfile:mkdtemp' is an import path"),
-    ({"env": "rllib_ragen/Bandit-v0", "validation_envs": [
-        {"env": "rllib_ragen/TRL-v0", "env_config": {"environment": "evil_mod:E"}, "states": 2}]},
-     "validation_envs[0]['env_config']['environment']='evil_mod:E'"),
-])
+@pytest.mark.parametrize(
+    "params, named",
+    [
+        ({"env_config": {"environment": "evil_mod:E"}}, "env_config['environment']='evil_mod:E' is an import path"),
+        (
+            {"env_config": {"environment": "tempfile:mkdtemp", "tasks": "evil_mod:E"}},
+            "env_config['environment']='tempfile:mkdtemp' is an import path",
+        ),
+        (
+            {
+                "env": "rllib_ragen/Bandit-v0",
+                "validation_envs": [
+                    {"env": "rllib_ragen/TRL-v0", "env_config": {"environment": "evil_mod:E"}, "states": 2}
+                ],
+            },
+            "validation_envs[0]['env_config']['environment']='evil_mod:E'",
+        ),
+    ],
+)
 def test_evaluate_refuses_a_run_folder_that_names_an_import_path(tmp_path, params, named):
     trial = _policy_and_trial(tmp_path, params)
     done = _evaluate_in(tmp_path, trial / "policy")
@@ -151,15 +171,26 @@ def test_rllibs_own_import_paths_in_a_run_folder_are_never_resolved(tmp_path):
     there must not reach it, and neither must keys this version has no setting for."""
     trial = tmp_path / "seed0"
     trial.mkdir()
-    (trial / "params.json").write_text(json.dumps({
-        "env": "rllib_ragen/Bandit-v0", "exploration_config": {"type": "evil_mod.E"},
-        "model": {"custom_model": "evil_mod.E"}, "replay_buffer_config": {"type": "evil_mod.E"},
-        "sample_collector": "evil_mod.E", "callbacks_class": "evil_mod.E", "not_a_setting": "evil_mod.E"}))
+    (trial / "params.json").write_text(
+        json.dumps(
+            {
+                "env": "rllib_ragen/Bandit-v0",
+                "exploration_config": {"type": "evil_mod.E"},
+                "model": {"custom_model": "evil_mod.E"},
+                "replay_buffer_config": {"type": "evil_mod.E"},
+                "sample_collector": "evil_mod.E",
+                "callbacks_class": "evil_mod.E",
+                "not_a_setting": "evil_mod.E",
+            }
+        )
+    )
     (tmp_path / "evil_mod.py").write_text(EVIL_MODULE)
-    script = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
-              "from rllib_ragen.jobs.readers import trial_config\n"
-              f"config = trial_config(__import__('pathlib').Path({str(trial)!r}))\n"
-              "print(config.env, 'evil_mod' in sys.modules, hasattr(config, 'not_a_setting'))\n")
+    script = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from rllib_ragen.jobs.readers import trial_config\n"
+        f"config = trial_config(__import__('pathlib').Path({str(trial)!r}))\n"
+        "print(config.env, 'evil_mod' in sys.modules, hasattr(config, 'not_a_setting'))\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["rllib_ragen/Bandit-v0", "False", "False"]

@@ -40,12 +40,16 @@ def test_a_killed_remote_learner_is_named_on_this_and_every_later_call(ray_sessi
         algo.stop()
 
 
-@pytest.mark.parametrize("resources, asked, available", [
-    (dict(num_learners=3), "asks for 3 CPU", "has 2 CPU"),  # three learners of one CPU each, on a 2-CPU Ray
-    (dict(num_learners=1, num_gpus_per_learner=1), "asks for 1 GPU", "has 0 GPU"),
-])
-def test_actors_the_cluster_cannot_place_fail_at_build_naming_asked_and_available(ray_session, small_config,
-                                                                                  resources, asked, available):
+@pytest.mark.parametrize(
+    "resources, asked, available",
+    [
+        (dict(num_learners=3), "asks for 3 CPU", "has 2 CPU"),  # three learners of one CPU each, on a 2-CPU Ray
+        (dict(num_learners=1, num_gpus_per_learner=1), "asks for 1 GPU", "has 0 GPU"),
+    ],
+)
+def test_actors_the_cluster_cannot_place_fail_at_build_naming_asked_and_available(
+    ray_session, small_config, resources, asked, available
+):
     # Before, learners that could not all be placed waited for each other for more than 10 minutes, with no error.
     gpus = resources.pop("num_gpus_per_learner", 0)
     config = small_config(num_groups=3, rollout_filter_ratio=1.0).learners(**resources, num_gpus_per_learner=gpus)
@@ -56,15 +60,19 @@ def test_actors_the_cluster_cannot_place_fail_at_build_naming_asked_and_availabl
 
 
 @pytest.mark.parametrize("entry_point", ["import path", "class"])
-def test_an_environment_registered_only_in_the_driver_plays_on_remote_env_runners(ray_session, small_config,
-                                                                                   entry_point):
+def test_an_environment_registered_only_in_the_driver_plays_on_remote_env_runners(
+    ray_session, small_config, entry_point
+):
     from rllib_ragen.envs import BanditEnv, register_text_env
 
     # Only this process knows the id: Ray's worker processes import rllib_ragen, not this registration. Before,
     # the build failed with RLlib's IndexError, and the cause (NamespaceNotFound) stayed in the worker's log.
     env_id = f"driveronly/{'Path' if entry_point == 'import path' else 'Class'}Bandit-v0"
-    register_text_env(env_id, "rllib_ragen.envs.bandit:BanditEnv" if entry_point == "import path" else BanditEnv,
-                      high_risk_name="Comet")
+    register_text_env(
+        env_id,
+        "rllib_ragen.envs.bandit:BanditEnv" if entry_point == "import path" else BanditEnv,
+        high_risk_name="Comet",
+    )
     algo = small_config(env_id, max_turns=1).env_runners(num_env_runners=1).build_algo()
     try:
         algo.train()
@@ -87,8 +95,9 @@ def kill_the_learner_once_at_iteration_2(marker):
     return on_train_result
 
 
-def test_a_lost_learner_is_survived_by_tune_restarting_the_trial_from_its_checkpoint(ray_session, small_config,
-                                                                                    tmp_path):
+def test_a_lost_learner_is_survived_by_tune_restarting_the_trial_from_its_checkpoint(
+    ray_session, small_config, tmp_path
+):
     import pathlib
 
     from safetensors.torch import load_file
@@ -100,9 +109,12 @@ def test_a_lost_learner_is_survived_by_tune_restarting_the_trial_from_its_checkp
     config = small_config(validation_interval=0).learners(num_learners=1)
     job = JobSettings(iterations=3, checkpoint_interval=1, warm_start_steps=0, threads=1, max_failures=1)
     twin = run_job(config, JobSettings(**{**vars(job), "output_dir": str(tmp_path / "twin")}))
-    killed = run_job(config.copy(copy_frozen=False).callbacks(
-        on_train_result=kill_the_learner_once_at_iteration_2(tmp_path / "killed.marker")),
-        JobSettings(**{**vars(job), "output_dir": str(tmp_path / "killed")}))
+    killed = run_job(
+        config.copy(copy_frozen=False).callbacks(
+            on_train_result=kill_the_learner_once_at_iteration_2(tmp_path / "killed.marker")
+        ),
+        JobSettings(**{**vars(job), "output_dir": str(tmp_path / "killed")}),
+    )
     assert (tmp_path / "killed.marker").exists()
     trial, twin_trial = (pathlib.Path(run["run_dir"]) for run in (killed, twin))
     # The trial failed (Tune kept the error), and its FailureConfig restarted it from the last checkpoint

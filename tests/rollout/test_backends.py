@@ -33,7 +33,7 @@ def test_prefix_cache_is_equivalent_to_full_prefill(tiny):
     assert len({len(span) for t in cached for span in [range(*s) for s in t.turn_spans]}) > 1  # rows stopped apart
     # Without the prefix cache every prompt is prefilled whole, but each group's first prompt once: 3 groups of 2
     # open with 3 distinct prompts, each read once instead of twice.
-    first_prompts = sum(len(t.token_ids[:t.turn_spans[0][0]]) for t in fresh[::2])
+    first_prompts = sum(len(t.token_ids[: t.turn_spans[0][0]]) for t in fresh[::2])
     assert fresh_stats["prefilled_tokens"] == fresh_stats["prompt_tokens"] - first_prompts
     assert cached_stats["prefilled_tokens"] < 0.5 * cached_stats["prompt_tokens"]
 
@@ -49,7 +49,7 @@ def test_a_groups_shared_first_prompt_is_prefilled_once_and_sampled_exactly(tiny
     trajectories, _ = engine.rollout([1, 2], 4, SamplingParams(max_new_tokens=12, stop_strings=()), sample_seed=3)
     firsts = [t.turn_spans[0][0] for t in trajectories]  # each episode's first prompt length
     assert backend.stats["prefilled_tokens"] == firsts[0] + firsts[4] and backend.stats["prompt_tokens"] == sum(firsts)
-    assert len({tuple(t.token_ids[firsts[0]:]) for t in trajectories[:4]}) > 1  # the group's replies differ
+    assert len({tuple(t.token_ids[firsts[0] :]) for t in trajectories[:4]}) > 1  # the group's replies differ
     for t in trajectories:
         ids = torch.tensor([t.token_ids])
         with torch.no_grad():
@@ -78,7 +78,7 @@ def test_several_chunks_keep_each_conversation_in_the_chunk_that_caches_it(tiny)
     for prompt, generation in zip(follow, second):
         ids = torch.tensor([prompt + generation.token_ids])
         with torch.no_grad():
-            fresh = token_logprobs(model(input_ids=ids).logits, ids)[0, len(prompt):]
+            fresh = token_logprobs(model(input_ids=ids).logits, ids)[0, len(prompt) :]
         assert torch.allclose(fresh, torch.tensor(generation.logprobs), atol=1e-5)
 
 
@@ -93,8 +93,8 @@ def test_load_weights_drops_the_cache(tiny):
     second = backend.generate([follow_up], SamplingParams(max_new_tokens=8, stop_strings=()), seed=0)[0]
     ids = torch.tensor([follow_up + second.token_ids])
     with torch.no_grad():
-        logits = other(input_ids=ids).logits[0, len(follow_up) - 1:-1]
-    expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(follow_up):, None]).squeeze(-1)
+        logits = other(input_ids=ids).logits[0, len(follow_up) - 1 : -1]
+    expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(follow_up) :, None]).squeeze(-1)
     assert torch.allclose(expected, torch.tensor(second.logprobs), atol=1e-5)
 
 
@@ -135,8 +135,16 @@ def test_the_growing_cache_layer_holds_what_hugging_faces_layer_holds():
     ours, theirs = _growing_kv_layer()(), DynamicLayer()
     generator = torch.Generator().manual_seed(0)
     # A prefill (a buffer of 200 slots), decode steps past it, a row selection, a crop and a repeat.
-    steps = [("update", 100), *[("update", 1)] * 120, ("select", [2, 0]), ("update", 3), ("crop", -5), ("update", 1),
-             ("repeat", 2), ("update", 2)]
+    steps = [
+        ("update", 100),
+        *[("update", 1)] * 120,
+        ("select", [2, 0]),
+        ("update", 3),
+        ("crop", -5),
+        ("update", 1),
+        ("repeat", 2),
+        ("update", 2),
+    ]
     batch = 3
     for op, arg in steps:
         if op == "update":
@@ -208,9 +216,19 @@ def test_only_plain_full_attention_layers_are_swapped_for_growing_ones(tiny):
 
     model, tokenizer = tiny
     assert all(type(layer) is _growing_kv_layer() for layer in _new_cache(model).layers)
-    sliding = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                           use_sliding_window=True, sliding_window=64, max_window_layers=0))
+    sliding = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            use_sliding_window=True,
+            sliding_window=64,
+            max_window_layers=0,
+        )
+    )
     layers = _new_cache(sliding).layers  # Hugging Face's sliding-window layers, kept as they are
     assert layers and not any(type(layer) in (DynamicLayer, _growing_kv_layer()) for layer in layers)
 

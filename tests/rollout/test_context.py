@@ -2,10 +2,14 @@
 
 import pytest
 
-from rllib_ragen.rollout.context import (ChatFormat, TemplateError, TurnMessage, last_turn_message, turn_message)
+from rllib_ragen.rollout.context import ChatFormat, TemplateError, TurnMessage, last_turn_message, turn_message
 from rllib_ragen.rollout.models import build_tiny_tokenizer
-from rllib_ragen.demonstrators import (frozen_lake_hole_blind_policy, frozen_lake_optimal_policy,
-                                          random_moves_policy, sokoban_solver_policy)
+from rllib_ragen.demonstrators import (
+    frozen_lake_hole_blind_policy,
+    frozen_lake_optimal_policy,
+    random_moves_policy,
+    sokoban_solver_policy,
+)
 
 
 @pytest.fixture(scope="module")
@@ -18,9 +22,11 @@ def test_turn_pieces_rebuild_the_templates_own_rendering(tokenizer):
     reply_ids = chat.encode("<think>go</think><answer>Up</answer>") + [tokenizer.eos_token_id]
     ids = chat.prompt_ids("Turn 1") + reply_ids + chat.encode(chat.next_turn_text(reply_ids, "Turn 2"))
     # ChatML by hand: every message is <|im_start|>role\ncontent<|im_end|>\n, then the generation prompt.
-    assert tokenizer.decode(ids) == ("<|im_start|>system\nPlay.<|im_end|>\n<|im_start|>user\nTurn 1<|im_end|>\n"
-                                     "<|im_start|>assistant\n<think>go</think><answer>Up</answer><|im_end|>\n"
-                                     "<|im_start|>user\nTurn 2<|im_end|>\n<|im_start|>assistant\n")
+    assert tokenizer.decode(ids) == (
+        "<|im_start|>system\nPlay.<|im_end|>\n<|im_start|>user\nTurn 1<|im_end|>\n"
+        "<|im_start|>assistant\n<think>go</think><answer>Up</answer><|im_end|>\n"
+        "<|im_start|>user\nTurn 2<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_a_reply_is_closed_once_whether_or_not_it_sampled_its_end_token(tokenizer):
@@ -35,7 +41,8 @@ def test_template_that_rewrites_earlier_turns_is_refused(tokenizer):
     stripping = tokenizer.chat_template.replace(
         "{{ message['content'] }}",
         "{% if message['role'] == 'assistant' and not loop.last %}{{ message['content'].split('</think>')[-1] }}"
-        "{% else %}{{ message['content'] }}{% endif %}")
+        "{% else %}{{ message['content'] }}{% endif %}",
+    )
     original = tokenizer.chat_template
     tokenizer.chat_template = stripping
     try:
@@ -66,21 +73,23 @@ def test_scripted_policies_read_the_state_through_the_same_parser():
     level = "######\n#PX_O#\n#____#\n#____#\n#____#\n######"
     assert "<answer>Right || Right</answer>" in sokoban_solver_policy()(turn_message(level, turn=1, actions_left=10))
     assert sokoban_solver_policy(1, reasoning="effects")(turn_message(level, turn=1, actions_left=10)) == (
-        "<think>Up wall, Down walk, Left wall, Right push. Optimal plan has 2 moves.</think><answer>Right</answer>")
+        "<think>Up wall, Down walk, Left wall, Right push. Optimal plan has 2 moves.</think><answer>Right</answer>"
+    )
     with pytest.raises(ValueError, match="reasoning='moves'"):
         sokoban_solver_policy(reasoning="moves")
     # Solid ice, goal two cells right of the player: a shortest path starts Right.
     lake = "P_G_\n____\n____\n____"
     reply = frozen_lake_optimal_policy(enable_thinking=False, is_slippery=False)(
-        turn_message(lake, turn=1, actions_left=5))
+        turn_message(lake, turn=1, actions_left=5)
+    )
     assert reply == "<answer>Right</answer>"
     # With reasoning="effects" the think line says where each move leads from the player's cell.
     assert frozen_lake_optimal_policy(is_slippery=False, reasoning="effects")(
-        turn_message("_O__\nP_G_\n____\n____", turn=1, actions_left=5)) == (
-        "<think>Left edge, Down ice, Right ice, Up ice.</think><answer>Right</answer>")
+        turn_message("_O__\nP_G_\n____\n____", turn=1, actions_left=5)
+    ) == ("<think>Left edge, Down ice, Right ice, Up ice.</think><answer>Right</answer>")
     assert frozen_lake_optimal_policy(is_slippery=False, reasoning="effects")(
-        turn_message("P_G_\nO___\n____\n____", turn=1, actions_left=5)) == (
-        "<think>Left edge, Down hole, Right ice, Up edge.</think><answer>Right</answer>")
+        turn_message("P_G_\nO___\n____\n____", turn=1, actions_left=5)
+    ) == ("<think>Left edge, Down hole, Right ice, Up edge.</think><answer>Right</answer>")
     with pytest.raises(ValueError, match="reasoning='plan'"):
         frozen_lake_optimal_policy(reasoning="plan")
 
@@ -96,8 +105,11 @@ def test_the_hole_blind_policy_steps_into_the_hole_the_optimal_policy_walks_arou
     assert first_move(frozen_lake_optimal_policy, lake) == "<answer>Down</answer>"
     # A hole off the way changes nothing: both head straight for the goal.
     lake = "P_G_\nO___\n____\n____"
-    assert first_move(frozen_lake_hole_blind_policy, lake) == first_move(frozen_lake_optimal_policy, lake) == (
-        "<answer>Right</answer>")
+    assert (
+        first_move(frozen_lake_hole_blind_policy, lake)
+        == first_move(frozen_lake_optimal_policy, lake)
+        == ("<answer>Right</answer>")
+    )
 
 
 def test_random_moves_are_uniform_and_the_same_for_the_same_conversation_whatever_the_order():
@@ -117,8 +129,10 @@ def test_the_format_hint_is_ragens_by_default_and_says_when_the_answer_is_one_ac
     from rllib_ragen.rollout.context import format_hint
 
     # Every prompt ends with it: the default text is kept to the letter (runs reproduce token for token).
-    assert format_hint(True, 5) == ("Reply exactly as <think>your reasoning</think><answer>action || action</answer> "
-                                    "with at most 5 actions.")
+    assert format_hint(True, 5) == (
+        "Reply exactly as <think>your reasoning</think><answer>action || action</answer> with at most 5 actions."
+    )
     assert format_hint(False, 1, ";") == "Reply exactly as <answer>action ; action</answer> with at most 1 actions."
-    assert format_hint(True, 1, None) == ("Reply exactly as <think>your reasoning</think><answer>action</answer>: the "
-                                          "answer is one action.")
+    assert format_hint(True, 1, None) == (
+        "Reply exactly as <think>your reasoning</think><answer>action</answer>: the answer is one action."
+    )

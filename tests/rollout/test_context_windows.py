@@ -26,11 +26,13 @@ def tiny():
 
 def play(tiny, window, turns=None, max_turns=4, **rollout):
     model, tokenizer = tiny
-    config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=max_turns, context_window=window,
-                           context_window_turns=turns, **rollout)
+    config = RolloutConfig(
+        env="rllib_ragen/Sokoban-v0", max_turns=max_turns, context_window=window, context_window_turns=turns, **rollout
+    )
     engine = RolloutEngine(config, HFBackend(model, tokenizer), tokenizer)
-    trajectories, metrics = engine.rollout([5, 6], group_size=2, sampling=SamplingParams(max_new_tokens=16),
-                                           sample_seed=1)
+    trajectories, metrics = engine.rollout(
+        [5, 6], group_size=2, sampling=SamplingParams(max_new_tokens=16), sample_seed=1
+    )
     return engine, trajectories, metrics
 
 
@@ -63,16 +65,16 @@ def test_a_window_holds_the_instructions_and_the_last_k_turns(tiny):
     for t, whole in zip(trajectories, full):
         spans = t.turn_spans
         # Turn 1 reads the first prompt, as the full context does.
-        assert t.turn_samples[0].token_ids[:spans[0][0]] == whole.token_ids[:whole.turn_spans[0][0]]
+        assert t.turn_samples[0].token_ids[: spans[0][0]] == whole.token_ids[: whole.turn_spans[0][0]]
         # Turn 2 (k = 2): still the conversation from its start.
-        assert t.turn_samples[1].token_ids[:t.turn_samples[1].reply_span[0]] == t.token_ids[:spans[1][0]]
+        assert t.turn_samples[1].token_ids[: t.turn_samples[1].reply_span[0]] == t.token_ids[: spans[1][0]]
         # Turns 3 and 4: the first prompt rebuilt around the message of the turn before, then that turn's reply
         # as sampled and the current message: the record from the previous reply on.
         for turn in (3, 4):
             sample = t.turn_samples[turn - 1]
-            prompt = sample.token_ids[:sample.reply_span[0]]
-            tail = t.token_ids[spans[turn - 2][0]:spans[turn - 1][0]]
-            assert prompt[len(prompt) - len(tail):] == tail
+            prompt = sample.token_ids[: sample.reply_span[0]]
+            tail = t.token_ids[spans[turn - 2][0] : spans[turn - 1][0]]
+            assert prompt[len(prompt) - len(tail) :] == tail
             text = engine.tokenizer.decode(prompt)
             assert f"Turn {turn - 1}. State" in text and f"Turn {turn}. State" in text
             assert f"Turn {turn - 2}. State" not in text and text.count("Symbols: #") == 1  # instructions once
@@ -83,10 +85,13 @@ def test_single_turn_reads_the_current_state_only(tiny):
     for t in trajectories:
         lengths = set()
         for turn, sample in enumerate(t.turn_samples, start=1):
-            text = engine.tokenizer.decode(sample.token_ids[:sample.reply_span[0]])
-            assert f"Turn {turn}. State" in text and "<|im_start|>assistant" == text.rstrip()[-len(
-                "<|im_start|>assistant"):] and text.count("Turn ") == 1
-            lengths.add(len(sample.token_ids[:sample.reply_span[0]]))
+            text = engine.tokenizer.decode(sample.token_ids[: sample.reply_span[0]])
+            assert (
+                f"Turn {turn}. State" in text
+                and "<|im_start|>assistant" == text.rstrip()[-len("<|im_start|>assistant") :]
+                and text.count("Turn ") == 1
+            )
+            lengths.add(len(sample.token_ids[: sample.reply_span[0]]))
         assert max(lengths) - min(lengths) < 20  # the prompt does not grow with the episode
 
 
@@ -101,8 +106,14 @@ def test_the_context_budget_bounds_each_turn_not_the_episode(tiny):
 
 
 def _config(estimator, window, **knobs):
-    knobs = dict(num_groups=4, group_size=2, rollout_filter="none", rollout_filter_ratio=1.0,
-                 advantage_estimator=estimator, **knobs)
+    knobs = dict(
+        num_groups=4,
+        group_size=2,
+        rollout_filter="none",
+        rollout_filter_ratio=1.0,
+        advantage_estimator=estimator,
+        **knobs,
+    )
     if window != "full":
         knobs.update(context_window=window, context_window_turns=2 if window == "last_k_turns" else None)
     return StarPOConfig().training(**knobs)
@@ -113,12 +124,22 @@ def test_turn_rows_carry_the_advantages_of_the_whole_episode(tiny, estimator, tu
     _, tokenizer = tiny
     # Each reply is the solver's next move or a seeded random one: returns and turn counts differ.
     solver, draw = sokoban_solver_policy(), random.Random(0)
-    policy = lambda prompt: solver(prompt) if draw.random() < 0.6 else (  # noqa: E731
-        f"<think>try</think><answer>{draw.choice(['Up', 'Left', 'Down', 'Right'])}</answer>")
-    config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=4, max_actions_per_turn=1,
-                           context_window="last_k_turns", context_window_turns=2)
+    policy = lambda prompt: (
+        solver(prompt)
+        if draw.random() < 0.6
+        # noqa: E731
+        else (f"<think>try</think><answer>{draw.choice(['Up', 'Left', 'Down', 'Right'])}</answer>")
+    )
+    config = RolloutConfig(
+        env="rllib_ragen/Sokoban-v0",
+        max_turns=4,
+        max_actions_per_turn=1,
+        context_window="last_k_turns",
+        context_window_turns=2,
+    )
     trajectories, _ = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
-        [1, 2, 3, 4], group_size=2, sampling=SamplingParams())
+        [1, 2, 3, 4], group_size=2, sampling=SamplingParams()
+    )
     assert len({t.num_turns for t in trajectories}) > 1 and len({t.total_return for t in trajectories}) > 1
     pad = tokenizer.pad_token_id
     full_config = _config(estimator, "full", turn_level_rewards=turn_level)
@@ -155,20 +176,22 @@ def test_episode_layout_gives_the_critics_the_full_contexts_recursion():
     prompts = [5, 2, 7]
     rows_mask, rows_values, rows_rewards = torch.zeros(3, 12), torch.zeros(3, 12), torch.zeros(3, 12)
     for k, ((a, b), p) in enumerate(zip(replies, prompts)):
-        rows_mask[k, p:p + b - a] = 1
-        rows_values[k, p:p + b - a] = values_full[0, a:b]
-        rows_rewards[k, p:p + b - a] = rewards_full[0, a:b]
+        rows_mask[k, p : p + b - a] = 1
+        rows_values[k, p : p + b - a] = values_full[0, a:b]
+        rows_rewards[k, p : p + b - a] = rewards_full[0, a:b]
     layout = EpisodeLayout(torch.tensor([7, 7, 7]), torch.tensor([0, 1, 2]), rows_mask)
     assert layout.mask.tolist() == [[1, 1, 1, 0, 1, 1, 0, 1, 1, 1]]  # the replies end to end, one gap between
-    for estimator in (lambda r, v, m: compute_gae(r, v, m, gamma=0.9, lam=0.8),
-                      lambda r, v, m: compute_bi_level_gae(r, v, m, gamma_turn=0.9, gamma_token=0.95, lam=0.8),
-                      lambda r, v, m: compute_turn_gae(r, v, m, gamma=0.9, lam=0.8)):
+    for estimator in (
+        lambda r, v, m: compute_gae(r, v, m, gamma=0.9, lam=0.8),
+        lambda r, v, m: compute_bi_level_gae(r, v, m, gamma_turn=0.9, gamma_token=0.95, lam=0.8),
+        lambda r, v, m: compute_turn_gae(r, v, m, gamma=0.9, lam=0.8),
+    ):
         expected, expected_returns = estimator(rewards_full, values_full, full_mask)
         advantages, returns = estimator(layout.gather(rows_rewards), layout.gather(rows_values), layout.mask)
         on_rows, returns_on_rows = layout.scatter(advantages), layout.scatter(returns)
         for k, ((a, b), p) in enumerate(zip(replies, prompts)):
-            assert torch.allclose(on_rows[k, p:p + b - a], expected[0, a:b], atol=1e-6)
-            assert torch.allclose(returns_on_rows[k, p:p + b - a], expected_returns[0, a:b], atol=1e-6)
+            assert torch.allclose(on_rows[k, p : p + b - a], expected[0, a:b], atol=1e-6)
+            assert torch.allclose(returns_on_rows[k, p : p + b - a], expected_returns[0, a:b], atol=1e-6)
         assert torch.all(on_rows[rows_mask == 0] == 0)
 
 

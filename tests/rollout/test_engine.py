@@ -12,9 +12,14 @@ from rllib_ragen.rollout.context import RAW_REPLY_HINT
 from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
 from rllib_ragen.rollout.trajectory import SeedSchedule
 from rllib_ragen.rollout.models import load_policy
-from rllib_ragen.demonstrators import (countdown_solver_policy, frozen_lake_optimal_policy,
-                                          guess_the_number_bisection_policy, guess_the_number_random_policy,
-                                          sokoban_solver_policy, sudoku_solver_policy)
+from rllib_ragen.demonstrators import (
+    countdown_solver_policy,
+    frozen_lake_optimal_policy,
+    guess_the_number_bisection_policy,
+    guess_the_number_random_policy,
+    sokoban_solver_policy,
+    sudoku_solver_policy,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +46,20 @@ def test_solver_policy_solves_every_validation_level(tiny):
     print(f"\n{np.mean(np.array(lengths) <= 10):.1%} of the 64 validation levels fit the default 10-action budget")
 
 
-@pytest.mark.parametrize("env_id, policy", [
-    ("rllib_ragen/Countdown-v0", countdown_solver_policy()),
-    ("rllib_ragen/Sudoku4x4-v0", sudoku_solver_policy(max_actions_per_turn=2)),
-    ("rllib_ragen/SokobanCoordinates-v0", sokoban_solver_policy()),  # reads the level back from coordinates
-])
+@pytest.mark.parametrize(
+    "env_id, policy",
+    [
+        ("rllib_ragen/Countdown-v0", countdown_solver_policy()),
+        ("rllib_ragen/Sudoku4x4-v0", sudoku_solver_policy(max_actions_per_turn=2)),
+        ("rllib_ragen/SokobanCoordinates-v0", sokoban_solver_policy()),  # reads the level back from coordinates
+    ],
+)
 def test_solver_policies_of_the_new_environments_solve_every_validation_state(tiny, env_id, policy):
     _, tokenizer = tiny
     config = RolloutConfig(env=env_id, enable_thinking=False, max_actions_per_episode=25)
     trajectories, metrics = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
-        list(range(123, 123 + 32)), group_size=1, sampling=SamplingParams())
+        list(range(123, 123 + 32)), group_size=1, sampling=SamplingParams()
+    )
     assert metrics[f"{env_id}/success"] == 1.0 and metrics["rollout/format_error_rate"] == 0.0
     if env_id == "rllib_ragen/Sudoku4x4-v0":  # 6 empty cells, two a reply: three turns, every move effective
         assert {t.num_turns for t in trajectories} == {3} and metrics["rollout/effective_action_rate"] == 1.0
@@ -59,11 +68,19 @@ def test_solver_policies_of_the_new_environments_solve_every_validation_state(ti
 def test_bisection_finds_every_number_within_its_bound_and_random_guessing_does_not(tiny):
     pytest.importorskip("gem")
     _, tokenizer = tiny
-    config = RolloutConfig(env="gem/game.GuessTheNumber-v0-hard", enable_thinking=False, max_turns=10,
-                           max_actions_per_turn=1, max_actions_per_episode=10, max_context_tokens=8192)
+    config = RolloutConfig(
+        env="gem/game.GuessTheNumber-v0-hard",
+        enable_thinking=False,
+        max_turns=10,
+        max_actions_per_turn=1,
+        max_actions_per_episode=10,
+        max_context_tokens=8192,
+    )
     played = {}
-    for name, policy in (("bisection", guess_the_number_bisection_policy()),
-                         ("random", guess_the_number_random_policy(seed=0))):
+    for name, policy in (
+        ("bisection", guess_the_number_bisection_policy()),
+        ("random", guess_the_number_random_policy(seed=0)),
+    ):
         engine = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer)
         played[name] = engine.rollout(list(range(64)), group_size=1, sampling=SamplingParams())
     # 1 to 50 in at most ceil(log2(51)) = 6 guesses, within GEM's 7 turns: every game won.
@@ -76,8 +93,9 @@ def test_bisection_finds_every_number_within_its_bound_and_random_guessing_does_
 @pytest.mark.slow
 def test_frozen_lake_optimal_policy_reaches_its_predicted_success(tiny):
     _, tokenizer = tiny
-    config = RolloutConfig(env="rllib_ragen/FrozenLake-v0", max_turns=10, max_actions_per_turn=1,
-                           max_actions_per_episode=10)
+    config = RolloutConfig(
+        env="rllib_ragen/FrozenLake-v0", max_turns=10, max_actions_per_turn=1, max_actions_per_episode=10
+    )
     engine = RolloutEngine(config, ScriptedBackend(frozen_lake_optimal_policy(), tokenizer), tokenizer)
     seeds = list(range(1000))
     trajectories, metrics = engine.rollout(seeds, group_size=1, sampling=SamplingParams())
@@ -141,8 +159,9 @@ def test_behaviour_logprobs_equal_a_fresh_forward_pass(tiny, temperature):
         assert torch.equal(mask, expected_mask)
         recomputed = _learner_logprobs(model, t.token_ids, temperature)
         behaviour = torch.tensor(t.behaviour_logprobs)
-        assert torch.allclose(recomputed[mask], behaviour[mask], atol=1e-5, rtol=0), \
+        assert torch.allclose(recomputed[mask], behaviour[mask], atol=1e-5, rtol=0), (
             (recomputed[mask] - behaviour[mask]).abs().max()
+        )
         assert torch.all(behaviour[~mask] == 0)
     # The masked tokens are exactly the sampled ids, turn by turn, in order.
     for i, t in enumerate(trajectories):
@@ -152,8 +171,9 @@ def test_behaviour_logprobs_equal_a_fresh_forward_pass(tiny, temperature):
 
 def test_same_sample_seed_repeats_the_rollout_exactly(tiny):
     model, tokenizer = tiny
-    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Bandit-v0", max_turns=2), HFBackend(model, tokenizer),
-                           tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env="rllib_ragen/Bandit-v0", max_turns=2), HFBackend(model, tokenizer), tokenizer
+    )
     params = SamplingParams(max_new_tokens=16)
     a, _ = engine.rollout([1, 2], 2, params, sample_seed=3)
     b, _ = engine.rollout([1, 2], 2, params, sample_seed=3)
@@ -180,27 +200,33 @@ def test_episodes_play_in_waves_of_whole_groups_and_the_first_wave_as_before(tin
     import dataclasses
 
     model, tokenizer = tiny
-    config = RolloutConfig(env="rllib_ragen/FrozenLakeNotSlippery-v0", max_turns=3, max_actions_per_turn=1,
-                           enable_thinking=False)
+    config = RolloutConfig(
+        env="rllib_ragen/FrozenLakeNotSlippery-v0", max_turns=3, max_actions_per_turn=1, enable_thinking=False
+    )
     params = SamplingParams(max_new_tokens=8)
     backend = CountingBackend(model, tokenizer)
     waves, _ = RolloutEngine(dataclasses.replace(config, max_concurrent_episodes=5), backend, tokenizer).rollout(
-        [1, 2, 3, 4, 5], 2, params, sample_seed=7)
+        [1, 2, 3, 4, 5], 2, params, sample_seed=7
+    )
     assert max(backend.calls) <= 4 and backend.calls[0] == 4 and backend.calls[-1] <= 2
     assert [(t.group, t.seed) for t in waves] == [(g, s) for g, s in enumerate([1, 2, 3, 4, 5]) for _ in range(2)]
-    all_at_once, _ = RolloutEngine(config, HFBackend(model, tokenizer), tokenizer).rollout([1, 2], 2, params,
-                                                                                          sample_seed=7)
+    all_at_once, _ = RolloutEngine(config, HFBackend(model, tokenizer), tokenizer).rollout(
+        [1, 2], 2, params, sample_seed=7
+    )
     assert [t.token_ids for t in waves[:4]] == [t.token_ids for t in all_at_once]
     assert [t.behaviour_logprobs for t in waves[:4]] == [t.behaviour_logprobs for t in all_at_once]
     # A cap of at least every episode changes nothing; one smaller than a group still plays whole groups.
-    capped, _ = RolloutEngine(dataclasses.replace(config, max_concurrent_episodes=10), HFBackend(model, tokenizer),
-                              tokenizer).rollout([1, 2, 3, 4, 5], 2, params, sample_seed=7)
-    unbounded, _ = RolloutEngine(config, HFBackend(model, tokenizer), tokenizer).rollout([1, 2, 3, 4, 5], 2, params,
-                                                                                       sample_seed=7)
+    capped, _ = RolloutEngine(
+        dataclasses.replace(config, max_concurrent_episodes=10), HFBackend(model, tokenizer), tokenizer
+    ).rollout([1, 2, 3, 4, 5], 2, params, sample_seed=7)
+    unbounded, _ = RolloutEngine(config, HFBackend(model, tokenizer), tokenizer).rollout(
+        [1, 2, 3, 4, 5], 2, params, sample_seed=7
+    )
     assert [t.token_ids for t in capped] == [t.token_ids for t in unbounded]
     backend = CountingBackend(model, tokenizer)
     RolloutEngine(dataclasses.replace(config, max_concurrent_episodes=1), backend, tokenizer).rollout(
-        [1, 2], 2, params, sample_seed=7)
+        [1, 2], 2, params, sample_seed=7
+    )
     assert backend.calls[0] == 2
 
 
@@ -218,8 +244,9 @@ def test_training_seeds_never_repeat_and_resume():
 def test_a_groups_episodes_share_the_start_and_their_luck_only_when_asked(tiny, independent):
     _, tokenizer = tiny
     config = RolloutConfig(env="rllib_ragen/Bandit-v0", independent_transitions=independent)
-    engine = RolloutEngine(config, ScriptedBackend(lambda prompt: "<think></think><answer>Dragon</answer>",
-                                                   tokenizer), tokenizer)
+    engine = RolloutEngine(
+        config, ScriptedBackend(lambda prompt: "<think></think><answer>Dragon</answer>", tokenizer), tokenizer
+    )
     seeds = list(range(40))
     trajectories, _ = engine.rollout(seeds, 4, SamplingParams())
     payoffs = np.array([t.total_return for t in trajectories]).reshape(len(seeds), 4)
@@ -255,8 +282,11 @@ class _FlakyEnv(TextEnv):
 
 def test_failing_environment_is_isolated_and_counted(tiny):
     _, tokenizer = tiny
-    engine = RolloutEngine(RolloutConfig(env=_FlakyEnv),
-                           ScriptedBackend(lambda prompt: "<think></think><answer>Go</answer>", tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env=_FlakyEnv),
+        ScriptedBackend(lambda prompt: "<think></think><answer>Go</answer>", tokenizer),
+        tokenizer,
+    )
     trajectories, metrics = engine.rollout([0, 1, 2, 3], 2, SamplingParams())
     assert metrics["rollout/env_errors"] == 4.0
     assert sorted({t.seed for t in trajectories}) == [0, 2] and all(t.success for t in trajectories)
@@ -265,9 +295,11 @@ def test_failing_environment_is_isolated_and_counted(tiny):
 def test_context_limit_ends_the_episode_and_is_reported(tiny):
     _, tokenizer = tiny
     reply = "<think>hmm</think><answer>Left</answer>"  # never solves: episodes run all turns
-    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_context_tokens=260,
-                                         max_actions_per_episode=50),
-                           ScriptedBackend(lambda prompt: reply, tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env="rllib_ragen/Sokoban-v0", max_context_tokens=260, max_actions_per_episode=50),
+        ScriptedBackend(lambda prompt: reply, tokenizer),
+        tokenizer,
+    )
     trajectories, metrics = engine.rollout([0], 2, SamplingParams())
     assert metrics["rollout/truncated_rate"] == 1.0
     assert all(len(t.token_ids) <= 260 and t.num_turns < 5 for t in trajectories)
@@ -299,7 +331,7 @@ def test_each_turn_records_the_state_it_answered(tiny):
     solver = RolloutEngine(config, ScriptedBackend(sokoban_solver_policy(1), tokenizer), tokenizer)
     (solved,), _ = solver.rollout([5], 1, SamplingParams())
     boards = [reset_board]
-    for action in solve_level(env.unwrapped.level)[:solved.num_turns - 1]:
+    for action in solve_level(env.unwrapped.level)[: solved.num_turns - 1]:
         boards.append(env.step(action)[0])
     assert solved.turn_states == boards and len(set(boards)) == len(boards)
 
@@ -326,12 +358,13 @@ def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
         return "<think>Up walk, Down walk, Left walk, Right walk.</think>" + solver(prompt).split("</think>")[1]
 
     trajectories, metrics = RolloutEngine(config, ScriptedBackend(walker, tokenizer), tokenizer).rollout(
-        seeds, 1, SamplingParams())
+        seeds, 1, SamplingParams()
+    )
     walks = claims = 0
     for t in trajectories:
         env = gym.make("rllib_ragen/Sokoban-v0")
         board, _ = env.reset(seed=t.seed)
-        for action in solve_level(env.unwrapped.level)[:t.num_turns]:
+        for action in solve_level(env.unwrapped.level)[: t.num_turns]:
             walks += move_effects(SokobanLevel.from_text(board)).count("walk")
             claims += 4
             board = env.step(action)[0]
@@ -346,8 +379,14 @@ def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
     saved = pq.read_table(tmp_path / before_file).to_pylist()
     thoughts = {turn["think"] for episode in saved for turn in episode["turns"]}
     assert thoughts == {"Up walk, Down walk, Left walk, Right walk."}
-    assert _reasoning_grounded(tmp_path, None) == {"sampled": {  # no greedy files: nothing said about greedy play
-        "before": pytest.approx(walks / claims), "after": 1.0, "claims_before": claims, "claims_after": after_claims}}
+    assert _reasoning_grounded(tmp_path, None) == {
+        "sampled": {  # no greedy files: nothing said about greedy play
+            "before": pytest.approx(walks / claims),
+            "after": 1.0,
+            "claims_before": claims,
+            "claims_after": after_claims,
+        }
+    }
     # Reasoning without claims the environment checks (the plan line) reports nothing.
     engine = RolloutEngine(config, ScriptedBackend(solver, tokenizer), tokenizer)
     _, metrics = engine.rollout(seeds, 1, SamplingParams())
@@ -363,10 +402,15 @@ def test_the_ungrounded_reasoning_penalty_lands_on_the_turn_whose_reasoning_erre
         return "<think>Up walk, Down walk, Left walk, Right walk.</think>" + solver(prompt).split("</think>")[1]
 
     def play(policy, ungrounded_reasoning_penalty):
-        config = RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=4, max_actions_per_turn=1,
-                               ungrounded_reasoning_penalty=ungrounded_reasoning_penalty)
-        return RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
-            seeds, 1, SamplingParams())[0]
+        config = RolloutConfig(
+            env="rllib_ragen/Sokoban-v0",
+            max_turns=4,
+            max_actions_per_turn=1,
+            ungrounded_reasoning_penalty=ungrounded_reasoning_penalty,
+        )
+        return RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(seeds, 1, SamplingParams())[
+            0
+        ]
 
     for plain, charged in zip(play(walker, 0.0), play(walker, penalty)):
         assert (charged.seed, charged.num_turns, charged.success) == (plain.seed, plain.num_turns, plain.success)
@@ -392,7 +436,8 @@ def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_valid
     config = RolloutConfig(env="rllib_ragen/FrozenLakeNotSlippery-v0", max_turns=10, max_actions_per_turn=1)
     policy = frozen_lake_optimal_policy(is_slippery=False, reasoning="effects")
     episodes, metrics = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
-        [1, 2, 3], 2, SamplingParams())
+        [1, 2, 3], 2, SamplingParams()
+    )
     # The optimal policy's effects line is true of every cell it stands on: four claims a turn, all hold.
     assert all(t.success and t.reasoning_claims == t.reasoning_claims_true == 4 * t.num_turns for t in episodes)
     assert metrics["rllib_ragen/FrozenLakeNotSlippery-v0/reasoning_grounded"] == 1.0
@@ -403,8 +448,11 @@ def test_frozen_lake_effects_are_checked_and_the_learning_curve_draws_them_valid
     assert column == TRAINING + "rollout/reasoning_grounded" and "rollout/reasoning_grounded" in metrics
     on_env = VALIDATION + "rllib_ragen/FrozenLakeNotSlippery-v0/reasoning_grounded"
     pooled = VALIDATION + "rollout/reasoning_grounded"
-    validations = [{VALIDATED_AT: 0, on_env: 0.5, pooled: 0.25}, {VALIDATED_AT: 5},
-                   {VALIDATED_AT: 10, on_env: 0.75, pooled: 0.5}]
+    validations = [
+        {VALIDATED_AT: 0, on_env: 0.5, pooled: 0.25},
+        {VALIDATED_AT: 5},
+        {VALIDATED_AT: 10, on_env: 0.75, pooled: 0.5},
+    ]
     assert validation_points(validations, column, config.env) == [(0, 0.5), (10, 0.75)]
     assert validation_points(validations, LEARNER + "entropy", config.env) == []
     # A run that validates only on another environment draws that one's values beside the training series.
@@ -431,18 +479,26 @@ class _QueryEnv(TextEnv):
     def step(self, action):
         self.received.append(action)
         self._success = action == self.ANSWER
-        return "done", float(self._success), True, False, {"success": self._success, "action_is_valid": True,
-                                                            "action_is_effective": True}
+        return (
+            "done",
+            float(self._success),
+            True,
+            False,
+            {"success": self._success, "action_is_valid": True, "action_is_effective": True},
+        )
 
     def _render_text(self):
         return "Table t has columns first and last."
 
 
-@pytest.mark.parametrize("separator, actions, success", [
-    (None, [_QueryEnv.ANSWER], True),  # the answer is the one action, as written
-    # RAGEN's protocol splits it at the first ||: the environment gets a fragment (SkyRL's text2sql got the pieces).
-    ("||", ["SELECT first"], False),
-])
+@pytest.mark.parametrize(
+    "separator, actions, success",
+    [
+        (None, [_QueryEnv.ANSWER], True),  # the answer is the one action, as written
+        # RAGEN's protocol splits it at the first ||: the environment gets a fragment (SkyRL's text2sql got the pieces).
+        ("||", ["SELECT first"], False),
+    ],
+)
 def test_without_a_separator_the_whole_answer_is_one_action(tiny, separator, actions, success):
     _, tokenizer = tiny
     prompts = []
@@ -451,10 +507,16 @@ def test_without_a_separator_the_whole_answer_is_one_action(tiny, separator, act
         prompts.append(prompt)
         return f"<think>concatenate</think><answer>{_QueryEnv.ANSWER}</answer>"
 
-    config = RolloutConfig(env=_QueryEnv, max_turns=1, max_actions_per_turn=1 if separator is None else 5,
-                           action_separator=separator, max_context_tokens=100_000)
+    config = RolloutConfig(
+        env=_QueryEnv,
+        max_turns=1,
+        max_actions_per_turn=1 if separator is None else 5,
+        action_separator=separator,
+        max_context_tokens=100_000,
+    )
     (trajectory,), _ = RolloutEngine(config, ScriptedBackend(policy, tokenizer), tokenizer).rollout(
-        [0], group_size=1, sampling=SamplingParams())
+        [0], group_size=1, sampling=SamplingParams()
+    )
     assert trajectory.turn_actions == [actions]
     assert bool(trajectory.success) is success
     # The format hint tells the policy what the answer holds.
@@ -472,15 +534,23 @@ class _RawQueryEnv(_QueryEnv):
         self.received.append(action)
         query = action.split("<sql>")[-1].split("</sql>")[0] if "<sql>" in action else None
         self._success = query == self.ANSWER
-        return "done", float(self._success), True, False, {"success": self._success, "action_is_valid": True,
-                                                            "action_is_effective": True}
+        return (
+            "done",
+            float(self._success),
+            True,
+            False,
+            {"success": self._success, "action_is_valid": True, "action_is_effective": True},
+        )
 
 
-@pytest.mark.parametrize("reply, success, format_error", [
-    (f"<think>concatenate, with || between</think><sql>{_QueryEnv.ANSWER}</sql>", True, 0),
-    (f"<think>x</think><answer>{_QueryEnv.ANSWER}</answer>", False, 0),  # our template means nothing to it
-    ("   ", False, 1),  # nothing to hand over: a format error, and the environment is not called
-])
+@pytest.mark.parametrize(
+    "reply, success, format_error",
+    [
+        (f"<think>concatenate, with || between</think><sql>{_QueryEnv.ANSWER}</sql>", True, 0),
+        (f"<think>x</think><answer>{_QueryEnv.ANSWER}</answer>", False, 0),  # our template means nothing to it
+        ("   ", False, 1),  # nothing to hand over: a format error, and the environment is not called
+    ],
+)
 def test_an_environment_that_reads_raw_replies_gets_each_whole_reply(tiny, reply, success, format_error):
     _, tokenizer = tiny
     prompts = []

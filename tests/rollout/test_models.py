@@ -7,8 +7,11 @@ from rllib_ragen.envs import BUILT_IN_TEXT_ENVS, registered_text_envs
 from rllib_ragen.rollout.models import GRID_LETTERS, GRID_MARKS, TOKENIZER_CORPUS_ENVS, build_tiny_tokenizer
 
 # Every built-in environment with a board (the bandit has none), plus 8x8 two-box Sokoban at its own size.
-BOARDS = [(env_id, {}) for env_id in registered_text_envs()
-          if env_id.startswith("rllib_ragen/") and gym.make(env_id).unwrapped.legend]
+BOARDS = [
+    (env_id, {})
+    for env_id in registered_text_envs()
+    if env_id.startswith("rllib_ragen/") and gym.make(env_id).unwrapped.legend
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,7 @@ def test_every_board_cell_is_one_token(tokenizers, env_id, kwargs):
         text = f"Turn 1. State:\n{board}\nYou have 10 actions left."
         expected = ["Turn", " ", "1", ".", " State", ":\n"] + [c for row in board.splitlines() for c in row + "\n"]
         for tokenizer in tokenizers:  # the exported tokenizer must encode exactly as the in-process one
-            assert _pieces(tokenizer, text)[:len(expected) - 1] == expected[:-1], board
+            assert _pieces(tokenizer, text)[: len(expected) - 1] == expected[:-1], board
 
 
 def test_box_on_target_mark_is_one_token(tokenizers):
@@ -99,15 +102,22 @@ def _truncate_weights(folder):
 
 # Each of these loaded silently (a one-token tokenizer, BERT weights drawn at random) or failed with a raw
 # torch/transformers/safetensors error, some only at the first train().
-@pytest.mark.parametrize("break_it, message", [
-    (lambda f: _edit_config(f, hidden_size=-5), "config.json, weights (*.safetensors) or tokenizer files did not load"),
-    (lambda f: _edit_config(f, vocab_size=10), "differ in shape from what config.json describes"),
-    (lambda f: _edit_config(f, model_type="bert"), "model_type 'bert' does not match the weights"),
-    (_drop_tokenizer, "has no tokenizer file"),
-    (_truncate_weights, "SafetensorError"),
-])
-def test_a_broken_model_folder_fails_at_build_algo_naming_the_folder_and_the_file(saved_tiny, tmp_path, break_it,
-                                                                                   message):
+@pytest.mark.parametrize(
+    "break_it, message",
+    [
+        (
+            lambda f: _edit_config(f, hidden_size=-5),
+            "config.json, weights (*.safetensors) or tokenizer files did not load",
+        ),
+        (lambda f: _edit_config(f, vocab_size=10), "differ in shape from what config.json describes"),
+        (lambda f: _edit_config(f, model_type="bert"), "model_type 'bert' does not match the weights"),
+        (_drop_tokenizer, "has no tokenizer file"),
+        (_truncate_weights, "SafetensorError"),
+    ],
+)
+def test_a_broken_model_folder_fails_at_build_algo_naming_the_folder_and_the_file(
+    saved_tiny, tmp_path, break_it, message
+):
     import shutil
 
     from rllib_ragen import StarPOConfig
@@ -115,8 +125,12 @@ def test_a_broken_model_folder_fails_at_build_algo_naming_the_folder_and_the_fil
     folder = tmp_path / "model"
     shutil.copytree(saved_tiny, folder)
     break_it(folder)
-    config = (StarPOConfig().environment("rllib_ragen/Bandit-v0").training(num_groups=2, group_size=2)
-              .rl_module(model_config={"model": str(folder)}))
+    config = (
+        StarPOConfig()
+        .environment("rllib_ragen/Bandit-v0")
+        .training(num_groups=2, group_size=2)
+        .rl_module(model_config={"model": str(folder)})
+    )
     config.validate()  # a folder with a config.json: what can be told without loading it is fine
     with pytest.raises(Exception) as error:
         config.build_algo()
@@ -124,8 +138,7 @@ def test_a_broken_model_folder_fails_at_build_algo_naming_the_folder_and_the_fil
 
 
 @pytest.mark.slow
-def test_a_checkpoint_restored_after_its_model_folder_was_replaced_names_the_folder(saved_tiny, tmp_path,
-                                                                                     ray_session):
+def test_a_checkpoint_restored_after_its_model_folder_was_replaced_names_the_folder(saved_tiny, tmp_path, ray_session):
     # It failed with torch's "size mismatch for critic.head.weight" after a restore that had built everything.
     import shutil
 
@@ -134,8 +147,12 @@ def test_a_checkpoint_restored_after_its_model_folder_was_replaced_names_the_fol
 
     folder = tmp_path / "model"
     shutil.copytree(saved_tiny, folder)
-    config = (StarPOConfig().environment("rllib_ragen/Bandit-v0").training(num_groups=2, group_size=2)
-              .rl_module(model_config={"model": str(folder)}))
+    config = (
+        StarPOConfig()
+        .environment("rllib_ragen/Bandit-v0")
+        .training(num_groups=2, group_size=2)
+        .rl_module(model_config={"model": str(folder)})
+    )
     algo = config.build_algo()
     try:
         checkpoint = algo.save_to_path(tmp_path / "checkpoint")
@@ -145,8 +162,11 @@ def test_a_checkpoint_restored_after_its_model_folder_was_replaced_names_the_fol
     tokenizer = build_tiny_tokenizer(seed=0)
     build_tiny_model(tokenizer, hidden_size=256).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    with pytest.raises(ValueError, match=rf"do not fit the model built from model={str(folder)!r}: .* is \(\d+, "
-                                         r"128\) in the weights loaded and \(\d+, 256\) in the model.*config.json"):
+    with pytest.raises(
+        ValueError,
+        match=rf"do not fit the model built from model={str(folder)!r}: .* is \(\d+, "
+        r"128\) in the weights loaded and \(\d+, 256\) in the model.*config.json",
+    ):
         StarPO.from_checkpoint(checkpoint)
 
 

@@ -68,13 +68,16 @@ def test_parser_never_raises_and_respects_the_cap(text, thinking, cap):
         assert parsed.actions == ()
 
 
-_word = st.text(alphabet=st.characters(blacklist_characters="<>|", blacklist_categories=("Cs",)), min_size=1,
-                max_size=12).filter(lambda w: w.strip())
+_word = st.text(
+    alphabet=st.characters(blacklist_characters="<>|", blacklist_categories=("Cs",)), min_size=1, max_size=12
+).filter(lambda w: w.strip())
 
 
 @settings(max_examples=300, deadline=None)
-@given(thought=st.text(alphabet=st.characters(blacklist_characters="<>", blacklist_categories=("Cs",)), max_size=40),
-       words=st.lists(_word, min_size=1, max_size=5))
+@given(
+    thought=st.text(alphabet=st.characters(blacklist_characters="<>", blacklist_categories=("Cs",)), max_size=40),
+    words=st.lists(_word, min_size=1, max_size=5),
+)
 def test_well_formed_replies_round_trip(thought, words):
     reply = f"<think>{thought}</think><answer>{' || '.join(words)}</answer>"
     parsed = parse_reply(reply)
@@ -145,8 +148,9 @@ def test_invalid_piece_is_skipped_and_penalised():
     assert result.reward == pytest.approx(-0.3) and result.env_reward == pytest.approx(-0.2)
 
 
-@pytest.mark.parametrize("reply", ["garbage", "<think></think><answer></answer>",
-                                   "<think></think><answer>fly</answer>"])
+@pytest.mark.parametrize(
+    "reply", ["garbage", "<think></think><answer></answer>", "<think></think><answer>fly</answer>"]
+)
 def test_turn_without_valid_action_costs_the_penalty_only(reply):
     env = _sokoban()
     before = env.unwrapped.observation
@@ -161,8 +165,7 @@ def test_budget_and_episode_end_stop_the_turn():
     assert result.executed == ["Down", "Down"]
     # The second Right pushes the box onto the target and ends the episode; the rest does not run.
     env = _sokoban()
-    result = execute_turn(env, parse_reply("<think></think><answer>Right||Right||Down||Left</answer>"),
-                          actions_left=10)
+    result = execute_turn(env, parse_reply("<think></think><answer>Right||Right||Down||Left</answer>"), actions_left=10)
     assert result.executed == ["Right", "Right"] and result.terminated and result.success
     assert result.reward == pytest.approx(-0.1 + 10.9)
 
@@ -185,7 +188,9 @@ def test_reply_sections_keep_the_characters_of_tokens_that_straddle_a_tag():
     # The tiny model's tokenizer writes "<think>Up push" as "<think", ">Up", " push": the region of ">Up" is
     # neither reasoning nor answer, yet the reasoning the rollout files and viewer show must start with "Up".
     assert reply_sections("<think>Up push, Down wall.</think><answer>Up</answer>") == (
-        "Up push, Down wall.", "<answer>Up</answer>")
+        "Up push, Down wall.",
+        "<answer>Up</answer>",
+    )
     assert reply_sections("<think>abc") == ("abc", "")  # unclosed: reasoning to the end, no answer
     assert reply_sections("<answer>Left</answer>") == ("", "<answer>Left</answer>")
     assert reply_sections("I do not know") == ("", "")

@@ -20,8 +20,27 @@ def test_the_built_in_environments_are_the_ones_the_benchmark_is_run_on():
 
 @pytest.mark.parametrize("env", BUILT_IN)
 def test_the_rollout_benchmark_runs_on_every_built_in_environment(env, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["rollout.py", "--env", env, "--groups", "1", "--group-size", "2",
-                                      "--max-turns", "2", "--max-new-tokens", "8", "--repeats", "1", "--threads", "1"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "rollout.py",
+            "--env",
+            env,
+            "--groups",
+            "1",
+            "--group-size",
+            "2",
+            "--max-turns",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+        ],
+    )
     runpy.run_path(str(BENCHMARK), run_name="__main__")
     printed = capsys.readouterr().out
     assert printed.count("engine / naive:") == 2 and "no model" in printed

@@ -7,8 +7,13 @@ import torch
 from rllib_ragen.objectives import token_logprobs
 from rllib_ragen.rollout import RolloutConfig
 from rllib_ragen.rollout.trajectory import pad_trajectories
-from rllib_ragen.rollout.models import (SHARED_PREFIX_MIN_TOKENS, build_tiny_model, common_prefix_length,
-                                        forward_sharing_prefix, load_policy)
+from rllib_ragen.rollout.models import (
+    SHARED_PREFIX_MIN_TOKENS,
+    build_tiny_model,
+    common_prefix_length,
+    forward_sharing_prefix,
+    load_policy,
+)
 from rllib_ragen.demonstrators import sokoban_solver_policy
 from rllib_ragen.warm_start import collect_demonstrations
 
@@ -17,8 +22,9 @@ from rllib_ragen.warm_start import collect_demonstrations
 def sokoban_batch():
     torch.set_num_threads(1)
     model, tokenizer = load_policy("tiny", seed=0)
-    demos = collect_demonstrations(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3),
-                                   sokoban_solver_policy(1), tokenizer, 6)
+    demos = collect_demonstrations(
+        RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3), sokoban_solver_policy(1), tokenizer, 6
+    )
     batch = pad_trajectories(demos, tokenizer.pad_token_id)
     return tokenizer, {key: torch.from_numpy(batch[key]) for key in ("input_ids", "attention_mask", "response_mask")}
 
@@ -48,8 +54,9 @@ def test_sharing_the_prefix_gives_the_plain_passs_logits_loss_and_gradients(soko
     ids, attention, real = batch["input_ids"], batch["attention_mask"], batch["attention_mask"].bool()
     plain = _loss_and_gradients(model, lambda: model(input_ids=ids, attention_mask=attention).logits, batch)
     calls = []
-    hook = model.model.register_forward_pre_hook(lambda _, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)),
-                                                 with_kwargs=True)
+    hook = model.model.register_forward_pre_hook(
+        lambda _, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     shared = _loss_and_gradients(model, lambda: forward_sharing_prefix(model, ids, attention)["logits"], batch)
     hook.remove()
     prefix = common_prefix_length(ids, attention)
@@ -75,9 +82,17 @@ def test_a_sliding_window_model_takes_the_plain_pass(sokoban_batch):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tokenizer, batch = sokoban_batch
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=64,
-                         max_window_layers=0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        use_sliding_window=True,
+        sliding_window=64,
+        max_window_layers=0,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():

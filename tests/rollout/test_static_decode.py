@@ -20,16 +20,19 @@ def tiny():
 def _fresh_logprobs(model, prompt, reply, temperature=1.0):
     ids = torch.tensor([list(prompt) + list(reply)])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
 
 
 def _assert_exact(model, prompts, generations, temperature=1.0):
     for prompt, generation in zip(prompts, generations):
         assert generation.token_ids
-        torch.testing.assert_close(torch.tensor(generation.logprobs),
-                                   _fresh_logprobs(model, prompt, generation.token_ids, temperature),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(generation.logprobs),
+            _fresh_logprobs(model, prompt, generation.token_ids, temperature),
+            atol=1e-5,
+            rtol=0,
+        )
 
 
 def _play(tiny, decode, **backend_kwargs):
@@ -62,8 +65,9 @@ def test_static_and_growing_caches_sample_the_same_replies(tiny):
     growing, _ = _play(tiny, "growing")
     assert [t.token_ids for t in static] == [t.token_ids for t in growing]
     for a, b in zip(static, growing):
-        torch.testing.assert_close(torch.tensor(a.behaviour_logprobs), torch.tensor(b.behaviour_logprobs),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(a.behaviour_logprobs), torch.tensor(b.behaviour_logprobs), atol=1e-5, rtol=0
+        )
 
 
 def test_the_next_call_may_take_a_subset_of_rows_in_another_order(tiny):

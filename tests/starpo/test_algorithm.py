@@ -80,9 +80,11 @@ def test_a_single_step_update_reads_the_batch_once_and_changes_nothing(small_con
 
     calls = []
     forward_train = CausalLMRLModule.forward_train
-    monkeypatch.setattr(CausalLMRLModule, "forward_train",
-                        lambda self, batch, **kw: calls.append(batch["input_ids"].shape)
-                        or forward_train(self, batch, **kw))
+    monkeypatch.setattr(
+        CausalLMRLModule,
+        "forward_train",
+        lambda self, batch, **kw: calls.append(batch["input_ids"].shape) or forward_train(self, batch, **kw),
+    )
     for whiten in (False, True):
         config = small_config(validation_interval=0, whiten_advantages=whiten)
         calls.clear()
@@ -135,13 +137,23 @@ def assert_same_update(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], l
     assert moved < 0.05 * lr, f"the two updates differ by {moved}"
 
 
-@pytest.mark.parametrize("aggregation, advantage_mask", [("token-mean", "sampled"), ("seq-mean-token-mean", "sampled"),
-                                                          ("token-mean", "sampled_and_observations")])
+@pytest.mark.parametrize(
+    "aggregation, advantage_mask",
+    [("token-mean", "sampled"), ("seq-mean-token-mean", "sampled"), ("token-mean", "sampled_and_observations")],
+)
 def test_micro_batches_accumulate_to_the_full_batch_gradient(aggregation, advantage_mask, small_config):
-    full, micro = (weights_after_one_iteration(small_config(micro_batch_size=micro_batch_size,
-                                                            loss_aggregation=aggregation, validation_interval=0,
-                                                            advantage_mask=advantage_mask, grad_clip=None))
-                   for micro_batch_size in (None, 1))
+    full, micro = (
+        weights_after_one_iteration(
+            small_config(
+                micro_batch_size=micro_batch_size,
+                loss_aggregation=aggregation,
+                validation_interval=0,
+                advantage_mask=advantage_mask,
+                grad_clip=None,
+            )
+        )
+        for micro_batch_size in (None, 1)
+    )
     assert_same_update(full, micro)
 
 
@@ -149,8 +161,9 @@ def test_advantage_mask_through_observations_trains_the_critic_there_and_the_pol
     from rllib_ragen.objectives import compute_gae, masked_whiten
     from rllib_ragen.starpo.update_batch import prepare_update_batch
 
-    config = small_config(advantage_mask="sampled_and_observations", lambda_=0.5, validation_interval=0,
-                          rollout_filter_ratio=1.0)
+    config = small_config(
+        advantage_mask="sampled_and_observations", lambda_=0.5, validation_interval=0, rollout_filter_ratio=1.0
+    )
     algo = config.build_algo()
     try:
         runner = algo.env_runner
@@ -195,8 +208,9 @@ def test_micro_batches_stay_exact_when_the_loss_mask_trains_a_subset(small_confi
         columns["loss_mask"] = np.where((np.arange(len(mask)) % 2 == 0)[:, None], mask, first_only)
         losses = []
         for algo in algos:
-            result = algo.learner_group.update(batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(columns))},
-                                                                     env_steps=len(trajectories)))
+            result = algo.learner_group.update(
+                batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(columns))}, env_steps=len(trajectories))
+            )
             losses.append(float(result[0][DEFAULT_MODULE_ID]["total_loss"].peek()))
         # The accumulated loss is the whole minibatch's (Adam's first step hides gradient scale, the loss does not).
         assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-6)
@@ -227,8 +241,12 @@ def test_checkpoint_resume_is_exact(tmp_path, small_config, resumed_after_one_it
         resumed.stop()
 
     assert result["training_iteration"] == expected["training_iteration"] == 3
-    for path in (("env_runners", "rollout/return_mean"), ("update/response_length",), ("rollout_filter/reward_std",),
-                 ("evaluation", "env_runners", "rollout/return_mean")):
+    for path in (
+        ("env_runners", "rollout/return_mean"),
+        ("update/response_length",),
+        ("rollout_filter/reward_std",),
+        ("evaluation", "env_runners", "rollout/return_mean"),
+    ):
         assert _get(result, path) == _get(expected, path), path
     assert result["learners"][DEFAULT_MODULE_ID]["perf/optimizer_steps"] == 4
     for key in ("actor/pg_loss", "actor/entropy", "critic/vf_loss", "actor/grad_norm"):
@@ -249,8 +267,12 @@ def test_export_loads_in_plain_transformers_with_the_same_logits(tmp_path, small
         model = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
         tokenizer = AutoTokenizer.from_pretrained(tmp_path / "policy")
         observation = "Sokoban puzzle. State:\n#####\n#P_X_#\n#__O_#\n######\nYou have 10 actions left."
-        text = tokenizer.apply_chat_template([{"role": "user", "content": observation}], add_generation_prompt=True,
-                                             tokenize=False) + "<think>push right</think><answer>Right</answer>"
+        text = (
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": observation}], add_generation_prompt=True, tokenize=False
+            )
+            + "<think>push right</think><answer>Right</answer>"
+        )
         ids = tokenizer(text, return_tensors="pt").input_ids
         # The exported tokenizer encodes exactly as the one the policy was trained with.
         assert ids[0].tolist() == algo.env_runner.tokenizer(text)["input_ids"]
@@ -270,7 +292,8 @@ def test_one_iteration_with_a_remote_env_runner(small_config):
         assert result["env_runners"]["rollout/num_trajectories"] == 8
         # After the update, the remote runner holds the learner's new weights (and knows their version).
         remote = algo.env_runner_group.foreach_env_runner(
-            lambda runner: (runner._weights_seq_no, runner.module.get_state()), local_env_runner=False)
+            lambda runner: (runner._weights_seq_no, runner.module.get_state()), local_env_runner=False
+        )
         seq_no, state = remote[0]
         expected = learner_weights(algo)
         assert seq_no == 1
@@ -282,8 +305,9 @@ def test_one_iteration_with_a_remote_env_runner(small_config):
 
 @pytest.mark.slow
 def test_a_remote_learner_computes_the_same_update_as_the_local_one(small_config):
-    local, remote = (weights_after_one_iteration(small_config(validation_interval=0).learners(num_learners=n))
-                     for n in (0, 1))
+    local, remote = (
+        weights_after_one_iteration(small_config(validation_interval=0).learners(num_learners=n)) for n in (0, 1)
+    )
     assert_same_update(local, remote)  # another process, another thread count
 
 
@@ -343,7 +367,8 @@ def test_tune_runs_a_grid_over_starpo_fields(tmp_path, small_config):
 
     config = small_config(validation_interval=1).training(clip_ratio_high=tune.grid_search([0.2, 0.28]))
     results = tune.Tuner(
-        StarPO, param_space=config,
+        StarPO,
+        param_space=config,
         run_config=tune.RunConfig(stop={"training_iteration": 1}, storage_path=str(tmp_path), verbose=0),
         tune_config=tune.TuneConfig(metric="evaluation/env_runners/rollout/return_mean", mode="max"),
     ).fit()
@@ -358,29 +383,38 @@ def test_a_tune_stopper_on_rllibs_episode_return_stops_the_run(tmp_path, small_c
 
     # Any return beats -1e9: the stopper must end the trial after its first iteration, well before 5.
     results = tune.Tuner(
-        StarPO, param_space=small_config(validation_interval=0),
-        run_config=tune.RunConfig(stop={"env_runners/episode_return_mean": -1e9, "training_iteration": 5},
-                                  storage_path=str(tmp_path), verbose=0),
+        StarPO,
+        param_space=small_config(validation_interval=0),
+        run_config=tune.RunConfig(
+            stop={"env_runners/episode_return_mean": -1e9, "training_iteration": 5},
+            storage_path=str(tmp_path),
+            verbose=0,
+        ),
     ).fit()
     assert not results.errors and results[0].metrics["training_iteration"] == 1
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("knobs", [
-    # GAE with its critic, advantages whitened over the batch: the whitening statistics span both shards.
-    dict(),
-    # A critic-free estimator scored in micro-batches of one trajectory: each one's share of the tokens.
-    dict(advantage_estimator="grpo", micro_batch_size=1),
-    # A baseline over the whole batch: the learners gather each other's returns inside the update (that they
-    # do it in step, without hanging; the values themselves: test_batch.py's two-process test).
-    dict(advantage_estimator="brpo"),
-], ids=["gae_whitened", "grpo_micro_batches", "brpo_batch_baseline"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        # GAE with its critic, advantages whitened over the batch: the whitening statistics span both shards.
+        dict(),
+        # A critic-free estimator scored in micro-batches of one trajectory: each one's share of the tokens.
+        dict(advantage_estimator="grpo", micro_batch_size=1),
+        # A baseline over the whole batch: the learners gather each other's returns inside the update (that they
+        # do it in step, without hanging; the values themselves: test_batch.py's two-process test).
+        dict(advantage_estimator="brpo"),
+    ],
+    ids=["gae_whitened", "grpo_micro_batches", "brpo_batch_baseline"],
+)
 def test_two_data_parallel_learners_make_the_update_of_one(small_config, knobs):
     """RLlib's LearnerGroup with torch DDP (gloo on CPU): each learner trains a shard of whole groups, and the
     averaged gradient is the whole batch's because the loss normalisers and whitening statistics span the shards."""
     # Both groups kept, one per learner: the shards' token counts differ.
-    config = small_config(rollout_filter_ratio=1.0, validation_interval=0,
-                          validate_before_training=False, grad_clip=None, **knobs)
+    config = small_config(
+        rollout_filter_ratio=1.0, validation_interval=0, validate_before_training=False, grad_clip=None, **knobs
+    )
     one = weights_after_one_iteration(config)
     two = weights_after_one_iteration(config.copy(copy_frozen=False).learners(num_learners=2))
     assert_same_update(one, two)
@@ -407,8 +441,13 @@ def test_the_echo_trap_probe_runs_beside_two_data_parallel_learners(small_config
     module and the update is the one learner's, probe included."""
     from rllib_ragen import metrics as M
 
-    config = small_config(rollout_filter_ratio=1.0, validation_interval=0, validate_before_training=False,
-                          grad_clip=None, collapse_diagnostics_interval=1)
+    config = small_config(
+        rollout_filter_ratio=1.0,
+        validation_interval=0,
+        validate_before_training=False,
+        grad_clip=None,
+        collapse_diagnostics_interval=1,
+    )
     one = weights_after_one_iteration(config)
     algo = config.copy(copy_frozen=False).learners(num_learners=2).build_algo()
     try:

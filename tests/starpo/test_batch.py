@@ -42,8 +42,14 @@ def config(**training):
 
 def test_filter_keeps_whole_groups_in_group_order_and_pads_right():
     # Group stds: g0 = 0 (1, 1), g1 = 0.5 (1, 0), g2 = 1.5 (3, 0). Keeping 2 of 3 keeps g1 and g2.
-    rollout = [trajectory(0, [1.0]), trajectory(0, [1.0]), trajectory(1, [1.0]), trajectory(1, [0.0], reply=3),
-               trajectory(2, [3.0]), trajectory(2, [0.0])]
+    rollout = [
+        trajectory(0, [1.0]),
+        trajectory(0, [1.0]),
+        trajectory(1, [1.0]),
+        trajectory(1, [0.0], reply=3),
+        trajectory(2, [3.0]),
+        trajectory(2, [0.0]),
+    ]
     columns, metrics = prepare_update_batch(rollout, config(rollout_filter_ratio=0.5, advantage_estimator="raw"), PAD)
     assert columns["group"].tolist() == [1, 1, 2, 2]
     assert metrics["update/kept_trajectories"] == 4 and metrics["rollout_filter/kept_groups"] == 2
@@ -59,11 +65,17 @@ def test_filter_keeps_whole_groups_in_group_order_and_pads_right():
 def test_a_mixture_counts_kept_groups_per_environment_and_can_filter_within_each(per_env, kept):
     # Environment a plays g0 (std 1.5), g1 (std 0.5); environment b plays g2 (std 0): the batch-wide filter keeps
     # 2 of 3 groups, both from a; per environment it keeps ceil(0.5 x 2) = 1 of a and ceil(0.5 x 1) = 1 of b.
-    rollout = [dataclasses.replace(trajectory(g, [r]), env_name=name) for g, r, name in
-               [(0, 3.0, "a"), (0, 0.0, "a"), (1, 1.0, "a"), (1, 0.0, "a"), (2, 1.0, "b"), (2, 1.0, "b")]]
+    rollout = [
+        dataclasses.replace(trajectory(g, [r]), env_name=name)
+        for g, r, name in [(0, 3.0, "a"), (0, 0.0, "a"), (1, 1.0, "a"), (1, 0.0, "a"), (2, 1.0, "b"), (2, 1.0, "b")]
+    ]
     mixture = config(rollout_filter_ratio=0.5, advantage_estimator="raw", rollout_filter_per_env=per_env)
-    mixture.environment(train_envs=[{"env": "rllib_ragen/Sokoban-v0", "groups": 2, "name": "a"},
-                                    {"env": "rllib_ragen/FrozenLake-v0", "groups": 1, "name": "b"}])
+    mixture.environment(
+        train_envs=[
+            {"env": "rllib_ragen/Sokoban-v0", "groups": 2, "name": "a"},
+            {"env": "rllib_ragen/FrozenLake-v0", "groups": 1, "name": "b"},
+        ]
+    )
     assert mixture.num_kept_groups == 2 and mixture.kept_batch_size == 4  # the same count both ways here
     columns, metrics = prepare_update_batch(rollout, mixture, PAD)
     assert columns["group"].tolist() == ([0, 0, 2, 2] if per_env else [0, 0, 1, 1])
@@ -84,7 +96,8 @@ def test_the_kept_count_is_each_environments_share_rounded_up_with_the_filter_pe
     # The kept count comes from train_envs, so a malformed entry is reported by name, not crashed on.
     with pytest.raises(ValueError, match=r"train_envs\[0\] needs 'groups'"):
         StarPOConfig().environment(train_envs=[{"env": "rllib_ragen/Sokoban-v0"}]).training(
-            rollout_filter_per_env=True).validate()
+            rollout_filter_per_env=True
+        ).validate()
 
 
 def test_trajectory_rewards_sit_on_the_last_sampled_token_turn_rewards_on_each_turns_last():
@@ -92,8 +105,9 @@ def test_trajectory_rewards_sit_on_the_last_sampled_token_turn_rewards_on_each_t
     rollout = [trajectory(0, [-0.1, 1.0]), trajectory(0, [0.0, 0.0])]
     whole, _ = prepare_update_batch(rollout, config(num_groups=1, advantage_estimator="raw"), PAD)
     np.testing.assert_allclose(whole["token_rewards"][0], [0, 0, 0, 0, 0, 0, 0.9])
-    per_turn, _ = prepare_update_batch(rollout, config(num_groups=1, advantage_estimator="raw",
-                                                       turn_level_rewards=True), PAD)
+    per_turn, _ = prepare_update_batch(
+        rollout, config(num_groups=1, advantage_estimator="raw", turn_level_rewards=True), PAD
+    )
     np.testing.assert_allclose(per_turn["token_rewards"][0], [0, 0, 0, -0.1, 0, 0, 1.0])
 
 
@@ -189,12 +203,19 @@ def test_advantages_of_two_learners_shards_are_the_whole_batchs_bit_for_bit(tmp_
 
     # Three groups, multi-turn, states that recur within a group (GiGPO's anchors); group 2 pays all its members
     # alike, so a batch baseline computed from that shard alone would give it nothing.
-    rollout = [trajectory(0, [0.5, 1.0]), trajectory(0, [0.0, 0.2]), trajectory(1, [1.0]), trajectory(1, [-0.1]),
-               trajectory(2, [2.0]), trajectory(2, [2.0])]
+    rollout = [
+        trajectory(0, [0.5, 1.0]),
+        trajectory(0, [0.0, 0.2]),
+        trajectory(1, [1.0]),
+        trajectory(1, [-0.1]),
+        trajectory(2, [2.0]),
+        trajectory(2, [2.0]),
+    ]
     for t, states in zip(rollout, [["a", "b"], ["a", "c"], ["a"], ["a"], ["x"], ["y"]]):
         t.turn_states[:] = states
-    knobs = dict(num_groups=3, group_size=2, rollout_filter_ratio=1.0, advantage_estimator=estimator,
-                 turn_level_rewards=True)
+    knobs = dict(
+        num_groups=3, group_size=2, rollout_filter_ratio=1.0, advantage_estimator=estimator, turn_level_rewards=True
+    )
     cfg = StarPOConfig().training(**knobs)
     columns, _ = prepare_update_batch(rollout, cfg, PAD)
     whole, _ = batch_advantages(columns, cfg)
@@ -207,8 +228,12 @@ def test_advantages_of_two_learners_shards_are_the_whole_batchs_bit_for_bit(tmp_
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    ranks = [subprocess.Popen([sys.executable, "-c", _SHARD_WORKER, str(rank), str(tmp_path)], env=env,
-                              stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SHARD_WORKER, str(rank), str(tmp_path)], env=env, stderr=subprocess.PIPE, text=True
+        )
+        for rank in (0, 1)
+    ]
     for rank in ranks:
         _, stderr = rank.communicate(timeout=120)
         assert rank.returncode == 0, stderr[-2000:]
@@ -216,8 +241,9 @@ def test_advantages_of_two_learners_shards_are_the_whole_batchs_bit_for_bit(tmp_
     assert whole.abs().sum() > 0 and torch.equal(got, whole)
 
 
-@pytest.mark.parametrize("mode, trained", [("all", [1, 1, 1, 1, 1]), ("no_think", [1, 0, 1, 1, 1]),
-                                           ("answer", [0, 0, 1, 1, 0])])
+@pytest.mark.parametrize(
+    "mode, trained", [("all", [1, 1, 1, 1, 1]), ("no_think", [1, 0, 1, 1, 1]), ("answer", [0, 0, 1, 1, 0])]
+)
 def test_loss_mask_trains_the_chosen_reply_regions_only(mode, trained):
     from rllib_ragen.rollout.protocol import REGION_ANSWER as A, REGION_OTHER as O, REGION_THINK as T
 

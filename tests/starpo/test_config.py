@@ -35,62 +35,87 @@ def test_presets():
     assert (vanilla.kl_coeff, vanilla.clip_ratio_high, vanilla.rollout_filter) == (0.001, 0.2, "none")
     assert vanilla.kept_batch_size == 128
     back = vanilla.preset("starpo-s")
-    assert (back.kl_coeff, back.clip_ratio_high, back.rollout_filter, back.rollout_filter_ratio) == (0.0, 0.28, "std",
-                                                                                                     0.25)
+    assert (back.kl_coeff, back.clip_ratio_high, back.rollout_filter, back.rollout_filter_ratio) == (
+        0.0,
+        0.28,
+        "std",
+        0.25,
+    )
     with pytest.raises(ValueError, match="starpo-s"):
         StarPOConfig().preset("ppo")
 
 
-@pytest.mark.parametrize("knobs, fields", [
-    (dict(num_groups=8, group_size=4, rollout_filter_ratio=0.25, minibatch_size=16),
-     ["minibatch_size=16", "num_groups=8", "rollout_filter_ratio=0.25", "group_size=4"]),
-    (dict(advantage_estimator="ppo"), ["advantage_estimator='ppo'", "gae", "grpo"]),
-    (dict(advantage_estimator="grpo", group_size=1), ["advantage_estimator='grpo'", "group_size"]),
-    (dict(rollout_filter="top"), ["rollout_filter='top'", "reversed_std"]),
-    (dict(rollout_filter_ratio=0.0), ["rollout_filter_ratio=0.0"]),
-    (dict(dual_clip=0.5), ["dual_clip=0.5"]),
-    (dict(loss_aggregation="sum"), ["loss_aggregation='sum'", "seq-mean-token-mean"]),
-    (dict(temperature=0.0), ["temperature=0.0"]),
-    (dict(updates_per_rollout_batch=64, num_groups=8, group_size=4), ["updates_per_rollout_batch=64"]),
-    (dict(minibatch_size=8, updates_per_rollout_batch=3), ["minibatch_size=8", "updates_per_rollout_batch=3"]),
-    (dict(group_size=0), ["group_size=0"]),
-    (dict(independent_transitions="yes"), ["independent_transitions='yes'", "True or False"]),
-    # Each of these reached the first train() or trained silently before (a ZeroDivisionError, a bare TypeError,
-    # +5 per broken reply).
-    (dict(minibatch_size=0), ["minibatch_size=0 must be >= 1"]),
-    (dict(minibatch_size=-1), ["minibatch_size=-1 must be >= 1"]),
-    (dict(minibatch_size=float("nan")), ["minibatch_size=nan must be an integer"]),
-    (dict(adam_betas="x"), ["adam_betas='x' must be two numbers in [0, 1)"]),
-    (dict(adam_betas=(0.9,)), ["adam_betas=(0.9,)"]),
-    (dict(adam_betas=(0.9, True)), ["adam_betas=(0.9, True)"]),
-    (dict(format_penalty=5.0), ["format_penalty=5.0 must be <= 0"]),
-    (dict(ineffective_action_penalty=0.1), ["ineffective_action_penalty=0.1 must be <= 0"]),
-    (dict(env_step_timeout_s=0), ["env_step_timeout_s=0 must be > 0 seconds"]),
-    (dict(env_reset_timeout_s=-1.0), ["env_reset_timeout_s=-1.0 must be > 0 seconds"]),
-    # RAGEN's filter strategies
-    (dict(rollout_filter="top_p"), ["rollout_filter='top_p' needs rollout_filter_value"]),
-    (dict(rollout_filter="top_p", rollout_filter_value=1.5), ["rollout_filter_value=1.5 must lie in (0, 1]"]),
-    (dict(rollout_filter="top_k_abs", rollout_filter_value=2.5), ["rollout_filter_value=2.5 must be a whole number"]),
-    (dict(rollout_filter="top_p", rollout_filter_value=True), ["rollout_filter_value=True must be a finite number"]),
-    (dict(rollout_filter_value=0.9),
-     ["rollout_filter_value=0.9 set RAGEN's filter strategies", "rollout_filter='std'"]),
-    (dict(rollout_filter="snr_adaptive", rollout_filter_include_zero=True), ["drops zero-variance groups"]),
-    (dict(rollout_filter="top_p", rollout_filter_value=0.9, rollout_filter_include_zero=1),
-     ["rollout_filter_include_zero=1 must be True, False or None"]),
-    (dict(rollout_filter="min_p", rollout_filter_value=0.5, group_size=1), ["group_size >= 2"]),
-    (dict(rollout_filter="top_p", rollout_filter_value=0.9, rollout_filter_type="biggest"),
-     ["rollout_filter_type='biggest'", "largest"]),
-    (dict(rollout_filter="top_k", rollout_filter_value=0.5, rollout_filter_top_p_mode="softmax"),
-     ["rollout_filter_top_p_mode='softmax' applies to rollout_filter='top_p' only"]),
-    (dict(rollout_filter_empty_stop_steps=0), ["rollout_filter_empty_stop_steps=0 must be a positive integer"]),
-    # context windows
-    (dict(context_window="last_k_turns"), ["context_window='last_k_turns' needs context_window_turns >= 2"]),
-    (dict(context_window="last_k_turns", context_window_turns=1), ["context_window='single_turn'"]),
-    (dict(context_window_turns=3), ["context_window_turns=3 applies to context_window='last_k_turns' only"]),
-    (dict(context_window="window"), ["context_window='window'", "single_turn"]),
-    (dict(context_window="single_turn", advantage_mask="sampled_and_observations"),
-     ["advantage_mask='sampled_and_observations'", "context_window='single_turn'"]),
-])
+@pytest.mark.parametrize(
+    "knobs, fields",
+    [
+        (
+            dict(num_groups=8, group_size=4, rollout_filter_ratio=0.25, minibatch_size=16),
+            ["minibatch_size=16", "num_groups=8", "rollout_filter_ratio=0.25", "group_size=4"],
+        ),
+        (dict(advantage_estimator="ppo"), ["advantage_estimator='ppo'", "gae", "grpo"]),
+        (dict(advantage_estimator="grpo", group_size=1), ["advantage_estimator='grpo'", "group_size"]),
+        (dict(rollout_filter="top"), ["rollout_filter='top'", "reversed_std"]),
+        (dict(rollout_filter_ratio=0.0), ["rollout_filter_ratio=0.0"]),
+        (dict(dual_clip=0.5), ["dual_clip=0.5"]),
+        (dict(loss_aggregation="sum"), ["loss_aggregation='sum'", "seq-mean-token-mean"]),
+        (dict(temperature=0.0), ["temperature=0.0"]),
+        (dict(updates_per_rollout_batch=64, num_groups=8, group_size=4), ["updates_per_rollout_batch=64"]),
+        (dict(minibatch_size=8, updates_per_rollout_batch=3), ["minibatch_size=8", "updates_per_rollout_batch=3"]),
+        (dict(group_size=0), ["group_size=0"]),
+        (dict(independent_transitions="yes"), ["independent_transitions='yes'", "True or False"]),
+        # Each of these reached the first train() or trained silently before (a ZeroDivisionError, a bare TypeError,
+        # +5 per broken reply).
+        (dict(minibatch_size=0), ["minibatch_size=0 must be >= 1"]),
+        (dict(minibatch_size=-1), ["minibatch_size=-1 must be >= 1"]),
+        (dict(minibatch_size=float("nan")), ["minibatch_size=nan must be an integer"]),
+        (dict(adam_betas="x"), ["adam_betas='x' must be two numbers in [0, 1)"]),
+        (dict(adam_betas=(0.9,)), ["adam_betas=(0.9,)"]),
+        (dict(adam_betas=(0.9, True)), ["adam_betas=(0.9, True)"]),
+        (dict(format_penalty=5.0), ["format_penalty=5.0 must be <= 0"]),
+        (dict(ineffective_action_penalty=0.1), ["ineffective_action_penalty=0.1 must be <= 0"]),
+        (dict(env_step_timeout_s=0), ["env_step_timeout_s=0 must be > 0 seconds"]),
+        (dict(env_reset_timeout_s=-1.0), ["env_reset_timeout_s=-1.0 must be > 0 seconds"]),
+        # RAGEN's filter strategies
+        (dict(rollout_filter="top_p"), ["rollout_filter='top_p' needs rollout_filter_value"]),
+        (dict(rollout_filter="top_p", rollout_filter_value=1.5), ["rollout_filter_value=1.5 must lie in (0, 1]"]),
+        (
+            dict(rollout_filter="top_k_abs", rollout_filter_value=2.5),
+            ["rollout_filter_value=2.5 must be a whole number"],
+        ),
+        (
+            dict(rollout_filter="top_p", rollout_filter_value=True),
+            ["rollout_filter_value=True must be a finite number"],
+        ),
+        (
+            dict(rollout_filter_value=0.9),
+            ["rollout_filter_value=0.9 set RAGEN's filter strategies", "rollout_filter='std'"],
+        ),
+        (dict(rollout_filter="snr_adaptive", rollout_filter_include_zero=True), ["drops zero-variance groups"]),
+        (
+            dict(rollout_filter="top_p", rollout_filter_value=0.9, rollout_filter_include_zero=1),
+            ["rollout_filter_include_zero=1 must be True, False or None"],
+        ),
+        (dict(rollout_filter="min_p", rollout_filter_value=0.5, group_size=1), ["group_size >= 2"]),
+        (
+            dict(rollout_filter="top_p", rollout_filter_value=0.9, rollout_filter_type="biggest"),
+            ["rollout_filter_type='biggest'", "largest"],
+        ),
+        (
+            dict(rollout_filter="top_k", rollout_filter_value=0.5, rollout_filter_top_p_mode="softmax"),
+            ["rollout_filter_top_p_mode='softmax' applies to rollout_filter='top_p' only"],
+        ),
+        (dict(rollout_filter_empty_stop_steps=0), ["rollout_filter_empty_stop_steps=0 must be a positive integer"]),
+        # context windows
+        (dict(context_window="last_k_turns"), ["context_window='last_k_turns' needs context_window_turns >= 2"]),
+        (dict(context_window="last_k_turns", context_window_turns=1), ["context_window='single_turn'"]),
+        (dict(context_window_turns=3), ["context_window_turns=3 applies to context_window='last_k_turns' only"]),
+        (dict(context_window="window"), ["context_window='window'", "single_turn"]),
+        (
+            dict(context_window="single_turn", advantage_mask="sampled_and_observations"),
+            ["advantage_mask='sampled_and_observations'", "context_window='single_turn'"],
+        ),
+    ],
+)
 def test_invalid_settings_fail_at_validate_naming_the_fields(knobs, fields):
     config = StarPOConfig().training(**knobs)
     with pytest.raises(ValueError) as error:
@@ -131,11 +156,13 @@ def test_building_the_module_logs_no_deprecation_notice():
     import sys
 
     # RLlib logs this once per process, so a fresh one: RLModule's own __init__ builds the deprecated config.
-    code = ("from ray.rllib.core import DEFAULT_MODULE_ID\n"
-            "from rllib_ragen import StarPOConfig\n"
-            "from rllib_ragen.starpo.llm_rl_module import PLACEHOLDER_SPACE\n"
-            "StarPOConfig().get_rl_module_spec(spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)})"
-            ".build()\n")
+    code = (
+        "from ray.rllib.core import DEFAULT_MODULE_ID\n"
+        "from rllib_ragen import StarPOConfig\n"
+        "from rllib_ragen.starpo.llm_rl_module import PLACEHOLDER_SPACE\n"
+        "StarPOConfig().get_rl_module_spec(spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)})"
+        ".build()\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "deprecated" not in done.stderr, done.stderr[-2000:]
@@ -149,8 +176,11 @@ def test_every_boolean_knob_survives_copy_dict_and_checkpoint_state():
     flipped = {knob: not getattr(config, knob) for knob in _BOOLEANS}
     config.training(**flipped)
     # get_state/from_state is what an RLlib checkpoint stores and restores the config with.
-    for restored in (config.copy(), StarPOConfig.from_dict(config.to_dict()),
-                     StarPOConfig.from_state(config.get_state())):
+    for restored in (
+        config.copy(),
+        StarPOConfig.from_dict(config.to_dict()),
+        StarPOConfig.from_state(config.get_state()),
+    ):
         assert {knob: getattr(restored, knob) for knob in _BOOLEANS} == flipped
 
 
@@ -180,8 +210,11 @@ def test_the_settings_objects_of_a_default_config_are_their_own_defaults():
 
 
 def test_without_an_action_separator_a_reply_holds_one_action():
-    with pytest.raises(ValueError, match=r"action_separator=None makes each answer one action, but "
-                                         r"max_actions_per_turn=5: set max_actions_per_turn=1"):
+    with pytest.raises(
+        ValueError,
+        match=r"action_separator=None makes each answer one action, but "
+        r"max_actions_per_turn=5: set max_actions_per_turn=1",
+    ):
         StarPOConfig().training(action_separator=None).validate()
     with pytest.raises(ValueError, match=r"action_separator='<or>' must be a short string"):
         StarPOConfig().training(action_separator="<or>").validate()

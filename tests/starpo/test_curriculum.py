@@ -16,33 +16,46 @@ ONE_MOVE = [{"iterations": 1, "env_config": {"max_solution_moves": 1}}]
 
 
 def test_each_iteration_plays_its_stage_then_env_config_as_given():
-    config = StarPOConfig().environment(SOKOBAN, env_config={"reward": "success"}, curriculum=[
-        {"iterations": 2, "env_config": {"max_solution_moves": 1}},
-        {"iterations": 1, "env_config": {"max_solution_moves": 3, "reward": "shaped"}}])
+    config = StarPOConfig().environment(
+        SOKOBAN,
+        env_config={"reward": "success"},
+        curriculum=[
+            {"iterations": 2, "env_config": {"max_solution_moves": 1}},
+            {"iterations": 1, "env_config": {"max_solution_moves": 3, "reward": "shaped"}},
+        ],
+    )
     config.validate()
     assert [config.curriculum_stage(i) for i in range(5)] == [0, 0, 1, 2, 2]
-    assert config.training_env_config(0) == config.training_env_config(1) == {"reward": "success",
-                                                                              "max_solution_moves": 1}
+    assert (
+        config.training_env_config(0) == config.training_env_config(1) == {"reward": "success", "max_solution_moves": 1}
+    )
     assert config.training_env_config(2) == {"reward": "shaped", "max_solution_moves": 3}
     assert config.training_env_config(3) is None and config.env_config == {"reward": "success"}
     plain = StarPOConfig()
     assert plain.curriculum is None and plain.curriculum_stage(7) == 0 and plain.training_env_config(7) is None
 
 
-@pytest.mark.parametrize("curriculum, words", [
-    ([], "curriculum=[] must be a non-empty list of stages"),
-    ([{"iterations": 2}], "curriculum[0]={'iterations': 2} lacks ['env_config']: a stage is"),
-    ([{"iterations": 0}], "curriculum[0]['iterations']=0 must be a positive integer"),  # the zero, not the key
-    ([{"iterations": 2, "env_config": {"dim": 5}, "stage": 1}], "has unknown keys ['stage']: a stage is"),
-    ([3], "curriculum[0]=3 must be a dict with exactly the keys"),
-    ([{"iterations": 0, "env_config": {"dim": 5}}], "curriculum[0]['iterations']=0 must be a positive integer"),
-    ([{"iterations": True, "env_config": {"dim": 5}}], "curriculum[0]['iterations']=True must be a positive"),
-    ([{"iterations": 2, "env_config": {"dim": 5}}, {"iterations": 2, "env_config": {}}],
-     "curriculum[1]['env_config']={} must be a non-empty dict"),
-    ([{"iterations": 2, "env_config": {"boxes": 2}}], "curriculum[0]['env_config'] has unknown keys ['boxes']"),
-    ([{"iterations": 2, "env_config": {"max_solution_moves": 0}}],
-     "curriculum[0]['env_config'] for 'rllib_ragen/Sokoban-v0': max_solution_moves=0 must be a whole number"),
-])
+@pytest.mark.parametrize(
+    "curriculum, words",
+    [
+        ([], "curriculum=[] must be a non-empty list of stages"),
+        ([{"iterations": 2}], "curriculum[0]={'iterations': 2} lacks ['env_config']: a stage is"),
+        ([{"iterations": 0}], "curriculum[0]['iterations']=0 must be a positive integer"),  # the zero, not the key
+        ([{"iterations": 2, "env_config": {"dim": 5}, "stage": 1}], "has unknown keys ['stage']: a stage is"),
+        ([3], "curriculum[0]=3 must be a dict with exactly the keys"),
+        ([{"iterations": 0, "env_config": {"dim": 5}}], "curriculum[0]['iterations']=0 must be a positive integer"),
+        ([{"iterations": True, "env_config": {"dim": 5}}], "curriculum[0]['iterations']=True must be a positive"),
+        (
+            [{"iterations": 2, "env_config": {"dim": 5}}, {"iterations": 2, "env_config": {}}],
+            "curriculum[1]['env_config']={} must be a non-empty dict",
+        ),
+        ([{"iterations": 2, "env_config": {"boxes": 2}}], "curriculum[0]['env_config'] has unknown keys ['boxes']"),
+        (
+            [{"iterations": 2, "env_config": {"max_solution_moves": 0}}],
+            "curriculum[0]['env_config'] for 'rllib_ragen/Sokoban-v0': max_solution_moves=0 must be a whole number",
+        ),
+    ],
+)
 def test_bad_curricula_fail_at_validate_naming_the_stage(curriculum, words):
     with pytest.raises(ValueError) as error:
         StarPOConfig().environment(SOKOBAN, curriculum=curriculum).validate()
@@ -104,13 +117,22 @@ def _played_observations(trajectories, max_solution_moves):
 
 @pytest.mark.slow
 def test_a_remote_runner_plays_each_stage_beside_the_update_and_a_resumed_run_keeps_its_place(
-        ray_session, tmp_path, small_config, resumed_after_one_iteration):
+    ray_session, tmp_path, small_config, resumed_after_one_iteration
+):
     """One-step off-policy: iteration 1's rollout is played during iteration 0's update, with iteration 1's stage;
     a run resumed after iteration 0 trains on that same rollout and then plays the environment as given."""
-    curriculum = [{"iterations": 1, "env_config": {"max_solution_moves": 1}},
-                  {"iterations": 1, "env_config": {"max_solution_moves": 2}}]
-    make = lambda: small_config(validation_interval=0, max_policy_lag=1).environment(  # noqa: E731
-        SOKOBAN, curriculum=curriculum).env_runners(num_env_runners=1).build_algo()
+    curriculum = [
+        {"iterations": 1, "env_config": {"max_solution_moves": 1}},
+        {"iterations": 1, "env_config": {"max_solution_moves": 2}},
+    ]
+    make = lambda: (
+        small_config(validation_interval=0, max_policy_lag=1)
+        .environment(  # noqa: E731
+            SOKOBAN, curriculum=curriculum
+        )
+        .env_runners(num_env_runners=1)
+        .build_algo()
+    )
     straight = make()
     try:
         for stage, bound in [(0, 1), (1, 2), (2, None)]:
@@ -136,22 +158,32 @@ def test_the_job_flag_sets_the_stages_and_the_plan_line_states_them():
     from rllib_ragen.jobs.console import _curriculum_plan
 
     flag = '[{"iterations": 20, "env_config": {"max_solution_moves": 2}}, {"iterations": 10, "env_config": {"dim": 5}}]'
-    config, job = parse_job_args(StarPOConfig().environment(SOKOBAN), JobSettings(iterations=80),
-                                 ["--curriculum", flag])
-    assert config.curriculum == [{"iterations": 20, "env_config": {"max_solution_moves": 2}},
-                                 {"iterations": 10, "env_config": {"dim": 5}}]
+    config, job = parse_job_args(
+        StarPOConfig().environment(SOKOBAN), JobSettings(iterations=80), ["--curriculum", flag]
+    )
+    assert config.curriculum == [
+        {"iterations": 20, "env_config": {"max_solution_moves": 2}},
+        {"iterations": 10, "env_config": {"dim": 5}},
+    ]
     assert _curriculum_plan(config, job.iterations) == (
-        ' (curriculum: iterations 1-20 on {"max_solution_moves": 2}, 21-30 on {"dim": 5}; then env_config as given)')
+        ' (curriculum: iterations 1-20 on {"max_solution_moves": 2}, 21-30 on {"dim": 5}; then env_config as given)'
+    )
     assert _curriculum_plan(config, 30).endswith(
-        "; the run's 30 iterations end before env_config as given is ever trained on)")
+        "; the run's 30 iterations end before env_config as given is ever trained on)"
+    )
     assert _curriculum_plan(StarPOConfig(), 30) == ""
     # A curriculum given in a grid variant gets its own plan line; a variant with the config's own gets none.
     from rllib_ragen.jobs.console import _variant_curriculum_plans
 
-    grid = {"variant": {"plain": {}, "easy_first": {"curriculum": [{"iterations": 40, "env_config": {
-        "max_solution_moves": 3}}]}}}
+    grid = {
+        "variant": {
+            "plain": {},
+            "easy_first": {"curriculum": [{"iterations": 40, "env_config": {"max_solution_moves": 3}}]},
+        }
+    }
     assert _variant_curriculum_plans(StarPOConfig().environment(SOKOBAN), JobSettings(iterations=80, grid=grid)) == [
-        'grid variant easy_first: curriculum: iterations 1-40 on {"max_solution_moves": 3}; then env_config as given']
+        'grid variant easy_first: curriculum: iterations 1-40 on {"max_solution_moves": 3}; then env_config as given'
+    ]
     no_curriculum = JobSettings(iterations=80, grid={"variant": {"none": {"curriculum": None}}})
     assert _variant_curriculum_plans(config, no_curriculum) == ["grid variant none: no curriculum"]
     with pytest.raises(SystemExit):  # a bad stage exits at parse time, naming it (validate()'s message)
@@ -162,8 +194,11 @@ def test_a_stage_that_can_never_reset_ends_the_run_naming_the_stage_and_the_firs
     """The stage's settings validate (a level is drawn only at reset), but no 5x5 level with two boxes is solved in
     one move: every reset of the stage fails, and the run's error says where and why, not only that it happened."""
     stage = [{"iterations": 1, "env_config": {"num_boxes": 2, "max_solution_moves": 1}}]
-    algo = small_config(validation_interval=0, validate_before_training=False).environment(
-        SOKOBAN, env_config={"dim": 5}, curriculum=stage).build_algo()
+    algo = (
+        small_config(validation_interval=0, validate_before_training=False)
+        .environment(SOKOBAN, env_config={"dim": 5}, curriculum=stage)
+        .build_algo()
+    )
     try:
         with pytest.raises(RuntimeError) as error:
             algo.train()

@@ -15,8 +15,18 @@ from rllib_ragen.jobs.flags import config_flag_names, training_knob_help
 from rllib_ragen.jobs.settings import JobSettings, job_setting_rows
 from rllib_ragen.ranges import Range
 from rllib_ragen.rollout import RolloutConfig
-from rllib_ragen.starpo.knobs import (BOOL, INT, KNOB_SECTIONS, KNOB_TABLE, KNOBS, NUMBER, RLLIB_DEFAULT,
-                                      RLLIB_FIELDS, Knob, _knob)
+from rllib_ragen.starpo.knobs import (
+    BOOL,
+    INT,
+    KNOB_SECTIONS,
+    KNOB_TABLE,
+    KNOBS,
+    NUMBER,
+    RLLIB_DEFAULT,
+    RLLIB_FIELDS,
+    Knob,
+    _knob,
+)
 
 PACKAGE = pathlib.Path(rllib_ragen.__file__).parent
 ROWS = [*KNOB_TABLE, *RLLIB_FIELDS.values()]
@@ -71,8 +81,13 @@ def test_the_ranges_cover_every_kind_of_end():
     ranges = {k.range for k in [*ROWS, *JOB_ROWS] if k.range is not None}
     assert all(isinstance(r, Range) for r in ranges)  # numbers, not text to parse
     assert {(r.low is not None, r.high is not None, r.low_open, r.high_open) for r in ranges} >= {
-        (True, False, False, False), (True, False, True, False), (False, True, False, False),
-        (True, True, False, False), (True, True, True, False), (True, True, False, True)}
+        (True, False, False, False),
+        (True, False, True, False),
+        (False, True, False, False),
+        (True, True, False, False),
+        (True, True, True, False),
+        (True, True, False, True),
+    }
 
 
 @pytest.mark.parametrize("knob", [k for k in ROWS if k.range], ids=lambda k: k.name)
@@ -114,8 +129,13 @@ def test_no_other_module_states_a_knobs_default_again():
             elif isinstance(node, ast.Call):
                 pairs = [(k.arg, k.value) for k in node.keywords if k.arg]
             for name, value in pairs:
-                if name in KNOBS and isinstance(value, ast.Constant) and value.value is not None \
-                        and value.value == KNOBS[name].default and type(value.value) is type(KNOBS[name].default):
+                if (
+                    name in KNOBS
+                    and isinstance(value, ast.Constant)
+                    and value.value is not None
+                    and value.value == KNOBS[name].default
+                    and type(value.value) is type(KNOBS[name].default)
+                ):
                     restated.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {name}={value.value!r}")
     assert restated == []
 
@@ -133,8 +153,9 @@ def _ends(bounds) -> list[tuple[str, float]]:
 
 def _a_config_knob(node) -> bool:
     """``config.<knob>`` or ``self.<knob>`` (a settings object's field of the same name is not the knob)."""
-    return isinstance(node, ast.Attribute) and node.attr in KNOBS and getattr(node.value, "id", "") in ("config",
-                                                                                                     "self")
+    return (
+        isinstance(node, ast.Attribute) and node.attr in KNOBS and getattr(node.value, "id", "") in ("config", "self")
+    )
 
 
 def test_no_other_module_checks_a_knobs_kind_or_range_again():
@@ -143,8 +164,12 @@ def test_no_other_module_checks_a_knobs_kind_or_range_again():
     restated = []
     for path in _package_sources():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("isinstance", "is_int", "is_number") \
-                    and node.args and _a_config_knob(node.args[0]):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", "") in ("isinstance", "is_int", "is_number")
+                and node.args
+                and _a_config_knob(node.args[0])
+            ):
                 restated.append(f"{path.relative_to(PACKAGE)}:{node.lineno} kind of {node.args[0].attr}")
             if not isinstance(node, ast.Compare):
                 continue
@@ -166,8 +191,7 @@ JOB_ROWS = job_setting_rows()
 
 def test_every_job_setting_is_one_row_with_help():
     assert [row.name for row in JOB_ROWS] == list(JobSettings.__dataclass_fields__)
-    assert [row.name for row in JOB_ROWS if len(JobSettings.__dataclass_fields__[row.name].metadata["help"]) < 10] \
-        == []
+    assert [row.name for row in JOB_ROWS if len(JobSettings.__dataclass_fields__[row.name].metadata["help"]) < 10] == []
     assert all(getattr(JobSettings(), row.name) == row.default for row in JOB_ROWS)
 
 

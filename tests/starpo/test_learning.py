@@ -18,8 +18,7 @@ def warm_bandit_model(tmp_path_factory):
     model, tokenizer = load_policy("tiny", seed=0)
     demos = collect_demonstrations(RolloutConfig(env=BANDIT, max_turns=1), random_arm_policy(seed=0), tokenizer, 256)
     assert 0.4 < np.mean([t.success for t in demos]) < 0.6  # the demonstrations really are indifferent
-    losses = supervised_warm_start(model, demos, steps=60, batch_size=16, lr=2e-3,
-                                   pad_token_id=tokenizer.pad_token_id)
+    losses = supervised_warm_start(model, demos, steps=60, batch_size=16, lr=2e-3, pad_token_id=tokenizer.pad_token_id)
     assert losses[-1] < 0.1 * losses[0]
     path = tmp_path_factory.mktemp("warm_bandit")
     model.save_pretrained(path)
@@ -37,12 +36,26 @@ def better_arm_rate(trajectories) -> float:
 @pytest.mark.parametrize("estimator", ["gae", "grpo"])
 def test_starpo_raises_the_better_arms_rate_on_bandit(warm_bandit_model, estimator):
     iterations = 10
-    config = (StarPOConfig().environment(BANDIT).rl_module(model_config={"model": warm_bandit_model})
-              .training(num_groups=8, group_size=8, max_turns=1, max_new_tokens_per_turn=32, lr=5e-4,
-                        critic_lr=1e-3, advantage_estimator=estimator, grpo_normalize_std=False,
-                        whiten_advantages=False,  # as the bandit job: whitened GAE reached 0.83 in this budget
-                        rollout_filter_ratio=1.0, validation_size=128, validation_interval=iterations)
-              .debugging(seed=0))
+    config = (
+        StarPOConfig()
+        .environment(BANDIT)
+        .rl_module(model_config={"model": warm_bandit_model})
+        .training(
+            num_groups=8,
+            group_size=8,
+            max_turns=1,
+            max_new_tokens_per_turn=32,
+            lr=5e-4,
+            critic_lr=1e-3,
+            advantage_estimator=estimator,
+            grpo_normalize_std=False,
+            whiten_advantages=False,  # as the bandit job: whitened GAE reached 0.83 in this budget
+            rollout_filter_ratio=1.0,
+            validation_size=128,
+            validation_interval=iterations,
+        )
+        .debugging(seed=0)
+    )
     algo = config.build_algo()
     try:
         algo.train()

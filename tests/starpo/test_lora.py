@@ -38,13 +38,19 @@ def test_merged_weights_are_the_base_plus_scaled_b_times_a():
     wrapped = attach_lora(policy, lora_settings(LORA), seed=3)
     layer = wrapped.get_base_model().model.layers[0].self_attn.q_proj
     with torch.no_grad():
-        layer.lora_B["default"].weight.copy_(torch.arange(layer.lora_B["default"].weight.numel(), dtype=torch.float32)
-                                             .reshape(layer.lora_B["default"].weight.shape) / 1000)
+        layer.lora_B["default"].weight.copy_(
+            torch.arange(layer.lora_B["default"].weight.numel(), dtype=torch.float32).reshape(
+                layer.lora_B["default"].weight.shape
+            )
+            / 1000
+        )
     a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
     merged = merged_policy_state(wrapped)
     assert torch.allclose(merged["model.layers.0.self_attn.q_proj.weight"], base_q + (8 / 4) * b @ a, atol=1e-6)
-    assert torch.equal(merged["model.layers.0.self_attn.k_proj.weight"],  # not a target: the base, untouched
-                       wrapped.get_base_model().model.layers[0].self_attn.k_proj.weight)
+    assert torch.equal(
+        merged["model.layers.0.self_attn.k_proj.weight"],  # not a target: the base, untouched
+        wrapped.get_base_model().model.layers[0].self_attn.k_proj.weight,
+    )
     assert not any(".lora_" in key or "base_layer" in key for key in merged)
     # The merged state is a plain Hugging Face state: the base model class loads it strictly and agrees.
     plain, _ = load_policy("tiny")
@@ -55,9 +61,13 @@ def test_merged_weights_are_the_base_plus_scaled_b_times_a():
 
 
 def test_lora_settings_are_checked_by_name_at_validate(small_config):
-    for lora, words in (({"rank": 8}, "unknown keys ['rank']"), ({"r": 0}, "r >= 1"),
-                        ({"r": 8, "dropout": 0.1}, "dropout is fixed at 0"), ({"alpha": "16"}, "['alpha']"),
-                        ({"alpha": float("inf")}, "a finite alpha > 0")):
+    for lora, words in (
+        ({"rank": 8}, "unknown keys ['rank']"),
+        ({"r": 0}, "r >= 1"),
+        ({"r": 8, "dropout": 0.1}, "dropout is fixed at 0"),
+        ({"alpha": "16"}, "['alpha']"),
+        ({"alpha": float("inf")}, "a finite alpha > 0"),
+    ):
         config = small_config().rl_module(model_config={"model": "tiny", "lora": lora})
         with pytest.raises(ValueError, match="model_config\\['lora'\\]") as error:
             config.validate()
@@ -69,14 +79,16 @@ def test_lora_trains_adapters_only_and_resumes_exactly(tmp_path, small_config):
     algo = lora_config(small_config, num_epochs=2, updates_per_rollout_batch=2).build_algo()
     try:
         module = learner_module(algo)
-        base_before = {k: v.clone() for k, v in module.policy.get_base_model().state_dict().items()
-                       if ".lora_" not in k}
+        base_before = {
+            k: v.clone() for k, v in module.policy.get_base_model().state_dict().items() if ".lora_" not in k
+        }
         adapters = {n for n, p in module.policy.named_parameters() if p.requires_grad}
         assert adapters and all(".lora_" in n for n in adapters)
         actor = algo.learner_group._learner.get_optimizers_for_module(DEFAULT_MODULE_ID)
         actor_params = dict(actor)["actor"].param_groups[0]["params"]
-        assert sum(p.numel() for p in actor_params) == sum(p.numel() for p in module.policy.parameters()
-                                                            if p.requires_grad)
+        assert sum(p.numel() for p in actor_params) == sum(
+            p.numel() for p in module.policy.parameters() if p.requires_grad
+        )
         assert all(p.requires_grad for p in module.critic.parameters())  # the critic keeps its own full weights
 
         first = algo.train()["learners"][DEFAULT_MODULE_ID]
@@ -86,8 +98,9 @@ def test_lora_trains_adapters_only_and_resumes_exactly(tmp_path, small_config):
         after = module.policy.get_base_model().state_dict()
         for key, value in base_before.items():  # frozen base weights
             assert torch.equal(after[key], value), key
-        assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in module.policy.named_parameters()
-                   if "lora_B" in n)  # the adapters moved away from their zero start
+        assert any(
+            not torch.equal(p, torch.zeros_like(p)) for n, p in module.policy.named_parameters() if "lora_B" in n
+        )  # the adapters moved away from their zero start
         second = algo.train()["learners"][DEFAULT_MODULE_ID]
         assert second["rollout/logprob_gap_max"] < 1e-5  # after a sync of adapted weights, too
         expected = {k: v.clone() for k, v in module.get_state().items()}
@@ -167,8 +180,12 @@ def test_a_lora_checkpoint_does_not_load_into_a_full_model_algorithm(tmp_path, s
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
 def test_vllm_engines_serve_the_learners_adapter(small_config):
-    config = lora_config(small_config, inference_backend="vllm", lr=1e-2,
-                         vllm_engine_config={"enforce_eager": True, "max_model_len": 2048})
+    config = lora_config(
+        small_config,
+        inference_backend="vllm",
+        lr=1e-2,
+        vllm_engine_config={"enforce_eager": True, "max_model_len": 2048},
+    )
     algo = config.build_algo()
     try:
         result = algo.train()
@@ -207,7 +224,8 @@ def test_activation_checkpointing_trains_the_same_adapters_and_critic_to_the_bit
     assert any("lora_B" in k and plain[k].abs().sum() > 0 for k in plain)  # the adapters did move
     with pytest.raises(ValueError, match=r"model_config\['activation_checkpointing'\]='yes': True or False"):
         lora_config(small_config).rl_module(
-            model_config={"model": "tiny", "activation_checkpointing": "yes"}).validate()
+            model_config={"model": "tiny", "activation_checkpointing": "yes"}
+        ).validate()
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -225,8 +243,9 @@ def test_bfloat16_base_weights_train_the_same_adapters_to_the_bit_under_bfloat16
         assert q_proj.lora_A["default"].weight.dtype == torch.float32  # the adapters train in float32
         bases.append(q_proj.get_base_layer().weight.detach().float().clone())
         algo.train()
-        trained.append({k: v.detach().clone() for k, v in module.state_dict().items() if ".lora_" in k
-                        or k.startswith("critic.")})
+        trained.append(
+            {k: v.detach().clone() for k, v in module.state_dict().items() if ".lora_" in k or k.startswith("critic.")}
+        )
         merged.append(merged_policy_state(module.policy))
         algo.stop()
     assert [k for k in trained[0] if not torch.equal(trained[0][k], trained[1][k])] == []
@@ -240,8 +259,11 @@ def test_bfloat16_base_weights_train_the_same_adapters_to_the_bit_under_bfloat16
 
 def test_bfloat16_base_weights_need_bfloat16_autocast(small_config):
     config = small_config().rl_module(model_config={"model": "tiny", "lora": {"r": 4, "base_dtype": "bfloat16"}})
-    with pytest.raises(ValueError, match=r"base_dtype'\]='bfloat16' with autocast_dtype=None: .* set "
-                                         r"autocast_dtype='bfloat16'"):
+    with pytest.raises(
+        ValueError,
+        match=r"base_dtype'\]='bfloat16' with autocast_dtype=None: .* set "
+        r"autocast_dtype='bfloat16'",
+    ):
         config.validate()
     config.training(autocast_dtype="bfloat16").validate()
     with pytest.raises(ValueError, match=r"base_dtype'\]='float16': choose one of \['float32', 'bfloat16'\]"):

@@ -16,14 +16,19 @@ SOKOBAN, ALT, FROZEN = "rllib_ragen/Sokoban-v0", "rllib_ragen/SokobanAltSymbols-
 
 def mixture(config: StarPOConfig) -> StarPOConfig:
     """Train on one Sokoban and one FrozenLake group per step; validate on two states of three environments."""
-    return config.environment(train_envs=[{"env": SOKOBAN, "groups": 1}, {"env": FROZEN, "groups": 1}],
-                              validation_envs=[{"env": SOKOBAN, "states": 2}, {"env": ALT, "states": 2},
-                                               {"env": FROZEN, "states": 2}])
+    return config.environment(
+        train_envs=[{"env": SOKOBAN, "groups": 1}, {"env": FROZEN, "groups": 1}],
+        validation_envs=[{"env": SOKOBAN, "states": 2}, {"env": ALT, "states": 2}, {"env": FROZEN, "states": 2}],
+    )
 
 
 def test_groups_are_shared_out_in_order_and_validation_defaults_to_the_training_envs():
-    config = StarPOConfig().environment(train_envs=[
-        {"env": SOKOBAN, "groups": 3}, {"env": SOKOBAN, "env_config": {"dim": 8}, "name": "sokoban8", "groups": 1}])
+    config = StarPOConfig().environment(
+        train_envs=[
+            {"env": SOKOBAN, "groups": 3},
+            {"env": SOKOBAN, "env_config": {"dim": 8}, "name": "sokoban8", "groups": 1},
+        ]
+    )
     config.training(num_groups=4, validation_size=2, validation_seed_start=50)
     config.validate()
     # env is the first training environment, set by environment(train_envs=...)
@@ -38,22 +43,37 @@ def test_groups_are_shared_out_in_order_and_validation_defaults_to_the_training_
     assert single.rollout_config().environments == ()
 
 
-@pytest.mark.parametrize("train_envs, validation_envs, words", [
-    ([{"env": SOKOBAN, "groups": 6}, {"env": FROZEN, "groups": 1}], None,
-     "the groups add up to 7, but num_groups=8; set num_groups=7"),
-    ([{"env": SOKOBAN, "groups": 8, "group": 2}], None, "train_envs[0] has unknown keys ['group']"),
-    ([{"env": SOKOBAN}], None, "train_envs[0] needs 'groups'"),
-    ([{"env": SOKOBAN, "groups": 0}], None, "train_envs[0]['groups']=0 must be a positive integer"),
-    ([{"env": "Nope-v0", "groups": 8}], None, "train_envs[0]['env']='Nope-v0' is not a registered"),
-    ([{"env": SOKOBAN, "groups": 8, "env_config": {"dims": 8}}], None,
-     "train_envs[0]['env_config'] has unknown keys ['dims']"),
-    ([{"env": SOKOBAN, "groups": 4}, {"env": SOKOBAN, "groups": 4, "env_config": {"dim": 8}}], None,
-     "the names ['rllib_ragen/Sokoban-v0'] are used twice"),
-    (None, [{"env": ALT, "states": 1.5}], "validation_envs[0]['states']=1.5 must be a positive integer"),
-    (None, [], "validation_envs=[] must be a non-empty list"),
-    ([{"env": SOKOBAN, "groups": 8, "name": "s"}], [{"env": FROZEN, "name": "s"}],
-     "the name 's' stands for two different environments"),
-])
+@pytest.mark.parametrize(
+    "train_envs, validation_envs, words",
+    [
+        (
+            [{"env": SOKOBAN, "groups": 6}, {"env": FROZEN, "groups": 1}],
+            None,
+            "the groups add up to 7, but num_groups=8; set num_groups=7",
+        ),
+        ([{"env": SOKOBAN, "groups": 8, "group": 2}], None, "train_envs[0] has unknown keys ['group']"),
+        ([{"env": SOKOBAN}], None, "train_envs[0] needs 'groups'"),
+        ([{"env": SOKOBAN, "groups": 0}], None, "train_envs[0]['groups']=0 must be a positive integer"),
+        ([{"env": "Nope-v0", "groups": 8}], None, "train_envs[0]['env']='Nope-v0' is not a registered"),
+        (
+            [{"env": SOKOBAN, "groups": 8, "env_config": {"dims": 8}}],
+            None,
+            "train_envs[0]['env_config'] has unknown keys ['dims']",
+        ),
+        (
+            [{"env": SOKOBAN, "groups": 4}, {"env": SOKOBAN, "groups": 4, "env_config": {"dim": 8}}],
+            None,
+            "the names ['rllib_ragen/Sokoban-v0'] are used twice",
+        ),
+        (None, [{"env": ALT, "states": 1.5}], "validation_envs[0]['states']=1.5 must be a positive integer"),
+        (None, [], "validation_envs=[] must be a non-empty list"),
+        (
+            [{"env": SOKOBAN, "groups": 8, "name": "s"}],
+            [{"env": FROZEN, "name": "s"}],
+            "the name 's' stands for two different environments",
+        ),
+    ],
+)
 def test_mixture_settings_are_checked_by_name_at_validate(train_envs, validation_envs, words):
     config = StarPOConfig()
     if train_envs is not None:
@@ -73,15 +93,24 @@ def test_env_that_is_not_the_first_training_environment_is_refused():
 
 def test_the_engine_plays_each_group_in_its_own_environment():
     _, tokenizer = load_policy("tiny", seed=0)
-    config = RolloutConfig(env=SOKOBAN, environments=((SOKOBAN, SOKOBAN, {}), ("big", SOKOBAN, {"dim": 8}),
-                                                      (FROZEN, FROZEN, {})))
-    engine = RolloutEngine(config, ScriptedBackend(lambda prompt: "<think>go</think><answer>Up</answer>", tokenizer),
-                           tokenizer)
+    config = RolloutConfig(
+        env=SOKOBAN, environments=((SOKOBAN, SOKOBAN, {}), ("big", SOKOBAN, {"dim": 8}), (FROZEN, FROZEN, {}))
+    )
+    engine = RolloutEngine(
+        config, ScriptedBackend(lambda prompt: "<think>go</think><answer>Up</answer>", tokenizer), tokenizer
+    )
     starts = [(SOKOBAN, 5), ("big", 5), (FROZEN, 5), (SOKOBAN, 6)]
     trajectories, metrics = engine.rollout(starts, group_size=2, sampling=SamplingParams())
     assert [(t.env_name, t.seed, t.group) for t in trajectories] == [
-        (SOKOBAN, 5, 0), (SOKOBAN, 5, 0), ("big", 5, 1), ("big", 5, 1), (FROZEN, 5, 2), (FROZEN, 5, 2),
-        (SOKOBAN, 6, 3), (SOKOBAN, 6, 3)]
+        (SOKOBAN, 5, 0),
+        (SOKOBAN, 5, 0),
+        ("big", 5, 1),
+        ("big", 5, 1),
+        (FROZEN, 5, 2),
+        (FROZEN, 5, 2),
+        (SOKOBAN, 6, 3),
+        (SOKOBAN, 6, 3),
+    ]
     # The same seed builds each environment's own first state: a 6x6 and an 8x8 board, and a lake.
     for t, (env, env_config) in zip(trajectories[::2], ((SOKOBAN, {}), (SOKOBAN, {"dim": 8}), (FROZEN, {}))):
         built = make_text_env(env, **env_config)
@@ -98,7 +127,8 @@ def test_the_engine_plays_each_group_in_its_own_environment():
 
 @pytest.mark.slow
 def test_a_mixture_trains_on_a_remote_runner_with_metrics_per_env_and_resumes_exactly(
-        ray_session, tmp_path, small_config, resumed_after_one_iteration, learner_state):
+    ray_session, tmp_path, small_config, resumed_after_one_iteration, learner_state
+):
     make = lambda: mixture(small_config(validation_interval=2)).env_runners(num_env_runners=1).build_algo()  # noqa: E731
     straight = make()
     try:
@@ -118,7 +148,8 @@ def test_a_mixture_trains_on_a_remote_runner_with_metrics_per_env_and_resumes_ex
     for name in (SOKOBAN, ALT, FROZEN):  # two validation states of each validation environment
         assert evaluation[f"{name}/num_trajectories"] == 2 and 0.0 <= evaluation[f"{name}/success"] <= 1.0
     assert sorted((t.env_name, t.seed) for t in validation) == sorted(
-        (name, seed) for name in (SOKOBAN, ALT, FROZEN) for seed in (123, 124))
+        (name, seed) for name in (SOKOBAN, ALT, FROZEN) for seed in (123, 124)
+    )
 
     resumed = resumed_after_one_iteration(make, tmp_path)
     try:
@@ -148,7 +179,8 @@ def test_the_filter_per_environment_keeps_groups_of_each_environment_in_a_real_u
 
 
 def test_a_job_that_validates_only_on_environments_it_does_not_train_on_scores_the_first_of_them(
-        ray_session, tmp_path, small_config):
+    ray_session, tmp_path, small_config
+):
     # A transfer study: train on one bandit, validate on its held-out-names variant only. The final table, the
     # paired statistics, the baseline and the validation split score the first validation environment; before this,
     # the job trained to the end and then failed to write its summary (it looked for the training environment's
@@ -162,7 +194,8 @@ def test_a_job_that_validates_only_on_environments_it_does_not_train_on_scores_t
 
     held_out = "rllib_ragen/BanditHeldOut-v0"
     config = small_config("rllib_ragen/Bandit-v0", max_turns=1, validation_group_size=2).environment(
-        train_envs=[{"env": "rllib_ragen/Bandit-v0", "groups": 2}], validation_envs=[{"env": held_out, "states": 6}])
+        train_envs=[{"env": "rllib_ragen/Bandit-v0", "groups": 2}], validation_envs=[{"env": held_out, "states": 6}]
+    )
     assert headline_environment(config).name == held_out
     job = JobSettings(output_dir=str(tmp_path), iterations=1, threads=1, warm_start_steps=0)
     summary = run_job(config, job, baselines={"random arm": random_arm_policy(seed=0)})

@@ -28,6 +28,7 @@ def _record_calls(obj, *methods, calls=None) -> list[tuple[str, str]]:
         def call(*args, **kwargs):
             calls.append((name, threading.current_thread().name))
             return method(*args, **kwargs)
+
         return call
 
     for name in methods:
@@ -36,19 +37,24 @@ def _record_calls(obj, *methods, calls=None) -> list[tuple[str, str]]:
 
 
 def test_off_policy_settings_are_checked_by_name(small_config):
-    for config, words in ((small_config(max_policy_lag=2).env_runners(num_env_runners=1), "max_policy_lag=2"),
-                          (small_config(max_policy_lag=1), "num_env_runners >= 1"),
-                          (small_config(max_policy_lag=1, recompute_logprobs=False).env_runners(num_env_runners=1),
-                           "recompute_logprobs=True"),
-                          (small_config(importance_weight_cap=0.5), "importance_weight_cap=0.5")):
+    for config, words in (
+        (small_config(max_policy_lag=2).env_runners(num_env_runners=1), "max_policy_lag=2"),
+        (small_config(max_policy_lag=1), "num_env_runners >= 1"),
+        (
+            small_config(max_policy_lag=1, recompute_logprobs=False).env_runners(num_env_runners=1),
+            "recompute_logprobs=True",
+        ),
+        (small_config(importance_weight_cap=0.5), "importance_weight_cap=0.5"),
+    ):
         with pytest.raises(ValueError, match="Invalid StarPOConfig") as error:
             config.validate()
         assert words in str(error.value)
 
 
 @pytest.mark.slow
-def test_one_step_off_policy_lag_is_bounded_and_resume_is_exact(tmp_path, small_config, resumed_after_one_iteration,
-                                                                learner_state):
+def test_one_step_off_policy_lag_is_bounded_and_resume_is_exact(
+    tmp_path, small_config, resumed_after_one_iteration, learner_state
+):
     straight = off_policy_config(small_config).build_algo()
     calls = _record_calls(straight.rollouts, "play", "start_next")  # the rollout scheduler's fan-out and hand-off
     _record_calls(straight, "_update", calls=calls)
@@ -67,8 +73,10 @@ def test_one_step_off_policy_lag_is_bounded_and_resume_is_exact(tmp_path, small_
     assert all(r["learners"][DEFAULT_MODULE_ID]["actor/first_step_logprob_deviation"] == 0.0 for r in results)
     # Played beside the update: each iteration hands the next rollout to the rollout thread before it updates, and
     # every training rollout after the first plays there (an order of calls, not a timing: the machine may be busy).
-    assert [name for name, thread in calls if thread == "MainThread" and name != "play"] == \
-        ["start_next", "_update"] * 3
+    assert [name for name, thread in calls if thread == "MainThread" and name != "play"] == [
+        "start_next",
+        "_update",
+    ] * 3
     rollout_threads = [thread for name, thread in calls if name == "play"]
     assert rollout_threads[0] == "MainThread" and len(rollout_threads) == 4
     assert all(thread.startswith(ROLLOUT_THREAD) for thread in rollout_threads[1:])

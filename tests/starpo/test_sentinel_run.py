@@ -28,12 +28,20 @@ def policy_after(config, iterations: int) -> dict[str, torch.Tensor]:
 
 
 def test_the_probe_reports_every_signal_and_leaves_training_unchanged(small_config):
-    probed, result = policy_after(small_config(collapse_diagnostics_interval=1, gradient_analysis_interval=1,
-                                               validation_interval=0), 2)
+    probed, result = policy_after(
+        small_config(collapse_diagnostics_interval=1, gradient_analysis_interval=1, validation_interval=0), 2
+    )
     plain, plain_result = policy_after(small_config(collapse_diagnostics_interval=0, validation_interval=0), 2)
     assert all(torch.equal(probed[k], plain[k]) for k in plain)  # weights, optimizer and RNG untouched by the probe
-    for name in (M.RETRIEVAL_ACCURACY, M.MI_ESTIMATE, M.CROSS_SCORE_MARGIN, M.TIME_COLLAPSE_PROBE,
-                 M.THINK_TOKENS_PER_TURN, M.DISTINCT_2, M.REPEAT_RATE):
+    for name in (
+        M.RETRIEVAL_ACCURACY,
+        M.MI_ESTIMATE,
+        M.CROSS_SCORE_MARGIN,
+        M.TIME_COLLAPSE_PROBE,
+        M.THINK_TOKENS_PER_TURN,
+        M.DISTINCT_2,
+        M.REPEAT_RATE,
+    ):
         assert name in result, name
     assert 0.0 <= result[M.RETRIEVAL_ACCURACY] <= 1.0
     assert any(k.startswith("collapse/grad_norm_") for k in result)
@@ -46,8 +54,9 @@ def test_the_gradient_analysis_rides_on_the_first_probe_of_each_window(small_con
     """Iterations 0-4 with collapse_diagnostics_interval=2 and gradient_analysis_interval=3: the probe runs at 0, 2
     and 4; the buckets' gradient norms with its first run in each window of 3 iterations, at 0 and 4 (3 has no
     probe). With the probe off nothing of it runs (the default gradient interval does not switch it back on)."""
-    algo = small_config(collapse_diagnostics_interval=2, gradient_analysis_interval=3,
-                        validation_interval=0).build_algo()
+    algo = small_config(
+        collapse_diagnostics_interval=2, gradient_analysis_interval=3, validation_interval=0
+    ).build_algo()
     calls, probe = [], algo._collapse_probe
 
     def recorded(columns, trajectories, gradient_norms):
@@ -76,8 +85,9 @@ def test_the_gradient_analysis_rides_on_the_first_probe_of_each_window(small_con
 def test_a_rollback_restores_the_last_healthy_weights_lowers_the_lr_and_survives_a_checkpoint(tmp_path, small_config):
     rule = Rule(**ALWAYS, patience=2, action="rollback", knobs={"lr_factor": 0.5}, name="always")
     twin = Rule(**ALWAYS, patience=2, action="rollback", knobs={"lr_factor": 0.5}, name="always too")
-    algo = small_config(sentinel_rules=[rule, twin], validation_interval=0,
-                        collapse_diagnostics_interval=0).build_algo()
+    algo = small_config(
+        sentinel_rules=[rule, twin], validation_interval=0, collapse_diagnostics_interval=0
+    ).build_algo()
     try:
         algo.train()  # iteration 1: warm-up value, healthy: the rollback point
         healthy = {k: v.clone() for k, v in algo.policy_weights().items()}
@@ -117,7 +127,8 @@ def test_a_stop_rule_ends_a_tune_trial(tmp_path, small_config):
 
     rule = Rule(**ALWAYS, patience=1, action="stop", name="stop at once")
     results = tune.Tuner(
-        StarPO, param_space=small_config(sentinel_rules=[rule], validation_interval=0, collapse_diagnostics_interval=0),
+        StarPO,
+        param_space=small_config(sentinel_rules=[rule], validation_interval=0, collapse_diagnostics_interval=0),
         run_config=tune.RunConfig(stop={"training_iteration": 5}, storage_path=str(tmp_path), verbose=0),
     ).fit()
     # Warm-up at iteration 1, fires (stop) at iteration 2: the trial ends there, not at 5.
@@ -128,8 +139,12 @@ def test_a_stop_rule_ends_a_tune_trial(tmp_path, small_config):
 @pytest.mark.slow
 def test_probe_and_rollback_with_a_remote_learner_and_a_remote_env_runner(small_config):
     rule = Rule(**ALWAYS, patience=2, action="rollback", knobs={"lr_factor": 0.5}, name="always")
-    algo = (small_config(sentinel_rules=[rule], validation_interval=0, collapse_diagnostics_interval=1)
-            .env_runners(num_env_runners=1).learners(num_learners=1).build_algo())
+    algo = (
+        small_config(sentinel_rules=[rule], validation_interval=0, collapse_diagnostics_interval=1)
+        .env_runners(num_env_runners=1)
+        .learners(num_learners=1)
+        .build_algo()
+    )
     try:
         first = algo.train()
         assert 0.0 <= first[M.RETRIEVAL_ACCURACY] <= 1.0  # the probe ran on the remote learner
@@ -141,10 +156,12 @@ def test_probe_and_rollback_with_a_remote_learner_and_a_remote_env_runner(small_
         assert all(torch.equal(healthy[k], restored[k]) for k in healthy)
         # The remote env runner plays the restored weights, not the collapsed ones it held.
         remote = algo.env_runner_group.foreach_env_runner(
-            lambda runner: runner.module.policy_state(runner.module.get_state()), local_env_runner=False)[0]
+            lambda runner: runner.module.policy_state(runner.module.get_state()), local_env_runner=False
+        )[0]
         assert all(torch.equal(restored[k], remote[k]) for k in restored)
         lrs = algo.learner_group.foreach_learner(
-            lambda learner: [g["lr"] for o in learner._named_optimizers.values() for g in o.param_groups])
+            lambda learner: [g["lr"] for o in learner._named_optimizers.values() for g in o.param_groups]
+        )
         assert next(iter(lrs)).get() == pytest.approx([0.5e-3, 0.5e-3])
     finally:
         algo.stop()

@@ -18,8 +18,11 @@ def test_adapted_and_served_games_train_in_a_mixture_on_a_remote_runner(ray_sess
         config = small_config(validation_interval=1, group_size=2, max_turns=2, max_new_tokens_per_turn=6)
         config.environment(
             train_envs=[{"env": GUESS, "groups": 1}, {"env": MASTERMIND, "groups": 1}],
-            validation_envs=[{"env": GUESS, "states": 2}, {"env": REMOTE, "env_config": {"url": server.url},
-                                                           "name": "countdown-served", "states": 2}])
+            validation_envs=[
+                {"env": GUESS, "states": 2},
+                {"env": REMOTE, "env_config": {"url": server.url}, "name": "countdown-served", "states": 2},
+            ],
+        )
         algo = config.env_runners(num_env_runners=1).build_algo()
         try:
             result = algo.train()

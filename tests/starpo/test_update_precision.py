@@ -38,12 +38,15 @@ def test_without_autocast_the_learner_computes_in_float32(ray_session, small_con
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
-@pytest.mark.parametrize("value, dtype, message", [
-    ("float16", "float32", "choose one of"),
-    ("bf16", "float32", "choose one of"),
-    (True, "float32", "choose one of"),
-    ("bfloat16", "bfloat16", "weights in a low precision"),
-])
+@pytest.mark.parametrize(
+    "value, dtype, message",
+    [
+        ("float16", "float32", "choose one of"),
+        ("bf16", "float32", "choose one of"),
+        (True, "float32", "choose one of"),
+        ("bfloat16", "bfloat16", "weights in a low precision"),
+    ],
+)
 def test_validate_refuses_autocast_settings_that_cannot_work(small_config, value, dtype, message):
     config = small_config(autocast_dtype=value).rl_module(model_config={"model": "tiny", "dtype": dtype})
     with pytest.raises(ValueError, match=f"autocast_dtype={value!r}.*{message}"):
@@ -65,8 +68,11 @@ def test_autocast_dtype_survives_copy_dict_state_build_and_checkpoint(ray_sessio
     from rllib_ragen import StarPO, StarPOConfig
 
     config = small_config(autocast_dtype="bfloat16")
-    for restored in (config.copy(), StarPOConfig.from_dict(config.to_dict()),
-                     StarPOConfig.from_state(config.get_state())):
+    for restored in (
+        config.copy(),
+        StarPOConfig.from_dict(config.to_dict()),
+        StarPOConfig.from_state(config.get_state()),
+    ):
         assert restored.autocast_dtype == "bfloat16"
     algo = config.build_algo()
     try:

@@ -21,8 +21,9 @@ def test_vllm_backend_without_vllm_fails_at_construction_with_the_fix(small_conf
 
 def test_vllm_settings_are_checked_by_name(small_config):
     with pytest.raises(ValueError) as error:
-        small_config(inference_backend="vllm", recompute_logprobs=False,
-                     vllm_engine_config={"gpu_memory_utilisation": 0.5}).validate()
+        small_config(
+            inference_backend="vllm", recompute_logprobs=False, vllm_engine_config={"gpu_memory_utilisation": 0.5}
+        ).validate()
     assert "recompute_logprobs=False" in str(error.value) and "gpu_memory_utilisation" in str(error.value)
     with pytest.raises(ValueError, match="inference_backend='sglang'"):
         small_config(inference_backend="sglang").validate()
@@ -39,8 +40,11 @@ def _sequence_logprobs(model, ids):
 @pytest.mark.slow
 @pytest.mark.parametrize("num_env_runners", [0, 1])
 def test_starpo_iteration_on_vllm_engines_syncs_the_learners_weights(ray_session, small_config, num_env_runners):
-    config = small_config(inference_backend="vllm", validation_interval=0,
-                          vllm_engine_config={"enforce_eager": True, "max_model_len": 2048})
+    config = small_config(
+        inference_backend="vllm",
+        validation_interval=0,
+        vllm_engine_config={"enforce_eager": True, "max_model_len": 2048},
+    )
     config.env_runners(num_env_runners=num_env_runners)
     algo = config.build_algo()
     try:
@@ -52,8 +56,9 @@ def test_starpo_iteration_on_vllm_engines_syncs_the_learners_weights(ray_session
         assert result["time/weight_load_s"] > 0
         sequence = algo.last_rollout[0].token_ids
         state = algo.learner_group.get_state(components="learner/rl_module/default_policy", inference_only=True)
-        module = config.get_rl_module_spec(inference_only=True,
-                                           spaces={"default_policy": (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}).build()
+        module = config.get_rl_module_spec(
+            inference_only=True, spaces={"default_policy": (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}
+        ).build()
         module.set_state(state["learner"]["rl_module"]["default_policy"])
         engine_now = torch.tensor(engine.sequence_logprobs(sequence))
         assert torch.allclose(engine_now, _sequence_logprobs(module.policy, sequence), atol=1e-4)

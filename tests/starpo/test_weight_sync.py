@@ -96,16 +96,18 @@ def test_share_or_copy_refuses_another_model():
         share_or_copy(state, target, share=True)
 
 
-def test_remote_env_runners_get_the_weights_through_the_object_store_and_the_bytes_are_counted(ray_session,
-                                                                                                 small_config):
+def test_remote_env_runners_get_the_weights_through_the_object_store_and_the_bytes_are_counted(
+    ray_session, small_config
+):
     algo = small_config(validation_interval=0).env_runners(num_env_runners=1).build_algo()
     try:
         result = algo.train()
         learner_state = algo.learner_group._learner.module[DEFAULT_MODULE_ID].unwrapped().policy.state_dict()
         distinct = {t.data_ptr(): t for t in learner_state.values()}
         assert result[M.SYNC_BYTES] >= sum(t.numel() * t.element_size() for t in distinct.values())
-        played = algo.env_runner_group.foreach_env_runner(lambda runner: runner.module.policy.state_dict(),
-                                                          local_env_runner=False)[0]
+        played = algo.env_runner_group.foreach_env_runner(
+            lambda runner: runner.module.policy.state_dict(), local_env_runner=False
+        )[0]
         assert all(torch.equal(played[k], learner_state[k].cpu()) for k in played)
     finally:
         algo.stop()

@@ -39,8 +39,13 @@ def test_turn_rows_train_exact_to_the_token_with_the_critic(small_config):
 
 
 def test_a_windowed_run_resumes_exactly(tmp_path, small_config, resumed_after_one_iteration):
-    make = lambda: small_config(context_window="last_k_turns", context_window_turns=2, max_turns=3,  # noqa: E731
-                                advantage_estimator="grpo", validation_interval=0).build_algo()
+    make = lambda: small_config(
+        context_window="last_k_turns",
+        context_window_turns=2,
+        max_turns=3,  # noqa: E731
+        advantage_estimator="grpo",
+        validation_interval=0,
+    ).build_algo()
     straight = make()
     try:
         straight.train()
@@ -78,8 +83,14 @@ class _SameForAll(TextEnv):
 
 
 def test_a_filter_that_keeps_nothing_skips_the_update_and_stops_the_run(small_config):
-    algo = small_config(env=_SameForAll, rollout_filter="snr_adaptive", rollout_filter_empty_stop_steps=2,
-                        format_penalty=0.0, validation_interval=0, validate_before_training=False).build_algo()
+    algo = small_config(
+        env=_SameForAll,
+        rollout_filter="snr_adaptive",
+        rollout_filter_empty_stop_steps=2,
+        format_penalty=0.0,
+        validation_interval=0,
+        validate_before_training=False,
+    ).build_algo()
     try:
         before = _weights(algo)
         first = algo.train()

@@ -29,8 +29,9 @@ def remote_text_env(url: str, protocol: str = "rllib_ragen", **kwargs: Any) -> R
     try:
         from .openenv_client import OpenEnvTextEnv
     except ImportError as error:
-        raise ImportError(f"protocol='openenv' needs the openenv package ({error}): "
-                          'pip install "rllib_ragen[openenv]"') from None
+        raise ImportError(
+            f"protocol='openenv' needs the openenv package ({error}): pip install \"rllib_ragen[openenv]\""
+        ) from None
     return OpenEnvTextEnv(url, protocol=protocol, **kwargs)
 
 

@@ -66,24 +66,44 @@ class RemoteTextEnv(TextEnv):
     environment reads raw replies (:attr:`TextEnv.raw_replies`).
     """
 
-    def __init__(self, url: str, protocol: str = "rllib_ragen", request_timeout_s: float = 30.0,
-                 connect_retries: int = 4, retry_backoff_s: float = 0.2, max_observation_chars: int = 16384,
-                 action_field: str | None = None, observation_field: str | None = None,
-                 success_reward: float | None = None, raw_replies: bool | None = None,
-                 render_mode: str | None = "ansi"):
+    def __init__(
+        self,
+        url: str,
+        protocol: str = "rllib_ragen",
+        request_timeout_s: float = 30.0,
+        connect_retries: int = 4,
+        retry_backoff_s: float = 0.2,
+        max_observation_chars: int = 16384,
+        action_field: str | None = None,
+        observation_field: str | None = None,
+        success_reward: float | None = None,
+        raw_replies: bool | None = None,
+        render_mode: str | None = "ansi",
+    ):
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol={protocol!r}: choose one of {PROTOCOLS}.")
         if protocol == "openenv" and type(self) is RemoteTextEnv:  # this class speaks our protocol only
-            raise ValueError("protocol='openenv' is played by OpenEnvTextEnv: build it with "
-                             "rllib_ragen.envs.remote.remote_text_env(url, protocol='openenv') or make_text_env("
-                             "'rllib_ragen/Remote-v0', url=..., protocol='openenv').")
+            raise ValueError(
+                "protocol='openenv' is played by OpenEnvTextEnv: build it with "
+                "rllib_ragen.envs.remote.remote_text_env(url, protocol='openenv') or make_text_env("
+                "'rllib_ragen/Remote-v0', url=..., protocol='openenv')."
+            )
         parsed = urlparse(url) if isinstance(url, str) else None
-        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname or (
-                protocol == "rllib_ragen" and parsed.scheme != "http"):
-            raise ValueError(f"url={url!r}: give the server as http://HOST:PORT "
-                             "(python -m rllib_ragen.envs.remote.server).")
-        openenv_only = {"action_field": action_field, "observation_field": observation_field,
-                        "success_reward": success_reward, "raw_replies": raw_replies}
+        if (
+            parsed is None
+            or parsed.scheme not in ("http", "https")
+            or not parsed.hostname
+            or (protocol == "rllib_ragen" and parsed.scheme != "http")
+        ):
+            raise ValueError(
+                f"url={url!r}: give the server as http://HOST:PORT (python -m rllib_ragen.envs.remote.server)."
+            )
+        openenv_only = {
+            "action_field": action_field,
+            "observation_field": observation_field,
+            "success_reward": success_reward,
+            "raw_replies": raw_replies,
+        }
         for name, value in openenv_only.items():
             if value is not None and protocol != "openenv":
                 raise ValueError(f"{name}={value!r} applies to OpenEnv servers only: set protocol='openenv'.")
@@ -92,8 +112,11 @@ class RemoteTextEnv(TextEnv):
                 raise ValueError(f"{name}={openenv_only[name]!r} must be a field name (a string) or None.")
         if raw_replies is not None and not isinstance(raw_replies, bool):
             raise ValueError(f"raw_replies={raw_replies!r} must be True, False or None.")
-        if success_reward is not None and (isinstance(success_reward, bool) or not isinstance(
-                success_reward, (int, float)) or not math.isfinite(success_reward)):
+        if success_reward is not None and (
+            isinstance(success_reward, bool)
+            or not isinstance(success_reward, (int, float))
+            or not math.isfinite(success_reward)
+        ):
             raise ValueError(f"success_reward={success_reward!r} must be a finite number or None.")
         for name, value in (("request_timeout_s", request_timeout_s), ("retry_backoff_s", retry_backoff_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -130,32 +153,39 @@ class RemoteTextEnv(TextEnv):
         for attempt in range(self.connect_retries + 1):
             try:
                 if self._connection is None:
-                    self._connection = http.client.HTTPConnection(self._host, self._port,
-                                                                  timeout=self.request_timeout_s)
+                    self._connection = http.client.HTTPConnection(
+                        self._host, self._port, timeout=self.request_timeout_s
+                    )
                 self._connection.request(method, path, body=data, headers={"Content-Type": "application/json"})
                 response = self._connection.getresponse()
                 raw = response.read(self._max_reply_bytes + 1)
                 break
             except TimeoutError:
                 self._drop_connection()
-                raise TimeoutError(f"{self.url}{path} did not answer within request_timeout_s="
-                                   f"{self.request_timeout_s:g} s") from None
+                raise TimeoutError(
+                    f"{self.url}{path} did not answer within request_timeout_s={self.request_timeout_s:g} s"
+                ) from None
             except (*_CONNECTION_ERRORS, OSError) as error:
                 self._drop_connection()
                 if attempt == self.connect_retries:
-                    raise RemoteEnvError(f"cannot reach the environment server at {self.url} after "
-                                         f"{attempt + 1} attempts ({type(error).__name__}: {error}); is "
-                                         "`python -m rllib_ragen.envs.remote.server` running there?") from error
-                time.sleep(self.retry_backoff_s * 2 ** attempt)
+                    raise RemoteEnvError(
+                        f"cannot reach the environment server at {self.url} after "
+                        f"{attempt + 1} attempts ({type(error).__name__}: {error}); is "
+                        "`python -m rllib_ragen.envs.remote.server` running there?"
+                    ) from error
+                time.sleep(self.retry_backoff_s * 2**attempt)
         if len(raw) > self._max_reply_bytes:
             self._drop_connection()  # the rest of that reply is never read
-            raise RemoteEnvError(f"{self.url}{path} sent a reply of more than {self._max_reply_bytes:,} bytes, more "
-                                 f"than texts of max_observation_chars={self.max_observation_chars} can take.")
+            raise RemoteEnvError(
+                f"{self.url}{path} sent a reply of more than {self._max_reply_bytes:,} bytes, more "
+                f"than texts of max_observation_chars={self.max_observation_chars} can take."
+            )
         try:
             payload = json.loads(raw or b"{}")
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise RemoteEnvError(f"{self.url}{path} answered {response.status} with something that is not JSON "
-                                 f"({error}): {raw[:80]!r}") from None
+            raise RemoteEnvError(
+                f"{self.url}{path} answered {response.status} with something that is not JSON ({error}): {raw[:80]!r}"
+            ) from None
         if not isinstance(payload, dict):
             raise RemoteEnvError(f"{self.url}{path} answered a JSON {type(payload).__name__}, not an object.")
         if response.status != 200:
@@ -177,13 +207,22 @@ class RemoteTextEnv(TextEnv):
         else:
             ok = isinstance(value, kind)
         if not ok:
-            wanted = {float: "a number", int: "a whole number >= 1", list: "a list of strings", bool: "true or false",
-                      str: "a string", dict: "an object"}[kind]
-            raise RemoteEnvError(f"{self.url}{path} sent {name}={value!r:.80}: expected {wanted}"
-                                 f"{' or null' if optional else ''}.")
+            wanted = {
+                float: "a number",
+                int: "a whole number >= 1",
+                list: "a list of strings",
+                bool: "true or false",
+                str: "a string",
+                dict: "an object",
+            }[kind]
+            raise RemoteEnvError(
+                f"{self.url}{path} sent {name}={value!r:.80}: expected {wanted}{' or null' if optional else ''}."
+            )
         if kind is str and name in ("observation", "description") and len(value) > self.max_observation_chars:
-            raise RemoteEnvError(f"{self.url}{path} sent {name} text of {len(value):,} characters; this client "
-                                 f"takes at most max_observation_chars={self.max_observation_chars}.")
+            raise RemoteEnvError(
+                f"{self.url}{path} sent {name} text of {len(value):,} characters; this client "
+                f"takes at most max_observation_chars={self.max_observation_chars}."
+            )
         return value
 
     def _served_tools(self, reply: dict, path: str) -> list[dict]:
@@ -191,23 +230,31 @@ class RemoteTextEnv(TextEnv):
         none."""
         tools = reply.get("tools") or []
         if not isinstance(tools, list) or not all(
-                isinstance(tool, dict) and isinstance(tool.get("function"), dict)
-                and isinstance(tool["function"].get("name"), str) for tool in tools):
-            raise RemoteEnvError(f"{self.url}{path} sent tools={tools!r:.80}: expected a list of function schemas "
-                                 "({'type': 'function', 'function': {'name': ..., 'parameters': ...}}) or null.")
+            isinstance(tool, dict)
+            and isinstance(tool.get("function"), dict)
+            and isinstance(tool["function"].get("name"), str)
+            for tool in tools
+        ):
+            raise RemoteEnvError(
+                f"{self.url}{path} sent tools={tools!r:.80}: expected a list of function schemas "
+                "({'type': 'function', 'function': {'name': ..., 'parameters': ...}}) or null."
+            )
         return tools
 
     def _compile_action_pattern(self, pattern: str | None):
         if pattern is None:
             return None
         if len(pattern) > MAX_ACTION_PATTERN_CHARS:
-            raise RemoteEnvError(f"{self.url}/reset sent an action_pattern of {len(pattern)} characters; at most "
-                                 f"{MAX_ACTION_PATTERN_CHARS} are taken.")
+            raise RemoteEnvError(
+                f"{self.url}/reset sent an action_pattern of {len(pattern)} characters; at most "
+                f"{MAX_ACTION_PATTERN_CHARS} are taken."
+            )
         try:
             return regex.compile(pattern, regex.IGNORECASE)
         except regex.error as error:
-            raise RemoteEnvError(f"{self.url}/reset sent action_pattern={pattern!r}, which does not compile "
-                                 f"({error}).") from None
+            raise RemoteEnvError(
+                f"{self.url}/reset sent action_pattern={pattern!r}, which does not compile ({error})."
+            ) from None
 
     def _drop_connection(self) -> None:
         if self._connection is not None:
@@ -218,11 +265,12 @@ class RemoteTextEnv(TextEnv):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super(TextEnv, self).reset(seed=seed)
         self.reset_options = options or {}
-        reply = self._request("POST", "/reset", {"seed": seed, "options": self.reset_options,
-                                                 "close": self._session})
+        reply = self._request("POST", "/reset", {"seed": seed, "options": self.reset_options, "close": self._session})
         if "session_id" not in reply and isinstance(reply.get("observation"), dict) and "done" in reply:
-            raise RemoteEnvError(f"{self.url}/reset answered in OpenEnv's shape (an observation object and 'done', no "
-                                 "session): play it with env_config protocol='openenv'.")
+            raise RemoteEnvError(
+                f"{self.url}/reset answered in OpenEnv's shape (an observation object and 'done', no "
+                "session): play it with env_config protocol='openenv'."
+            )
         self._session, self._steps, self._success = self._field(reply, "/reset", "session_id", str), 0, False
         return self._start_episode(reply, "/reset", "observation")
 
@@ -262,9 +310,11 @@ class RemoteTextEnv(TextEnv):
         try:  # a served pattern may backtrack for ages on some answers: each match is bounded in time
             return move_matching(text, self._action_regex, timeout=ACTION_PATTERN_TIMEOUT_S)
         except TimeoutError:
-            raise RemoteEnvError(f"{self.url}'s action_pattern took over {ACTION_PATTERN_TIMEOUT_S} s to match an "
-                                 f"answer of {len(' '.join(text.split()))} characters (a pattern that backtracks "
-                                 "exponentially?); fix the served game's move syntax.") from None
+            raise RemoteEnvError(
+                f"{self.url}'s action_pattern took over {ACTION_PATTERN_TIMEOUT_S} s to match an "
+                f"answer of {len(' '.join(text.split()))} characters (a pattern that backtracks "
+                "exponentially?); fix the served game's move syntax."
+            ) from None
 
     def describe(self) -> str:
         return self._description

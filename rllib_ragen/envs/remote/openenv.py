@@ -31,8 +31,10 @@ from pydantic import Field
 class TextAction(Action):
     """One action of a text environment."""
 
-    message: str = Field(description="One action: a name from the observation's action_names (case ignored), or "
-                                     "a move matching its action_pattern.")
+    message: str = Field(
+        description="One action: a name from the observation's action_names (case ignored), or "
+        "a move matching its action_pattern."
+    )
 
 
 class TextObservation(Observation):
@@ -47,8 +49,11 @@ class TextObservation(Observation):
     success: bool = Field(default=False, description="Whether the episode's goal is reached.")
     truncated: bool = Field(default=False, description="Whether the episode ended by a time limit, not the game.")
     raw_replies: bool = Field(default=False, description="The environment reads a model's whole reply itself.")
-    tools: list[dict[str, Any]] = Field(default_factory=list, description="Function schemas of the environment's "
-                                        "tools: each action is then a call, {\"name\": ..., \"arguments\": {...}}.")
+    tools: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Function schemas of the environment's "
+        'tools: each action is then a call, {"name": ..., "arguments": {...}}.',
+    )
     info: dict[str, Any] = Field(default_factory=dict, description="The environment's step info.")
 
 

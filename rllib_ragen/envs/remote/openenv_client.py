@@ -52,8 +52,9 @@ class OpenEnvTextEnv(RemoteTextEnv):
         schema, metadata = self._get_json("/schema"), self._get_json("/metadata")
         action, observation = schema.get("action"), schema.get("observation")
         if not isinstance(action, dict) or not isinstance(observation, dict):
-            raise RemoteEnvError(f"{self.url}/schema answered without action and observation schemas: "
-                                 f"{json.dumps(schema)[:120]}")
+            raise RemoteEnvError(
+                f"{self.url}/schema answered without action and observation schemas: {json.dumps(schema)[:120]}"
+            )
         self._ours = OUR_FIELDS <= set(observation.get("properties", {}))
         self._mcp = not self._ours and {"tool_name", "arguments"} <= set(action.get("properties", {}))
         self._action_schema = action
@@ -62,33 +63,41 @@ class OpenEnvTextEnv(RemoteTextEnv):
             self._choose_action_field(action)
             fields = set(observation.get("properties", {})) - _OPENENV_RESERVED
             if self.observation_field is not None and self.observation_field not in fields:
-                raise RemoteEnvError(f"observation_field={self.observation_field!r}, but {self.url}'s observation "
-                                     f"has the fields {sorted(fields)}.")
-        self._client = GenericEnvClient(base_url=self.url, connect_timeout_s=self.request_timeout_s,
-                                        message_timeout_s=self.request_timeout_s)
+                raise RemoteEnvError(
+                    f"observation_field={self.observation_field!r}, but {self.url}'s observation "
+                    f"has the fields {sorted(fields)}."
+                )
+        self._client = GenericEnvClient(
+            base_url=self.url, connect_timeout_s=self.request_timeout_s, message_timeout_s=self.request_timeout_s
+        )
 
     def _choose_action_field(self, schema: dict) -> None:
         properties = {k: v for k, v in schema.get("properties", {}).items() if k != "metadata"}
         if self.action_field is not None:
             if self.action_field not in properties:
-                raise RemoteEnvError(f"action_field={self.action_field!r}, but {self.url}'s action has the fields "
-                                     f"{sorted(properties)}.")
+                raise RemoteEnvError(
+                    f"action_field={self.action_field!r}, but {self.url}'s action has the fields {sorted(properties)}."
+                )
             return
         required = [k for k in schema.get("required", ()) if k in properties]
         strings = [k for k in required if properties[k].get("type") == "string"]
         self.action_field = strings[0] if len(required) == 1 and strings else None  # None: a JSON object
         if self.raw_replies and self.action_field is None:
-            raise RemoteEnvError(f"raw_replies=True, but {self.url}'s action is not one string field "
-                                 f"({sorted(properties)}): name the field that takes the reply with action_field.")
+            raise RemoteEnvError(
+                f"raw_replies=True, but {self.url}'s action is not one string field "
+                f"({sorted(properties)}): name the field that takes the reply with action_field."
+            )
 
     def _get_json(self, path: str) -> dict:
         try:
             with urllib.request.urlopen(self.url + path, timeout=self.request_timeout_s) as response:
                 raw = response.read(self._max_reply_bytes + 1)
         except urllib.error.HTTPError as error:
-            raise RemoteEnvError(f"{self.url}{path} answered HTTP {error.code}: not an OpenEnv server? (A "
-                                 "`python -m rllib_ragen.envs.remote.server` server without --protocol openenv is "
-                                 "played with protocol='rllib_ragen'.)") from None
+            raise RemoteEnvError(
+                f"{self.url}{path} answered HTTP {error.code}: not an OpenEnv server? (A "
+                "`python -m rllib_ragen.envs.remote.server` server without --protocol openenv is "
+                "played with protocol='rllib_ragen'.)"
+            ) from None
         except (urllib.error.URLError, OSError) as error:
             raise RemoteEnvError(f"cannot reach the OpenEnv server at {self.url} ({error}).") from None
         try:
@@ -105,12 +114,14 @@ class OpenEnvTextEnv(RemoteTextEnv):
             return call()
         except TimeoutError:
             self._drop_client()
-            raise TimeoutError(f"{self.url} did not answer a {what} within request_timeout_s="
-                               f"{self.request_timeout_s:g} s") from None
+            raise TimeoutError(
+                f"{self.url} did not answer a {what} within request_timeout_s={self.request_timeout_s:g} s"
+            ) from None
         except Exception as error:  # a refused connection, a closed socket, an error frame
             self._drop_client()
-            raise RemoteEnvError(f"the OpenEnv server at {self.url} failed a {what}: {type(error).__name__}: "
-                                 f"{error}") from None
+            raise RemoteEnvError(
+                f"the OpenEnv server at {self.url} failed a {what}: {type(error).__name__}: {error}"
+            ) from None
 
     def _drop_client(self) -> None:
         client, self._client = self._client, None
@@ -142,17 +153,28 @@ class OpenEnvTextEnv(RemoteTextEnv):
 
     def _list_tools(self) -> list[dict]:
         """The MCP server's tools as function schemas (``list_tools``, one step that changes nothing)."""
-        listed = self._checked_observation(self._send("list_tools", lambda: self._client.step(
-            {"type": "list_tools"})).observation, "list_tools").get("tools")
-        if not isinstance(listed, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
-                                                   for t in listed):
-            raise RemoteEnvError(f"{self.url} answered list_tools with tools={listed!r:.120}: expected a list of "
-                                 "tools with names.")
-        return [{"type": "function", "function": {
-            "name": tool["name"], "description": str(tool.get("description") or ""),
-            "parameters": tool.get("input_schema") or tool.get("inputSchema") or {"type": "object",
-                                                                                  "properties": {}}}}
-                for tool in listed]
+        listed = self._checked_observation(
+            self._send("list_tools", lambda: self._client.step({"type": "list_tools"})).observation, "list_tools"
+        ).get("tools")
+        if not isinstance(listed, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("name"), str) for t in listed
+        ):
+            raise RemoteEnvError(
+                f"{self.url} answered list_tools with tools={listed!r:.120}: expected a list of tools with names."
+            )
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool["name"],
+                    "description": str(tool.get("description") or ""),
+                    "parameters": tool.get("input_schema")
+                    or tool.get("inputSchema")
+                    or {"type": "object", "properties": {}},
+                },
+            }
+            for tool in listed
+        ]
 
     def _tool_result_text(self, observation: dict) -> tuple[str, bool]:
         """An MCP call's observation as the text the policy reads, and whether the call failed."""
@@ -162,8 +184,11 @@ class OpenEnvTextEnv(RemoteTextEnv):
             return f"Error: {message}", True
         result = observation.get("result")
         if isinstance(result, dict):
-            texts = [part.get("text") for part in result.get("content") or () if isinstance(part, dict)
-                     and isinstance(part.get("text"), str)]
+            texts = [
+                part.get("text")
+                for part in result.get("content") or ()
+                if isinstance(part, dict) and isinstance(part.get("text"), str)
+            ]
             failed = bool(result.get("is_error"))
             if texts:
                 return "\n".join(texts), failed
@@ -177,8 +202,11 @@ class OpenEnvTextEnv(RemoteTextEnv):
             call = json.loads(action)
             payload = {"type": "call_tool", "tool_name": call["name"], "arguments": call.get("arguments") or {}}
         else:
-            payload = {"message": action} if self._ours else (
-                {self.action_field: action} if self.action_field else json.loads(action))
+            payload = (
+                {"message": action}
+                if self._ours
+                else ({self.action_field: action} if self.action_field else json.loads(action))
+            )
         result = self._send("step", lambda: self._client.step(payload))
         self._steps += 1
         observation = self._checked_observation(result.observation, "step")
@@ -197,8 +225,10 @@ class OpenEnvTextEnv(RemoteTextEnv):
         if self._mcp:
             text, tool_error = self._tool_result_text(observation)
             if len(text) > self.max_observation_chars:
-                raise RemoteEnvError(f"{self.url} sent a tool result of {len(text):,} characters; this client takes at "
-                                     f"most max_observation_chars={self.max_observation_chars}.")
+                raise RemoteEnvError(
+                    f"{self.url} sent a tool result of {len(text):,} characters; this client takes at "
+                    f"most max_observation_chars={self.max_observation_chars}."
+                )
             self._observation = text
             self._state_key = f"{self._state_key}\n{action}"  # the task and the calls so far
         else:
@@ -237,11 +267,14 @@ class OpenEnvTextEnv(RemoteTextEnv):
 
     def _checked_observation(self, observation: Any, what: str) -> dict:
         if not isinstance(observation, dict):
-            raise RemoteEnvError(f"{self.url} answered a {what} with observation={observation!r:.80}: expected an "
-                                 "object.")
+            raise RemoteEnvError(
+                f"{self.url} answered a {what} with observation={observation!r:.80}: expected an object."
+            )
         if len(json.dumps(observation, default=str)) > self._max_reply_bytes:
-            raise RemoteEnvError(f"{self.url} sent an observation of more than {self._max_reply_bytes:,} bytes, more "
-                                 f"than texts of max_observation_chars={self.max_observation_chars} can take.")
+            raise RemoteEnvError(
+                f"{self.url} sent an observation of more than {self._max_reply_bytes:,} bytes, more "
+                f"than texts of max_observation_chars={self.max_observation_chars} can take."
+            )
         return observation
 
     def _foreign_text(self, observation: dict) -> str:
@@ -251,11 +284,16 @@ class OpenEnvTextEnv(RemoteTextEnv):
             text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
         else:
             strings = [v for v in fields.values() if isinstance(v, str)]
-            text = strings[0] if len(strings) == 1 and len(fields) == 1 else json.dumps(fields, sort_keys=True,
-                                                                                         default=str)
+            text = (
+                strings[0]
+                if len(strings) == 1 and len(fields) == 1
+                else json.dumps(fields, sort_keys=True, default=str)
+            )
         if len(text) > self.max_observation_chars:
-            raise RemoteEnvError(f"{self.url} sent an observation text of {len(text):,} characters; this client takes "
-                                 f"at most max_observation_chars={self.max_observation_chars}.")
+            raise RemoteEnvError(
+                f"{self.url} sent an observation text of {len(text):,} characters; this client takes "
+                f"at most max_observation_chars={self.max_observation_chars}."
+            )
         return text
 
     def _foreign_description(self) -> str:

@@ -34,8 +34,9 @@ class ServedTextEnv(Environment):
         self.env = make_text_env(env_id, **dict(env_config or {}))
         self._state = TextState()
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, options: dict | None = None,
-              **_: Any) -> TextObservation:
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, options: dict | None = None, **_: Any
+    ) -> TextObservation:
         text, info = self._call("reset", lambda: self.env.reset(seed=seed, options=options or None))
         self._state = TextState(episode_id=episode_id, step_count=0, text=text, success=False)
         return TextObservation(text=text, info=info, **episode_start(self.env.unwrapped))
@@ -48,9 +49,15 @@ class ServedTextEnv(Environment):
         reward = float(reward)
         if not math.isfinite(reward):  # JSON has no NaN: the reward goes as its name too, and the client reads that
             info = {**info, "nonfinite_reward": repr(reward)}
-        return TextObservation(text=text, reward=reward, done=bool(terminated or truncated), info=info,
-                               state_key=text_env.state_key(), success=bool(text_env.success),
-                               truncated=bool(truncated and not terminated))
+        return TextObservation(
+            text=text,
+            reward=reward,
+            done=bool(terminated or truncated),
+            info=info,
+            state_key=text_env.state_key(),
+            success=bool(text_env.success),
+            truncated=bool(truncated and not terminated),
+        )
 
     @property
     def state(self) -> TextState:
@@ -61,8 +68,11 @@ class ServedTextEnv(Environment):
             description = self.env.unwrapped.describe()
         except Exception:  # an adapted game may describe itself only after a reset
             description = ""
-        return EnvironmentMetadata(name=self.env_id, description=description or f"the text environment {self.env_id}",
-                                   version=_package_version())
+        return EnvironmentMetadata(
+            name=self.env_id,
+            description=description or f"the text environment {self.env_id}",
+            version=_package_version(),
+        )
 
     def close(self) -> None:
         self.env.close()
@@ -84,16 +94,25 @@ def _package_version() -> str:
         return "0"
 
 
-def openenv_app(env_id: str, env_config: dict | None = None, max_sessions: int = 4096,
-                session_ttl_s: float | None = 600.0, max_body_bytes: int | None = None):
+def openenv_app(
+    env_id: str,
+    env_config: dict | None = None,
+    max_sessions: int = 4096,
+    session_ttl_s: float | None = 600.0,
+    max_body_bytes: int | None = None,
+):
     """OpenEnv's FastAPI app serving ``env_id`` (built once here, so a bad id or argument fails now, not on the first
     connection): ``/ws`` sessions, ``/reset``, ``/step``, ``/state``, ``/schema``, ``/metadata``, ``/health``; behind
     :class:`ServingLimits` (``max_body_bytes``, and an idle WebSocket session ended after ``session_ttl_s``)."""
     ServedTextEnv(env_id, env_config).close()
-    app = create_fastapi_app(lambda: ServedTextEnv(env_id, env_config), TextAction, TextObservation,
-                             env_name=env_id.replace("/", "_"), state_cls=TextState,
-                             concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions,
-                                                                  session_timeout=session_ttl_s))
+    app = create_fastapi_app(
+        lambda: ServedTextEnv(env_id, env_config),
+        TextAction,
+        TextObservation,
+        env_name=env_id.replace("/", "_"),
+        state_cls=TextState,
+        concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=session_ttl_s),
+    )
     app.add_middleware(ServingLimits, max_body_bytes=max_body_bytes, idle_timeout_s=session_ttl_s)
     return app
 
@@ -124,9 +143,12 @@ class ServingLimits:
         if length is not None:
             size = int(length) if length.isdigit() else -1
             if not 0 <= size <= limit:
-                await _json_reply(send, 400 if size < 0 else 413,
-                                  f"Content-Length {length.decode(errors='replace')!r}: a body of 0 to {limit} bytes "
-                                  "(--max-body-bytes) is read.")
+                await _json_reply(
+                    send,
+                    400 if size < 0 else 413,
+                    f"Content-Length {length.decode(errors='replace')!r}: a body of 0 to {limit} bytes "
+                    "(--max-body-bytes) is read.",
+                )
                 return
             await self.app(scope, receive, send)  # h11 delivers exactly that many bytes
             return
@@ -162,8 +184,13 @@ class ServingLimits:
                 return await asyncio.wait_for(receive(), self.idle_timeout_s)
             except asyncio.TimeoutError:
                 closed = True
-                await send({"type": "websocket.close", "code": 1001,
-                            "reason": f"idle for {self.idle_timeout_s:g} s (--session-ttl-s)"})
+                await send(
+                    {
+                        "type": "websocket.close",
+                        "code": 1001,
+                        "reason": f"idle for {self.idle_timeout_s:g} s (--session-ttl-s)",
+                    }
+                )
                 return {"type": "websocket.disconnect", "code": 1001}  # the app ends the session as on a disconnect
 
         async def send_unless_closed(message):
@@ -175,7 +202,15 @@ class ServingLimits:
 
 async def _json_reply(send, status: int, error: str) -> None:
     data = json.dumps({"error": error}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": data})

@@ -84,8 +84,16 @@ class TextEnvServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # the listen backlog (the standard library's 5 resets clients that connect at once)
 
-    def __init__(self, address: tuple[str, int], env: str, env_config: dict | None = None, max_sessions: int = 4096,
-                 session_ttl_s: float = 600.0, max_body_bytes: int = 1 << 20, request_timeout_s: float = 60.0):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        env: str,
+        env_config: dict | None = None,
+        max_sessions: int = 4096,
+        session_ttl_s: float = 600.0,
+        max_body_bytes: int = 1 << 20,
+        request_timeout_s: float = 60.0,
+    ):
         self.env_id, self.env_config = env, dict(env_config or {})
         make_text_env(env, **self.env_config).close()  # fail at start-up, not on the first request
         self.max_sessions, self.session_ttl_s = max_sessions, session_ttl_s
@@ -108,8 +116,11 @@ class TextEnvServer(ThreadingHTTPServer):
         with self.sessions_lock:
             self._expire_idle_sessions()
             if len(self.sessions) >= self.max_sessions:
-                raise _RequestError(HTTPStatus.SERVICE_UNAVAILABLE, f"{len(self.sessions)} sessions are open (the "
-                                    f"limit, --max-sessions {self.max_sessions}); close finished ones.")
+                raise _RequestError(
+                    HTTPStatus.SERVICE_UNAVAILABLE,
+                    f"{len(self.sessions)} sessions are open (the "
+                    f"limit, --max-sessions {self.max_sessions}); close finished ones.",
+                )
             env = self._idle_envs.pop() if self._idle_envs else None
         if env is None:
             env = make_text_env(self.env_id, **self.env_config)
@@ -122,8 +133,11 @@ class TextEnvServer(ThreadingHTTPServer):
         with self.sessions_lock:
             session = self.sessions.get(session_id) if isinstance(session_id, str) else None
         if session is None:
-            raise _RequestError(HTTPStatus.NOT_FOUND, f"no session {session_id!r}: it ended, expired after "
-                                f"{self.session_ttl_s:g} s idle, or the server restarted.")
+            raise _RequestError(
+                HTTPStatus.NOT_FOUND,
+                f"no session {session_id!r}: it ended, expired after "
+                f"{self.session_ttl_s:g} s idle, or the server restarted.",
+            )
         session.used = time.monotonic()
         return session
 
@@ -153,8 +167,12 @@ class TextEnvServer(ThreadingHTTPServer):
             except BaseException:  # refused (a bad seed) or broken: its session must not stay open
                 self.close_session(session_id, reuse=False)
                 raise
-            return {"session_id": session_id, "observation": observation, "info": info,
-                    **episode_start(session.env.unwrapped)}
+            return {
+                "session_id": session_id,
+                "observation": observation,
+                "info": info,
+                **episode_start(session.env.unwrapped),
+            }
 
     def step(self, body: dict) -> dict:
         session = self.session(body.get("session_id"))
@@ -165,13 +183,19 @@ class TextEnvServer(ThreadingHTTPServer):
             if index == session.steps - 1 and session.last_result is not None:
                 return session.last_result  # a retry of the step already taken
             if index != session.steps:
-                raise _RequestError(HTTPStatus.BAD_REQUEST, f"step index {index}, but this session has taken "
-                                    f"{session.steps} steps.")
+                raise _RequestError(
+                    HTTPStatus.BAD_REQUEST, f"step index {index}, but this session has taken {session.steps} steps."
+                )
             observation, reward, terminated, truncated, info = session.env.step(action)
             session.steps += 1
-            session.last_result = {"observation": observation, "reward": _finite_or_text(float(reward)),
-                                   "terminated": bool(terminated), "truncated": bool(truncated), "info": info,
-                                   "state_key": session.env.unwrapped.state_key()}
+            session.last_result = {
+                "observation": observation,
+                "reward": _finite_or_text(float(reward)),
+                "terminated": bool(terminated),
+                "truncated": bool(truncated),
+                "info": info,
+                "state_key": session.env.unwrapped.state_key(),
+            }
             return session.last_result
 
     def state(self, session_id: Any) -> dict:
@@ -195,16 +219,20 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         url = urlparse(self.path)
         if url.path == "/health":
-            self._reply(HTTPStatus.OK, {"status": "ok", "env": self.server.env_id,
-                                        "sessions": len(self.server.sessions)})
+            self._reply(
+                HTTPStatus.OK, {"status": "ok", "env": self.server.env_id, "sessions": len(self.server.sessions)}
+            )
         elif url.path == "/state":
             self._answer(lambda: self.server.state(parse_qs(url.query).get("session_id", [None])[0]))
         else:
             self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route GET {url.path}"})
 
     def do_POST(self) -> None:
-        routes = {"/reset": self.server.reset, "/step": self.server.step,
-                  "/close": lambda body: self.server.close_session(body.get("session_id")) or {"closed": True}}
+        routes = {
+            "/reset": self.server.reset,
+            "/step": self.server.step,
+            "/close": lambda body: self.server.close_session(body.get("session_id")) or {"closed": True},
+        }
         route = routes.get(urlparse(self.path).path)
         try:
             length = int(self.headers.get("Content-Length", 0))
@@ -213,8 +241,13 @@ class _Handler(BaseHTTPRequestHandler):
         if not 0 <= length <= self.server.max_body_bytes:
             self.close_connection = True  # the body is left unread: this connection cannot carry another request
             status = HTTPStatus.BAD_REQUEST if length < 0 else HTTPStatus.REQUEST_ENTITY_TOO_LARGE
-            self._reply(status, {"error": f"Content-Length {self.headers.get('Content-Length')!r}: a body of 0 to "
-                                          f"{self.server.max_body_bytes} bytes (--max-body-bytes) is read."})
+            self._reply(
+                status,
+                {
+                    "error": f"Content-Length {self.headers.get('Content-Length')!r}: a body of 0 to "
+                    f"{self.server.max_body_bytes} bytes (--max-body-bytes) is read."
+                },
+            )
             return
         try:
             body = json.loads(self.rfile.read(length) or b"{}") if length else {}
@@ -252,24 +285,37 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rllib_ragen.envs.remote.server",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rllib_ragen.envs.remote.server", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--env", required=True, help="a registered text-environment id, e.g. rllib_ragen/Sokoban-v0")
     parser.add_argument("--env-config", default="{}", help="the environment's constructor arguments, as JSON")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     parser.add_argument("--port", type=int, default=8000, help="the port (0: any free one, printed at start)")
     parser.add_argument("--max-sessions", type=int, default=4096, help="episodes open at once")
     parser.add_argument("--session-ttl-s", type=float, default=600.0, help="an idle session ends after this long")
-    parser.add_argument("--max-body-bytes", type=int, default=1 << 20,
-                        help="the largest request body read (413 past it)")
-    parser.add_argument("--request-timeout-s", type=float, default=60.0,
-                        help="a connection whose client sends nothing for this long is closed")
-    parser.add_argument("--register", default=None,
-                        help="import this module first (one that calls register_text_env for your environments)")
-    parser.add_argument("--protocol", choices=PROTOCOLS, default="rllib_ragen",
-                        help="rllib_ragen: this module's HTTP sessions (RemoteTextEnv's default); openenv: OpenEnv's "
-                             "app (/ws, /schema, /metadata), for OpenEnv's clients and RemoteTextEnv(protocol="
-                             "'openenv'); needs the openenv extra (default: rllib_ragen)")
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="the largest request body read (413 past it)"
+    )
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=60.0,
+        help="a connection whose client sends nothing for this long is closed",
+    )
+    parser.add_argument(
+        "--register",
+        default=None,
+        help="import this module first (one that calls register_text_env for your environments)",
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        default="rllib_ragen",
+        help="rllib_ragen: this module's HTTP sessions (RemoteTextEnv's default); openenv: OpenEnv's "
+        "app (/ws, /schema, /metadata), for OpenEnv's clients and RemoteTextEnv(protocol="
+        "'openenv'); needs the openenv extra (default: rllib_ragen)",
+    )
     args = parser.parse_args(argv)
     for flag, value, least in (("--max-sessions", args.max_sessions, 1), ("--max-body-bytes", args.max_body_bytes, 0)):
         if value < least:
@@ -288,11 +334,20 @@ def main(argv: list[str] | None = None) -> None:
         _serve_openenv(parser, args, env_config)
         return
     try:
-        server = TextEnvServer((args.host, args.port), args.env, env_config, args.max_sessions, args.session_ttl_s,
-                               args.max_body_bytes, args.request_timeout_s)
+        server = TextEnvServer(
+            (args.host, args.port),
+            args.env,
+            env_config,
+            args.max_sessions,
+            args.session_ttl_s,
+            args.max_body_bytes,
+            args.request_timeout_s,
+        )
     except (gym.error.Error, ValueError, TypeError, OSError) as error:  # an unknown id, bad arguments, a busy port
-        parser.error(f"cannot serve --env {args.env} with --env-config {args.env_config} on {args.host}:{args.port}: "
-                     f"{type(error).__name__}: {error}")
+        parser.error(
+            f"cannot serve --env {args.env} with --env-config {args.env_config} on {args.host}:{args.port}: "
+            f"{type(error).__name__}: {error}"
+        )
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     host, port = server.server_address[:2]
     print(f"serving {args.env} on http://{host}:{port}", flush=True)
@@ -330,8 +385,12 @@ def head_deadline_protocol(timeout_s: float):
 
         def _request_deadline(self, number):
             upgraded = self.transport.get_protocol() is not self  # a WebSocket now: its own limits apply
-            if (number == self._request_number and not upgraded and not self.transport.is_closing()
-                    and self.conn.their_state in (h11.IDLE, h11.SEND_BODY)):
+            if (
+                number == self._request_number
+                and not upgraded
+                and not self.transport.is_closing()
+                and self.conn.their_state in (h11.IDLE, h11.SEND_BODY)
+            ):
                 self.transport.close()  # the request has not arrived whole in time
 
     return HeadDeadlineH11
@@ -347,20 +406,26 @@ def _serve_openenv(parser: argparse.ArgumentParser, args: argparse.Namespace, en
 
         from .openenv_server import openenv_app
     except ImportError as error:
-        parser.error(f"--protocol openenv needs the openenv package ({error}): pip install \"rllib_ragen[openenv]\"")
+        parser.error(f'--protocol openenv needs the openenv package ({error}): pip install "rllib_ragen[openenv]"')
     try:
         app = openenv_app(args.env, env_config, args.max_sessions, args.session_ttl_s, args.max_body_bytes)
         listening = socket.create_server((args.host, args.port), backlog=TextEnvServer.request_queue_size)
     except (gym.error.Error, ValueError, TypeError, OSError) as error:
-        parser.error(f"cannot serve --env {args.env} with --env-config {args.env_config} on {args.host}:{args.port}: "
-                     f"{type(error).__name__}: {error}")
+        parser.error(
+            f"cannot serve --env {args.env} with --env-config {args.env_config} on {args.host}:{args.port}: "
+            f"{type(error).__name__}: {error}"
+        )
     # Connections beyond the sessions: requests being read or answered. A client that stops sending part-way loses
     # its connection at --request-timeout-s, so only as many as arrive in that time can wait at once.
-    config = uvicorn.Config(app, log_level="warning", ws_max_size=max(args.max_body_bytes, 1),
-                            h11_max_incomplete_event_size=max(args.max_body_bytes, 1),
-                            timeout_keep_alive=max(1, round(args.request_timeout_s)),
-                            http=head_deadline_protocol(args.request_timeout_s),
-                            limit_concurrency=args.max_sessions + PENDING_CONNECTIONS)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        ws_max_size=max(args.max_body_bytes, 1),
+        h11_max_incomplete_event_size=max(args.max_body_bytes, 1),
+        timeout_keep_alive=max(1, round(args.request_timeout_s)),
+        http=head_deadline_protocol(args.request_timeout_s),
+        limit_concurrency=args.max_sessions + PENDING_CONNECTIONS,
+    )
     host, port = listening.getsockname()[:2]
     print(f"serving {args.env} on http://{host}:{port} (OpenEnv)", flush=True)
     uvicorn.Server(config).run(sockets=[listening])

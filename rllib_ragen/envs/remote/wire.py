@@ -22,11 +22,15 @@ class RemoteEnvError(RuntimeError):
 def episode_start(text_env: TextEnv) -> dict[str, Any]:
     """What a client needs at the start of an episode besides the observation, from the (unwrapped) environment
     just reset: both servers send it."""
-    return {"description": text_env.describe(), "action_names": list(text_env.action_names),
-            "action_pattern": getattr(text_env, "action_pattern", None),
-            "max_turns": getattr(text_env, "max_turns", None), "state_key": text_env.state_key(),
-            "raw_replies": bool(getattr(text_env, "raw_replies", False)),
-            "tools": [dict(tool) for tool in getattr(text_env, "tools", None) or ()]}
+    return {
+        "description": text_env.describe(),
+        "action_names": list(text_env.action_names),
+        "action_pattern": getattr(text_env, "action_pattern", None),
+        "max_turns": getattr(text_env, "max_turns", None),
+        "state_key": text_env.state_key(),
+        "raw_replies": bool(getattr(text_env, "raw_replies", False)),
+        "tools": [dict(tool) for tool in getattr(text_env, "tools", None) or ()],
+    }
 
 
 class EnvironmentErrorLog:
@@ -44,8 +48,12 @@ class EnvironmentErrorLog:
             count = self.counts[kind]
         if count == 1:
             first = str(error).splitlines()[0] if str(error) else ""
-            self.log.error("%s: the environment raised %s: %s (repeats of this kind are counted, not logged)",
-                           where, kind[1], first)
+            self.log.error(
+                "%s: the environment raised %s: %s (repeats of this kind are counted, not logged)",
+                where,
+                kind[1],
+                first,
+            )
             self.log.debug("traceback:\n%s", traceback.format_exc())
         elif math.log10(count).is_integer():
             self.log.error("%s: the environment has raised %s %d times", where, kind[1], count)
