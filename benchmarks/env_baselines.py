@@ -18,7 +18,7 @@ from rllib_ragen.envs.countdown import _SYMBOLS
 from rllib_ragen.envs.sudoku import MOVES as SUDOKU_MOVES
 from rllib_ragen.rollout import RolloutConfig, RolloutEngine, SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.context import last_turn_message
-from rllib_ragen.rollout.models import build_tiny_tokenizer
+from rllib_ragen.rollout.tiny_model import build_tiny_tokenizer
 from rllib_ragen.demonstrators import (
     countdown_solver_policy,
     fact_lookup_guess_policy,

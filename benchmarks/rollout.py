@@ -24,7 +24,8 @@ import torch
 import rllib_ragen  # noqa: F401
 from rllib_ragen.rollout.backends import Generation, HFBackend, SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.context import DEFAULT_SYSTEM_PROMPT, turn_message
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.rollout_config import RolloutConfig
+from rllib_ragen.rollout.engine import RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.rollout.protocol import execute_turn, parse_reply
 from rllib_ragen import demonstrators
@@ -231,18 +232,18 @@ def compare_caches(model, tokenizer, config, params, seeds, args) -> None:
 
     import rllib_ragen.rollout.backends as backends
 
-    growing = backends._new_cache
+    growing = backends.new_cache
     best, played = {}, {}
     for repeat in range(args.repeats):
         for name, new_cache in (("growing", growing), ("dynamic", lambda m, *_: DynamicCache(config=m.config))):
-            backends._new_cache = new_cache
+            backends.new_cache = new_cache
             engine = RolloutEngine(config, HFBackend(model, tokenizer, max_batch_size=args.batch_size), tokenizer)
             start = time.perf_counter()
             trajectories, _ = engine.rollout(seeds, args.group_size, params, sample_seed=repeat)
             wall = time.perf_counter() - start
             best[name] = min(best.get(name, wall), wall)
             played[name] = [(t.token_ids, t.behaviour_logprobs) for t in trajectories]
-        backends._new_cache = growing
+        backends.new_cache = growing
         if played["growing"] != played["dynamic"]:
             raise AssertionError("the two caches sampled different tokens or log-probs")
     tokens = sum(len(ids) for ids, _ in played["growing"]) / len(played["growing"])

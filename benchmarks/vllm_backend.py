@@ -25,7 +25,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import torch  # noqa: E402
 
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams  # noqa: E402
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine  # noqa: E402
+from rllib_ragen.rollout.rollout_config import RolloutConfig
+from rllib_ragen.rollout.engine import RolloutEngine  # noqa: E402
 from rllib_ragen.rollout.models import load_policy  # noqa: E402
 from rllib_ragen.rollout.vllm_backend import VLLMBackend, VLLMEngine  # noqa: E402
 

@@ -25,7 +25,8 @@ import torch
 from .hardware import cpu_computes_bfloat16, trim_heap
 from .objectives import scored_token_logprobs
 from .rollout.backends import SamplingParams, ScriptedBackend
-from .rollout.engine import RolloutConfig, RolloutEngine
+from .rollout.rollout_config import RolloutConfig
+from .rollout.engine import RolloutEngine
 from .rollout.lora import LORA_DEFAULTS, attach_lora
 from .rollout.trajectory import Trajectory, pad_trajectories
 from .rollout.models import forward_sharing_prefix

@@ -150,10 +150,13 @@ def test_jobs_report_the_reasoning_entropy_of_the_validation_episodes(tmp_path, 
     """Before: the solver states each level's plan length; after: one fixed sentence for every level."""
     import gymnasium as gym
 
-    from rllib_ragen.jobs.report import SAMPLED_AND_GREEDY, _print_paired, _reasoning_entropy
+    from rllib_ragen.jobs.outputs import SAMPLED_AND_GREEDY
+    from rllib_ragen.jobs.report import _reasoning_entropy
+    from rllib_ragen.jobs.report_tables import print_paired
     from rllib_ragen.jobs.outputs import write_rollouts
     from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
-    from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+    from rllib_ragen.rollout.rollout_config import RolloutConfig
+    from rllib_ragen.rollout.engine import RolloutEngine
     from rllib_ragen.rollout.models import load_policy
     from rllib_ragen.demonstrators import sokoban_solver_policy
 
@@ -182,7 +185,7 @@ def test_jobs_report_the_reasoning_entropy_of_the_validation_episodes(tmp_path, 
     entropy = _reasoning_entropy(tmp_path, None)
     for mode in ("sampled", "greedy"):
         assert entropy[mode] == {"before": pytest.approx(expected_before), "after": 0.0, "episodes": 12}
-    _print_paired({"reasoning_entropy": entropy}, StarPOConfig())
+    print_paired({"reasoning_entropy": entropy}, StarPOConfig())
     assert (
         f"reasoning entropy, greedy   {expected_before:.3f} -> 0.000 nats over 12 first turns (at most 2.48)"
         in capsys.readouterr().out

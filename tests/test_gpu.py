@@ -4,14 +4,15 @@ on the CPU. Skipped on machines without one (CI has none); run with `pytest -m g
 import pytest
 import torch
 
-from rllib_ragen.objectives.advantages import (
+from rllib_ragen.objectives.estimators import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
     AdvantageSettings,
     compute_advantages,
 )
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.rollout_config import RolloutConfig
+from rllib_ragen.rollout.engine import RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -26,7 +26,7 @@ def test_the_starpo_layer_does_need_ray():
 WARM_START_STEP_ROLLOUT_NAMES = {
     "rollout.models.load_policy",
     "rollout.models.enable_activation_checkpointing",
-    "rollout.engine.rollout_metrics",
+    "rollout.trajectory.rollout_metrics",
 }
 
 

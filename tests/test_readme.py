@@ -234,7 +234,7 @@ def test_every_main_job_command_in_the_readme_parses(monkeypatch):
     import torch
 
     import rllib_ragen.starpo.config_rules as config_rules
-    from rllib_ragen.jobs.settings import GPU_PRESET_JOBS
+    from rllib_ragen.jobs.flags import GPU_PRESET_JOBS
     from rllib_ragen.jobs.run import parse_job_args
 
     # The CPU defaults, on any machine (below: but for a GPU preset's command)

@@ -391,7 +391,8 @@ def test_the_warm_start_curve_ends_on_the_saved_models_greedy_play_of_the_valida
     from rllib_ragen import StarPOConfig
     from rllib_ragen.jobs.warm_start import warm_start
     from rllib_ragen.rollout.backends import HFBackend, SamplingParams
-    from rllib_ragen.rollout.engine import RolloutEngine, rollout_metrics
+    from rllib_ragen.rollout.engine import RolloutEngine
+    from rllib_ragen.rollout.trajectory import rollout_metrics
     from rllib_ragen.demonstrators import random_arm_policy
 
     config = StarPOConfig().environment("rllib_ragen/Bandit-v0").training(validation_size=16)

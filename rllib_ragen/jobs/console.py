@@ -37,7 +37,7 @@ from .readers import read_outcomes, state_of
 from .settings import JobSettings
 from ..hardware import cpu_computes_bfloat16
 from ..sentinel import as_rule
-from ..starpo.config import VARIANT_LABEL
+from ..starpo.presets import VARIANT_LABEL
 
 NOISY_LOGGERS = ("ray", "ray.rllib", "transformers", "huggingface_hub", "torch", "accelerate", "py.warnings")
 

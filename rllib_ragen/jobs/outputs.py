@@ -40,6 +40,11 @@ BEFORE_ROLLOUTS = "validation_before.parquet"  # the warm start's validation epi
 AFTER_ROLLOUTS = "validation_rollouts.parquet"  # the trained policy's
 BEFORE_GREEDY_ROLLOUTS = "validation_before_greedy.parquet"  # the same states played greedily (temperature 0)
 AFTER_GREEDY_ROLLOUTS = "validation_greedy.parquet"
+# The validation files paired before -> after RL, by how the policy played: at the validation temperature or greedily.
+SAMPLED_AND_GREEDY = {
+    "sampled": (BEFORE_ROLLOUTS, AFTER_ROLLOUTS),
+    "greedy": (BEFORE_GREEDY_ROLLOUTS, AFTER_GREEDY_ROLLOUTS),
+}
 TRAINING_ROLLOUTS = "training_rollouts"  # a sample of training episodes every few iterations: one Parquet file each
 BEFORE_RL = "before_rl"  # the first result's copy of the validation played before any update
 LEARNING_CURVE = "learning_curve.png"  # the report's curves, which the rollout viewer shows too

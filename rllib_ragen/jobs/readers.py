@@ -175,7 +175,8 @@ def trial_params(trial: pathlib.Path) -> dict:
     environment (a ``TextEnv`` class given as ``env`` is shown by its repr). Sentinel rules given as ``Rule`` objects
     are stored as their reprs too, which are not read back as code: the restored config has none (the firings are in
     the trial's ``sentinel.json``); rules given as dicts, as a main job gives them, come back."""
-    from ..starpo.config import PRESET_LABEL, VARIANT_LABEL, StarPOConfig
+    from ..starpo.presets import PRESET_LABEL, VARIANT_LABEL
+    from ..starpo.config import StarPOConfig
 
     path = trial / "params.json"
     try:

@@ -52,7 +52,7 @@ from ..files import write_text_atomically
 from .report import report_experiment
 from .readers import headline_environment
 from ..sentinel import echo_trap_rules
-from ..starpo.config import PRESET_LABEL, VARIANT_LABEL
+from ..starpo.presets import PRESET_LABEL, VARIANT_LABEL
 from .storage import run_storage
 from .warm_start import cached_warm_start
 

@@ -1,5 +1,5 @@
 """A main job's own settings (:class:`JobSettings`: the driver's, beside the ``StarPOConfig``), each declared once
-with its help, default, kind and range, and checked by ``validate()``; and the presets' job settings.
+with its help, default, kind and range, and checked by ``validate()``. The presets' job settings: ``flags.py``.
 
 ``flags.py`` turns every row of this table into a flag; the docs' tables read it too.
 """
@@ -18,10 +18,9 @@ from typing import Any
 
 from .job_times import JOB_TIMES
 from .outputs import LATEST
-from ..hardware import cpu_computes_bfloat16
 from ..ranges import AT_LEAST_ONE, BELOW_ONE, NON_NEGATIVE, POSITIVE, Range
 from ..warm_start import LR_SCHEDULES, WARM_START_PRECISIONS
-from ..starpo.config import PRESET_LABEL, VARIANT_LABEL
+from ..starpo.presets import PRESET_LABEL, VARIANT_LABEL
 from ..starpo.knobs import BOOL, CHOICE, INT, NUMBER, OTHER, RLLIB_FIELDS, Knob, is_int
 
 
@@ -409,50 +408,6 @@ def _folder_creation_error(path: pathlib.Path) -> str | None:
     except OSError as error:
         return f"no folder can be created in {ancestor} ({error.strerror or error})"
     return None
-
-
-# The GPU presets (of PRESETS) and their job settings, laid over the job's own. ragen-gpu: RAGEN's run length, and
-# no warm start (RAGEN starts from the instruct model). smollm2-gpu: the warm start in bfloat16, and a trial that ends
-# within 5 minutes of training, so that a whole run (Ray, warm start, report) stays under 9 minutes on one GPU; the
-# iterations are a cap the budget meets first.
-GPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
-    "ragen-gpu": {"iterations": 200, "warm_start_steps": 0},
-    "smollm2-gpu": {"iterations": 200, "max_minutes": 5.0, "warm_start_precision": "bfloat16"},
-}
-
-
-# The CPU presets' job settings, laid over the job's own as the GPU presets' are. smollm2-cpu: a short warm start that
-# teaches the reply format (SmolLM2 already reads text), every weight trained (LoRA adapters at rank 16 and lr 1e-3
-# left SmolLM2 weaker and RL did not lift it: the FrozenLake results page), in bfloat16 where the CPU computes it
-# natively, each layer re-run in the backward pass (the same weights in less memory), and a trial that ends within 30
-# minutes of training, so that a seed's whole run stays within 45 minutes on 2 cores; the iterations are a cap the
-# budget may meet first.
-CPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
-    "smollm2-cpu": {
-        "iterations": 80,
-        "max_minutes": 30.0,
-        "warm_start_steps": 75,
-        "warm_start_episodes": 1200,
-        "warm_start_lr": 1e-4,
-        "warm_start_average_decay": 0.0,
-        "warm_start_micro_batch_size": 4,
-        "warm_start_group_by_length": True,
-        "warm_start_activation_checkpointing": True,
-        "warm_start_precision": "bfloat16" if cpu_computes_bfloat16() else "float32",
-    }
-}
-
-
-PRESET_JOBS = {**GPU_PRESET_JOBS, **CPU_PRESET_JOBS}  # every preset's job settings
-
-
-# --quick: each setting at most this (the config's validation too, and only before and after the run).
-# The warm start is cut too (cached under its own settings: a full run still trains the job's own), to enough steps
-# for the replies to take the format: Sokoban's own took 8 of a --quick run's 10 minutes.
-QUICK_JOB = {"iterations": 3, "warm_start_steps": 60, "warm_start_episodes": 256}
-
-
-QUICK_VALIDATION_SIZE = 32
 
 
 def _grid_errors(grid, config) -> list[str]:

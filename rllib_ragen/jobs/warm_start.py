@@ -181,7 +181,7 @@ def validation_greedy_curve(config, tokenizer, path: pathlib.Path) -> Callable[[
     per environment, format errors) to the CSV at ``path``, rewritten whole each time so that a stopped run keeps
     its points, and prints it."""
     from .. import metrics as M
-    from ..rollout.engine import rollout_metrics
+    from ..rollout.trajectory import rollout_metrics
     from ..starpo import StarPO
 
     rows: list[dict] = []

@@ -1,15 +1,8 @@
 """StarPO's math as pure torch functions on padded tensors: advantages, the rollout filter, losses. No Ray."""
 
 from .advantages import (
-    ADVANTAGE_ESTIMATORS,
     ADVANTAGE_MASKS,
-    ONE_LEARNER,
-    AdvantageEstimator,
-    AdvantageInputs,
-    AdvantageSettings,
-    Shards,
     advantage_recursion_mask,
-    compute_advantages,
     compute_batch_advantages,
     compute_bi_level_gae,
     compute_gae,
@@ -18,9 +11,18 @@ from .advantages import (
     compute_turn_gae,
     masked_whiten,
     place_rewards,
-    register_advantage_estimator,
     turn_end_mask,
     turn_index,
+)
+from .estimators import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
+    AdvantageInputs,
+    AdvantageSettings,
+    ONE_LEARNER,
+    Shards,
+    compute_advantages,
+    register_advantage_estimator,
 )
 from .losses import (
     AGGREGATIONS,

@@ -5,10 +5,11 @@ No Ray imports: everything here runs in a plain Python process (a test imports i
 
 from .backends import Generation, HFBackend, InferenceBackend, SamplingParams, ScriptedBackend
 from .context import ChatFormat, TemplateError, TurnMessage, last_turn_message, turn_message
-from .engine import RolloutConfig, RolloutEngine, rollout_metrics
-from .trajectory import SeedSchedule, Trajectory, pad_trajectories
+from .engine import RolloutEngine
 from .models import load_policy
 from .protocol import DEFAULT_FORMAT_PENALTY, DEFAULT_SEPARATOR, ParsedReply, TurnResult, execute_turn, parse_reply
+from .rollout_config import RolloutConfig
+from .trajectory import SeedSchedule, Trajectory, pad_trajectories, rollout_metrics
 from .vllm_backend import VLLMBackend, VLLMEngine
 
 __all__ = [

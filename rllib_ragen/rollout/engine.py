@@ -17,7 +17,6 @@ import logging
 import math
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -25,96 +24,23 @@ import numpy as np
 from .. import metrics as M
 from ..envs import TRANSITION_SEED, make_text_env
 from .backends import InferenceBackend, SamplingParams
-from .context import DEFAULT_SYSTEM_PROMPT, ChatFormat, turn_message
-from .deadlines import EnvTimeoutError, TimedEnv, call_each
-from .protocol import (
-    DEFAULT_FORMAT_PENALTY,
-    DEFAULT_SEPARATOR,
-    REGION_OTHER,
-    ParsedReply,
-    execute_tool_turn,
-    execute_turn,
-    parse_reply,
-    reply_regions,
+from .context import ChatFormat, turn_message
+from .episode_state import EpisodeState
+from .env_text import (
+    TextGuard,
+    report_prompts_too_long,
+    episode_state_key,
+    observation_text,
+    takes_raw_replies,
+    tools_of,
 )
-from .tools import TOOL_HINT, ToolReply, ToolSet, schemas, tool_call_format
-from .trajectory import Start, Trajectory, TurnSample, start_env, start_seed
+from .deadlines import EnvTimeoutError, TimedEnv, call_each
+from .protocol import REGION_OTHER, ParsedReply, execute_tool_turn, execute_turn, parse_reply, reply_regions
+from .rollout_config import RolloutConfig, RolloutSettingError
+from .tools import TOOL_HINT, ToolReply, ToolSet, tool_call_format
+from .trajectory import Start, Trajectory, TurnSample, rollout_metrics, start_env, start_seed
 
 logger = logging.getLogger(__name__)
-
-# What the policy reads before each reply (RAGEN's context_window_mode: full / limited_multi_turn / single_turn).
-CONTEXT_WINDOWS = ("full", "last_k_turns", "single_turn")
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """What an episode is allowed to do; RAGEN's agent-loop defaults.
-
-    Attributes:
-        env: a registered text-env id (or TextEnv subclass); env_config: its constructor arguments.
-        environments: further environments by name, ``((name, env, env_config), ...)``: a rollout's group plays
-            one of them when its start is ``(name, seed)`` instead of a bare seed (environment mixtures). Their
-            trajectories and metrics carry that name.
-        max_turns: replies per episode (an environment's own ``TextEnv.max_turns`` may lower it).
-        max_actions_per_turn: actions kept from one reply.
-        max_actions_per_episode: actions executed per episode, over all turns.
-        format_penalty: added to a turn's reward when its reply breaks the protocol.
-        ineffective_action_penalty: added to a turn's reward for each executed action that left the state as it
-            was (the environment's ``action_is_effective`` is False).
-        ungrounded_reasoning_penalty: added to a turn's reward for each action whose effect the turn's reasoning does
-            not state truly (environments that check claims about their state only; ``execute_turn``).
-        enable_thinking: require ``<think>`` before ``<answer>``.
-        max_context_tokens: no trajectory grows longer. Each reply may take only the room left; a trajectory with
-            no room for another turn ends there (truncated); an episode whose first prompt leaves no room is not
-            played (counted as ``rollout/prompts_too_long``).
-        system_prompt: opens every conversation.
-        independent_transitions: a group's episodes share the initial state of its seed but draw their later
-            chance (payoffs, slips) independently: episode j > 0 of the group resets with the reset option
-            ``TRANSITION_SEED = (seed, j)``; episode 0 keeps the seed's own draws. False (RAGEN's): every
-            episode of a group repeats the same luck.
-        env_reset_timeout_s, env_step_timeout_s: the longest one ``reset()`` or ``step()`` may take. A later one
-            drops its episode (counted as ``rollout/env_timeouts``) and its environment is replaced, so a hung
-            environment never hangs the run (``rollout/deadlines.py``).
-        context_window: ``"full"``: each reply reads the whole conversation so far. ``"last_k_turns"``: the system
-            prompt and instructions, then the last ``context_window_turns`` turns (the current one included);
-            ``"single_turn"``: the instructions and the current state. With a window, ``max_context_tokens``
-            bounds each turn's prompt and reply, not the conversation.
-        context_window_turns: k of ``"last_k_turns"``.
-        action_separator: what stands between actions in an answer (``protocol.parse_reply``); None: the whole
-            answer is one action, passed to the environment as written (an SQL query with ``||`` in it, a sentence).
-        tool_call_format: how the policy writes tool calls for an environment with tools (``TextEnv.tools``), a
-            name in ``tools.TOOL_CALL_FORMATS`` (``"hermes"``: ``<tool_call>{"name", "arguments"}</tool_call>``).
-        max_concurrent_episodes: play at most this many episodes at a time (whole groups, at least one), each wave
-            to its end before the next starts; the KV cache holds one wave's conversations, not every one's
-            (SmolLM2 validating 256 FrozenLake states at once held about 8 GiB of it). A wave after the first
-            samples from seeds of its own. None: every episode at once.
-    """
-
-    env: Any = "rllib_ragen/Sokoban-v0"
-    env_config: dict = field(default_factory=dict)
-    environments: tuple = ()
-    max_turns: int = 5
-    max_actions_per_turn: int = 5
-    max_actions_per_episode: int = 10
-    format_penalty: float = DEFAULT_FORMAT_PENALTY
-    ineffective_action_penalty: float = 0.0
-    ungrounded_reasoning_penalty: float = 0.0
-    enable_thinking: bool = True
-    max_context_tokens: int = 4096
-    system_prompt: str | None = DEFAULT_SYSTEM_PROMPT
-    independent_transitions: bool = False
-    env_reset_timeout_s: float = 60.0
-    env_step_timeout_s: float = 60.0
-    context_window: str = "full"
-    context_window_turns: int | None = None
-    action_separator: str | None = DEFAULT_SEPARATOR
-    tool_call_format: str = "hermes"
-    max_concurrent_episodes: int | None = None
-
-    @property
-    def window_turns(self) -> int | None:
-        """Turns in view before each reply, the current one included (None: all of them)."""
-        return {"full": None, "single_turn": 1}.get(self.context_window, self.context_window_turns)
 
 
 def _turn_seed(sample_seed: int | None, turn: int, wave: int) -> int | None:
@@ -125,38 +51,6 @@ def _turn_seed(sample_seed: int | None, turn: int, wave: int) -> int | None:
     if wave == 0:
         return sample_seed * 1000 + turn
     return int(np.random.SeedSequence([sample_seed, turn, wave]).generate_state(1, np.uint64)[0] >> 2)
-
-
-class _Episode:
-    """Mutable per-environment state while a rollout runs."""
-
-    def __init__(self, env, trajectory: Trajectory, prompt_ids: list[int]):
-        self.env, self.trajectory = env, trajectory
-        trajectory.token_ids.extend(prompt_ids)
-        trajectory.response_mask.extend([0] * len(prompt_ids))
-        trajectory.behaviour_logprobs.extend([0.0] * len(prompt_ids))
-        trajectory.token_regions.extend([REGION_OTHER] * len(prompt_ids))
-        self.actions_left = 0
-        self.state_key = ""  # of the state the next reply answers
-        self.max_turns = 0
-        self.done = False
-        self.failed = False  # the environment raised; the trajectory is dropped
-        # A limited context window rebuilds each prompt from these: the instructions, each turn's user message,
-        # and the ids between one reply's start and the next reply (the reply as sampled, then the next message).
-        self.instructions = ""
-        self.messages: list[str] = []
-        self.exchanges: list[list[int]] = []
-        self.prompt_ids: list[int] = []  # what the next reply reads
-        self.raw_reply = False  # the environment reads each whole reply itself (TextEnv.raw_replies)
-        self.tools: ToolSet | None = None  # the environment's tools: the episode is played in tool mode
-        self.chat: ChatFormat | None = None  # the chat format of its conversation (its tools, if any)
-
-    def append(self, ids: list[int], logprobs: list[float] | None = None, regions: list[int] | None = None) -> None:
-        t = self.trajectory
-        t.token_ids.extend(ids)
-        t.response_mask.extend([1 if logprobs is not None else 0] * len(ids))
-        t.behaviour_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
-        t.token_regions.extend(regions if regions is not None else [REGION_OTHER] * len(ids))
 
 
 class RolloutEngine:
@@ -178,14 +72,7 @@ class RolloutEngine:
         self._token_texts: dict[int, str] = {}
         self._named = {name: (env, dict(env_config)) for name, env, env_config in config.environments}
         self._envs: dict[str | None, list] = defaultdict(list)  # built environments, by name (None: config.env)
-        # The texts the tokenizer reads as control tokens, longest first (one may contain another).
-        specials = {token.content for token in tokenizer.added_tokens_decoder.values() if token.special}
-        self._control_texts = sorted((specials | set(tokenizer.all_special_tokens)) - {""}, key=len, reverse=True)
-        # No token spells more characters than its vocabulary entry has (byte-level entries are a byte a character),
-        # so a text longer than max_context_tokens such tokens cannot fit; 4x leaves room for normalisers that
-        # shorten text. Such a text is never tokenized (a tool's 50 MB answer would take minutes).
-        longest = max(map(len, tokenizer.get_vocab()), default=1)
-        self._max_text_chars = 4 * config.max_context_tokens * max(longest, 1)
+        self.text_guard = TextGuard(tokenizer, config.max_context_tokens)
         self._first_failure: str | None = None
 
     def _env_pool(self, name: str | None, size: int, env_config: dict | None = None) -> list:
@@ -223,20 +110,6 @@ class RolloutEngine:
             return {TRANSITION_SEED: (int(seed), member)}
         return None
 
-    def _plain(self, text: str, counts: Counter) -> str:
-        """Environment text as the policy may read it: UTF-8 encodable (``_encodable``), and with no control token.
-
-        The tokenizer turns a special token's text, such as ``<|im_start|>``, into the control token itself, so an
-        observation could open a new chat turn or end one. Each such text gets a space after its first character,
-        which the tokenizer reads as ordinary characters, and is counted (``rollout/control_texts_neutralised``).
-        """
-        text = _encodable(text, counts)
-        for control in self._control_texts:
-            if control in text:
-                counts[M.CONTROL_TEXTS] += text.count(control)
-                text = text.replace(control, control[:1] + " " + control[1:])
-        return text
-
     def _user_message(
         self, observation: str, turn: int, actions_left: int, reward: float | None, raw_reply: bool
     ) -> str:
@@ -263,11 +136,11 @@ class RolloutEngine:
         """Tokens the next reply may take so that its prompt and the reply, closed, fit ``max_context_tokens``."""
         return self.config.max_context_tokens - len(prompt_ids) - self.reply_reserve
 
-    def _prompt(self, episode: _Episode) -> list[int]:
+    def _prompt(self, episode: EpisodeState) -> list[int]:
         """What the episode's next reply reads: the conversation so far, or its window of it."""
         return episode.trajectory.token_ids if self.config.window_turns is None else episode.prompt_ids
 
-    def _window_prompt(self, episode: _Episode) -> list[int]:
+    def _window_prompt(self, episode: EpisodeState) -> list[int]:
         """The instructions and the last ``window_turns`` turns, ending with the generation prompt of the turn
         after the last exchange: the first of them opens the conversation as the first prompt does, and each
         later one is the earlier reply as sampled, then the next user message (the ids the full context holds)."""
@@ -283,9 +156,9 @@ class RolloutEngine:
         env = self._env_pool(start_env(start), 1)[0]
         observation, _ = env.reset(seed=start_seed(start))
         counts: Counter = Counter()
-        observation = self._plain(_observation_text(env.unwrapped, observation, "reset"), counts)
+        observation = self.text_guard.plain(observation_text(env.unwrapped, observation, "reset"), counts)
         chat, _, first, _ = self._first_message(
-            env.unwrapped, observation, self._plain(env.unwrapped.describe(), counts)
+            env.unwrapped, observation, self.text_guard.plain(env.unwrapped.describe(), counts)
         )
         return len(chat.prompt_ids(first))
 
@@ -295,10 +168,10 @@ class RolloutEngine:
         """The chat format an episode of ``text_env`` is played in, its tools (None: not in tool mode), its first user
         message (the instructions, then the first turn's message or, in tool mode, the task and how to call), and that
         turn message alone."""
-        tools = _tools_of(text_env)
+        tools = tools_of(text_env)
         if not tools:
             message = self._user_message(
-                observation, 1, self.config.max_actions_per_episode, None, _takes_raw_replies(text_env)
+                observation, 1, self.config.max_actions_per_episode, None, takes_raw_replies(text_env)
             )
             return self.chat, None, instructions + "\n" + message, message
         if self.config.window_turns is not None:
@@ -349,7 +222,7 @@ class RolloutEngine:
         c = self.config
         t_start, t_generate = time.perf_counter(), 0.0
         counts: Counter = Counter({key: 0 for key in M.ROLLOUT_COUNTERS})
-        episodes: list[_Episode] = []
+        episodes: list[EpisodeState] = []
         too_long: list[int] = []  # lengths of first prompts that leave no room for a reply
         members = [(g, j, s) for g, s in enumerate(seeds) for j in range(group_size)]
         envs = self._pools(seeds, group_size, env_config)
@@ -365,16 +238,14 @@ class RolloutEngine:
                 self._count_env_failure(value, counts, what)
                 continue
             observation, description = value
-            if _too_long_to_read(observation, self._max_text_chars) or _too_long_to_read(
-                description, self._max_text_chars
-            ):
+            if self.text_guard.too_long(observation) or self.text_guard.too_long(description):
                 too_long.append(c.max_context_tokens + 1)  # more than could ever be read: not tokenized
                 continue
             try:  # what the environment handed back (its text, tools, flags) is checked here: its fault, isolated
-                observation = self._plain(_observation_text(text_env, observation, "reset"), counts)
-                instructions = self._plain(_observation_text(text_env, description, "describe"), counts)
+                observation = self.text_guard.plain(observation_text(text_env, observation, "reset"), counts)
+                instructions = self.text_guard.plain(observation_text(text_env, description, "describe"), counts)
                 chat, tools, first, message = self._first_message(text_env, observation, instructions)
-                raw_reply, state_key = _takes_raw_replies(text_env), _state_key(text_env, observation)
+                raw_reply, state_key = takes_raw_replies(text_env), episode_state_key(text_env, observation)
             except (TypeError, ValueError, RecursionError) as error:
                 if isinstance(error, RolloutSettingError):
                     raise
@@ -382,7 +253,7 @@ class RolloutEngine:
                 continue
             env_name = start_env(start) or getattr(env.spec, "id", None) or type(text_env).__name__
             trajectory = Trajectory(env_name, group, seed, [], [], [])
-            episode = _Episode(env, trajectory, chat.prompt_ids(first))
+            episode = EpisodeState(env, trajectory, chat.prompt_ids(first))
             episode.chat, episode.tools, episode.raw_reply = chat, tools, raw_reply
             episode.instructions, episode.messages = instructions, [message]
             episode.prompt_ids = list(trajectory.token_ids)
@@ -396,7 +267,7 @@ class RolloutEngine:
             episodes.append(episode)
 
         if too_long:
-            self._report_prompts_too_long(too_long, played=len(episodes))
+            report_prompts_too_long(c.env, c.max_context_tokens, self.reply_reserve, too_long, len(episodes))
             counts[M.PROMPTS_TOO_LONG] += len(too_long)
         for wave, playing in enumerate(self._waves(episodes, group_size)):
             for turn in range(1, c.max_turns + 1):
@@ -432,13 +303,13 @@ class RolloutEngine:
             metrics[M.FIRST_ENV_ERROR] = self._first_failure  # text: the cause, should every episode have failed
         return trajectories, metrics
 
-    def _waves(self, episodes: list[_Episode], group_size: int) -> list[list[_Episode]]:
+    def _waves(self, episodes: list[EpisodeState], group_size: int) -> list[list[EpisodeState]]:
         """The episodes in the waves they are played in, whole groups at a time: all at once, or at most
         ``max_concurrent_episodes`` (at least one group) until every episode of a wave has ended."""
         cap = self.config.max_concurrent_episodes
         if cap is None or len(episodes) <= cap:
             return [episodes]
-        groups: dict[int, list[_Episode]] = {}
+        groups: dict[int, list[EpisodeState]] = {}
         for episode in episodes:
             groups.setdefault(episode.trajectory.group, []).append(episode)
         per_wave = max(1, cap // group_size)
@@ -457,26 +328,6 @@ class RolloutEngine:
             logger.error("%s; dropping that trajectory", what, exc_info=error)
             counts[M.ENV_ERRORS] += 1
 
-    def _report_prompts_too_long(self, lengths: list[int], played: int) -> None:
-        c = self.config
-        message = (
-            f"{len(lengths)} first prompt(s) of {c.env} leave no room for a reply under max_context_tokens="
-            f"{c.max_context_tokens} (shortest {min(lengths)} tokens, plus {self.reply_reserve} to close a "
-            "reply)"
-        )
-        if not played:
-            raise ValueError(
-                f"{message}: no episode can be played. Raise max_context_tokens, or shorten the "
-                "observation or the system prompt."
-            )
-        if c.env not in _WARNED_TOO_LONG:
-            _WARNED_TOO_LONG.add(c.env)
-            logger.warning(
-                "%s; those episodes are not played and are counted as %s (warned once per environment).",
-                message,
-                M.PROMPTS_TOO_LONG,
-            )
-
     def _reset_call(self, env, seed: int, member: int):
         """One episode's reset and instructions, as a call for :func:`call_each`."""
 
@@ -486,7 +337,7 @@ class RolloutEngine:
 
         return reset
 
-    def _record_reply(self, episode: _Episode, generation) -> ParsedReply | ToolReply:
+    def _record_reply(self, episode: EpisodeState, generation) -> ParsedReply | ToolReply:
         """Append a sampled reply to its episode and parse it."""
         c, t = self.config, episode.trajectory
         start = len(t.token_ids)
@@ -509,7 +360,7 @@ class RolloutEngine:
             return ParsedReply(format_ok=True, thinking=reply.thinking, actions=(text,) if text.strip() else ())
         return reply
 
-    def _turn_call(self, episode: _Episode, reply: ParsedReply | ToolReply):
+    def _turn_call(self, episode: EpisodeState, reply: ParsedReply | ToolReply):
         """Executing one parsed reply in its episode's environment, as a call for :func:`call_each`."""
         c = self.config
         if episode.tools is not None:
@@ -531,7 +382,7 @@ class RolloutEngine:
         )
 
     def _finish_turn(
-        self, episode: _Episode, generation, turn: int, outcome: tuple[bool, Any], counts: Counter
+        self, episode: EpisodeState, generation, turn: int, outcome: tuple[bool, Any], counts: Counter
     ) -> None:
         """Record one executed reply. An environment that raised or paid a non-finite reward drops its episode
         (counted)."""
@@ -556,14 +407,14 @@ class RolloutEngine:
             counts[M.NONFINITE_REWARDS] += 1
             return
         texts = [content for _, content in result.tool_results] if episode.tools is not None else [result.observation]
-        unreadable = any(_too_long_to_read(text, self._max_text_chars) for text in texts)
+        unreadable = any(self.text_guard.too_long(text) for text in texts)
         try:  # in tool mode the turn's observations are its calls' results, each made plain once
             tool_results = [
                 (
                     name,
                     ""
                     if unreadable
-                    else self._plain(_observation_text(episode.env.unwrapped, content, "step"), counts),
+                    else self.text_guard.plain(observation_text(episode.env.unwrapped, content, "step"), counts),
                 )
                 for name, content in result.tool_results
             ]
@@ -571,11 +422,13 @@ class RolloutEngine:
                 observation = (
                     ""
                     if unreadable
-                    else self._plain(_observation_text(episode.env.unwrapped, result.observation, "step"), counts)
+                    else self.text_guard.plain(
+                        observation_text(episode.env.unwrapped, result.observation, "step"), counts
+                    )
                 )
             else:
                 observation = tool_results[-1][1] if tool_results else ""
-            episode.state_key = _state_key(episode.env.unwrapped, observation)
+            episode.state_key = episode_state_key(episode.env.unwrapped, observation)
         except (TypeError, ValueError, RecursionError) as error:
             self._count_env_failure(error, counts, f"env step failed in {t.env_name} (seed {t.seed})")
             episode.done = episode.failed = True
@@ -644,101 +497,4 @@ class RolloutEngine:
         )
 
 
-def _tools_of(text_env) -> list[dict]:
-    """The function schemas of an environment's tools (``TextEnv.tools``); empty for one without tools."""
-    tools = getattr(text_env, "tools", None) or []
-    if not isinstance(tools, (list, tuple)):
-        raise TypeError(f"{type(text_env).__name__}.tools is {tools!r}: it must be a list of function schemas.")
-    return schemas(tools)
-
-
-def _takes_raw_replies(text_env) -> bool:
-    """Whether an environment reads each whole reply itself (``TextEnv.raw_replies``), checked to be a bool."""
-    raw = getattr(text_env, "raw_replies", False)
-    if not isinstance(raw, bool):
-        raise TypeError(f"{type(text_env).__name__}.raw_replies is {raw!r}: it must be True or False.")
-    return raw
-
-
 _WARNED_NONFINITE: set[str] = set()  # environments already warned about, once per process
-_WARNED_TOO_LONG: set = set()
-
-
-class RolloutSettingError(ValueError):
-    """The rollout's settings cannot play an environment (not the environment's fault): raised, never counted."""
-
-
-def _too_long_to_read(text, max_chars: int) -> bool:
-    """Whether ``text`` is a string longer than any context could hold (``RolloutEngine._max_text_chars``)."""
-    return isinstance(text, str) and len(text) > max_chars
-
-
-def _observation_text(text_env, observation, method: str) -> str:
-    """The observation, which must be text; a non-string is the environment's bug and is named."""
-    if not isinstance(observation, str):
-        raise TypeError(
-            f"{type(text_env).__name__}.{method}() returned a {type(observation).__name__} observation; "
-            "text environments must return str (see rllib_ragen.envs.TextEnv)."
-        )
-    return observation
-
-
-def _state_key(text_env, observation: str) -> str:
-    """``TextEnv.state_key()``, or the observation for environments without one."""
-    key = getattr(text_env, "state_key", None)
-    return str(key()) if callable(key) else observation
-
-
-def _encodable(text: str, counts: Counter) -> str:
-    """``text`` with anything UTF-8 cannot encode (a lone surrogate) replaced by "?", counted."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        counts[M.UNENCODABLE_TEXTS] += 1
-        return text.encode("utf-8", "replace").decode("utf-8")
-
-
-def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
-    """RAGEN's rollout metrics, per environment name (``{env}/success``, ...) and pooled (``rollout/``),
-    plus RLlib's standard episode metrics (an episode's length is its number of turns, its env steps)."""
-    by_env: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajectories:
-        by_env[t.env_name].append(t)
-    metrics: dict[str, float] = {
-        M.EPISODE_RETURN_MEAN: float(np.mean([t.total_return for t in trajectories])) if trajectories else np.nan,
-        M.EPISODE_LEN_MEAN: float(np.mean([t.num_turns for t in trajectories])) if trajectories else np.nan,
-        M.NUM_EPISODES: float(len(trajectories)),
-        M.NUM_ENV_STEPS_SAMPLED: float(sum(t.num_turns for t in trajectories)),
-    }
-    for name, group in list(by_env.items()) + [(M.POOLED, list(trajectories))]:
-        if not group:
-            continue
-        turns = max(sum(t.num_turns for t in group), 1)
-        pieces = max(sum(t.num_valid + t.num_invalid for t in group), 1)
-        actions = max(sum(t.num_actions for t in group), 1)
-        groups: dict[int, list[bool]] = defaultdict(list)
-        for t in group:
-            groups[t.group].append(t.success)
-        metrics.update(
-            {
-                M.env_metric(name, key): value
-                for key, value in {
-                    M.SUCCESS: float(np.mean([t.success for t in group])),
-                    M.PASS_AT.format(group_size=group_size): float(np.mean([any(s) for s in groups.values()])),
-                    M.NUM_ACTIONS: float(np.mean([t.num_actions for t in group])),
-                    M.NUM_TURNS: float(np.mean([t.num_turns for t in group])),
-                    M.VALID_ACTION_RATE: sum(t.num_valid for t in group) / pieces,
-                    M.EFFECTIVE_ACTION_RATE: sum(t.num_effective for t in group) / actions,
-                    M.FORMAT_ERROR_RATE: sum(t.format_errors for t in group) / turns,
-                    M.RESPONSE_TOKENS_PER_TURN: sum(sum(t.response_mask) for t in group) / turns,
-                    M.RETURN_MEAN: float(np.mean([t.total_return for t in group])),
-                    M.TRUNCATED_RATE: float(np.mean([t.truncated for t in group])),
-                    M.NUM_TRAJECTORIES: float(len(group)),
-                }.items()
-            }
-        )
-        claims = sum(t.reasoning_claims for t in group)
-        if claims:
-            metrics[M.env_metric(name, M.REASONING_GROUNDED)] = sum(t.reasoning_claims_true for t in group) / claims
-    return metrics

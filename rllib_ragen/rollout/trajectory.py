@@ -3,11 +3,13 @@ rows under a context window), the learner's padded arrays of them, and where eac
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 import numpy as np
 
+from .. import metrics as M
 from .protocol import reply_sections
 
 
@@ -172,3 +174,48 @@ class SeedSchedule:
 
     def set_state(self, state: dict) -> None:
         self.next_train = state["next_train"]
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
+    """RAGEN's rollout metrics, per environment name (``{env}/success``, ...) and pooled (``rollout/``),
+    plus RLlib's standard episode metrics (an episode's length is its number of turns, its env steps)."""
+    by_env: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_env[t.env_name].append(t)
+    metrics: dict[str, float] = {
+        M.EPISODE_RETURN_MEAN: float(np.mean([t.total_return for t in trajectories])) if trajectories else np.nan,
+        M.EPISODE_LEN_MEAN: float(np.mean([t.num_turns for t in trajectories])) if trajectories else np.nan,
+        M.NUM_EPISODES: float(len(trajectories)),
+        M.NUM_ENV_STEPS_SAMPLED: float(sum(t.num_turns for t in trajectories)),
+    }
+    for name, group in list(by_env.items()) + [(M.POOLED, list(trajectories))]:
+        if not group:
+            continue
+        turns = max(sum(t.num_turns for t in group), 1)
+        pieces = max(sum(t.num_valid + t.num_invalid for t in group), 1)
+        actions = max(sum(t.num_actions for t in group), 1)
+        groups: dict[int, list[bool]] = defaultdict(list)
+        for t in group:
+            groups[t.group].append(t.success)
+        metrics.update(
+            {
+                M.env_metric(name, key): value
+                for key, value in {
+                    M.SUCCESS: float(np.mean([t.success for t in group])),
+                    M.PASS_AT.format(group_size=group_size): float(np.mean([any(s) for s in groups.values()])),
+                    M.NUM_ACTIONS: float(np.mean([t.num_actions for t in group])),
+                    M.NUM_TURNS: float(np.mean([t.num_turns for t in group])),
+                    M.VALID_ACTION_RATE: sum(t.num_valid for t in group) / pieces,
+                    M.EFFECTIVE_ACTION_RATE: sum(t.num_effective for t in group) / actions,
+                    M.FORMAT_ERROR_RATE: sum(t.format_errors for t in group) / turns,
+                    M.RESPONSE_TOKENS_PER_TURN: sum(sum(t.response_mask) for t in group) / turns,
+                    M.RETURN_MEAN: float(np.mean([t.total_return for t in group])),
+                    M.TRUNCATED_RATE: float(np.mean([t.truncated for t in group])),
+                    M.NUM_TRAJECTORIES: float(len(group)),
+                }.items()
+            }
+        )
+        claims = sum(t.reasoning_claims for t in group)
+        if claims:
+            metrics[M.env_metric(name, M.REASONING_GROUNDED)] = sum(t.reasoning_claims_true for t in group) / claims
+    return metrics

@@ -1,6 +1,7 @@
 """StarPO / StarPO-S as a Ray RLlib algorithm: config, algorithm, LLM RLModule, learner and text EnvRunner."""
 
-from .config import PRESETS, STARPO_S_DEFAULTS, StarPOConfig
+from .presets import PRESETS
+from .config import STARPO_S_DEFAULTS, StarPOConfig
 from .inference_engines import INFERENCE_BACKENDS, register_inference_backend
 from .llm_rl_module import CausalLMRLModule
 from .starpo import LearnerDiedError, StarPO

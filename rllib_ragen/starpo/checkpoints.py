@@ -9,6 +9,7 @@ Moving a directory over a non-empty one is two renames (old aside to ``.{name}.p
 them leaves no ``name`` but a complete ``.{name}.previous``: :func:`recover_interrupted_save`, called before every
 load and save, puts it back. A checkpoint Tune copies into a trial folder (``StarPO.save``) whose copy failed is
 removed (:func:`remove_failed_copy`); :func:`check_checkpoint_fits` refuses one an algorithm cannot hold.
+:class:`CheckpointsAndExport` is StarPO's side of all this, and its export of the policy.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ import os
 import pathlib
 import pickle
 import shutil
+import tempfile
 from typing import Callable
+
+import torch
+from ray.rllib.algorithms.algorithm import Algorithm
+from ray.rllib.core import COMPONENT_LEARNER_GROUP, DEFAULT_MODULE_ID
+from ray.rllib.utils.annotations import override
+
+from .inference_engines import load_policy_into_engines
+from .llm_rl_module import PLACEHOLDER_SPACE, CausalLMRLModule
 
 logger = logging.getLogger(__name__)
 
@@ -119,3 +129,118 @@ def remove_failed_copy(storage) -> None:
     if storage.storage_filesystem.get_file_info(folder).type == pyarrow.fs.FileType.Directory:
         storage.storage_filesystem.delete_dir(folder)
         logger.error("checkpoint %s could not be written whole and was removed", folder)
+
+
+class CheckpointsAndExport:
+    """StarPO's checkpoints and export (a part of :class:`~rllib_ragen.starpo.starpo.StarPO`): RLlib's saves made
+    whole-or-absent, its restores recovering an interrupted save and checking the checkpoint fits the config, the
+    rollout scheduler's and the sentinel's state in the algorithm's, and the policy exported for plain
+    transformers."""
+
+    # RLlib hands a path string to pyarrow, which refuses relative ones ("URI has empty scheme"); resolve them.
+    @override(Algorithm)
+    def save_to_path(self, path=None, **kwargs) -> str:
+        """RLlib's save, made atomic for local directories: a kill at any moment leaves either the old checkpoint
+        or the new one at ``path``, never a mix (see :mod:`rllib_ragen.starpo.checkpoints`)."""
+        path = _absolute(path)
+        if path is None or "://" in str(path) or kwargs.get("filesystem") is not None:
+            return super().save_to_path(path, **kwargs)
+        return write_atomically(
+            path, lambda directory: super(CheckpointsAndExport, self).save_to_path(directory, **kwargs)
+        )
+
+    def save(self, checkpoint_dir: str | None = None):
+        """Tune's checkpoint (``Trainable.save``: written to a temporary folder, then copied into the trial's
+        ``checkpoint_<n>/``), whole or absent: a ``checkpoint_<n>/`` whose copy failed (a full disk) is removed
+        before the error goes on, since Tune only records it as a checkpoint once the copy finished. The temporary
+        folder goes either way (Tune's own removal is skipped when the copy raises)."""
+        storage = getattr(self, "_storage", None)
+        if storage is None or checkpoint_dir is not None:
+            return super().save(checkpoint_dir)
+        index, directory = storage.current_checkpoint_index, tempfile.mkdtemp(prefix="starpo_checkpoint_")
+        try:
+            return super().save(directory)
+        except BaseException:
+            if storage.current_checkpoint_index != index:  # the failed copy's folder, never an earlier checkpoint
+                remove_failed_copy(storage)
+            raise
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    @override(Algorithm)
+    def restore_from_path(self, path, **kwargs) -> None:
+        path = _absolute(path)
+        if "://" not in str(path):
+            recover_interrupted_save(path)
+        check_checkpoint_fits(self.config, path)
+        super().restore_from_path(path, **kwargs)
+        if self.engine_actors is None:  # (engines: set_state loaded them) RLlib's own sync here can be dropped or
+            self.sync_rollout_weights()  # refused by the runners: see _push_weights_to_env_runners
+
+    @classmethod
+    def from_checkpoint(cls, path, filesystem=None, **kwargs) -> Algorithm:
+        path = _absolute(path)
+        if isinstance(path, (str, os.PathLike)) and "://" not in str(path):
+            recover_interrupted_save(path)
+        return super().from_checkpoint(path, filesystem, **kwargs)
+
+    @override(Algorithm)
+    def get_state(self, *args, **kwargs):
+        rollouts = self.rollouts.get_state()  # first: it waits for the rollout in flight
+        state = super().get_state(*args, **kwargs)
+        state["starpo"] = {**rollouts, "sentinel": self.sentinel.get_state()}
+        return state
+
+    @override(Algorithm)
+    def set_state(self, state) -> None:
+        super().set_state(state)
+        if "starpo" in state:
+            self.rollouts.set_state(state["starpo"])
+            if "sentinel" in state["starpo"]:
+                self.sentinel.set_state(state["starpo"]["sentinel"])
+                if self.sentinel.lr_factor != 1.0:
+                    self.sentinel_actions.apply_lr_factor()
+        if getattr(self, "engine_actors", None) is not None:
+            load_policy_into_engines(self)  # restored weights must reach the engines before the next rollout
+        elif COMPONENT_LEARNER_GROUP in state:
+            self._send_policy_to_env_runners()  # RLlib's sync in set_state can be dropped (see the method)
+
+    def _learner_module_state(self) -> dict[str, torch.Tensor]:
+        """The learner's current module state, critic left out."""
+        return self.learner_group.get_state(components="learner/rl_module/" + DEFAULT_MODULE_ID, inference_only=True)[
+            "learner"
+        ]["rl_module"][DEFAULT_MODULE_ID]
+
+    def policy_weights(self) -> dict[str, torch.Tensor]:
+        """The learner's current policy weights, with the Hugging Face model's own parameter names."""
+        return CausalLMRLModule.policy_state(self._learner_module_state())
+
+    def export_pretrained(self, path) -> None:
+        """Save the current policy and tokenizer with ``save_pretrained``:
+        ``AutoModelForCausalLM.from_pretrained(path)`` loads it with plain transformers."""
+        path = pathlib.Path(path)
+        if path.exists() and not path.is_dir():  # save_pretrained would only log an error and write nothing
+            raise NotADirectoryError(f"cannot export the policy to {path}: it is a file.")
+        # A runner that plays the learner's own tensors takes them in place, one merged LoRA layer at a time; else a
+        # module loads the whole merged state (SmolLM2: a float32 copy of every weight, 0.54 GB at once).
+        if self.config.max_policy_lag or self._play_learner_in_process(share=True) is None:
+            module = (
+                self.env_runner.module
+                if self.env_runner is not None
+                else self.config.get_rl_module_spec(
+                    spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True
+                ).build()
+            )
+            module.set_state(self._learner_module_state())
+        else:
+            module = self.env_runner.module
+        module.save_pretrained(path)
+        if not (path / "config.json").is_file():
+            raise OSError(f"exporting the policy to {path} wrote no config.json; see the errors above.")
+
+
+def _absolute(path):
+    """A local path made absolute; None, URIs (``s3://...``) and Tune checkpoints pass through."""
+    if path is None or not isinstance(path, (str, os.PathLike)) or "://" in str(path):
+        return path
+    return os.path.abspath(os.path.expanduser(path))

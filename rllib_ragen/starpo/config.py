@@ -1,14 +1,13 @@
 """StarPO's configuration: an RLlib ``AlgorithmConfig`` whose knobs are declared, with RAGEN's StarPO-S
-defaults, kinds and ranges, in ``knobs.py``; presets; and ``validate()``, which checks every knob against its row
-and then the rules across knobs (``config_rules.py``). The algorithm itself is in ``starpo.py``.
+defaults, kinds and ranges, in ``knobs.py``; its presets (``presets.py``); and ``validate()``, which checks every
+knob against its row and then the rules across knobs (``config_rules.py``). The algorithm itself is in ``starpo.py``.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
-from typing import Any, Sequence
+from typing import Any
 
 from ray._common.deprecation import DEPRECATED_VALUE
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
@@ -19,23 +18,14 @@ from ray.util.debug import log_once
 from ..envs import register_carried, registrations_of
 from ..objectives import ADVANTAGE_ESTIMATORS, AdvantageSettings, FilterSettings, fixed_kept_groups
 from ..rollout.backends import SamplingParams
-from ..rollout.engine import RolloutConfig
-from ..hardware import cpu_computes_bfloat16
-from ..rollout.trajectory import Start
+from ..rollout.rollout_config import RolloutConfig
 from .config_rules import rule_errors
-from .environments import EnvEntry, entry, env_name
+from .environments import ConfigEnvironments
 from .knobs import KNOB_SECTIONS, KNOBS, RLLIB_DEFAULT, RLLIB_FIELDS, STARPO_S_DEFAULTS, knob_errors, settings_from
 from .llm_rl_module import DEFAULT_MODEL_CONFIG, CausalLMRLModule
+from .presets import PRESET_LABEL, PRESETS, VARIANT_LABEL
 
-__all__ = [
-    "KNOB_SECTIONS",
-    "PRESETS",
-    "PRESET_LABEL",
-    "STARPO_S_DEFAULTS",
-    "StarPOConfig",
-    "VARIANT_LABEL",
-    "preset_flags",
-]
+__all__ = ["KNOB_SECTIONS", "STARPO_S_DEFAULTS", "StarPOConfig"]
 
 # Fields RLlib itself leaves at its deprecated-value marker (-1): they stay out of the state, as RLlib wants.
 _RLLIB_PLACEHOLDERS = frozenset(
@@ -44,105 +34,8 @@ _RLLIB_PLACEHOLDERS = frozenset(
     if isinstance(v, int) and not isinstance(v, bool) and v == DEPRECATED_VALUE
 )
 
-# Named settings, each a map from a config setter (``training``, ``rl_module``, ``learners``) to its arguments.
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    # StarPO-S (the defaults): rollout filter, critic, no KL, clip-higher.
-    "starpo-s": {
-        "training": {
-            k: STARPO_S_DEFAULTS[k]
-            for k in ("kl_coeff", "clip_ratio_high", "rollout_filter", "rollout_filter_ratio", "advantage_estimator")
-        }
-    },
-    # Vanilla StarPO, the paper's baseline: a KL penalty, symmetric clipping, no rollout filter.
-    "starpo": {
-        "training": {"kl_coeff": 0.001, "clip_ratio_high": 0.2, "rollout_filter": "none", "rollout_filter_ratio": 1.0}
-    },
-    # RAGEN's own StarPO-S run: Qwen2.5-0.5B-Instruct, 8 x 16 trajectories, its learning rates and reply
-    # length, 256 validation states, one GPU per learner.
-    "ragen-gpu": {
-        "training": {
-            **{
-                k: STARPO_S_DEFAULTS[k]
-                for k in (
-                    "num_groups",
-                    "group_size",
-                    "rollout_filter_ratio",
-                    "critic_lr",
-                    "max_new_tokens_per_turn",
-                    "validation_size",
-                    "whiten_advantages",
-                )
-            },
-            "lr": RLLIB_FIELDS["lr"].default,
-        },
-        "rl_module": {"model_config": {"model": "Qwen/Qwen2.5-0.5B-Instruct"}},
-        "learners": {"num_gpus_per_learner": 1},
-    },
-    # SmolLM2-135M-Instruct fully fine-tuned on one GPU (a main job adds its warm start and a time budget): bf16
-    # autocast updates, 512 validation states (a 5-point change needs that many, or pairing), validation before and
-    # after RL only. Learning rates 1e-5 / 1e-4: the CPU jobs' 1e-4 / 1e-3 are for a 1M-parameter model trained
-    # from scratch; RAGEN's 1e-6 / 1e-5 are for 200 steps of a 0.5B model, too small a step for a run of minutes.
-    "smollm2-gpu": {
-        "training": {
-            "lr": 1e-5,
-            "critic_lr": 1e-4,
-            "autocast_dtype": "bfloat16",
-            "validation_size": 512,
-            "validation_interval": 0,
-        },
-        "rl_module": {"model_config": {"model": "smollm2-135m"}},
-        "learners": {"num_gpus_per_learner": 1},
-    },
-}
 
-
-# SmolLM2-135M-Instruct on a CPU, in little memory: LoRA adapters (the optimizer holds the adapters alone), group-mean
-# advantages without a critic (GRPO, mean only: no value head to learn in a run of tens of iterations, and one pass per
-# update); sampling and the learner's passes in bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), with
-# the frozen weights stored in it (the same products, no float32 copy), else in float32 (emulated bfloat16 is several
-# times slower than float32: docs/benchmarks.md). The learner's memory is one row's activations: micro-batches of one
-# row, each decoder layer re-run in the backward pass. 256 validation states before and after RL, played 64 at a time
-# (a wave's KV caches). What each setting saves and costs: docs/benchmarks.md.
-_BFLOAT16 = "bfloat16" if cpu_computes_bfloat16() else None
-PRESETS["smollm2-cpu"] = {
-    "training": {
-        **{k: STARPO_S_DEFAULTS[k] for k in ("num_groups", "validation_size")},
-        "lr": 1e-4,
-        "advantage_estimator": "grpo",
-        "grpo_normalize_std": False,
-        "group_size": 4,
-        "micro_batch_size": 1,
-        "max_concurrent_episodes": 64,
-        "validation_interval": 0,
-        "rollout_dtype": _BFLOAT16,
-        "autocast_dtype": _BFLOAT16,
-    },
-    "rl_module": {
-        "model_config": {
-            "model": "smollm2-135m",
-            "lora": {"r": 16, "base_dtype": _BFLOAT16},
-            "activation_checkpointing": True,
-        }
-    },
-}
-
-
-# Labels a Tune trial's config carries in a grid over named settings, which set nothing themselves
-# (StarPOConfig.update_from_dict): its preset (of PRESETS), or its variant (a job grid's named settings).
-PRESET_LABEL = "preset"
-VARIANT_LABEL = "variant"
-
-
-def preset_flags(name: str) -> set[str]:
-    """The fields (flag names) preset ``name`` sets, model settings by their own names."""
-    return {
-        key
-        for setter, arguments in PRESETS[name].items()
-        for key in (arguments.get("model_config", {}) if setter == "rl_module" else arguments)
-    }
-
-
-class StarPOConfig(AlgorithmConfig):
+class StarPOConfig(ConfigEnvironments, AlgorithmConfig):
     """Configuration of :class:`StarPO`; defaults are RAGEN's StarPO-S on the ``tiny`` CPU model.
 
     Method knobs are set with ``.training(...)`` (each declared in ``starpo/knobs.py``); the model with
@@ -513,67 +406,10 @@ class StarPOConfig(AlgorithmConfig):
 
         return model_source_error(self.model_config.get("model"))
 
-    def training_environments(self) -> list[EnvEntry]:
-        """What each training step plays: ``env`` alone (``num_groups`` groups), or the ``train_envs`` mixture."""
-        if self.train_envs is None:
-            return [EnvEntry(env_name(self.env), self.env, dict(self.env_config), self.num_groups)]
-        return [entry(item, "groups", None) for item in self.train_envs]
-
-    def validation_environments(self) -> list[EnvEntry]:
-        """What validation plays: ``validation_envs``, else every training environment, ``validation_size``
-        states each."""
-        if self.validation_envs is None:
-            return [dataclasses.replace(e, count=self.validation_size) for e in self.training_environments()]
-        return [entry(item, "states", self.validation_size) for item in self.validation_envs]
-
-    @property
-    def env_name(self) -> str:
-        """The name of the (first) training environment in metrics: ``<env_name>/success``."""
-        return self.training_environments()[0].name
-
     @property
     def sampling_dtype(self) -> str:
         """The dtype rollouts play the policy in: ``rollout_dtype``, else the model's."""
         return self.rollout_dtype or self.model_config.get("dtype", "float32")
-
-    @property
-    def is_mixture(self) -> bool:
-        """Whether rollouts name their environment in each start (``(name, seed)``) rather than playing ``env``."""
-        return self.train_envs is not None or self.validation_envs is not None
-
-    def training_starts(self, seeds: Sequence[int]) -> list[Start]:
-        """A training step's group starts from its ``num_groups`` fresh seeds: the seeds themselves for one
-        environment; for a mixture, ``(name, seed)``, each environment taking its groups in ``train_envs`` order."""
-        if not self.is_mixture:
-            return [int(s) for s in seeds]
-        names = [e.name for e in self.training_environments() for _ in range(e.count)]
-        return [(name, int(seed)) for name, seed in zip(names, seeds, strict=True)]
-
-    def curriculum_stage(self, iteration: int) -> int:
-        """The curriculum stage of training iteration ``iteration`` (0-based): the index of its stage, or the
-        number of stages once they are over (0 without a curriculum)."""
-        end = 0
-        for stage, item in enumerate(self.curriculum or []):
-            end += item["iterations"]
-            if iteration < end:
-                return stage
-        return len(self.curriculum or [])
-
-    def training_env_config(self, iteration: int) -> dict | None:
-        """What the training rollout of ``iteration`` passes ``env``: ``env_config`` updated by its curriculum
-        stage's, or None when it plays ``env_config`` as given."""
-        stage = self.curriculum_stage(iteration)
-        if stage == len(self.curriculum or []):
-            return None
-        return {**self.env_config, **self.curriculum[stage]["env_config"]}
-
-    def validation_starts(self) -> list[Start]:
-        """The fixed validation starts: ``states`` seeds from ``validation_seed_start`` per validation environment."""
-        entries = self.validation_environments()
-        seeds = {e.name: range(self.validation_seed_start, self.validation_seed_start + e.count) for e in entries}
-        if not self.is_mixture:
-            return [int(s) for s in seeds[entries[0].name]]
-        return [(e.name, int(seed)) for e in entries for seed in seeds[e.name]]
 
     def rollout_config(self) -> RolloutConfig:
         named = {e.name: (e.env, e.env_config) for e in self.training_environments() + self.validation_environments()}

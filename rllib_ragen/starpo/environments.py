@@ -1,17 +1,20 @@
 """What a StarPO config trains and validates on: one environment, or a mixture of them (``train_envs``,
-``validation_envs``), each entry checked by name before anything is built (``StarPOConfig.environment``)."""
+``validation_envs``), each entry checked by name before anything is built (``StarPOConfig.environment``); and
+what a config reads from them (:class:`ConfigEnvironments`): its environments, their names, and the starts of its
+training steps, curriculum stages and validation."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
 import typing
-from typing import Any
+from typing import Any, Sequence
 
 import gymnasium as gym
 
 from ..envs import BUILT_IN_TEXT_ENVS, REMOTE_ENV_ID, TRL_ENV_ID, ensure_registered, make_text_env, registered_text_envs
 from ..envs.base import load_import_path
+from ..rollout.trajectory import Start
 from .knobs import MAX_VALIDATION_STATES, is_int
 
 # Keys of one entry of ``train_envs`` / ``validation_envs`` (``StarPOConfig.environment``); the count key is required
@@ -249,3 +252,65 @@ def mixture_errors(config):
                 f"the name {e.name!r} stands for two different environments in train_envs and validation_envs;"
                 " one name, one environment (its metrics would mix)."
             )
+
+
+class ConfigEnvironments:
+    """What a StarPO config trains and validates on, read from its settings (a part of
+    :class:`~rllib_ragen.starpo.config.StarPOConfig`)."""
+
+    def training_environments(self) -> list[EnvEntry]:
+        """What each training step plays: ``env`` alone (``num_groups`` groups), or the ``train_envs`` mixture."""
+        if self.train_envs is None:
+            return [EnvEntry(env_name(self.env), self.env, dict(self.env_config), self.num_groups)]
+        return [entry(item, "groups", None) for item in self.train_envs]
+
+    def validation_environments(self) -> list[EnvEntry]:
+        """What validation plays: ``validation_envs``, else every training environment, ``validation_size``
+        states each."""
+        if self.validation_envs is None:
+            return [dataclasses.replace(e, count=self.validation_size) for e in self.training_environments()]
+        return [entry(item, "states", self.validation_size) for item in self.validation_envs]
+
+    @property
+    def env_name(self) -> str:
+        """The name of the (first) training environment in metrics: ``<env_name>/success``."""
+        return self.training_environments()[0].name
+
+    @property
+    def is_mixture(self) -> bool:
+        """Whether rollouts name their environment in each start (``(name, seed)``) rather than playing ``env``."""
+        return self.train_envs is not None or self.validation_envs is not None
+
+    def training_starts(self, seeds: Sequence[int]) -> list[Start]:
+        """A training step's group starts from its ``num_groups`` fresh seeds: the seeds themselves for one
+        environment; for a mixture, ``(name, seed)``, each environment taking its groups in ``train_envs`` order."""
+        if not self.is_mixture:
+            return [int(s) for s in seeds]
+        names = [e.name for e in self.training_environments() for _ in range(e.count)]
+        return [(name, int(seed)) for name, seed in zip(names, seeds, strict=True)]
+
+    def curriculum_stage(self, iteration: int) -> int:
+        """The curriculum stage of training iteration ``iteration`` (0-based): the index of its stage, or the
+        number of stages once they are over (0 without a curriculum)."""
+        end = 0
+        for stage, item in enumerate(self.curriculum or []):
+            end += item["iterations"]
+            if iteration < end:
+                return stage
+        return len(self.curriculum or [])
+
+    def training_env_config(self, iteration: int) -> dict | None:
+        """What the training rollout of ``iteration`` passes ``env``: ``env_config`` updated by its curriculum
+        stage's, or None when it plays ``env_config`` as given."""
+        stage = self.curriculum_stage(iteration)
+        if stage == len(self.curriculum or []):
+            return None
+        return {**self.env_config, **self.curriculum[stage]["env_config"]}
+
+    def validation_starts(self) -> list[Start]:
+        """The fixed validation starts: ``states`` seeds from ``validation_seed_start`` per validation environment."""
+        entries = self.validation_environments()
+        seeds = {e.name: range(self.validation_seed_start, self.validation_seed_start + e.count) for e in entries}
+        if not self.is_mixture:
+            return [int(s) for s in seeds[entries[0].name]]
+        return [(e.name, int(seed)) for e in entries for seed in seeds[e.name]]

@@ -42,7 +42,7 @@ from ..ranges import (
     UNIT_INTERVAL,
     Range,
 )
-from ..rollout.engine import CONTEXT_WINDOWS, RolloutConfig
+from ..rollout.rollout_config import CONTEXT_WINDOWS, RolloutConfig
 from ..rollout.protocol import LOSS_MASK_REGIONS
 from ..rollout.trajectory import SeedSchedule
 from .inference_engines import INFERENCE_BACKENDS

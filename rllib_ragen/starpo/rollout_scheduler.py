@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import metrics as M
 from ..rollout.backends import SamplingParams
-from ..rollout.engine import rollout_metrics
+from ..rollout.trajectory import rollout_metrics
 from ..rollout.trajectory import SeedSchedule, Start, Trajectory
 from .knobs import settings_from
 

@@ -24,9 +24,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import pathlib
-import shutil
-import tempfile
 import time
 from typing import Callable
 
@@ -35,7 +32,7 @@ import ray
 import torch
 from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.callbacks.utils import make_callback
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils import force_list
 from ray.rllib.utils.annotations import override
@@ -44,7 +41,6 @@ from ray.rllib.utils.metrics import (
     EVALUATION_RESULTS,
     LEARNER_RESULTS,
     NUM_ENV_STEPS_SAMPLED_LIFETIME,
-    WEIGHTS_SEQ_NO,
 )
 
 from .. import metrics as M
@@ -53,13 +49,12 @@ from ..hardware import peak_rss_gib, trim_heap
 from ..rollout.trajectory import Trajectory
 from ..sentinel import Sentinel
 from .update_batch import prepare_update_batch, shard_by_groups, token_advantages_by_trajectory
-from .checkpoints import check_checkpoint_fits, recover_interrupted_save, remove_failed_copy, write_atomically
+from .checkpoints import CheckpointsAndExport
 from .config import StarPOConfig
 from .inference_engines import load_policy_into_engines, start_engines_for
-from .llm_rl_module import PLACEHOLDER_SPACE, CausalLMRLModule
 from .rollout_scheduler import RolloutScheduler, validation_sample_seed
 from .sentinel_actions import SentinelActions
-from .weight_sync import state_bytes
+from .weight_sync import RunnerWeights
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +63,7 @@ class LearnerDiedError(RuntimeError):
     """A remote learner died; the algorithm cannot go on (resume from a checkpoint)."""
 
 
-class StarPO(Algorithm):
+class StarPO(CheckpointsAndExport, RunnerWeights, Algorithm):
     """StarPO / StarPO-S: trajectory-level PPO or GRPO over whole multi-turn LLM-agent episodes."""
 
     @classmethod
@@ -393,55 +388,6 @@ class StarPO(Algorithm):
             self._check_learners_alive()
             self._send_policy_to_env_runners()
 
-    def _send_policy_to_env_runners(self) -> None:
-        """The learner's policy to the env runners: shared or copied in place when the learner and the only env runner
-        live in this process (``weight_sync.py``), else through the object store. Logs the bytes moved."""
-        moved = self._play_learner_in_process(share=not self.config.max_policy_lag)
-        if moved is None:
-            moved = self._push_weights_to_env_runners()
-        self._log({M.SYNC_BYTES: float(moved)})
-
-    def _play_learner_in_process(self, *, share: bool) -> int | None:
-        """Where the learner and the only env runner live in this process: the runner takes the learner's policy
-        tensor by tensor (``EnvRunner.play_in_process``) and the bytes copied are returned; elsewhere None."""
-        if not (
-            self.learner_group.is_local
-            and self.env_runner is not None
-            and not self.env_runner_group.num_remote_env_runners()
-        ):
-            return None
-        learner = self.learner_group._learner  # private: see _on_first_learner
-        module = learner.module[DEFAULT_MODULE_ID].unwrapped()
-        return self.env_runner.play_in_process(module.policy_tensors(), learner._weights_seq_no, share=share)
-
-    def _push_weights_to_env_runners(self) -> int:
-        """Load the learner's policy into every healthy env runner, waiting until each has it.
-
-        Not RLlib's ``sync_weights``: it sends through an async request queue that drops a call, without a word,
-        while ``max_requests_in_flight_per_env_runner`` (1 by default) earlier ``set_state`` calls to that runner
-        are still in flight (a slow or loaded runner right after a restore), and a runner refuses weights older
-        than its own (a checkpoint restored into a running algorithm, as Tune's PBT does). Either way the runner
-        went on playing other weights than the learner's.
-        """
-        state = self.learner_group.get_state(
-            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}", inference_only=True
-        )[COMPONENT_LEARNER]
-        wanted = state[WEIGHTS_SEQ_NO]
-        state_ref = ray.put({COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE], WEIGHTS_SEQ_NO: wanted})
-
-        def load(runner):
-            runner.load_policy(ray.get(state_ref))
-            return runner.worker_index, runner.weights_seq_no
-
-        loaded = self.env_runner_group.foreach_env_runner(load, local_env_runner=self.env_runner is not None)
-        behind = {index: seq_no for index, seq_no in loaded if seq_no != wanted}
-        if behind:
-            raise RuntimeError(
-                f"env runners {behind} (index: weights version) did not take the learner's weights "
-                f"(version {wanted}); a rollout on them would play another policy."
-            )
-        return state_bytes(state[COMPONENT_RL_MODULE])
-
     @override(Algorithm)
     def cleanup(self) -> None:
         if getattr(self, "rollouts", None) is not None:
@@ -509,106 +455,6 @@ class StarPO(Algorithm):
         with self.metrics.log_time(name, reduce="mean", window=1):  # window 1: this iteration's, as _log's values
             yield
 
-    # ---- checkpoints and export ------------------------------------------------------------------------------------
-    # RLlib hands a path string to pyarrow, which refuses relative ones ("URI has empty scheme"); resolve them.
-    @override(Algorithm)
-    def save_to_path(self, path=None, **kwargs) -> str:
-        """RLlib's save, made atomic for local directories: a kill at any moment leaves either the old checkpoint
-        or the new one at ``path``, never a mix (see :mod:`rllib_ragen.starpo.checkpoints`)."""
-        path = _absolute(path)
-        if path is None or "://" in str(path) or kwargs.get("filesystem") is not None:
-            return super().save_to_path(path, **kwargs)
-        return write_atomically(path, lambda directory: super(StarPO, self).save_to_path(directory, **kwargs))
-
-    def save(self, checkpoint_dir: str | None = None):
-        """Tune's checkpoint (``Trainable.save``: written to a temporary folder, then copied into the trial's
-        ``checkpoint_<n>/``), whole or absent: a ``checkpoint_<n>/`` whose copy failed (a full disk) is removed
-        before the error goes on, since Tune only records it as a checkpoint once the copy finished. The temporary
-        folder goes either way (Tune's own removal is skipped when the copy raises)."""
-        storage = getattr(self, "_storage", None)
-        if storage is None or checkpoint_dir is not None:
-            return super().save(checkpoint_dir)
-        index, directory = storage.current_checkpoint_index, tempfile.mkdtemp(prefix="starpo_checkpoint_")
-        try:
-            return super().save(directory)
-        except BaseException:
-            if storage.current_checkpoint_index != index:  # the failed copy's folder, never an earlier checkpoint
-                remove_failed_copy(storage)
-            raise
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-
-    @override(Algorithm)
-    def restore_from_path(self, path, **kwargs) -> None:
-        path = _absolute(path)
-        if "://" not in str(path):
-            recover_interrupted_save(path)
-        check_checkpoint_fits(self.config, path)
-        super().restore_from_path(path, **kwargs)
-        if self.engine_actors is None:  # (engines: set_state loaded them) RLlib's own sync here can be dropped or
-            self.sync_rollout_weights()  # refused by the runners: see _push_weights_to_env_runners
-
-    @classmethod
-    def from_checkpoint(cls, path, filesystem=None, **kwargs) -> "StarPO":
-        path = _absolute(path)
-        if isinstance(path, (str, os.PathLike)) and "://" not in str(path):
-            recover_interrupted_save(path)
-        return super().from_checkpoint(path, filesystem, **kwargs)
-
-    @override(Algorithm)
-    def get_state(self, *args, **kwargs):
-        rollouts = self.rollouts.get_state()  # first: it waits for the rollout in flight
-        state = super().get_state(*args, **kwargs)
-        state["starpo"] = {**rollouts, "sentinel": self.sentinel.get_state()}
-        return state
-
-    @override(Algorithm)
-    def set_state(self, state) -> None:
-        super().set_state(state)
-        if "starpo" in state:
-            self.rollouts.set_state(state["starpo"])
-            if "sentinel" in state["starpo"]:
-                self.sentinel.set_state(state["starpo"]["sentinel"])
-                if self.sentinel.lr_factor != 1.0:
-                    self.sentinel_actions.apply_lr_factor()
-        if getattr(self, "engine_actors", None) is not None:
-            load_policy_into_engines(self)  # restored weights must reach the engines before the next rollout
-        elif COMPONENT_LEARNER_GROUP in state:
-            self._send_policy_to_env_runners()  # RLlib's sync in set_state can be dropped (see the method)
-
-    def _learner_module_state(self) -> dict[str, torch.Tensor]:
-        """The learner's current module state, critic left out."""
-        return self.learner_group.get_state(components="learner/rl_module/" + DEFAULT_MODULE_ID, inference_only=True)[
-            "learner"
-        ]["rl_module"][DEFAULT_MODULE_ID]
-
-    def policy_weights(self) -> dict[str, torch.Tensor]:
-        """The learner's current policy weights, with the Hugging Face model's own parameter names."""
-        return CausalLMRLModule.policy_state(self._learner_module_state())
-
-    def export_pretrained(self, path) -> None:
-        """Save the current policy and tokenizer with ``save_pretrained``:
-        ``AutoModelForCausalLM.from_pretrained(path)`` loads it with plain transformers."""
-        path = pathlib.Path(path)
-        if path.exists() and not path.is_dir():  # save_pretrained would only log an error and write nothing
-            raise NotADirectoryError(f"cannot export the policy to {path}: it is a file.")
-        # A runner that plays the learner's own tensors takes them in place, one merged LoRA layer at a time; else a
-        # module loads the whole merged state (SmolLM2: a float32 copy of every weight, 0.54 GB at once).
-        if self.config.max_policy_lag or self._play_learner_in_process(share=True) is None:
-            module = (
-                self.env_runner.module
-                if self.env_runner is not None
-                else self.config.get_rl_module_spec(
-                    spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True
-                ).build()
-            )
-            module.set_state(self._learner_module_state())
-        else:
-            module = self.env_runner.module
-        module.save_pretrained(path)
-        if not (path / "config.json").is_file():
-            raise OSError(f"exporting the policy to {path} wrote no config.json; see the errors above.")
-
 
 PHASES = {
     M.TIME_SAMPLE: "sampling",
@@ -616,10 +462,3 @@ PHASES = {
     M.TIME_UPDATE: "updating",
     M.TIME_SYNC: "sending the weights to the runners",
 }  # each timed block's name as a phase
-
-
-def _absolute(path):
-    """A local path made absolute; None, URIs (``s3://...``) and Tune checkpoints pass through."""
-    if path is None or not isinstance(path, (str, os.PathLike)) or "://" in str(path):
-        return path
-    return os.path.abspath(os.path.expanduser(path))

@@ -19,7 +19,6 @@ import math
 import time
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from ray.rllib.core import DEFAULT_MODULE_ID
@@ -42,6 +41,7 @@ from ..objectives import (
 from ..rollout.models import load_policy
 from .batch_advantages import batch_advantages, process_group_shards
 from .collapse_probe import CollapseProbe
+from .learner_optimizers import LearnerOptimizers
 from .llm_rl_module import trimmed_inputs
 
 LOSS_COLUMNS = (
@@ -56,7 +56,7 @@ LOSS_COLUMNS = (
 )
 
 
-class StarPOTorchLearner(CollapseProbe, TorchLearner):
+class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
     @override(TorchLearner)
     def build(self) -> None:
         super().build()
@@ -73,91 +73,12 @@ class StarPOTorchLearner(CollapseProbe, TorchLearner):
             )
             self._reference.requires_grad_(False).to(self._device)
 
-    # ---- optimizers: AdamW for the actor and the critic, each with its own learning rate --------------------------
-    @override(TorchLearner)
-    def configure_optimizers_for_module(self, module_id, config=None) -> None:
-        module = self._module[module_id]
-        actor = [p for p in module.policy.parameters() if p.requires_grad]  # with LoRA: the adapters alone
-        self.register_optimizer(
-            module_id=module_id,
-            optimizer_name="actor",
-            params=actor,
-            optimizer=self._adamw(actor, config),
-            lr_or_lr_schedule=config.lr,
-        )
-        critic = [p for name, p in module.named_parameters() if name.startswith(("critic.", "value_head."))]
-        if critic:
-            self.register_optimizer(
-                module_id=module_id,
-                optimizer_name="critic",
-                params=critic,
-                optimizer=self._adamw(critic, config),
-                lr_or_lr_schedule=config.critic_lr,
-            )
-
-    @staticmethod
-    def _adamw(params: list, config) -> torch.optim.AdamW:
-        """AdamW; on a GPU its fused kernel (one launch for every tensor, the same update up to rounding), on the CPU
-        torch's default implementation, as before."""
-        fused = bool(params) and all(p.is_cuda for p in params)
-        return torch.optim.AdamW(
-            params, betas=config.adam_betas, weight_decay=config.weight_decay, **({"fused": True} if fused else {})
-        )
-
     def _precision(self, config):
         """The context of every forward pass the learner makes: bfloat16 autocast when ``autocast_dtype`` asks for
         it (weights, gradients and optimizer moments stay in the model's dtype), else nothing."""
         if config.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self._device.type, dtype=getattr(torch, config.autocast_dtype))
-
-    def set_lr_factor(self, factor: float) -> None:
-        """Multiply every optimizer's configured learning rate by ``factor`` from now on (a sentinel rollback)."""
-        self._lr_factor = float(factor)
-        self._apply_lr_factor()
-
-    def _apply_lr_factor(self) -> None:
-        for optimizer, schedule in self._optimizer_lr_schedules.items():
-            self._set_optimizer_lr(optimizer, lr=float(schedule.get_current_value()) * self._lr_factor)
-
-    @override(TorchLearner)
-    def _set_optimizer_state(self, state) -> None:
-        super()._set_optimizer_state(state)
-        # The checkpoint's param groups hold the rate it trained with. A fixed rate configured now (a resume with
-        # other settings, which the job reports) must drive the very next update, not only the ones after it. A
-        # schedule keeps the checkpoint's value, which RLlib moves along the schedule after that update.
-        for optimizer, schedule in self._optimizer_lr_schedules.items():
-            if not schedule.use_schedule:
-                self._set_optimizer_lr(optimizer, lr=float(schedule.get_current_value()) * self._lr_factor)
-
-    @override(TorchLearner)
-    def after_gradient_based_update(self, *, timesteps) -> None:
-        super().after_gradient_based_update(timesteps=timesteps)  # RLlib resets each lr to its schedule's value
-        if self._lr_factor != 1.0:
-            self._apply_lr_factor()
-
-    @override(TorchLearner)
-    def postprocess_gradients_for_module(self, *, module_id, config=None, module_gradients_dict):
-        """Clip the actor's and the critic's gradients separately by global norm; log both norms."""
-        for name, optimizer in self.get_optimizers_for_module(module_id):
-            grads = self.filter_param_dict_for_optimizer(module_gradients_dict, optimizer)
-            if not grads:
-                continue
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads.values()]))
-            if config.grad_clip is not None and torch.isfinite(norm):
-                scale = min(1.0, config.grad_clip / (norm.item() + 1e-6))
-                for g in grads.values():
-                    g.mul_(scale)
-            self.metrics.log_value((module_id, M.GRAD_NORM.format(optimizer=name)), norm.item(), window=1000)
-        return module_gradients_dict
-
-    # ---- optimizer state as torch tensors (numpy has no bfloat16) --------------------------------------------------
-    @override(TorchLearner)
-    def _get_optimizer_state(self):
-        return {
-            name: {"module_id": self._optimizer_name_to_module[name], "state": _cpu_clone(optim.state_dict())}
-            for name, optim in self._named_optimizers.items()
-        }
 
     # ---- data-parallel learners: every shard trains as a part of the whole batch -----------------------------------
     def _sum_over_learners(self, x: torch.Tensor) -> torch.Tensor:
@@ -498,13 +419,3 @@ def _scoring_sampled_tokens(inputs: dict, data: dict, rows: torch.Tensor) -> dic
     """``forward_train``'s batch: the model inputs, and the tokens to score, the sampled ones (every loss, the
     log-prob gap and the scores read those alone; the module skips the LM head elsewhere)."""
     return {**inputs, "score_mask": data["response_mask"][rows, : inputs["input_ids"].shape[1]]}
-
-
-def _cpu_clone(state):
-    if isinstance(state, torch.Tensor):
-        return state.detach().cpu().clone()
-    if isinstance(state, dict):
-        return {k: _cpu_clone(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_cpu_clone(v) for v in state)
-    return state if not isinstance(state, np.ndarray) else state.copy()

@@ -6,12 +6,18 @@ costs time in proportion to the model's bytes, for weights that are already in t
 Benchmarks page). Here the sampler's parameters are made *the same tensors* as the learner's
 (no bytes move; an optimizer step changes what the sampler plays at once), or, where the two cannot be the same
 tensors (another device or dtype, or LoRA, whose sampler plays merged weights), each is copied device to device.
-Weights for remote env runners still go through the object store (``StarPO._push_weights_to_env_runners``).
+Weights for remote env runners still go through the object store. :class:`RunnerWeights` is StarPO's side: which of
+the two a sync takes.
 """
 
 from __future__ import annotations
 
+import ray
 import torch
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
+
+from .. import metrics as M
 
 
 def share_or_copy(source: dict[str, torch.Tensor], target: torch.nn.Module, *, share: bool) -> int:
@@ -77,3 +83,57 @@ def state_bytes(state) -> int:
     if isinstance(state, dict):
         return sum(state_bytes(value) for value in state.values())
     return 0
+
+
+class RunnerWeights:
+    """How the learner's policy reaches StarPO's env runners (a part of :class:`~rllib_ragen.starpo.starpo.StarPO`):
+    in place in this process where it can, else through the object store."""
+
+    def _send_policy_to_env_runners(self) -> None:
+        """The learner's policy to the env runners: shared or copied in place when the learner and the only env runner
+        live in this process (``weight_sync.py``), else through the object store. Logs the bytes moved."""
+        moved = self._play_learner_in_process(share=not self.config.max_policy_lag)
+        if moved is None:
+            moved = self._push_weights_to_env_runners()
+        self._log({M.SYNC_BYTES: float(moved)})
+
+    def _play_learner_in_process(self, *, share: bool) -> int | None:
+        """Where the learner and the only env runner live in this process: the runner takes the learner's policy
+        tensor by tensor (``EnvRunner.play_in_process``) and the bytes copied are returned; elsewhere None."""
+        if not (
+            self.learner_group.is_local
+            and self.env_runner is not None
+            and not self.env_runner_group.num_remote_env_runners()
+        ):
+            return None
+        learner = self.learner_group._learner  # private: see _on_first_learner
+        module = learner.module[DEFAULT_MODULE_ID].unwrapped()
+        return self.env_runner.play_in_process(module.policy_tensors(), learner._weights_seq_no, share=share)
+
+    def _push_weights_to_env_runners(self) -> int:
+        """Load the learner's policy into every healthy env runner, waiting until each has it.
+
+        Not RLlib's ``sync_weights``: it sends through an async request queue that drops a call, without a word,
+        while ``max_requests_in_flight_per_env_runner`` (1 by default) earlier ``set_state`` calls to that runner
+        are still in flight (a slow or loaded runner right after a restore), and a runner refuses weights older
+        than its own (a checkpoint restored into a running algorithm, as Tune's PBT does). Either way the runner
+        went on playing other weights than the learner's.
+        """
+        state = self.learner_group.get_state(
+            components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}", inference_only=True
+        )[COMPONENT_LEARNER]
+        wanted = state[WEIGHTS_SEQ_NO]
+        state_ref = ray.put({COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE], WEIGHTS_SEQ_NO: wanted})
+
+        def load(runner):
+            runner.load_policy(ray.get(state_ref))
+            return runner.worker_index, runner.weights_seq_no
+
+        loaded = self.env_runner_group.foreach_env_runner(load, local_env_runner=self.env_runner is not None)
+        behind = {index: seq_no for index, seq_no in loaded if seq_no != wanted}
+        if behind:
+            raise RuntimeError(
+                f"env runners {behind} (index: weights version) did not take the learner's weights "
+                f"(version {wanted}); a rollout on them would play another policy."
+            )
+        return state_bytes(state[COMPONENT_RL_MODULE])

@@ -348,7 +348,7 @@ def test_a_rollout_counts_a_right_reasoning_gym_answer_as_success():
     rg = pytest.importorskip("reasoning_gym")
     from rllib_ragen.rollout import RolloutConfig, RolloutEngine, SamplingParams, ScriptedBackend
     from rllib_ragen.rollout.context import last_turn_message
-    from rllib_ragen.rollout.models import build_tiny_tokenizer
+    from rllib_ragen.rollout.tiny_model import build_tiny_tokenizer
 
     dataset = rg.create_dataset("basic_arithmetic", size=100_000, seed=0)
     answers = {entry["question"]: entry["answer"] for entry in (dataset[s] for s in range(8))}

@@ -10,7 +10,8 @@ import pytest
 
 from rllib_ragen.envs.remote import RemoteEnvError, RemoteTextEnv
 from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.rollout_config import RolloutConfig
+from rllib_ragen.rollout.engine import RolloutEngine
 
 GOOD_RESET = {
     "session_id": "s1",

@@ -16,7 +16,7 @@ import pytest
 from rllib_ragen.envs import SokobanLevel, make_text_env, solve_level
 from rllib_ragen.envs.remote import RemoteEnvError
 from rllib_ragen.rollout import RolloutConfig, RolloutEngine, SamplingParams, ScriptedBackend
-from rllib_ragen.rollout.models import build_tiny_tokenizer
+from rllib_ragen.rollout.tiny_model import build_tiny_tokenizer
 
 openenv = pytest.importorskip("openenv")  # the test extra installs it: CI runs these
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 from rllib_ragen.envs import make_text_env
 from rllib_ragen.envs.remote import RemoteEnvError
 from rllib_ragen.rollout import RolloutConfig, RolloutEngine, SamplingParams, ScriptedBackend
-from rllib_ragen.rollout.models import build_tiny_tokenizer
+from rllib_ragen.rollout.tiny_model import build_tiny_tokenizer
 
 REMOTE = "rllib_ragen/Remote-v0"
 

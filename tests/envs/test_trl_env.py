@@ -9,8 +9,9 @@ import pytest
 
 from rllib_ragen.envs import make_text_env
 from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
-from rllib_ragen.rollout.models import build_tiny_tokenizer
+from rllib_ragen.rollout.rollout_config import RolloutConfig
+from rllib_ragen.rollout.engine import RolloutEngine
+from rllib_ragen.rollout.tiny_model import build_tiny_tokenizer
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from trl_games import TASKS, CounterEnv  # noqa: E402

@@ -10,7 +10,7 @@ from rllib_ragen.envs.frozen_lake import optimal_policy
 from rllib_ragen import StarPO
 from rllib_ragen.jobs.run import JobSettings, run_job
 from rllib_ragen.jobs.outputs import baseline_file
-from rllib_ragen.rollout.models import build_tiny_tokenizer
+from rllib_ragen.rollout.tiny_model import build_tiny_tokenizer
 from rllib_ragen.demonstrators import frozen_lake_hole_blind_policy
 
 SOLID_ICE = "rllib_ragen/FrozenLakeNotSlippery-v0"

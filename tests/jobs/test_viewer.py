@@ -12,7 +12,8 @@ import torch
 
 from rllib_ragen.jobs.outputs import AFTER_ROLLOUTS, SENTINEL_FILE, TRAINING_ROLLOUTS, write_rollouts
 from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.rollout_config import RolloutConfig
+from rllib_ragen.rollout.engine import RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.demonstrators import frozen_lake_optimal_policy, sokoban_solver_policy
 from rllib_ragen.jobs.viewer import find_chromium

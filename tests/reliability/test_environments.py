@@ -9,7 +9,7 @@ import pytest
 
 from rllib_ragen.envs import TextEnv
 from rllib_ragen.rollout import RolloutConfig, RolloutEngine, SamplingParams, ScriptedBackend
-from rllib_ragen.rollout.models import build_tiny_tokenizer
+from rllib_ragen.rollout.tiny_model import build_tiny_tokenizer
 
 
 class _OddEnv(TextEnv):

@@ -199,7 +199,7 @@ def test_a_job_without_periodic_validation_still_measures_before_and_after_and_n
     import torch
 
     from rllib_ragen.jobs.callbacks import machine_record
-    from rllib_ragen.jobs.report import describe_machine
+    from rllib_ragen.jobs.report_tables import describe_machine
 
     (machine,) = json.loads((trial / "machine.json").read_text())
     assert machine == {**machine_record(), "torch_threads": 1} and written["machine"] == [machine]

@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, _draw, _sample
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
-from rllib_ragen.rollout.models import build_tiny_model, load_policy
+from rllib_ragen.rollout.rollout_config import RolloutConfig
+from rllib_ragen.rollout.engine import RolloutEngine
+from rllib_ragen.rollout.tiny_model import build_tiny_model
+from rllib_ragen.rollout.models import load_policy
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +132,9 @@ def test_a_draw_follows_the_probabilities_and_never_picks_an_impossible_token(mo
 def test_the_growing_cache_layer_holds_what_hugging_faces_layer_holds():
     from transformers.cache_utils import DynamicLayer
 
-    from rllib_ragen.rollout.backends import _growing_kv_layer
+    from rllib_ragen.rollout.kv_cache import growing_kv_layer
 
-    ours, theirs = _growing_kv_layer()(), DynamicLayer()
+    ours, theirs = growing_kv_layer()(), DynamicLayer()
     generator = torch.Generator().manual_seed(0)
     # A prefill (a buffer of 200 slots), decode steps past it, a row selection, a crop and a repeat.
     steps = [
@@ -168,9 +170,9 @@ def test_the_growing_cache_layer_holds_what_hugging_faces_layer_holds():
 
 
 def test_selecting_rows_copies_the_filled_part_and_a_turns_room_or_nothing():
-    from rllib_ragen.rollout.backends import GROWTH_SLOTS, _growing_kv_layer
+    from rllib_ragen.rollout.kv_cache import GROWTH_SLOTS, growing_kv_layer
 
-    layer = _growing_kv_layer()()
+    layer = growing_kv_layer()()
     k, v = torch.randn(3, 2, 300, 4), torch.randn(3, 2, 300, 4)
     layer.update(k, v)
     assert layer._keys.shape[-2] == 300 + 150  # grown to 1.5 times what it holds
@@ -183,9 +185,9 @@ def test_selecting_rows_copies_the_filled_part_and_a_turns_room_or_nothing():
 
 
 def test_a_decode_step_may_read_the_whole_buffer_whose_empty_slots_hold_zeros():
-    from rllib_ragen.rollout.backends import _growing_kv_layer
+    from rllib_ragen.rollout.kv_cache import growing_kv_layer
 
-    layer = _growing_kv_layer()()
+    layer = growing_kv_layer()()
     layer.whole_buffer_for_decode = True
     k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
     prefilled = layer.update(k, v)
@@ -202,7 +204,7 @@ def test_rollouts_are_the_same_with_hugging_faces_own_cache(tiny, monkeypatch):
     import rllib_ragen.rollout.backends as backends
 
     ours, _ = _play(tiny, True)
-    monkeypatch.setattr(backends, "_new_cache", lambda model, *_: DynamicCache(config=model.config))
+    monkeypatch.setattr(backends, "new_cache", lambda model, *_: DynamicCache(config=model.config))
     theirs, _ = _play(tiny, True)
     assert [t.token_ids for t in ours] == [t.token_ids for t in theirs]
     assert [t.behaviour_logprobs for t in ours] == [t.behaviour_logprobs for t in theirs]  # bit for bit
@@ -212,10 +214,10 @@ def test_only_plain_full_attention_layers_are_swapped_for_growing_ones(tiny):
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from transformers.cache_utils import DynamicLayer
 
-    from rllib_ragen.rollout.backends import _growing_kv_layer, _new_cache
+    from rllib_ragen.rollout.kv_cache import growing_kv_layer, new_cache
 
     model, tokenizer = tiny
-    assert all(type(layer) is _growing_kv_layer() for layer in _new_cache(model).layers)
+    assert all(type(layer) is growing_kv_layer() for layer in new_cache(model).layers)
     sliding = Qwen2ForCausalLM(
         Qwen2Config(
             vocab_size=len(tokenizer),
@@ -229,8 +231,8 @@ def test_only_plain_full_attention_layers_are_swapped_for_growing_ones(tiny):
             max_window_layers=0,
         )
     )
-    layers = _new_cache(sliding).layers  # Hugging Face's sliding-window layers, kept as they are
-    assert layers and not any(type(layer) in (DynamicLayer, _growing_kv_layer()) for layer in layers)
+    layers = new_cache(sliding).layers  # Hugging Face's sliding-window layers, kept as they are
+    assert layers and not any(type(layer) in (DynamicLayer, growing_kv_layer()) for layer in layers)
 
 
 def test_a_rollouts_kv_caches_go_when_its_conversations_end_and_nothing_played_changes(tiny, monkeypatch):

@@ -3,7 +3,7 @@
 import pytest
 
 from rllib_ragen.rollout.context import ChatFormat, TemplateError, TurnMessage, last_turn_message, turn_message
-from rllib_ragen.rollout.models import build_tiny_tokenizer
+from rllib_ragen.rollout.tiny_model import build_tiny_tokenizer
 from rllib_ragen.demonstrators import (
     frozen_lake_hole_blind_policy,
     frozen_lake_optimal_policy,

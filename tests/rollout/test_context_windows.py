@@ -11,7 +11,8 @@ from rllib_ragen import StarPOConfig
 from rllib_ragen.objectives import compute_bi_level_gae, compute_gae, compute_turn_gae
 from rllib_ragen.objectives.episode_layout import EpisodeLayout
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBackend
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.rollout_config import RolloutConfig
+from rllib_ragen.rollout.engine import RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.demonstrators import sokoban_solver_policy
 from rllib_ragen.starpo.batch_advantages import batch_advantages

@@ -9,7 +9,8 @@ from rllib_ragen.envs import TRANSITION_SEED, SokobanLevel, TextEnv, solve_level
 from rllib_ragen.envs.sokoban_levels import move_effects
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.context import RAW_REPLY_HINT
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.rollout_config import RolloutConfig
+from rllib_ragen.rollout.engine import RolloutEngine
 from rllib_ragen.rollout.trajectory import SeedSchedule
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.demonstrators import (
@@ -339,7 +340,8 @@ def test_each_turn_records_the_state_it_answered(tiny):
 def test_reasoning_claims_are_checked_turn_by_turn_and_reported(tiny, tmp_path):
     import pyarrow.parquet as pq
 
-    from rllib_ragen.jobs.report import SAMPLED_AND_GREEDY, _reasoning_grounded
+    from rllib_ragen.jobs.outputs import SAMPLED_AND_GREEDY
+    from rllib_ragen.jobs.report import _reasoning_grounded
     from rllib_ragen.jobs.outputs import write_rollouts
 
     _, tokenizer = tiny

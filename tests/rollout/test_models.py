@@ -4,7 +4,7 @@ import gymnasium as gym
 import pytest
 
 from rllib_ragen.envs import BUILT_IN_TEXT_ENVS, registered_text_envs
-from rllib_ragen.rollout.models import GRID_LETTERS, GRID_MARKS, TOKENIZER_CORPUS_ENVS, build_tiny_tokenizer
+from rllib_ragen.rollout.tiny_model import GRID_LETTERS, GRID_MARKS, TOKENIZER_CORPUS_ENVS, build_tiny_tokenizer
 
 # Every built-in environment with a board (the bandit has none), plus 8x8 two-box Sokoban at its own size.
 BOARDS = [
@@ -143,7 +143,7 @@ def test_a_checkpoint_restored_after_its_model_folder_was_replaced_names_the_fol
     import shutil
 
     from rllib_ragen import StarPO, StarPOConfig
-    from rllib_ragen.rollout.models import build_tiny_model, build_tiny_tokenizer
+    from rllib_ragen.rollout.tiny_model import build_tiny_model, build_tiny_tokenizer
 
     folder = tmp_path / "model"
     shutil.copytree(saved_tiny, folder)
@@ -176,7 +176,8 @@ def test_a_model_cast_to_bfloat16_plays_as_its_saved_copy_loaded_in_bfloat16(tmp
     differently and a saved policy does not play as the run's sampler did."""
     import torch
 
-    from rllib_ragen.rollout.models import build_tiny_model, cast_weights, load_policy
+    from rllib_ragen.rollout.tiny_model import build_tiny_model
+    from rllib_ragen.rollout.models import cast_weights, load_policy
 
     tokenizer = build_tiny_tokenizer()
     build_tiny_model(tokenizer, seed=3).save_pretrained(tmp_path)

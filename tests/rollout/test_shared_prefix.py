@@ -9,11 +9,11 @@ from rllib_ragen.rollout import RolloutConfig
 from rllib_ragen.rollout.trajectory import pad_trajectories
 from rllib_ragen.rollout.models import (
     SHARED_PREFIX_MIN_TOKENS,
-    build_tiny_model,
     common_prefix_length,
     forward_sharing_prefix,
     load_policy,
 )
+from rllib_ragen.rollout.tiny_model import build_tiny_model
 from rllib_ragen.demonstrators import sokoban_solver_policy
 from rllib_ragen.warm_start import collect_demonstrations
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.rollout_config import RolloutConfig
+from rllib_ragen.rollout.engine import RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 
 pytestmark = [

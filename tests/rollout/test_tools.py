@@ -13,7 +13,8 @@ import torch
 from rllib_ragen.envs import FactLookupEnv, make_text_env
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, ScriptedBackend
 from rllib_ragen.rollout.context import ChatFormat, TemplateError
-from rllib_ragen.rollout.engine import RolloutConfig, RolloutEngine
+from rllib_ragen.rollout.rollout_config import RolloutConfig
+from rllib_ragen.rollout.engine import RolloutEngine
 from rllib_ragen.rollout.models import load_policy
 from rllib_ragen.demonstrators import fact_lookup_guess_policy, fact_lookup_solver_policy
 from rllib_ragen.rollout.tools import TOOL_CALL_FORMATS, HermesToolCalls, ToolCall, ToolSet

@@ -113,7 +113,7 @@ def test_sampled_logprobs_are_those_of_the_tempered_distribution(tiny_dir, engin
 @needs_vllm
 @pytest.mark.vllm
 def test_loaded_weights_reach_the_running_engine(tiny_dir, engine):
-    from rllib_ragen.rollout.models import build_tiny_model
+    from rllib_ragen.rollout.tiny_model import build_tiny_model
 
     _, model, tokenizer = tiny_dir
     sequence = tokenizer("<think>push the box</think><answer>Right</answer>")["input_ids"]
