@@ -1,12 +1,13 @@
 """SmolLM2-135M's warm start on the FrozenLake job's demonstrations: peak resident memory and seconds per step.
 
-The job's warm start as ``--preset smollm2-cpu`` runs it (bfloat16 autocast where the CPU computes it natively,
-batches of 16 demonstrations grouped by length), with the settings that decide its memory given on the command line:
-rows per pass, activation checkpointing, whether freed heap pages go back to the system after every step (the
-default since 2026-12-06; ``--no-trim`` is the release before), and LoRA adapters instead of every weight
-(``--lora-rank``, the preset's since 2026-12-06, with its ``--lr``). Resident memory is read every 20 ms (Linux); each
-step's peak and the memory held after it are printed. Part of their growth over the steps is oneDNN's kernel cache,
-which ``rllib_ragen.hardware`` bounds: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`` (oneDNN's default) shows it unbounded.
+The job's warm start as ``--preset smollm2-cpu`` runs it (bfloat16 autocast where the CPU computes it natively, batches
+of 16 demonstrations grouped by length), with the settings that decide its memory given on the command line: rows per
+pass, activation checkpointing, whether freed heap pages go back to the system after every step (the default since
+2026-12-06; ``--no-trim`` is the release before), and LoRA adapters instead of every weight (``--lora-rank``, with its
+``--lr``; tried on 2026-12-06, not the preset's: the FrozenLake results page). Resident memory is read every 20 ms
+(Linux); each step's peak and the memory held after it are printed. Part of their growth over the steps is oneDNN's
+kernel cache, which ``rllib_ragen.hardware`` bounds: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`` (oneDNN's default) shows
+it unbounded.
 
     python benchmarks/warm_start_memory.py [--steps 20] [--episodes 1200] [--micro-batch-size 4]
         [--checkpointing] [--no-trim] [--lora-rank 16 --lr 1e-3]

@@ -8,7 +8,9 @@ pages; elsewhere than glibc it is not there and nothing happens.
 oneDNN, torch's CPU kernels, keeps the compiled kernels of its last 1,024 matrix-product shapes. A language model on the
 CPU meets a new shape at every new sequence length, so that cache only grows (measured on the Benchmarks page).
 Importing this module bounds it at ``ONEDNN_KERNELS_KEPT`` unless ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` is already set
-(oneDNN reads it at its first product; Ray's workers inherit it from the driver).
+(oneDNN reads it at its first product; Ray's workers inherit it from the driver). The bound trades memory for speed:
+too few kernels and an update of one-row micro-batches, a new shape at every row length, compiles them again and again
+(the Benchmarks page has the measured trade).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 
 import torch
 
-ONEDNN_KERNELS_KEPT = 32
+ONEDNN_KERNELS_KEPT = 256
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS_KEPT))
 
 
