@@ -11,6 +11,11 @@ Importing this module bounds it at ``ONEDNN_KERNELS_KEPT`` unless ``ONEDNN_PRIMI
 (oneDNN reads it at its first product; Ray's workers inherit it from the driver). The bound trades memory for speed:
 too few kernels and an update of one-row micro-batches, a new shape at every row length, compiles them again and again
 (the Benchmarks page has the measured trade).
+
+Torch keeps a second cache in front of oneDNN's: ideep's, per thread, of the last 1,024 bfloat16 matrix products it
+set up, with their buffers (``LRU_CACHE_CAPACITY``; pytorch/pytorch#27971, intel/ideep#14). It grew a SmolLM2 warm
+start's memory by 20-40 MB a step; bounded at ``IDEEP_PRODUCTS_KEPT`` it stays flat at the same speed, since a product
+it drops is set up again from oneDNN's kernel cache.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import torch
 
 ONEDNN_KERNELS_KEPT = 256
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS_KEPT))
+IDEEP_PRODUCTS_KEPT = 16
+os.environ.setdefault("LRU_CACHE_CAPACITY", str(IDEEP_PRODUCTS_KEPT))
 
 
 def cpu_computes_bfloat16() -> bool:
