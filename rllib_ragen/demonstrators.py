@@ -1,8 +1,8 @@
 """Scripted policies that speak the action protocol, for :class:`~rllib_ragen.rollout.backends.ScriptedBackend`.
 
 They read the state from the prompt text, as a model would, and answer with an optimal plan: the Sokoban
-solver's moves, FrozenLake's finite-horizon optimal move, Countdown's and 4x4 Sudoku's solutions, or bisection in
-GEM's Guess The Number. They serve tests (the loop must reach their
+solver's moves, FrozenLake's finite-horizon optimal move, Countdown's and 4x4 Sudoku's solutions, bisection in
+GEM's Guess The Number, or tic-tac-toe's minimax move. They serve tests (the loop must reach their
 known success rates), demonstrations for warm-start fine-tuning, and baselines a job pairs its agent against
 (``frozen_lake_hole_blind_policy``, ``random_moves_policy``).
 """
@@ -21,6 +21,7 @@ from .envs.frozen_lake import SYMBOLS as LAKE_SYMBOLS
 from .envs.frozen_lake import move_effects as lake_move_effects
 from .envs.frozen_lake import optimal_policy
 from .envs.sokoban_levels import ACTION_NAMES, SokobanLevel, move_effects, solve_level
+from .envs.tic_tac_toe import best_cells
 from .rollout.context import last_turn_message
 
 
@@ -249,5 +250,24 @@ def fact_lookup_guess_policy(seed: int = 0):
     def policy(prompt: str) -> str:
         rng = random.Random(f"{seed}:{hashlib.sha256(prompt.encode()).hexdigest()}")
         return _tool_call("answer", {"city": rng.choice(CITIES)})
+
+    return policy
+
+
+_BOARD_ROW = re.compile(r"^ (\S) \| (\S) \| (\S)$", re.MULTILINE)
+
+
+def tic_tac_toe_minimax_policy(enable_thinking: bool = False, seed: int = 0):
+    """Perfect tic-tac-toe from the prompt: the last board shown and the seat's mark ("You play X"), answered with a
+    move of best minimax value, drawn among them by ``seed`` and the conversation (as :func:`random_moves_policy`
+    draws). Against it the best result is a draw."""
+
+    def policy(prompt: str) -> str:
+        rows = _BOARD_ROW.findall(prompt)[-3:]
+        mark = re.findall(r"You play ([XO])", prompt)[-1]
+        board = tuple(cell if cell in "XO" else "" for row in rows for cell in row)
+        cells = best_cells(board, mark)
+        rng = random.Random(f"{seed}:{hashlib.sha256(prompt.encode()).hexdigest()}")
+        return _reply([str(rng.choice(cells) + 1)], "The best cell.", enable_thinking)
 
     return policy

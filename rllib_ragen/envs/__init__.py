@@ -217,5 +217,10 @@ register_text_env(
 register_text_env("rllib_ragen/Countdown-v0", "rllib_ragen.envs.countdown:CountdownEnv", reward_threshold=1.0)
 register_text_env("rllib_ragen/Sudoku4x4-v0", "rllib_ragen.envs.sudoku:SudokuEnv", reward_threshold=1.0)
 # FactLookup: played with tools (search, then answer); a correct answer returns 1.
+# Games of two seats, one seat played against scripted opponents (envs/seat.py; the games themselves: envs/games.py).
+register_text_env("rllib_ragen/TicTacToe-v0", "rllib_ragen.envs.seat:SeatEnv", max_episode_steps=None)
+register_text_env(
+    "rllib_ragen/KuhnPoker-v0", "rllib_ragen.envs.seat:SeatEnv", max_episode_steps=None, game="rllib_ragen/KuhnPoker-v0"
+)
 register_text_env("rllib_ragen/FactLookup-v0", "rllib_ragen.envs.lookup:FactLookupEnv", reward_threshold=1.0)
 BUILT_IN_TEXT_ENVS = frozenset(_TEXT_ENV_IDS)
