@@ -43,6 +43,10 @@ UNENCODABLE_TEXTS = "rollout/unencodable_texts"  # observation text UTF-8 cannot
 PROMPTS_TOO_LONG = "rollout/prompts_too_long"  # a first prompt over max_context_tokens; the episode is not played
 # An observation longer than max_context_tokens tokens could spell: not tokenized; its episode ends there, truncated.
 OBSERVATIONS_TOO_LONG = "rollout/observations_too_long"
+# Moves of a reply past max_actions_per_turn: never played (ParsedReply.num_dropped).
+ACTIONS_DROPPED = "rollout/actions_dropped"
+# A seat of a multi-agent game that ended before its first turn (a forfeit on the first move): it has no trajectory.
+SEATS_NEVER_MOVED = "rollout/seats_never_moved"
 TOOL_RESULTS_CUT = "rollout/tool_results_cut"  # an in-process tool's result over max_observation_chars, cut to it
 # Not a metric: the first failed environment call of a rollout, as text (its cause, should every episode fail).
 FIRST_ENV_ERROR = "first_env_error"
@@ -63,6 +67,7 @@ ROLLOUT_COUNTERS = (
     TOOL_CALL_ERRORS,
     MALFORMED_TOOL_CALLS,
     TOOL_RESULTS_CUT,
+    ACTIONS_DROPPED,
 )
 CURRICULUM_STAGE = "curriculum/stage"  # the training rollout's curriculum stage; the stage count once they are over
 ENV_RUNNER_RESTARTS = "rollout/env_runner_restarts"  # remote env runners that died mid-rollout and were restarted

@@ -108,3 +108,13 @@ def test_the_served_environment_trains(ray_session, env_server, protocol):
         with contextlib.redirect_stdout(io.StringIO()):
             exec(compile(code, f"docs {block}", "exec"), namespace)
         train_one_iteration(namespace["config"])
+
+
+def test_the_multi_agent_page_runs_and_its_seat_env_trains(ray_session):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        run_block("games")
+    assert "Kuhn poker at equilibrium: -1/18 a hand, exploitability 0" in out.getvalue()
+    wins, draws = map(int, out.getvalue().split("as x: ")[1].replace(" wins,", "").split()[:2])
+    assert wins + draws == 20 and wins > draws  # minimax never loses; random play rarely holds a draw
+    train_one_iteration(run_block("seat-env")["config"].training(max_actions_per_turn=1))

@@ -26,14 +26,8 @@ from ..envs import TRANSITION_SEED, make_text_env
 from .backends import InferenceBackend, SamplingParams
 from .context import ChatFormat, turn_message
 from .episode_state import EpisodeState
-from .env_text import (
-    TextGuard,
-    report_prompts_too_long,
-    episode_state_key,
-    observation_text,
-    takes_raw_replies,
-    tools_of,
-)
+from .env_text import TextGuard, episode_state_key, observation_text, report_prompts_too_long, takes_raw_replies
+from .env_text import tools_of
 from .deadlines import EnvTimeoutError, TimedEnv, call_each
 from .protocol import REGION_OTHER, ParsedReply, execute_tool_turn, execute_turn, parse_reply, reply_regions
 from .rollout_config import RolloutConfig, RolloutSettingError
@@ -284,6 +278,7 @@ class RolloutEngine:
                 )
                 t_generate += time.perf_counter() - t0
                 replies = [self._record_reply(episode, generation) for episode, generation in zip(active, generations)]
+                counts[M.ACTIONS_DROPPED] += sum(getattr(reply, "num_dropped", 0) for reply in replies)
                 # Every episode's actions at once: environments that hang together cost one deadline per step.
                 results = call_each([self._turn_call(episode, reply) for episode, reply in zip(active, replies)])
                 for episode, generation, result in zip(active, generations, results):

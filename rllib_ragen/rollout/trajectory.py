@@ -52,6 +52,8 @@ class Trajectory:
         group: index of the group (initial state) within the rollout; seed: that state's reset seed.
         turn_samples: with a limited context window, each turn as the policy read and played it (the learner's
             rows); empty with the full context, where the trajectory itself is the one row.
+        seat, policy_id: in a multi-agent game (``rollout/seats.py``), the seat this trajectory played and the
+            policy that played it; None in a single-agent episode.
     """
 
     env_name: str
@@ -77,6 +79,8 @@ class Trajectory:
     truncated: bool = False
     text: str = ""
     turn_samples: list[TurnSample] = field(default_factory=list)
+    seat: str | None = None
+    policy_id: str | None = None
 
     @property
     def total_return(self) -> float:
