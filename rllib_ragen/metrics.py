@@ -47,6 +47,7 @@ OBSERVATIONS_TOO_LONG = "rollout/observations_too_long"
 ACTIONS_DROPPED = "rollout/actions_dropped"
 # A seat of a multi-agent game that ended before its first turn (a forfeit on the first move): it has no trajectory.
 SEATS_NEVER_MOVED = "rollout/seats_never_moved"
+GAME_OUTCOMES = ("win", "draw", "loss", "unfinished")  # per seat of a game: {env}/{seat}/{outcome}_rate
 TOOL_RESULTS_CUT = "rollout/tool_results_cut"  # an in-process tool's result over max_observation_chars, cut to it
 # Not a metric: the first failed environment call of a rollout, as text (its cause, should every episode fail).
 FIRST_ENV_ERROR = "first_env_error"
@@ -68,6 +69,7 @@ ROLLOUT_COUNTERS = (
     MALFORMED_TOOL_CALLS,
     TOOL_RESULTS_CUT,
     ACTIONS_DROPPED,
+    SEATS_NEVER_MOVED,
 )
 CURRICULUM_STAGE = "curriculum/stage"  # the training rollout's curriculum stage; the stage count once they are over
 ENV_RUNNER_RESTARTS = "rollout/env_runner_restarts"  # remote env runners that died mid-rollout and were restarted

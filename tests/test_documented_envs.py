@@ -118,3 +118,7 @@ def test_the_multi_agent_page_runs_and_its_seat_env_trains(ray_session):
     wins, draws = map(int, out.getvalue().split("as x: ")[1].replace(" wins,", "").split()[:2])
     assert wins + draws == 20 and wins > draws  # minimax never loses; random play rarely holds a draw
     train_one_iteration(run_block("seat-env")["config"].training(max_actions_per_turn=1))
+
+
+def test_the_self_play_block_validates():
+    run_block("self-play")["config"].validate()

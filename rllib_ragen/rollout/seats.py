@@ -60,8 +60,8 @@ def play_games(
         policy_of: ``(seat, game index) -> policy id``; default: every seat ``"default_policy"``.
 
     Returns:
-        One trajectory per seat that moved in each game (``seat`` and ``policy_id`` set; ``group`` its game's
-        group), and metrics: the rollout's, and per seat its win, draw and loss rates.
+        One trajectory per seat that moved in each game (``seat``, ``policy_id`` and ``outcome`` set; ``group`` its
+        game's group), and metrics: the rollout's, with each seat's win, draw and loss rates among them.
     """
     c, chat, guard = engine.config, engine.chat, engine.text_guard
     if c.max_actions_per_turn != 1:
@@ -79,7 +79,6 @@ def play_games(
         observations, _ = game.reset(seed=int(seed))
         views.append(dict(observations))
     seats: list[dict[str, _Seat]] = [{} for _ in games]
-    never_moved = 0
 
     def message(observation: str, t: Trajectory) -> str:
         reward = t.turn_rewards[-1] if t.turn_rewards else None
@@ -121,6 +120,7 @@ def play_games(
             t = played.episode.trajectory
             t.turn_rewards[-1] += float(payoffs.get(seat, 0.0))
             t.success, t.truncated = payoffs.get(seat, 0.0) > 0, truncated
+            t.outcome = games[index].outcome(seat) if games[index].game_over else "unfinished"
             played.episode.append(chat.encode(chat.reply_end_text(played.waiting.token_ids)))
             played.episode.done = True
 
@@ -178,7 +178,6 @@ def play_games(
             views[index].update(observations)
             if terminated["__all__"] or truncated["__all__"]:
                 close_game(index, rewards, truncated["__all__"])
-                never_moved += len(game.possible_agents) - len(seats[index])
                 live.discard(index)
     for index in live:  # not over within the game's own move limit: cannot happen, its step truncates first
         close_game(index, {}, truncated=True)
@@ -187,14 +186,17 @@ def play_games(
         t.text = engine.tokenizer.decode(t.token_ids)
     metrics = rollout_metrics(trajectories, group_size)
     metrics.update({key: float(value) for key, value in counts.items()})
-    metrics[M.SEATS_NEVER_MOVED] = float(never_moved)
-    for seat in games[0].possible_agents if games else ():
-        ended = [game for game in games if game.game_over]  # not those cut short by the context's length
-        for outcome in ("win", "draw", "loss"):
-            share = sum(game.outcome(seat) == outcome for game in ended) / max(len(ended), 1)
-            metrics[f"{game_id}/{seat}/{outcome}_rate"] = share
+    metrics[M.SEATS_NEVER_MOVED] = float(sum(len(g.possible_agents) - len(t) for g, t in zip(games, seats)))
     metrics.update({M.TIME_ROLLOUT: time.perf_counter() - t_start, M.TIME_GENERATE: t_generate})
     return trajectories, metrics
+
+
+def group_by_seat(trajectories: Sequence[Trajectory], seats: Sequence[str]) -> None:
+    """Give each seat of a group its own group: group ``g``'s seat ``k`` (its index in ``seats``) becomes group
+    ``g * len(seats) + k``, so that advantages compare a seat's games with the same role from the same initial
+    state (GRPO per role, as SPIRAL's role-conditioned baseline asks)."""
+    for t in trajectories:
+        t.group = t.group * len(seats) + list(seats).index(t.seat)
 
 
 def _with_turn(episode: EpisodeState, message: str, exchange: list[int]) -> EpisodeState:

@@ -52,8 +52,9 @@ class Trajectory:
         group: index of the group (initial state) within the rollout; seed: that state's reset seed.
         turn_samples: with a limited context window, each turn as the policy read and played it (the learner's
             rows); empty with the full context, where the trajectory itself is the one row.
-        seat, policy_id: in a multi-agent game (``rollout/seats.py``), the seat this trajectory played and the
-            policy that played it; None in a single-agent episode.
+        seat, policy_id, outcome: in a multi-agent game (``rollout/seats.py``), the seat this trajectory played,
+            the policy that played it, and how the game ended for the seat ("win", "draw", "loss"; "unfinished" if
+            it was cut short); None in a single-agent episode.
     """
 
     env_name: str
@@ -81,6 +82,7 @@ class Trajectory:
     turn_samples: list[TurnSample] = field(default_factory=list)
     seat: str | None = None
     policy_id: str | None = None
+    outcome: str | None = None
 
     @property
     def total_return(self) -> float:
@@ -222,4 +224,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory], group_size: int) -> dict
         claims = sum(t.reasoning_claims for t in group)
         if claims:
             metrics[M.env_metric(name, M.REASONING_GROUNDED)] = sum(t.reasoning_claims_true for t in group) / claims
+        for seat in sorted({t.seat for t in group if t.seat is not None}):  # a game's seats: how each fared
+            outcomes = [t.outcome for t in group if t.seat == seat]
+            for outcome in M.GAME_OUTCOMES:
+                metrics[M.env_metric(name, f"{seat}/{outcome}_rate")] = outcomes.count(outcome) / len(outcomes)
     return metrics

@@ -144,6 +144,12 @@ class StarPOConfig(ConfigEnvironments, AlgorithmConfig):
                 its payoffs or slips from its own seeded generator (``RolloutConfig.independent_transitions``).
                 False (RAGEN's): they repeat each other's draws, so a group of N bandit pulls compares
                 one coin flip with the safe arm, and a group's advantage carries one draw's noise.
+            self_play: training rollouts play every seat of the environment's game with the policy, its role in its
+                prompt (``rollout/seats.py``): ``env`` names a built-in game (``rllib_ragen/TicTacToe-v0``,
+                ``rllib_ragen/KuhnPoker-v0``), ``env_config["game_config"]`` its settings; each group's
+                trajectories are grouped per seat, so every seat's advantages have their own baseline. Validation
+                plays the same id as a text environment: one seat against ``env_config["opponent"]`` (Multi-agent
+                games page).
             env_reset_timeout_s, env_step_timeout_s: seconds one environment ``reset()`` or ``step()`` may take.
                 A later one is an isolated environment failure: its episode is dropped, counted as
                 ``rollout/env_timeouts``, and the environment replaced, so a hung environment (a dead game server,

@@ -28,6 +28,7 @@ def rule_errors(config):
     yield from _context_window_errors(config)
     yield from _action_separator_errors(config)
     yield from _tool_environment_errors(config)
+    yield from _self_play_errors(config)
     yield from batch_shape_errors(config)
     yield from _off_policy_errors(config)
     yield from _sentinel_errors(config)
@@ -166,6 +167,26 @@ def _action_separator_errors(config):
         yield (
             f"action_separator=None makes each answer one action, but max_actions_per_turn="
             f"{config.max_actions_per_turn}: set max_actions_per_turn=1, or give a separator."
+        )
+
+
+def _self_play_errors(config):
+    if not config.self_play:
+        return
+    from ..envs.games import GAMES
+
+    # Validation plays the same id as a text environment (one seat against a scripted opponent): built-in games.
+    if config.is_mixture or config.env not in GAMES:
+        yield (
+            f"self_play=True plays a game's every seat and validates one seat against a scripted opponent: env "
+            f"must name a built-in game ({sorted(GAMES)}), got env={config.env!r}"
+            f"{' in a mixture' if config.is_mixture else ''}. TextArena's games play through "
+            "rllib_ragen.rollout.seats.play_games."
+        )
+    if config.max_actions_per_turn != 1:
+        yield (
+            f"self_play=True: a seat makes one move a turn; set max_actions_per_turn=1 "
+            f"(got {config.max_actions_per_turn})."
         )
 
 

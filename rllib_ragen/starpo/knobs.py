@@ -281,6 +281,7 @@ KNOB_TABLE: tuple[Knob, ...] = (
         _knob("enable_thinking", None, BOOL, into=(_R, "enable_thinking")),
         _knob("max_context_tokens", None, INT, AT_LEAST_ONE, into=(_R, "max_context_tokens")),
         _knob("independent_transitions", None, BOOL, into=(_R, "independent_transitions")),
+        _knob("self_play", False, BOOL),
         _knob("env_reset_timeout_s", None, NUMBER, POSITIVE, why=_TIMEOUT, into=(_R, "env_reset_timeout_s")),
         _knob("env_step_timeout_s", None, NUMBER, POSITIVE, why=_TIMEOUT, into=(_R, "env_step_timeout_s")),
         _knob("context_window", None, CHOICE, options=CONTEXT_WINDOWS, into=(_R, "context_window")),

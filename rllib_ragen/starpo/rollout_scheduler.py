@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import metrics as M
+from ..envs.games import make_game
 from ..rollout.backends import SamplingParams
+from ..rollout.seats import group_by_seat
 from ..rollout.trajectory import rollout_metrics
 from ..rollout.trajectory import SeedSchedule, Start, Trajectory
 from .knobs import settings_from
@@ -95,7 +97,8 @@ class RolloutScheduler:
         )
 
     def _play_training(self, starts, group_size, sampling, sample_seed, stage, env_config):
-        trajectories, results = self.play(starts, group_size, sampling, sample_seed, env_config)
+        every_seat = self.config.self_play  # validation plays one seat against the opponent, as a text environment
+        trajectories, results = self.play(starts, group_size, sampling, sample_seed, env_config, every_seat)
         if stage is not None:
             results[M.CURRICULUM_STAGE] = float(stage)
         return trajectories, results
@@ -140,9 +143,11 @@ class RolloutScheduler:
         sampling: SamplingParams,
         sample_seed: int,
         env_config: dict | None = None,
+        every_seat: bool = False,
     ) -> tuple[list[Trajectory], dict[str, float]]:
         """Split the groups over the env runners, play them, and pool trajectories and metrics (``env_config``:
-        the arguments a curriculum stage builds ``config.env`` with)."""
+        the arguments a curriculum stage builds ``config.env`` with; ``every_seat``: play every seat of the game
+        ``config.env`` names, self-play)."""
         algorithm, restarts = self.algorithm, 0
         if not algorithm.env_runner_group.num_remote_env_runners():
             chunks = {0: list(seeds)}
@@ -156,12 +161,15 @@ class RolloutScheduler:
                         sampling=sampling,
                         sample_seed=sample_seed,
                         env_config=env_config,
+                        every_seat=every_seat,
                     ),
                     runner.get_metrics(),
                 )
             ]
         else:
-            chunks, parts, restarts = self._play_on_remote_runners(seeds, group_size, sampling, sample_seed, env_config)
+            chunks, parts, restarts = self._play_on_remote_runners(
+                seeds, group_size, sampling, sample_seed, env_config, every_seat
+            )
         # Runners number their groups from 0; make the ids global, in seed order.
         offsets = dict(zip(chunks, np.cumsum([0] + [len(c) for c in chunks.values()]).tolist()))
         trajectories = []
@@ -169,6 +177,11 @@ class RolloutScheduler:
             for t in part:
                 t.group += offsets[index]
             trajectories += part
+        if every_seat:  # each seat of a group its own group, numbered after the offsets
+            game_config = (env_config if env_config is not None else self.algorithm.config.env_config).get(
+                "game_config"
+            )
+            group_by_seat(trajectories, make_game(self.algorithm.config.env, config=dict(game_config or {})).agents)
         runner_metrics = [m for _, _, m in parts]
         metrics = rollout_metrics(trajectories, group_size)
         for key in (M.TIME_GENERATE, M.TIME_ROLLOUT):
@@ -182,7 +195,13 @@ class RolloutScheduler:
         return trajectories, metrics
 
     def _play_on_remote_runners(
-        self, seeds: list[Start], group_size: int, sampling: SamplingParams, sample_seed: int, env_config: dict | None
+        self,
+        seeds: list[Start],
+        group_size: int,
+        sampling: SamplingParams,
+        sample_seed: int,
+        env_config: dict | None,
+        every_seat: bool,
     ):
         """Play the groups on the healthy remote env runners; returns (chunks, parts, restarted runners).
 
@@ -211,6 +230,7 @@ class RolloutScheduler:
                         sampling=sampling,
                         sample_seed=sample_seed + index,
                         env_config=env_config,
+                        every_seat=every_seat,
                     ),
                     runner.get_metrics(),
                 )

@@ -26,6 +26,7 @@ from ..envs import register_carried
 from ..rollout.backends import HFBackend, SamplingParams
 from ..rollout.engine import RolloutEngine
 from ..rollout.models import cast_weights
+from ..rollout.seats import play_games
 from ..rollout.trajectory import Start, Trajectory
 from .inference_engines import make_backend
 from .llm_rl_module import PLACEHOLDER_SPACE
@@ -119,13 +120,25 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         sampling: SamplingParams,
         sample_seed: int | None = None,
         env_config: dict | None = None,
+        every_seat: bool = False,
         **kwargs,
     ) -> list[Trajectory]:
         """Play ``len(seeds)`` groups of ``group_size`` episodes (``env_config``: a curriculum stage's arguments
-        for ``config.env``); metrics go to :meth:`get_metrics`."""
-        trajectories, self._metrics = self.engine.rollout(seeds, group_size, sampling, sample_seed, env_config)
+        for ``config.env``; ``every_seat``: games of ``config.env`` with the policy in every seat, self-play);
+        metrics go to :meth:`get_metrics`."""
+        if every_seat:
+            trajectories, self._metrics = self._play_every_seat(seeds, group_size, sampling, sample_seed, env_config)
+        else:
+            trajectories, self._metrics = self.engine.rollout(seeds, group_size, sampling, sample_seed, env_config)
         self._metrics[M.WEIGHTS_SEQ_NO] = float(self._weights_seq_no)
         return trajectories
+
+    def _play_every_seat(self, seeds, group_size, sampling, sample_seed, env_config):
+        """Self-play: every seat of ``config.env``'s games by the policy (the scheduler then groups them per seat)."""
+        game_config = (env_config if env_config is not None else self.config.env_config).get("game_config")
+        return play_games(
+            self.engine, self.config.env, seeds, group_size, sampling, sample_seed=sample_seed, game_config=game_config
+        )
 
     @override(EnvRunner)
     def get_metrics(self) -> dict[str, float]:
