@@ -185,3 +185,29 @@ def test_games_need_one_move_a_turn(tiny):
     engine = RolloutEngine(config, ScriptedBackend(lambda p: "", tokenizer), tokenizer)
     with pytest.raises(RolloutSettingError, match="max_actions_per_turn"):
         play_games(engine, "rllib_ragen/TicTacToe-v0", [0], 1, SamplingParams())
+
+
+def test_a_textarena_game_through_the_engine_pays_textarenas_rewards(tiny):
+    textarena = pytest.importorskip("textarena")
+    _, tokenizer = tiny
+    first_move = re.compile(r"Available Moves: '\[(\d+)\]'")
+
+    def policy(prompt: str) -> str:  # the first move TextArena lists last
+        return f"<answer>{first_move.findall(prompt)[-1]}</answer>"
+
+    engine = RolloutEngine(_config("rllib_ragen/TicTacToe-v0"), ScriptedBackend(policy, tokenizer), tokenizer)
+    trajectories, metrics = play_games(engine, "textarena/TicTacToe-v0", [5, 6], 1, SamplingParams())
+    assert metrics["rollout/format_error_rate"] == 0.0 and {t.seat for t in trajectories} == {"player_0", "player_1"}
+    for seed in (5, 6):
+        # The same game driven directly: its seed as the adapter draws it, the first listed move each turn.
+        seeded = make_game("textarena/TicTacToe-v0")
+        seeded.reset(seed=seed)
+        own = textarena.make("TicTacToe-v0")
+        own.reset(num_players=2, seed=seeded.textarena_seed)
+        done = False
+        while not done:
+            _, observation = own.get_observation()
+            done, _ = own.step(f"[{first_move.findall(observation)[-1]}]")
+        rewards, _ = own.close()
+        played = {t.seat: t.turn_rewards[-1] for t in trajectories if t.seed == seed}
+        assert played == {f"player_{pid}": float(r) for pid, r in rewards.items()}
