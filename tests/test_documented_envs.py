@@ -110,15 +110,5 @@ def test_the_served_environment_trains(ray_session, env_server, protocol):
         train_one_iteration(namespace["config"])
 
 
-def test_the_multi_agent_page_runs_and_its_seat_env_trains(ray_session):
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        run_block("games")
-    assert "Kuhn poker at equilibrium: -1/18 a hand, exploitability 0" in out.getvalue()
-    wins, draws = map(int, out.getvalue().split("as x: ")[1].replace(" wins,", "").split()[:2])
-    assert wins + draws == 20 and wins > draws  # minimax never loses; random play rarely holds a draw
+def test_the_multi_agent_pages_seat_env_trains(ray_session):
     train_one_iteration(run_block("seat-env")["config"].training(max_actions_per_turn=1))
-
-
-def test_the_self_play_block_validates():
-    run_block("self-play")["config"].validate()

@@ -356,3 +356,14 @@ def test_no_docstring_quotes_a_measured_result():
                 doc = ast.get_docstring(node) or ""
                 found += [f"{path.name}: {m.group(0)}" for m in quoting.finditer(doc)]
     assert found == []
+
+
+def test_the_multi_agent_page_runs():
+    printed = _run_block("games", {})
+    assert "Kuhn poker at equilibrium: -1/18 a hand, exploitability 0" in printed
+    wins, draws = re.search(r"as x: (\d+) wins, (\d+) draws", printed).groups()
+    assert int(wins) + int(draws) == 20 and int(wins) > int(draws)  # minimax never loses; random play seldom draws
+    for block in ("seat-env", "self-play"):
+        namespace = {}
+        _run_block(block, namespace)
+        namespace["config"].validate()

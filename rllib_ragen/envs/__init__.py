@@ -16,6 +16,7 @@ from .bandit import BanditEnv
 from .base import TRANSITION_SEED, TextEnv, load_import_path
 from .countdown import CountdownEnv
 from .frozen_lake import FrozenLakeTextEnv
+from .games import make_game
 from .lookup import FactLookupEnv
 from .sokoban import SokobanEnv
 from .sokoban_levels import SokobanLevel, generate_level, solve_level
@@ -36,6 +37,7 @@ __all__ = [
     "TRLEnvironment",
     "ensure_registered",
     "generate_level",
+    "make_game",
     "make_text_env",
     "register_text_env",
     "registered_text_envs",

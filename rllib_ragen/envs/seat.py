@@ -80,7 +80,8 @@ class SeatEnv(TextEnv):
         self.max_turns = self.game.max_moves
 
     def describe(self) -> str:
-        return self.game.describe(self.seat)
+        moves = f"\nValid actions: {', '.join(self.action_names)}." if self.action_names else ""
+        return self.game.describe(self.seat) + moves
 
     def canonical_action(self, text: str) -> str | None:
         if self.action_names:  # one of the game's moves, legal now or not: the game rules on an illegal one
@@ -117,14 +118,17 @@ class SeatEnv(TextEnv):
         return float(self.game.payoffs[self.seat]) if self.game.game_over else 0.0
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        if self.game.game_over:
-            raise RuntimeError("step() after the game ended: call reset()")
+        if self.game.game_over or self.canonical_action(action) is None:
+            # Not a move of the game (or the game is over): as every TextEnv, a legal call that changes nothing.
+            info = {"success": self._success, "action_is_valid": False, "action_is_effective": False}
+            return self._observation, 0.0, self.game.game_over, False, info
         legal = self.game.canonical_action(self.seat, action) is not None
         *_, truncated, _ = self.game.step({self.seat: action})
         reward = self._opponents_move()
         self._success = self.game.game_over and reward > 0
         self._observation = self.game.observe(self.seat)
-        info = {"success": self._success, "action_is_valid": legal, "action_is_effective": legal}
+        # Valid: a move of the game; effective: legal now, so played (an illegal one forfeits, by default).
+        info = {"success": self._success, "action_is_valid": True, "action_is_effective": legal}
         if self.game.game_over:
             info["outcome"] = self.game.outcome(self.seat)
         return self._observation, reward, self.game.game_over and not truncated["__all__"], truncated["__all__"], info

@@ -19,7 +19,7 @@ from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import metrics as M
-from ..envs.games import make_game
+from ..envs import make_game
 from .backends import InferenceBackend, SamplingParams
 from .engine import RolloutEngine, _turn_seed
 from .episode_state import EpisodeState
@@ -165,13 +165,17 @@ def play_games(
             move = reply.actions[0] if reply.format_ok and reply.actions else ""
             game = games[index]
             legal = game.canonical_action(seat, move) is not None
+            # Valid: a move of the game (any text, where the game judges); effective: legal now, so played.
+            known = bool(move) and (
+                not game.action_vocabulary or move.lower() in map(str.lower, game.action_vocabulary)
+            )
             t.turn_rewards.append(0.0 if reply.format_ok and reply.actions else c.format_penalty)
             t.turn_actions.append([move] if legal else [])
             t.format_errors += int(not (reply.format_ok and reply.actions))
             t.num_actions += int(bool(move))
-            t.num_valid += int(legal)
+            t.num_valid += int(known)
             t.num_effective += int(legal)
-            t.num_invalid += int(bool(move) and not legal)
+            t.num_invalid += int(bool(move) and not known)
             counts[M.ACTIONS_DROPPED] += reply.num_dropped  # moves past the first: one move a turn
             played.waiting = generation
             observations, rewards, terminated, truncated, _ = game.step({seat: move})

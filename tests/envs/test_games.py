@@ -245,7 +245,8 @@ def test_a_seat_against_scripted_opponents_is_a_text_env():
     assert env.canonical_action(" 5 ") == "5" and env.canonical_action("Up") is None
     taken = next(c for c in "123456789" if c not in env.game.legal_actions("o"))
     _, reward, terminated, _, info = env.step(taken)  # an illegal move forfeits, by the game's default rule
-    assert (reward, terminated, info["action_is_valid"], info["outcome"]) == (-1.0, True, False, "loss")
+    assert (reward, terminated, info["action_is_effective"], info["outcome"]) == (-1.0, True, False, "loss")
+    assert info["action_is_valid"]  # a move of the game, illegal now
     # The same seed replays the opponents' moves; a member's own transition seed draws other ones.
     openings = set()
     for member in range(8):

@@ -110,6 +110,8 @@ def test_describe_lists_every_action_or_the_move_syntax(env_id):
         assert all(tool["function"]["description"] for tool in env.tools) and text
     elif 0 < len(names) <= 8:
         assert all(name in text for name in names)
+    elif "Valid actions: " in text:  # a list of them all (tic-tac-toe's 9 cells)
+        assert text.split("Valid actions: ")[1].split(".")[0].split(", ") == list(names)
     else:  # Sudoku's 64 moves, Countdown's expressions: the instructions give the syntax, with an example
         assert re.search(r"\d \d \d|\(6 - 2\) \* 5", text), text
 
