@@ -15,8 +15,9 @@ from rllib_ragen import StarPOConfig
 from tests.test_readme import _python_block_after
 
 
-def train_one_iteration(config: StarPOConfig) -> dict:
-    """One training iteration of ``config``'s environment on the tiny model, at the smallest sizes that train."""
+def train_one_iteration(config: StarPOConfig, trajectories: int = 2) -> dict:
+    """One training iteration of ``config``'s environment on the tiny model, at the smallest sizes that train
+    (``trajectories``: what one group of 2 episodes gives, 2, or a game's seats times 2 in self-play)."""
     config = (
         config.rl_module(model_config={"model": "tiny"})
         .training(
@@ -38,9 +39,9 @@ def train_one_iteration(config: StarPOConfig) -> dict:
         algo.stop()
     rollout = result["env_runners"]
     # Trained: both episodes came back, none was dropped by an environment error, and the learner stepped.
-    assert rollout["rollout/num_trajectories"] == 2.0
+    assert rollout["rollout/num_trajectories"] == trajectories
     assert rollout.get("rollout/env_errors", 0.0) == 0.0
-    assert result["update/kept_trajectories"] == 2.0
+    assert result["update/kept_trajectories"] == trajectories
     assert math.isfinite(result["learners"]["default_policy"]["actor/pg_loss"])
     return result
 

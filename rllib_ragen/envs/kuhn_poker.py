@@ -158,9 +158,7 @@ class KuhnPokerGame(TurnBasedTextGame):
             lines.append(f"{'You' if who == seat else 'Your opponent'} {verb}.")
         if self.game_over:
             if self.illegal_by is not None:
-                lines.append(
-                    f"{'You' if self.illegal_by == seat else 'Your opponent'} made an illegal move and forfeit."
-                )
+                lines.append(self.forfeit_note(seat))
             elif self.history[-1] != "fold":
                 lines.append(f"Showdown: your opponent held {self.card(SEATS[1 - SEATS.index(seat)])}.")
             won = self.payoffs[seat]

@@ -159,6 +159,12 @@ class TurnBasedTextGame(MultiAgentEnv):
             infos,
         )
 
+    def forfeit_note(self, seat: str) -> str | None:
+        """What ``seat`` reads about a forfeit that ended the game, if one did."""
+        if self.illegal_by is None:
+            return None
+        return f"{'You' if self.illegal_by == seat else 'Your opponent'} made an illegal move and forfeit the game."
+
     def forfeit_payoffs(self, offender: str) -> dict[str, float]:
         """The payoffs when ``offender`` forfeits: it loses 1, the others share its loss."""
         others = [a for a in self.agents if a != offender]

@@ -94,7 +94,7 @@ class TicTacToeGame(TurnBasedTextGame):
         if self.game_over:
             lines.append({"win": "You won.", "loss": "You lost.", "draw": "A draw."}[self.outcome(seat)])
             if self.illegal_by is not None:
-                lines.append(f"({'You' if self.illegal_by == seat else 'Your opponent'} made an illegal move.)")
+                lines.append(self.forfeit_note(seat))
         else:
             lines.append(f"You play {MARKS[seat]}. Free cells: {', '.join(self.legal_actions(seat))}.")
         return "\n".join(lines)

@@ -7,6 +7,7 @@ from rllib_ragen import StarPOConfig, register_text_env
 from rllib_ragen.envs.games import GAMES
 
 from tests.rollout.test_seats import TakeTurns
+from tests.test_documented_envs import train_one_iteration
 
 
 class Speeches(TakeTurns):
@@ -36,35 +37,19 @@ def test_one_iteration_trains_every_seat_with_a_baseline_per_seat(ray_session, m
         config = (
             StarPOConfig()
             .environment("tests/Speeches-v0", env_config={"opponent": "random"})
-            .rl_module(model_config={"model": "tiny"})
             .training(
                 self_play=True,
                 advantage_estimator="grpo",
                 entropy_coeff=0.0,  # the policy's gradient is then its advantages' alone
                 max_actions_per_turn=1,
-                num_groups=2,
-                group_size=2,
-                max_turns=2,
-                max_new_tokens_per_turn=8,
                 format_penalty=0.0,  # every seat's return is then its payoff alone
-                validation_size=2,
-                validation_interval=0,
-                collapse_diagnostics_interval=0,
-                rollout_filter_ratio=1.0,
             )
-            .debugging(seed=0)
         )
-        algo = config.build_algo()
-        try:
-            result = algo.train()
-        finally:
-            algo.stop()
+        result = train_one_iteration(config, trajectories=6)  # one group: 2 games, 3 seats each
     finally:
         del gym.registry["tests/Speeches-v0"]
     rollout = result["env_runners"]
-    assert rollout["rollout/num_trajectories"] == 12.0  # 4 games, 3 seats each
     assert rollout["tests/Speeches-v0/a/win_rate"] == 1.0 and rollout["tests/Speeches-v0/c/loss_rate"] == 1.0
-    assert result["update/kept_trajectories"] == 12.0
     # Each seat's group pays it the same (1, 0 or -1): against its own seat's baseline every GRPO advantage is 0, and
     # so is the policy's gradient. One baseline over the whole game would give seat a +1 and seat c -1.
     assert result["learners"]["default_policy"]["actor/grad_norm"] == 0.0
