@@ -5,9 +5,9 @@ of 16 demonstrations grouped by length), with the settings that decide its memor
 pass, activation checkpointing, whether freed heap pages go back to the system after every step (the default since
 2026-12-06; ``--no-trim`` is the release before), and LoRA adapters instead of every weight (``--lora-rank``, with its
 ``--lr``; tried on 2026-12-06, not the preset's: the FrozenLake results page). Resident memory is read every 20 ms
-(Linux); each step's peak and the memory held after it are printed. Part of their growth over the steps is oneDNN's
-kernel cache, which ``rllib_ragen.hardware`` bounds: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`` (oneDNN's default) shows
-it unbounded.
+(Linux); each step's peak and the memory held after it are printed. Their growth over the steps was torch's kernel
+caches, which ``rllib_ragen.hardware`` bounds: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024`` (oneDNN's default) and
+``LRU_CACHE_CAPACITY=1024`` (ideep's, torch's default) show them unbounded.
 
     python benchmarks/warm_start_memory.py [--steps 20] [--episodes 1200] [--micro-batch-size 4]
         [--checkpointing] [--no-trim] [--lora-rank 16 --lr 1e-3]
@@ -103,7 +103,8 @@ def main() -> None:
     print(
         f"micro-batches of {args.micro_batch_size}, checkpointing {args.checkpointing}, trim after each step "
         f"{not args.no_trim}, LoRA rank {args.lora_rank} (lr {args.lr:g}), oneDNN kernels kept "
-        f"{os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY')}: {seconds:.1f} s a step, peak RSS {peak[0]:.2f} GiB "
+        f"{os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY')}, ideep products kept "
+        f"{os.environ.get('LRU_CACHE_CAPACITY')}: {seconds:.1f} s a step, peak RSS {peak[0]:.2f} GiB "
         f"({loaded:.2f} GiB loaded, before the first step); loss {losses[0]:.4f} -> {losses[-1]:.4f}"
     )
 
