@@ -14,6 +14,8 @@ prompt).
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
@@ -26,6 +28,7 @@ from .episode_state import EpisodeState
 from .rollout_config import RolloutSettingError
 from .trajectory import Trajectory, rollout_metrics
 
+logger = logging.getLogger(__name__)
 DEFAULT_POLICY = "default_policy"  # RLlib's name for the one policy of a single-policy algorithm
 
 
@@ -74,9 +77,18 @@ def play_games(
     counts: Counter = Counter({key: 0 for key in M.ROLLOUT_COUNTERS})
     members = [(g, seed) for g, seed in enumerate(seeds) for _ in range(group_size)]
     games = [make_game(game_id, config=dict(game_config or {})) for _ in members]
-    views = []  # per game: what each seat sees now (from reset and step; TextArena hands each text out once)
-    for game, (_, seed) in zip(games, members):
-        observations, _ = game.reset(seed=int(seed))
+    views: list[
+        dict
+    ] = []  # per game: what each seat sees now (from reset and step; TextArena hands each text out once)
+    failed: set[int] = set()  # games whose reset or step raised, or paid a non-finite payoff: dropped, counted
+    for index, (game, (_, seed)) in enumerate(zip(games, members)):
+        try:
+            observations, _ = game.reset(seed=int(seed))
+        except Exception as error:  # the game's fault, isolated as the engine isolates an environment's
+            logger.error("%s: reset failed for seed %s; dropping that game", game_id, seed, exc_info=error)
+            counts[M.ENV_ERRORS] += 1
+            failed.add(index)
+            observations = {}
         views.append(dict(observations))
     seats: list[dict[str, _Seat]] = [{} for _ in games]
 
@@ -124,7 +136,7 @@ def play_games(
             played.episode.append(chat.encode(chat.reply_end_text(played.waiting.token_ids)))
             played.episode.done = True
 
-    live = set(range(len(games)))
+    live = set(range(len(games))) - failed
     for tick in range(1, max(game.max_moves for game in games) + 1):
         movers = []  # (game index, seat, its _Seat) of every live game
         for index in sorted(live):
@@ -178,19 +190,32 @@ def play_games(
             t.num_invalid += int(bool(move) and not known)
             counts[M.ACTIONS_DROPPED] += reply.num_dropped  # moves past the first: one move a turn
             played.waiting = generation
-            observations, rewards, terminated, truncated, _ = game.step({seat: move})
+            try:
+                observations, rewards, terminated, truncated, _ = game.step({seat: move})
+                if not all(math.isfinite(r) for r in rewards.values()):
+                    raise ValueError(f"non-finite payoff {rewards}")
+            except Exception as error:  # the game's fault: its seats' trajectories are dropped, counted
+                logger.error(
+                    "%s: step failed (seed %s); dropping that game", game_id, members[index][1], exc_info=error
+                )
+                counts[M.ENV_ERRORS] += 1
+                failed.add(index)
+                live.discard(index)
+                continue
             views[index].update(observations)
             if terminated["__all__"] or truncated["__all__"]:
                 close_game(index, rewards, truncated["__all__"])
                 live.discard(index)
     for index in live:  # not over within the game's own move limit: cannot happen, its step truncates first
         close_game(index, {}, truncated=True)
-    trajectories = [s.episode.trajectory for table in seats for s in table.values()]
+    trajectories = [s.episode.trajectory for i, table in enumerate(seats) if i not in failed for s in table.values()]
     for t in trajectories:
         t.text = engine.tokenizer.decode(t.token_ids)
     metrics = rollout_metrics(trajectories, group_size)
     metrics.update({key: float(value) for key, value in counts.items()})
-    metrics[M.SEATS_NEVER_MOVED] = float(sum(len(g.possible_agents) - len(t) for g, t in zip(games, seats)))
+    metrics[M.SEATS_NEVER_MOVED] = float(
+        sum(len(g.possible_agents) - len(t) for i, (g, t) in enumerate(zip(games, seats)) if i not in failed)
+    )
     metrics.update({M.TIME_ROLLOUT: time.perf_counter() - t_start, M.TIME_GENERATE: t_generate})
     return trajectories, metrics
 

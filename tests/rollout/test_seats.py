@@ -211,3 +211,23 @@ def test_a_textarena_game_through_the_engine_pays_textarenas_rewards(tiny):
         rewards, _ = own.close()
         played = {t.seat: t.turn_rewards[-1] for t in trajectories if t.seed == seed}
         assert played == {f"player_{pid}": float(r) for pid, r in rewards.items()}
+
+
+class BrokenOnSeed(TakeTurns):
+    """TakeTurns whose game of seed 1 raises at its second move."""
+
+    def _play(self, seat, action):
+        if self.np_random_seed == 1 and len(self.said) == 1:
+            raise RuntimeError("the game broke")
+        return super()._play(seat, action)
+
+
+def test_a_game_that_raises_is_dropped_and_counted(tiny, monkeypatch):
+    _, tokenizer = tiny
+    monkeypatch.setitem(GAMES, "tests/Broken-v0", BrokenOnSeed)
+    engine = RolloutEngine(
+        _config("rllib_ragen/TicTacToe-v0"), ScriptedBackend(lambda p: "<answer>hi</answer>", tokenizer), tokenizer
+    )
+    trajectories, metrics = play_games(engine, "tests/Broken-v0", [0, 1, 2], 1, SamplingParams())
+    assert sorted({t.seed for t in trajectories}) == [0, 2] and len(trajectories) == 6
+    assert metrics["rollout/env_errors"] == 1.0
