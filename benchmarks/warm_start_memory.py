@@ -10,7 +10,7 @@ caches, which ``rllib_ragen.hardware`` bounds: ``ONEDNN_PRIMITIVE_CACHE_CAPACITY
 ``LRU_CACHE_CAPACITY=1024`` (ideep's, torch's default) show them unbounded.
 
     python benchmarks/warm_start_memory.py [--steps 20] [--episodes 1200] [--micro-batch-size 4]
-        [--checkpointing] [--no-trim] [--lora-rank 16 --lr 1e-3]
+        [--checkpointing] [--no-trim] [--lora-rank 16 --lr 1e-3] [--freeze-embeddings]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--no-trim", action="store_true", help="keep freed heap pages between steps")
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters of this rank (0: every weight)")
     parser.add_argument("--lr", type=float, default=1e-4, help="the preset's: 1e-4 for every weight, 1e-3 for LoRA")
+    parser.add_argument("--freeze-embeddings", action="store_true", help="keep the (tied) embeddings and head fixed")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     if not os.path.exists("/proc/self/status"):
@@ -95,6 +96,7 @@ def main() -> None:
         group_by_length=True,
         micro_batch_size=args.micro_batch_size,
         lora_rank=args.lora_rank,
+        freeze_embeddings=args.freeze_embeddings,
         precision="bfloat16" if cpu_computes_bfloat16() else "float32",
         log_every=0,
         progress=after_step,
@@ -102,7 +104,8 @@ def main() -> None:
     seconds = (time.perf_counter() - start) / args.steps
     print(
         f"micro-batches of {args.micro_batch_size}, checkpointing {args.checkpointing}, trim after each step "
-        f"{not args.no_trim}, LoRA rank {args.lora_rank} (lr {args.lr:g}), oneDNN kernels kept "
+        f"{not args.no_trim}, LoRA rank {args.lora_rank} (lr {args.lr:g}), embeddings frozen {args.freeze_embeddings}, "
+        f"oneDNN kernels kept "
         f"{os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY')}, ideep products kept "
         f"{os.environ.get('LRU_CACHE_CAPACITY')}: {seconds:.1f} s a step, peak RSS {peak[0]:.2f} GiB "
         f"({loaded:.2f} GiB loaded, before the first step); loss {losses[0]:.4f} -> {losses[-1]:.4f}"

@@ -461,9 +461,11 @@ def test_the_smollm2_cpu_preset_brings_smollm2_with_lora_a_short_warm_start_and_
         job.warm_start_steps,
         job.warm_start_micro_batch_size,
         job.warm_start_activation_checkpointing,
+        job.warm_start_freeze_embeddings,
         job.warm_start_precision,
-    ) == (80, 30.0, 75, 4, True, native or "float32")
-    assert (job.warm_start_lora_rank, job.warm_start_lr) == (0, 1e-4)  # every weight: adapters read the map worse
+    ) == (80, 30.0, 75, 2, True, True, native or "float32")
+    # every weight but the embeddings: adapters read the map worse
+    assert (job.warm_start_lora_rank, job.warm_start_lr) == (0, 1e-4)
     # The job's own settings stay: its lake, its filter, one move per turn.
     assert (config.env, config.rollout_filter_ratio, config.max_actions_per_turn) == (
         "rllib_ragen/FrozenLakeNotSlippery-v0",
@@ -988,7 +990,7 @@ def test_the_smollm2_cpu_preset_runs_one_iteration_and_exports_a_policy_evaluate
         str(tmp_path),
     ]
     config, job, demonstrations, baselines = module["parse_args"](module["config"], module["job"], flags)
-    assert config.model_config["lora"]["r"] == 16 and job.warm_start_micro_batch_size == 4
+    assert config.model_config["lora"]["r"] == 16 and job.warm_start_micro_batch_size == 2
     summary = run_job(config, job, demonstrations, baselines=baselines)
     printed = capsys.readouterr().out
     trial = pathlib.Path(summary["run_dir"])

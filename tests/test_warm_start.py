@@ -1,6 +1,7 @@
 """The supervised warm start (rllib_ragen.warm_start): batching, weight averaging, learning-rate schedule, precision,
 non-finite guard."""
 
+import dataclasses
 import logging
 import pytest
 import torch
@@ -67,6 +68,21 @@ def test_micro_batches_take_the_same_step_as_one_pass(bandit_demos):
     for a, b in zip(whole, split):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
     assert any(not torch.equal(a, s) for a, s in zip(whole, start))
+
+
+def test_frozen_embeddings_stay_bit_exact_while_the_other_layers_train(bandit_demos):
+    demos, pad = bandit_demos
+    model, _ = load_policy("tiny", seed=0)
+    fixed = {
+        id(p) for layer in (model.get_input_embeddings(), model.get_output_embeddings()) for p in layer.parameters()
+    }
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    supervised_warm_start(
+        model, demos, steps=2, batch_size=8, lr=2e-3, pad_token_id=pad, log_every=0, freeze_embeddings=True
+    )
+    for name, p in model.named_parameters():
+        assert torch.equal(p, start[name]) == (id(p) in fixed), name  # the embeddings alone kept, every other moved
+        assert p.requires_grad  # handed back trainable: RL decides what it trains
 
 
 @pytest.mark.parametrize("argument", ["micro_batch_size", "lora_rank"])
@@ -536,6 +552,11 @@ def test_a_checkpointed_warm_start_saves_the_same_weights_to_the_bit_under_the_s
     assert plain_key == checkpointed_key  # the cache serves either
     job = JobSettings(warm_start_episodes=6, warm_start_steps=3)
     assert warm_start_key(config, job, policy) != plain_key  # a setting that changes the weights changes the key
+    # A setting added later enters the key only when set: the caches made before it keep their key (this one's at
+    # the commit before warm_start_freeze_embeddings existed).
+    assert warm_start_key(config, job, policy) == "6c08af1030a34bba"
+    frozen = dataclasses.replace(job, warm_start_freeze_embeddings=True)
+    assert warm_start_key(config, frozen, policy) != "6c08af1030a34bba"
 
 
 def test_a_lora_warm_start_leaves_a_plain_model_computing_what_its_trained_adapters_computed(bandit_demos):

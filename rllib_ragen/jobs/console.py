@@ -20,7 +20,7 @@ from ray.tune import Callback
 from .. import metrics as M
 from .callbacks import TIME_BUDGET_STOP
 from .curves import SMOOTHING
-from .job_times import timing_sentence
+from .job_times import this_cpu, timing_sentence
 from .outputs import (
     BEFORE_GREEDY_ROLLOUTS,
     BEFORE_RL,
@@ -312,7 +312,7 @@ def print_plan(config, job: JobSettings, out: pathlib.Path, warm_starts: bool, t
         )
     # The table's time for this command (its preset and --quick included) on this kind of CPU: other flags (another
     # model, more iterations) can change it a lot.
-    timing = timing_sentence(job.timed_command, cpu_computes_bfloat16()) if job.timed_command else ""
+    timing = timing_sentence(job.timed_command, *this_cpu()) if job.timed_command else ""
     estimate = f"; {timing}" if timing else ""
     if job.quick:
         estimate += "; --quick: a trial run, whose numbers say nothing about learning"

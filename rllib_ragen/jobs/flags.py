@@ -39,11 +39,12 @@ GPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
 
 
 # The CPU presets' job settings, laid over the job's own as the GPU presets' are. smollm2-cpu: a short warm start that
-# teaches the reply format (SmolLM2 already reads text), every weight trained (LoRA adapters at rank 16 and lr 1e-3
-# left SmolLM2 weaker and RL did not lift it: the FrozenLake results page), in bfloat16 where the CPU computes it
-# natively, each layer re-run in the backward pass (the same weights in less memory), and a trial that ends within 30
-# minutes of training, so that a seed's whole run stays within 45 minutes on 2 cores; the iterations are a cap the
-# budget may meet first.
+# teaches the reply format (SmolLM2 already reads text), every weight but the tied embeddings trained (LoRA adapters at
+# rank 16 and lr 1e-3 left SmolLM2 weaker and RL did not lift it: the FrozenLake results page), in bfloat16 where the
+# CPU computes it natively, each layer re-run in the backward pass (the same weights in less memory), two rows a pass
+# (with the embeddings fixed, the job's driver then stays within 4 GB: the Benchmarks page), and a trial that ends
+# within 30 minutes of training, so that a seed's whole run stays within 45 minutes on 2 cores (the Xeon; 59 on an EPYC
+# without AMX); the iterations are a cap the budget may meet first.
 CPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
     "smollm2-cpu": {
         "iterations": 80,
@@ -52,9 +53,10 @@ CPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
         "warm_start_episodes": 1200,
         "warm_start_lr": 1e-4,
         "warm_start_average_decay": 0.0,
-        "warm_start_micro_batch_size": 4,
+        "warm_start_micro_batch_size": 2,
         "warm_start_group_by_length": True,
         "warm_start_activation_checkpointing": True,
+        "warm_start_freeze_embeddings": True,
         "warm_start_precision": "bfloat16" if cpu_computes_bfloat16() else "float32",
     }
 }

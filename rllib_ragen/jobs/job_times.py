@@ -12,18 +12,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CPU_KINDS", "JOB_TIMES", "CpuKind", "JobTime", "job_time", "job_times_table", "timing_sentence"]
+__all__ = ["CPU_KINDS", "JOB_TIMES", "CpuKind", "JobTime", "job_time", "job_times_table", "this_cpu", "timing_sentence"]
 
 
 @dataclass(frozen=True)
 class CpuKind:
     label: str  # as the docs and the plan line name it
     bfloat16_native: bool  # AVX512-BF16 or AMX (rllib_ragen.hardware.cpu_computes_bfloat16)
+    amx: bool = False  # Intel's matrix units: a Xeon with them ran SmolLM2's bfloat16 warm start 1.8x an EPYC without
 
 
-XEON_BF16 = CpuKind("2-core Intel Xeon with native bfloat16 (AVX512-BF16, AMX)", True)
+XEON_BF16 = CpuKind("2-core Intel Xeon with native bfloat16 (AVX512-BF16, AMX)", True, amx=True)
+EPYC_BF16 = CpuKind("2-core AMD EPYC with native bfloat16 (AVX512-BF16, no AMX)", True)
 AVX2 = CpuKind("2-core x86 CPU with AVX2 (bfloat16 emulated)", False)
-CPU_KINDS = (XEON_BF16, AVX2)
+CPU_KINDS = (XEON_BF16, EPYC_BF16, AVX2)
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,10 @@ JOB_TIMES: dict[str, tuple[JobTime, ...]] = {
     "starpo_sokoban.py --preset smollm2-cpu --quick": (JobTime(8.9, XEON_BF16, "2026-12-06"),),
     "starpo_frozenlake.py": (JobTime(36.9, AVX2, "2026-11-28"),),
     "starpo_frozenlake.py --quick": (JobTime(2.0, XEON_BF16, "2026-12-06"),),
-    "starpo_frozenlake.py --preset smollm2-cpu": (JobTime(43.5, XEON_BF16, "2026-12-06"),),
+    "starpo_frozenlake.py --preset smollm2-cpu": (
+        JobTime(43.5, XEON_BF16, "2026-12-06"),
+        JobTime(58.9, EPYC_BF16, "2026-12-06"),
+    ),
     "starpo_frozenlake.py --preset smollm2-cpu --quick": (JobTime(11.1, XEON_BF16, "2026-12-06"),),
     "starpo_gem.py": (JobTime(40.6, AVX2, "2026-11-28"),),
     "starpo_tools.py": (JobTime(19.0, AVX2, "2026-11-28"),),
@@ -55,20 +60,34 @@ JOB_TIMES: dict[str, tuple[JobTime, ...]] = {
 }
 
 
-def job_time(command: str, bfloat16_native: bool) -> tuple[JobTime | None, JobTime | None]:
-    """``command``'s time on a CPU of this kind (None: not timed on one), and, where that is None, its time on the
-    other kind (None: never timed)."""
+def this_cpu() -> tuple[bool, bool]:
+    """This CPU's (native bfloat16, AMX), as :func:`job_time` takes them."""
+    import torch
+
+    from ..hardware import cpu_computes_bfloat16
+
+    return cpu_computes_bfloat16(), bool(torch.cpu._is_amx_tile_supported())
+
+
+def job_time(command: str, bfloat16_native: bool, amx: bool = False) -> tuple[JobTime | None, JobTime | None]:
+    """``command``'s time on a CPU of this kind (its bfloat16 and AMX alike; None: not timed on one), and, where that
+    is None, its time on the nearest kind timed: one that also computes bfloat16 natively or not, else any (None:
+    never timed)."""
     times = JOB_TIMES.get(command, ())
-    here = next((t for t in times if t.cpu.bfloat16_native == bfloat16_native), None)
-    return here, (None if here else next(iter(times), None))
+    here = next((t for t in times if (t.cpu.bfloat16_native, t.cpu.amx) == (bfloat16_native, amx)), None)
+    nearest = next((t for t in times if t.cpu.bfloat16_native == bfloat16_native), next(iter(times), None))
+    return here, (None if here else nearest)
 
 
-def timing_sentence(command: str, bfloat16_native: bool) -> str:
+def timing_sentence(command: str, bfloat16_native: bool, amx: bool = False) -> str:
     """What the plan line says of ``command``'s time on this CPU ("" when it was never timed)."""
-    here, elsewhere = job_time(command, bfloat16_native)
+    here, elsewhere = job_time(command, bfloat16_native, amx)
     if here:
         return f"{command} took {here.minutes:g} min on a {here.cpu.label}, a CPU of this kind"
     if elsewhere:
+        if elsewhere.cpu.bfloat16_native == bfloat16_native:
+            label = elsewhere.cpu.label
+            return f"{command} took {elsewhere.minutes:g} min on a {label}; not yet timed on a CPU like this one"
         kind = "with" if bfloat16_native else "without"
         return (
             f"{command} took {elsewhere.minutes:g} min on a {elsewhere.cpu.label}; not yet timed on a CPU "

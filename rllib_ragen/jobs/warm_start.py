@@ -59,6 +59,8 @@ def cached_warm_start(config, job, policy: Callable[[str], str]) -> str:
 # Warm-start settings that change how the same weights are computed, not which (tested to the bit): a cached warm
 # start serves either value.
 WEIGHTLESS_WARM_START_SETTINGS = {"warm_start_activation_checkpointing"}
+# Settings added after warm starts were cached: in the key only when set, so the caches made before them stay valid.
+KEYED_WHEN_SET = {"warm_start_freeze_embeddings"}
 
 
 def warm_start_key(config, job, policy: Callable[[str], str]) -> str:
@@ -75,7 +77,9 @@ def warm_start_key(config, job, policy: Callable[[str], str]) -> str:
         "job": {
             f.name: getattr(job, f.name)
             for f in dataclasses.fields(job)
-            if f.name.startswith("warm_start") and f.name not in WEIGHTLESS_WARM_START_SETTINGS
+            if f.name.startswith("warm_start")
+            and f.name not in WEIGHTLESS_WARM_START_SETTINGS
+            and not (f.name in KEYED_WHEN_SET and getattr(job, f.name) == f.default)
         },
     }
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -138,6 +142,7 @@ def warm_start(config, job, policy: Callable[[str], str], path: pathlib.Path) ->
         group_by_length=job.warm_start_group_by_length,
         micro_batch_size=job.warm_start_micro_batch_size,
         lora_rank=job.warm_start_lora_rank,
+        freeze_embeddings=job.warm_start_freeze_embeddings,
         precision=job.warm_start_precision,
         evaluate=curve and functools.partial(curve, model),
         evaluate_every=job.warm_start_eval_interval,

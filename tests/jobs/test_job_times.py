@@ -7,7 +7,7 @@ import runpy
 
 import pytest
 
-from rllib_ragen.jobs.job_times import AVX2, JOB_TIMES, XEON_BF16, job_time, job_times_table, timing_sentence
+from rllib_ragen.jobs.job_times import AVX2, EPYC_BF16, JOB_TIMES, XEON_BF16, job_time, job_times_table, timing_sentence
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Pages that state how long a job takes. The results pages and the Benchmarks page record what given runs took,
@@ -70,9 +70,13 @@ def test_each_tuned_examples_docstring_points_at_the_table_and_quotes_no_figure_
 
 def test_the_plan_line_names_the_cpu_kind_and_admits_an_untimed_one():
     assert (
-        timing_sentence("starpo_bandit.py", True)
+        timing_sentence("starpo_bandit.py", True, amx=True)
         == f"starpo_bandit.py took 1.2 min on a {XEON_BF16.label}, a CPU of this kind"
     )
+    assert timing_sentence("starpo_bandit.py", True) == (  # an EPYC: native bfloat16 too, but no AMX
+        f"starpo_bandit.py took 1.2 min on a {XEON_BF16.label}; not yet timed on a CPU like this one"
+    )
+    assert EPYC_BF16.bfloat16_native and not EPYC_BF16.amx
     assert (
         timing_sentence("starpo_bandit.py", False)
         == f"starpo_bandit.py took 2.5 min on a {AVX2.label}, a CPU of this kind"
@@ -82,7 +86,13 @@ def test_the_plan_line_names_the_cpu_kind_and_admits_an_untimed_one():
         "one is"
     )
     assert timing_sentence("starpo_sokoban.py --preset smollm2-cpu", True) == ""  # never timed: nothing stated
-    assert job_time("starpo_frozenlake.py --quick", True)[0].minutes == 2.0
+    assert job_time("starpo_frozenlake.py --quick", True, amx=True)[0].minutes == 2.0
+    assert job_time("starpo_frozenlake.py --quick", True) == (
+        None,
+        job_time("starpo_frozenlake.py --quick", True, True)[0],
+    )
+    epyc, _ = job_time("starpo_frozenlake.py --preset smollm2-cpu", True)
+    assert epyc.cpu == EPYC_BF16 and epyc.minutes == 58.9  # each kind its own figure
 
 
 @pytest.mark.parametrize(
