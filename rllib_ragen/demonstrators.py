@@ -257,17 +257,34 @@ def fact_lookup_guess_policy(seed: int = 0):
 _BOARD_ROW = re.compile(r"^ (\S) \| (\S) \| (\S)$", re.MULTILINE)
 
 
+def _tic_tac_toe_position(prompt: str) -> tuple[tuple[str, ...], str]:
+    """The last board the prompt shows (cells "X", "O" or "") and the seat's mark ("You play X")."""
+    rows = _BOARD_ROW.findall(prompt)[-3:]
+    mark = re.findall(r"You play ([XO])", prompt)[-1]
+    return tuple(cell if cell in "XO" else "" for row in rows for cell in row), mark
+
+
 def tic_tac_toe_minimax_policy(enable_thinking: bool = False, seed: int = 0):
     """Perfect tic-tac-toe from the prompt: the last board shown and the seat's mark ("You play X"), answered with a
     move of best minimax value, drawn among them by ``seed`` and the conversation (as :func:`random_moves_policy`
     draws). Against it the best result is a draw."""
 
     def policy(prompt: str) -> str:
-        rows = _BOARD_ROW.findall(prompt)[-3:]
-        mark = re.findall(r"You play ([XO])", prompt)[-1]
-        board = tuple(cell if cell in "XO" else "" for row in rows for cell in row)
-        cells = best_cells(board, mark)
+        board, mark = _tic_tac_toe_position(prompt)
         rng = random.Random(f"{seed}:{hashlib.sha256(prompt.encode()).hexdigest()}")
-        return _reply([str(rng.choice(cells) + 1)], "The best cell.", enable_thinking)
+        return _reply([str(rng.choice(best_cells(board, mark)) + 1)], "The best cell.", enable_thinking)
+
+    return policy
+
+
+def tic_tac_toe_random_policy(enable_thinking: bool = False, seed: int = 0):
+    """A legal tic-tac-toe move drawn uniformly among the empty cells of the last board shown (seeded as
+    :func:`random_moves_policy`): demonstrations of the format and the rules with no strategy, so whatever a model
+    learns beyond them, RL taught it (the self-play job's warm start)."""
+
+    def policy(prompt: str) -> str:
+        board, _ = _tic_tac_toe_position(prompt)
+        rng = random.Random(f"{seed}:{hashlib.sha256(prompt.encode()).hexdigest()}")
+        return _reply([str(rng.choice([i for i, c in enumerate(board) if not c]) + 1)], "A free cell.", enable_thinking)
 
     return policy

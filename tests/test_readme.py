@@ -208,7 +208,14 @@ def test_the_job_file_shown_in_the_readme_is_the_bandit_job():
     assert {k: getattr(shown["config"], k) for k in knobs} == {k: getattr(real["config"], k) for k in knobs}
 
 
-MAIN_JOBS = ("starpo_bandit.py", "starpo_frozenlake.py", "starpo_sokoban.py", "starpo_gem.py", "starpo_tools.py")
+MAIN_JOBS = (
+    "starpo_bandit.py",
+    "starpo_frozenlake.py",
+    "starpo_sokoban.py",
+    "starpo_gem.py",
+    "starpo_tools.py",
+    "starpo_selfplay.py",
+)
 
 
 def readme_job_commands() -> list[tuple[str, list[str]]]:
@@ -363,7 +370,8 @@ def test_the_multi_agent_page_runs():
     assert "Kuhn poker at equilibrium: -1/18 a hand, exploitability 0" in printed
     wins, draws = re.search(r"as x: (\d+) wins, (\d+) draws", printed).groups()
     assert int(wins) + int(draws) == 20 and int(wins) > int(draws)  # minimax never loses; random play seldom draws
-    for block in ("seat-env", "self-play"):
+    for block in ("seat-env", "self-play", "self-play-opponents"):
         namespace = {}
         _run_block(block, namespace)
         namespace["config"].validate()
+    assert "['vs random', 'vs minimax']" in _run_block("self-play-opponents", {})

@@ -277,6 +277,34 @@ def test_the_tool_job_runs_and_its_outputs_keep_each_turns_tool_results(tmp_path
     assert all(set(result) == {"tool", "result"} for turn in turns for result in turn["tool_results"])
 
 
+@pytest.mark.slow
+def test_the_self_play_job_runs_validates_both_opponents_and_pairs_against_its_warm_start(tmp_path):
+    budget = [*TINY_BUDGET, "--max-turns", "5", "--max-new-tokens-per-turn", "16", "--match-games", "6"]
+    done = run_example("starpo_selfplay.py", *budget, "--output-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = (tmp_path / "latest").resolve() / "seed0"
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary["by_env"]) == {"vs random", "vs minimax"}
+    matches = json.loads((run / "matches_vs_warm_start.json").read_text())
+    assert matches["before"]["games"] == matches["after"]["games"] == 6
+    assert matches["paired"]["n"] == 6 and "against its warm start" in done.stdout
+
+
+def test_the_self_play_job_trains_by_self_play_or_against_a_fixed_opponent():
+    selfplay = job_file("starpo_selfplay.py")
+    config, job, policy, baselines, games = selfplay["parse_args"](selfplay["config"], selfplay["job"], [])
+    assert config.self_play and config.env_config == {"opponent": "random"} and games == 256
+    assert set(baselines) == {"random legal moves", "minimax"} and job.timed_command == "starpo_selfplay.py"
+    assert [e.env_config for e in config.validation_environments()] == [
+        {"opponent": "random"},
+        {"opponent": "minimax", "success": "not_lost"},
+    ]
+    flags = ["--fixed-opponent", "minimax", "--match-games", "0"]
+    fixed, _, _, _, games = selfplay["parse_args"](selfplay["config"], selfplay["job"], flags)
+    assert not fixed.self_play and fixed.env_config == {"opponent": "minimax"} and games == 0
+    assert selfplay["config"].self_play  # the job's own config is left as it was
+
+
 def test_flags_override_the_jobs_config_and_leave_it_unchanged(monkeypatch):
     import torch
 

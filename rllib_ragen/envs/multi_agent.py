@@ -98,6 +98,13 @@ class TurnBasedTextGame(MultiAgentEnv):
         raise NotImplementedError
 
     # ---- shared -----------------------------------------------------------------------------------------
+    def instructions(self, seat: str) -> str:
+        """What ``seat`` reads before its first turn: its rules (``describe``) and, for a game with a move list, the
+        moves, as every text environment lists its valid actions. The one text for both ways a seat is played
+        (``SeatEnv`` and ``rollout.seats.play_games``), so training and validation prompts agree."""
+        moves = f"\nValid actions: {', '.join(self.action_vocabulary)}." if self.action_vocabulary else ""
+        return self.describe(seat) + moves
+
     def canonical_action(self, seat: str, text: str) -> str | None:
         """The legal move ``text`` names for ``seat`` (its canonical spelling), or None."""
         if not isinstance(text, str):

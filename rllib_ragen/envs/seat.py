@@ -39,6 +39,10 @@ def scripted_player(name: str, game: TurnBasedTextGame, seed: Any) -> Player:
     )
 
 
+# What counts as a seat's success, by the game's outcome for it.
+SUCCESS_RULES = {"win": ("win",), "not_lost": ("win", "draw")}
+
+
 class SeatEnv(TextEnv):
     """Seat ``seat`` of ``game`` against scripted ``opponent``\\ s, as a single-agent :class:`TextEnv`.
 
@@ -52,12 +56,14 @@ class SeatEnv(TextEnv):
 
     ## Rewards
     The seat's payoff when the game ends (1 a win, -1 a loss, 0 a draw in tic-tac-toe; net chips in Kuhn poker);
-    0 before. ``success``: the game is won.
+    0 before. ``success``: the game is won, or with ``success="not_lost"`` won or drawn (against minimax, which
+    cannot be beaten, the best a seat can do). ``info["outcome"]`` at the end: ``"win"``, ``"draw"`` or ``"loss"``.
 
     ## Arguments
     ``game``: a game id of :func:`rllib_ragen.envs.games.make_game`. ``seat``: the seat played, or None for the
     reset seed's. ``opponent``: ``"random"``, ``"minimax"`` (tic-tac-toe) or ``"equilibrium"`` (Kuhn poker).
-    ``game_config``: the game's settings (``{"illegal_move": "retry"}``).
+    ``game_config``: the game's settings (``{"illegal_move": "retry"}``). ``success``: ``"win"`` or
+    ``"not_lost"``, what counts as a success.
     """
 
     def __init__(
@@ -66,9 +72,13 @@ class SeatEnv(TextEnv):
         seat: str | None = None,
         opponent: str = "random",
         game_config: Mapping[str, Any] | None = None,
+        success: str = "win",
         render_mode: str | None = "ansi",
     ):
         super().__init__(render_mode=render_mode)
+        if success not in SUCCESS_RULES:
+            raise ValueError(f"success={success!r}: choose one of {list(SUCCESS_RULES)}.")
+        self.succeeds_on = SUCCESS_RULES[success]
         self.game = make_game(game, config=dict(game_config or {}))
         if seat is not None and seat not in self.game.possible_agents:
             raise ValueError(f"seat={seat!r}: {game} has seats {list(self.game.possible_agents)}.")
@@ -80,8 +90,7 @@ class SeatEnv(TextEnv):
         self.max_turns = self.game.max_moves
 
     def describe(self) -> str:
-        moves = f"\nValid actions: {', '.join(self.action_names)}." if self.action_names else ""
-        return self.game.describe(self.seat) + moves
+        return self.game.instructions(self.seat)
 
     def canonical_action(self, text: str) -> str | None:
         if self.action_names:  # one of the game's moves, legal now or not: the game rules on an illegal one
@@ -125,7 +134,7 @@ class SeatEnv(TextEnv):
         legal = self.game.canonical_action(self.seat, action) is not None
         *_, truncated, _ = self.game.step({self.seat: action})
         reward = self._opponents_move()
-        self._success = self.game.game_over and reward > 0
+        self._success = self.game.game_over and self.game.outcome(self.seat) in self.succeeds_on
         self._observation = self.game.observe(self.seat)
         # Valid: a move of the game; effective: legal now, so played (an illegal one forfeits, by default).
         info = {"success": self._success, "action_is_valid": True, "action_is_effective": legal}

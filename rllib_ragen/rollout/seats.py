@@ -99,7 +99,7 @@ def play_games(
 
     def open_seat(index: int, seat: str) -> _Seat:
         game, (group, seed) = games[index], members[index]
-        instructions = guard.plain(game.describe(seat), counts)
+        instructions = guard.plain(game.instructions(seat), counts)
         trajectory = Trajectory(game_id, group, int(seed), [], [], [], seat=seat, policy_id=policy_of(seat, index))
         first = message(views[index][seat], trajectory)
         episode = EpisodeState(None, trajectory, chat.prompt_ids(instructions + "\n" + first))

@@ -176,12 +176,13 @@ def _self_play_errors(config):
     from ..envs.games import GAMES
 
     # Validation plays the same id as a text environment (one seat against a scripted opponent): built-in games.
-    if config.is_mixture or config.env not in GAMES:
+    # validation_envs may name several opponents (random, minimax); training plays the one game.
+    if config.train_envs is not None or config.env not in GAMES:
         yield (
             f"self_play=True plays a game's every seat and validates one seat against a scripted opponent: env "
             f"must name a built-in game ({sorted(GAMES)}), got env={config.env!r}"
-            f"{' in a mixture' if config.is_mixture else ''}. TextArena's games play through "
-            "rllib_ragen.rollout.seats.play_games."
+            f"{' in a training mixture (train_envs)' if config.train_envs is not None else ''}. TextArena's games "
+            "play through rllib_ragen.rollout.seats.play_games."
         )
     if config.max_actions_per_turn != 1:
         yield (

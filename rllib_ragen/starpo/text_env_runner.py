@@ -136,6 +136,8 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     def _play_every_seat(self, seeds, group_size, sampling, sample_seed, env_config):
         """Self-play: every seat of ``config.env``'s games by the policy (the scheduler then groups them per seat)."""
         game_config = (env_config if env_config is not None else self.config.env_config).get("game_config")
+        # With validation_envs set, starts name their environment ((name, seed)); training plays config.env alone.
+        seeds = [seed[1] if isinstance(seed, tuple) else seed for seed in seeds]
         return play_games(
             self.engine, self.config.env, seeds, group_size, sampling, sample_seed=sample_seed, game_config=game_config
         )

@@ -283,3 +283,46 @@ def test_minimax_demonstrator_through_the_engine(tiny_tokenizer):
         if opponent == "random":
             assert metrics["rllib_ragen/TicTacToe-v0/success"] > 0.5
         assert {t.seed % 2 for t in trajectories} == {0, 1}  # both seats played
+
+
+def test_random_demonstrator_plays_only_legal_moves(tiny_tokenizer):
+    from rllib_ragen.demonstrators import tic_tac_toe_random_policy
+    from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
+    from rllib_ragen.rollout.engine import RolloutEngine
+    from rllib_ragen.rollout.rollout_config import RolloutConfig
+
+    config = RolloutConfig(
+        env="rllib_ragen/TicTacToe-v0",
+        env_config={"opponent": "random"},
+        enable_thinking=False,
+        max_turns=5,
+        max_actions_per_episode=5,
+    )
+    backend = ScriptedBackend(tic_tac_toe_random_policy(), tiny_tokenizer)
+    trajectories, metrics = RolloutEngine(config, backend, tiny_tokenizer).rollout(
+        list(range(32)), group_size=1, sampling=SamplingParams()
+    )
+    assert metrics["rollout/format_error_rate"] == 0.0
+    assert metrics["rollout/effective_action_rate"] == 1.0  # never an occupied cell: no forfeit
+    assert {sum(t.turn_rewards) for t in trajectories} == {-1.0, 0.0, 1.0}  # no strategy: wins, draws and losses
+
+
+@pytest.mark.parametrize("success, counted", [("win", False), ("not_lost", True)])
+def test_a_draw_against_minimax_is_a_success_only_when_not_losing_counts(success, counted):
+    """Perfect play against minimax draws every game, from either seat: a success under ``not_lost`` alone."""
+    import re
+
+    from rllib_ragen.demonstrators import tic_tac_toe_minimax_policy
+    from rllib_ragen.envs import make_text_env
+
+    policy = tic_tac_toe_minimax_policy()
+    env = make_text_env("rllib_ragen/TicTacToe-v0", opponent="minimax", success=success)
+    for seed in range(4):  # x on even seeds, o on odd
+        observation, info = env.reset(seed=seed)
+        done = False
+        while not done:
+            move = re.search(r"<answer>(\d)</answer>", policy(observation)).group(1)
+            observation, reward, done, _, info = env.step(move)
+        assert (info["outcome"], reward, info["success"]) == ("draw", 0.0, counted)
+    with pytest.raises(ValueError, match="not_lost"):
+        make_text_env("rllib_ragen/TicTacToe-v0", success="draw")

@@ -49,6 +49,27 @@ def _message(observation: str, turn: int, reward: float | None, config: RolloutC
     )
 
 
+@pytest.mark.parametrize("game_id", ["rllib_ragen/TicTacToe-v0", "rllib_ragen/KuhnPoker-v0"])
+def test_a_seat_reads_what_it_reads_against_a_scripted_opponent(tiny, game_id):
+    """Self-play trains on play_games' prompts and validates on the seat environment's: a seat's first prompt is
+    the same text either way (its rules, the moves listed, the first state), so the two never drift apart."""
+    _, tokenizer = tiny
+    config = _config(game_id, max_turns=6, max_actions_per_episode=6)
+    first_move = {"rllib_ragen/TicTacToe-v0": "5", "rllib_ragen/KuhnPoker-v0": "check"}[game_id]
+    engine = RolloutEngine(
+        config, ScriptedBackend(lambda prompt: f"<answer>{first_move}</answer>", tokenizer), tokenizer
+    )
+    games, _ = play_games(engine, game_id, [0], 1, SamplingParams())
+    first_seat = next(t for t in games if t.seat == make_game(game_id).possible_agents[0])
+    alone, _ = engine.rollout([0], group_size=1, sampling=SamplingParams())  # seed 0: the first seat
+    assert "Valid actions: " in tokenizer.decode(alone[0].token_ids)
+
+    def first_prompt(t):
+        return t.token_ids[: t.response_mask.index(1)]
+
+    assert first_prompt(first_seat) == first_prompt(alone[0])
+
+
 def test_two_seats_by_hand(tiny):
     """x plays 1, 2, 3 and wins; o plays 5, 9. Each seat's trajectory is built here from the template by hand."""
     _, tokenizer = tiny
@@ -77,7 +98,7 @@ def test_two_seats_by_hand(tiny):
         for turn, (observation, move) in enumerate(zip(shown[seat], replies[seat]), start=1):
             message = _message(observation, turn, None if turn == 1 else 0.0, config, budget - turn + 1)
             text = (
-                chat.prompt_ids(game.describe(seat) + "\n" + message)
+                chat.prompt_ids(game.instructions(seat) + "\n" + message)
                 if turn == 1
                 else chat.encode(chat.next_turn_text(reply, message))
             )

@@ -1,0 +1,45 @@
+"""Saved policies against each other in a game: seats by seed, payoffs per game, the same games before and after."""
+
+import torch
+
+from rllib_ragen import StarPOConfig
+from rllib_ragen.jobs.matches import match_outcomes, paired_matches, play_against
+from rllib_ragen.rollout.models import load_policy
+
+
+def _tiny_policy(folder, seed):
+    """The tiny model initialised by ``seed``, with seed 0's tokenizer (so two policies read the same texts)."""
+    model, _ = load_policy("tiny", seed=seed)
+    _, tokenizer = load_policy("tiny", seed=0)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def _config():
+    return (
+        StarPOConfig()
+        .environment("rllib_ragen/TicTacToe-v0")
+        .rl_module(model_config={"model": "tiny"})
+        .training(enable_thinking=False, max_actions_per_turn=1, max_turns=5, max_new_tokens_per_turn=8)
+    )
+
+
+def test_the_agent_takes_the_seed_s_seat_and_a_policy_paired_with_itself_changes_nothing(tmp_path):
+    torch.set_num_threads(1)
+    agent, other = _tiny_policy(tmp_path / "a", 0), _tiny_policy(tmp_path / "b", 1)
+    config = _config()
+    played = play_against(config, agent, other, 6, seed_start=10)
+    agent_seats = {t.seed: t.seat for t in played if t.policy_id == "agent"}
+    assert all(seat == "xo"[seed % 2] for seed, seat in agent_seats.items())
+    assert {t.seat for t in played if t.policy_id == "opponent" and t.seed in agent_seats} <= {"x", "o"}
+    outcome = match_outcomes(played)
+    assert outcome["games"] == 6  # every game, those the agent never moved in too
+    for t in played:  # zero-sum: where both moved, their outcomes mirror each other
+        expected = t.outcome if t.policy_id == "agent" else {"win": "loss", "loss": "win"}.get(t.outcome, t.outcome)
+        assert outcome["scores"][t.seed] == {"win": 1.0, "loss": -1.0}.get(expected, 0.0)
+    assert abs(sum(outcome[f"{o}_rate"] for o in ("win", "draw", "loss", "unfinished")) - 1.0) < 1e-12
+    # The same policy before and after, on the same games and sampling seed: every game is played again alike.
+    result = paired_matches(config, agent, agent, other, games=6)
+    assert result["before"]["scores"] == result["after"]["scores"]
+    assert result["paired"]["difference"] == 0.0 and result["paired"]["improved"] == result["paired"]["worsened"] == 0

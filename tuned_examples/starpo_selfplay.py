@@ -1,0 +1,98 @@
+"""StarPO self-play on tic-tac-toe: one policy plays both seats against itself, each seat's games its own GRPO group.
+
+The tiny CPU model is first warm-started on demonstrations of random legal moves (the format and the rules, no
+strategy), so whatever it learns beyond them, RL taught it. Training games have the policy in both seats (SPIRAL's
+self-play, arXiv 2506.24119); validation plays one seat (x or o, by seed) against a random player and against
+minimax, which cannot be beaten: against it the best result is a draw. ``--fixed-opponent random`` trains against the
+random player instead of itself, SPIRAL's baseline, which it reports overfits to its opponent.
+
+Command:  python tuned_examples/starpo_selfplay.py [--seed 0] [--iterations 30] [--fixed-opponent random]
+Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py), warm start included
+Expect:   docs/results/self-play.md
+"""
+
+from rllib_ragen import StarPOConfig
+from rllib_ragen.demonstrators import tic_tac_toe_minimax_policy, tic_tac_toe_random_policy
+from rllib_ragen.jobs import JobSettings, run_job
+from rllib_ragen.jobs.flags import apply_job_args, job_parser
+from rllib_ragen.jobs.matches import against_warm_start
+
+GAME = "rllib_ragen/TicTacToe-v0"
+# One seat (x on even seeds, o on odd) against each opponent: success against the random player is a win, against
+# minimax (which cannot be beaten) a draw or a win.
+OPPONENTS = [
+    {"env": GAME, "env_config": {"opponent": "random"}, "name": "vs random"},
+    {"env": GAME, "env_config": {"opponent": "minimax", "success": "not_lost"}, "name": "vs minimax"},
+]
+
+config = (
+    StarPOConfig()
+    .environment(GAME, env_config={"opponent": "random"}, validation_envs=OPPONENTS)
+    .training(
+        self_play=True,
+        advantage_estimator="grpo",  # a baseline per seat and start: SPIRAL's role-conditioned point
+        num_groups=8,
+        group_size=8,
+        rollout_filter_ratio=1.0,  # every game informs the update
+        lr=5e-4,
+        enable_thinking=False,
+        max_turns=5,  # x moves at most 5 times, o 4
+        max_actions_per_turn=1,
+        max_actions_per_episode=5,
+        max_new_tokens_per_turn=16,
+        validation_size=256,
+        validation_interval=10,
+    )
+    .debugging(seed=0)
+)
+job = JobSettings(
+    output_dir="outputs/starpo_selfplay",
+    iterations=30,
+    warm_start_episodes=1000,
+    warm_start_steps=150,
+    warm_start_lr=1e-3,
+    pass_bar=0.05,  # the win rate against the random player must rise at least this much
+    timed_command="starpo_selfplay.py",
+)
+MATCH_GAMES = 256  # against the warm start, after the run: the seat alternating, both sampled
+
+
+def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
+    """The job flags plus ``--fixed-opponent`` and ``--match-games``; returns (config, job, demonstration policy,
+    baselines, games against the warm start)."""
+    parser = job_parser(config, job, description)
+    parser.add_argument(
+        "--fixed-opponent",
+        choices=("random", "minimax"),
+        default=None,
+        help="train one seat against this scripted player instead of by self-play (SPIRAL's baseline)",
+    )
+    parser.add_argument(
+        "--match-games",
+        type=int,
+        default=MATCH_GAMES,
+        help=f"games the trained policy and its warm start each play against the warm start after the run "
+        f"(default: {MATCH_GAMES}; 0: none)",
+    )
+    cli = parser.parse_args(argv)
+    if cli.fixed_opponent:
+        config = config.copy(copy_frozen=False)
+        config.environment(GAME, env_config={"opponent": cli.fixed_opponent}).training(self_play=False)
+    config, job = apply_job_args(parser, cli, config, job)
+    # Paired against the agent on the validation states: a random legal mover (the warm start's teacher) and minimax.
+    baselines = {
+        "random legal moves": tic_tac_toe_random_policy(config.enable_thinking, seed=1),
+        "minimax": tic_tac_toe_minimax_policy(config.enable_thinking),
+    }
+    if cli.match_games < 0:
+        parser.error(f"--match-games {cli.match_games}: give 0 (no matches) or more games.")
+    return config, job, tic_tac_toe_random_policy(config.enable_thinking), baselines, cli.match_games
+
+
+if __name__ == "__main__":
+    config, job, demonstrations, baselines, match_games = parse_args(config, job)
+    summary = run_job(config, job, demonstrations, baselines=baselines)
+    # The third opponent, a model: the trained policy and its warm start each against the warm start, paired.
+    for trial in summary.get("trials", {"": summary}).values() if match_games else ():
+        matches = against_warm_start(trial["run_dir"], games=match_games)
+        print(f"against its warm start ({trial['run_dir']}): score {matches['paired']['describe']}", flush=True)
