@@ -48,6 +48,11 @@ ACTIONS_DROPPED = "rollout/actions_dropped"
 # A seat of a multi-agent game that ended before its first turn (a forfeit on the first move): it has no trajectory.
 SEATS_NEVER_MOVED = "rollout/seats_never_moved"
 GAME_OUTCOMES = ("win", "draw", "loss", "unfinished")  # per seat of a game: {env}/{seat}/{outcome}_rate
+# Self-play against a league of frozen snapshots (starpo/league.py): the learner's {outcome}_rate against them, the
+# games that rate counts, and the snapshots held.
+LEAGUE = "league"
+LEAGUE_GAMES = "league/games"
+LEAGUE_SNAPSHOTS = "league/snapshots"
 TOOL_RESULTS_CUT = "rollout/tool_results_cut"  # an in-process tool's result over max_observation_chars, cut to it
 # Not a metric: the first failed environment call of a rollout, as text (its cause, should every episode fail).
 FIRST_ENV_ERROR = "first_env_error"

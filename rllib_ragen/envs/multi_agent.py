@@ -38,6 +38,8 @@ except ImportError:  # the same protocol on gymnasium's base: RLlib's checker is
 ILLEGAL_MOVE_RULES = ("forfeit", "retry")
 # The outcome of a seat at the end, from its payoff's sign.
 OUTCOMES = {1: "win", 0: "draw", -1: "loss"}
+# A two-seat game's outcome for one seat, from the other's ("unfinished": cut short, for both).
+OTHER_SEATS_OUTCOME = {"win": "loss", "loss": "win", "draw": "draw", "unfinished": "unfinished"}
 
 
 class TurnBasedTextGame(MultiAgentEnv):

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .. import metrics as M
+from ..envs.multi_agent import OTHER_SEATS_OUTCOME
 from ..starpo.game_matches import MATCH_SEED_START, play_against
 from .paired_stats import paired_comparison
 
@@ -29,14 +30,13 @@ __all__ = ["MATCH_SEED_START", "against_warm_start", "match_outcomes", "paired_m
 
 # A game's score for the agent: its outcome (a trajectory's reward also holds its format penalties).
 SCORES = {"win": 1.0, "draw": 0.0, "unfinished": 0.0, "loss": -1.0}
-MIRRORED = {"win": "loss", "loss": "win", "draw": "draw", "unfinished": "unfinished"}
 
 
 def match_outcomes(trajectories: Sequence) -> dict:
     """The agent's outcome in each game of :func:`play_against`'s ``trajectories`` (keyed by seed; the mirror of
     the opponent's where the agent never moved), its score (1 a win, 0 a draw or an unfinished game, -1 a loss),
     the mean score and the win, draw, loss and unfinished rates."""
-    outcomes = {t.seed: MIRRORED[t.outcome] for t in trajectories if t.policy_id == "opponent"}
+    outcomes = {t.seed: OTHER_SEATS_OUTCOME[t.outcome] for t in trajectories if t.policy_id == "opponent"}
     outcomes.update({t.seed: t.outcome for t in trajectories if t.policy_id == "agent"})
     scores = {seed: SCORES[outcome] for seed, outcome in outcomes.items()}
     counted = list(outcomes.values())

@@ -100,7 +100,9 @@ def play_games(
     def open_seat(index: int, seat: str) -> _Seat:
         game, (group, seed) = games[index], members[index]
         instructions = guard.plain(game.instructions(seat), counts)
-        trajectory = Trajectory(game_id, group, int(seed), [], [], [], seat=seat, policy_id=policy_of(seat, index))
+        trajectory = Trajectory(
+            game_id, group, int(seed), [], [], [], seat=seat, policy_id=policy_of(seat, index), game=index % group_size
+        )
         first = message(views[index][seat], trajectory)
         episode = EpisodeState(None, trajectory, chat.prompt_ids(instructions + "\n" + first))
         episode.chat, episode.instructions, episode.messages = chat, instructions, [first]

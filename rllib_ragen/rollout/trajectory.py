@@ -55,6 +55,7 @@ class Trajectory:
         seat, policy_id, outcome: in a multi-agent game (``rollout/seats.py``), the seat this trajectory played,
             the policy that played it, and how the game ended for the seat ("win", "draw", "loss"; "unfinished" if
             it was cut short); None in a single-agent episode.
+        game: in a multi-agent game, the game's index within its group (every seat of one game shares it).
     """
 
     env_name: str
@@ -83,6 +84,7 @@ class Trajectory:
     seat: str | None = None
     policy_id: str | None = None
     outcome: str | None = None
+    game: int | None = None
 
     @property
     def total_return(self) -> float:

@@ -150,6 +150,12 @@ class StarPOConfig(ConfigEnvironments, AlgorithmConfig):
                 trajectories are grouped per seat, so every seat's advantages have their own baseline. Validation
                 plays the same id as a text environment: one seat against ``env_config["opponent"]`` (Multi-agent
                 games page).
+            league_interval: with self-play, freeze the learner's policy into a league of opponents at iteration 0 (the
+                warm start) and every ``league_interval`` iterations after; each training group then plays self-play
+                or, drawn uniformly with the snapshots, the learner in one seat against one snapshot, whose seats
+                are not trained (``starpo/league.py``). 0: pure self-play (SPIRAL's).
+            league_size: the newest snapshots the league keeps (each a copy of the policy's weights, in memory and in
+                every checkpoint).
             env_reset_timeout_s, env_step_timeout_s: seconds one environment ``reset()`` or ``step()`` may take.
                 A later one is an isolated environment failure: its episode is dropped, counted as
                 ``rollout/env_timeouts``, and the environment replaced, so a hung environment (a dead game server,

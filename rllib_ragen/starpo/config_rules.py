@@ -171,6 +171,11 @@ def _action_separator_errors(config):
 
 
 def _self_play_errors(config):
+    if config.league_interval and not config.self_play:
+        yield (
+            f"league_interval={config.league_interval}: a league is of self-play's opponents; set self_play=True "
+            "or league_interval=0."
+        )
     if not config.self_play:
         return
     from ..envs.games import GAMES
@@ -189,6 +194,18 @@ def _self_play_errors(config):
             f"self_play=True: a seat makes one move a turn; set max_actions_per_turn=1 "
             f"(got {config.max_actions_per_turn})."
         )
+    if config.league_interval and config.env in GAMES:
+        seats = len(GAMES[config.env].possible_agents)
+        if seats != 2:
+            yield (
+                f"league_interval={config.league_interval}: the league's groups put the learner in one seat and a "
+                f"snapshot in the other; {config.env} has {seats} seats. Use a two-seat game or league_interval=0."
+            )
+        if config.inference_backend != "hf":
+            yield (
+                f"league_interval={config.league_interval}: the snapshots are played by Hugging Face samplers of "
+                f"each env runner's own; set inference_backend='hf' (got {config.inference_backend!r})."
+            )
 
 
 def _context_window_errors(config):

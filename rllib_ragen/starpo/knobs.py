@@ -282,6 +282,8 @@ KNOB_TABLE: tuple[Knob, ...] = (
         _knob("max_context_tokens", None, INT, AT_LEAST_ONE, into=(_R, "max_context_tokens")),
         _knob("independent_transitions", None, BOOL, into=(_R, "independent_transitions")),
         _knob("self_play", False, BOOL),
+        _knob("league_interval", 0, INT, NON_NEGATIVE, why=" (0: no league, pure self-play)"),
+        _knob("league_size", 4, INT, AT_LEAST_ONE),
         _knob("env_reset_timeout_s", None, NUMBER, POSITIVE, why=_TIMEOUT, into=(_R, "env_reset_timeout_s")),
         _knob("env_step_timeout_s", None, NUMBER, POSITIVE, why=_TIMEOUT, into=(_R, "env_step_timeout_s")),
         _knob("context_window", None, CHOICE, options=CONTEXT_WINDOWS, into=(_R, "context_window")),

@@ -15,10 +15,11 @@ import numpy as np
 from .. import metrics as M
 from ..envs.games import make_game
 from ..rollout.backends import SamplingParams
-from ..rollout.seats import group_by_seat
+from ..rollout.seats import DEFAULT_POLICY, group_by_seat
 from ..rollout.trajectory import rollout_metrics
 from ..rollout.trajectory import SeedSchedule, Start, Trajectory
 from .knobs import settings_from
+from .league import League, league_metrics
 
 if TYPE_CHECKING:
     from .starpo import StarPO
@@ -58,6 +59,10 @@ class RolloutScheduler:
         # The rollout playing beside the update: the future (or its result, once collected) and the update
         # count of the policy that played it.
         self._pending: dict | None = None
+        # Self-play's frozen opponents (league_interval): snapshots taken as each rollout's starts are drawn.
+        self.league = (
+            League(self.config.league_interval, self.config.league_size) if self.config.league_interval else None
+        )
 
     @property
     def in_flight(self) -> bool:
@@ -85,8 +90,14 @@ class RolloutScheduler:
 
     def _training_rollout_args(self, iteration: int) -> tuple:
         """What iteration ``iteration``'s training rollout plays: the next ``num_groups`` fresh seeds as starts of
-        the training environment(s), its sampling and sampling seed, and its curriculum stage."""
+        the training environment(s), its sampling and sampling seed, its curriculum stage, and with a league each
+        group's opponent (None: self-play), the learner joining the league first when a snapshot is due."""
         starts = self.config.training_starts(self.seed_schedule.train(self.config.num_groups))
+        opponents = None
+        if self.league is not None:
+            if self.league.due(iteration):
+                self.league.add(iteration, self.algorithm.policy_weights())
+            opponents = self.league.draw(len(starts), (self.config.seed or 0, iteration))
         return (
             starts,
             self.config.group_size,
@@ -94,11 +105,14 @@ class RolloutScheduler:
             self.sample_seed("train", iteration),
             self.config.curriculum_stage(iteration) if self.config.curriculum else None,
             self.config.training_env_config(iteration),
+            opponents,
         )
 
-    def _play_training(self, starts, group_size, sampling, sample_seed, stage, env_config):
+    def _play_training(self, starts, group_size, sampling, sample_seed, stage, env_config, opponents=None):
         every_seat = self.config.self_play  # validation plays one seat against the opponent, as a text environment
-        trajectories, results = self.play(starts, group_size, sampling, sample_seed, env_config, every_seat)
+        trajectories, results = self.play(
+            starts, group_size, sampling, sample_seed, env_config, every_seat, opponents=opponents
+        )
         if stage is not None:
             results[M.CURRICULUM_STAGE] = float(stage)
         return trajectories, results
@@ -144,13 +158,15 @@ class RolloutScheduler:
         sample_seed: int,
         env_config: dict | None = None,
         every_seat: bool = False,
+        opponents: list[str | None] | None = None,
     ) -> tuple[list[Trajectory], dict[str, float]]:
         """Split the groups over the env runners, play them, and pool trajectories and metrics (``env_config``:
         the arguments a curriculum stage builds ``config.env`` with; ``every_seat``: play every seat of the game
-        ``config.env`` names, self-play)."""
+        ``config.env`` names, self-play; ``opponents``: with it, each group's league opponent, whose seats are
+        played and then left out of the trajectories returned)."""
         algorithm, restarts = self.algorithm, 0
         if not algorithm.env_runner_group.num_remote_env_runners():
-            chunks = {0: list(seeds)}
+            chunks = {0: list(range(len(seeds)))}
             runner = algorithm.env_runner
             parts = [
                 (
@@ -162,13 +178,14 @@ class RolloutScheduler:
                         sample_seed=sample_seed,
                         env_config=env_config,
                         every_seat=every_seat,
+                        **self._league_part(opponents),
                     ),
                     runner.get_metrics(),
                 )
             ]
         else:
             chunks, parts, restarts = self._play_on_remote_runners(
-                seeds, group_size, sampling, sample_seed, env_config, every_seat
+                seeds, group_size, sampling, sample_seed, env_config, every_seat, opponents
             )
         # Runners number their groups from 0; make the ids global, in seed order.
         offsets = dict(zip(chunks, np.cumsum([0] + [len(c) for c in chunks.values()]).tolist()))
@@ -177,6 +194,10 @@ class RolloutScheduler:
             for t in part:
                 t.group += offsets[index]
             trajectories += part
+        league = {}
+        if opponents is not None:  # the snapshots' seats are played, never trained
+            league = league_metrics(trajectories, opponents, len(self.league.snapshots))
+            trajectories = [t for t in trajectories if t.policy_id == DEFAULT_POLICY]
         if every_seat:  # each seat of a group its own group, numbered after the offsets
             game_config = (env_config if env_config is not None else self.algorithm.config.env_config).get(
                 "game_config"
@@ -189,6 +210,7 @@ class RolloutScheduler:
         for key in M.ROLLOUT_COUNTERS:
             metrics[key] = sum(m.get(key, 0.0) for m in runner_metrics)
         metrics[M.ENV_RUNNER_RESTARTS] = float(restarts)
+        metrics.update(league)
         first_error = next((m[M.FIRST_ENV_ERROR] for m in runner_metrics if m.get(M.FIRST_ENV_ERROR)), None)
         if first_error is not None:  # text, not a metric: the consumers take it out before logging
             metrics[M.FIRST_ENV_ERROR] = first_error
@@ -202,6 +224,7 @@ class RolloutScheduler:
         sample_seed: int,
         env_config: dict | None,
         every_seat: bool,
+        opponents: list[str | None] | None = None,
     ):
         """Play the groups on the healthy remote env runners; returns (chunks, parts, restarted runners).
 
@@ -216,21 +239,22 @@ class RolloutScheduler:
                 break
             # Consecutive groups per runner (a mixture's environments stay in order across the runners).
             chunks = {
-                rid: [seeds[i] for i in part]
-                for rid, part in zip(remote, np.array_split(np.arange(len(seeds)), len(remote)))
+                rid: part.tolist() for rid, part in zip(remote, np.array_split(np.arange(len(seeds)), len(remote)))
             }
+            league = {rid: self._league_part(opponents, part) for rid, part in chunks.items()}
 
             def play(runner, chunks=chunks):
                 index = runner.worker_index
                 return (
                     index,
                     runner.sample(
-                        seeds=chunks[index],
+                        seeds=[seeds[i] for i in chunks[index]],
                         group_size=group_size,
                         sampling=sampling,
                         sample_seed=sample_seed + index,
                         env_config=env_config,
                         every_seat=every_seat,
+                        **league[index],
                     ),
                     runner.get_metrics(),
                 )
@@ -250,6 +274,14 @@ class RolloutScheduler:
             f"(healthy now: {group.healthy_env_runner_ids()}). See the env runner errors above; "
             "restart_failed_env_runners in .fault_tolerance() restarts dead ones."
         )
+
+    def _league_part(self, opponents: list[str | None] | None, groups: list[int] | None = None) -> dict:
+        """The league arguments of a runner playing ``groups`` (indices into the rollout's groups; None: all): each
+        group's opponent and the snapshots they name (empty without a league)."""
+        if opponents is None:
+            return {}
+        mine = [opponents[g] for g in (range(len(opponents)) if groups is None else groups)]
+        return {"opponents": mine, "league": {name: self.league.snapshots[name] for name in set(mine) if name}}
 
     def _restore_env_runners_waiting(self) -> list[int]:
         """RLlib's restore of dead env runners, repeated while Ray restarts their processes (a ping right after a
@@ -275,10 +307,13 @@ class RolloutScheduler:
         if self._pending is not None:
             trajectories, results = self.collect()
             pending = {"trajectories": trajectories, "results": results, "played_by": self._pending["played_by"]}
-        return {"seed_schedule": self.seed_schedule.get_state(), "pending_rollout": pending}
+        league = self.league.get_state() if self.league is not None else None
+        return {"seed_schedule": self.seed_schedule.get_state(), "pending_rollout": pending, "league": league}
 
     def set_state(self, state: dict) -> None:
         self.seed_schedule.set_state(state["seed_schedule"])
+        if self.league is not None and state.get("league") is not None:
+            self.league.set_state(state["league"])
         pending = state.get("pending_rollout")
         if pending is not None and self.config.max_policy_lag:
             self._pending = {"result": (pending["trajectories"], pending["results"]), "played_by": pending["played_by"]}

@@ -8,6 +8,7 @@ itself, once for all runners, and skips the runners' weight broadcast.
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Sequence
 
@@ -26,9 +27,11 @@ from ..envs import register_carried
 from ..rollout.backends import HFBackend, SamplingParams
 from ..rollout.engine import RolloutEngine
 from ..rollout.models import cast_weights
-from ..rollout.seats import play_games
+from ..envs.games import make_game
+from ..rollout.seats import DEFAULT_POLICY, play_games
 from ..rollout.trajectory import Start, Trajectory
 from .inference_engines import make_backend
+from .league import learner_seat
 from .llm_rl_module import PLACEHOLDER_SPACE
 from .weight_sync import share_or_copy
 
@@ -53,6 +56,7 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         self._check_first_prompts_fit()
         self._weights_seq_no = 0
         self._metrics: dict[str, float] = {}
+        self._snapshots: dict = {}  # a league snapshot's name -> its sampler (_snapshot_backends)
 
     def _rollout_device(self) -> torch.device:
         """Where the Hugging Face backend generates: the GPU RLlib gave this runner (``num_gpus_per_env_runner``),
@@ -121,26 +125,61 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         sample_seed: int | None = None,
         env_config: dict | None = None,
         every_seat: bool = False,
+        opponents: Sequence[str | None] | None = None,
+        league: dict[str, dict[str, torch.Tensor]] | None = None,
         **kwargs,
     ) -> list[Trajectory]:
         """Play ``len(seeds)`` groups of ``group_size`` episodes (``env_config``: a curriculum stage's arguments
-        for ``config.env``; ``every_seat``: games of ``config.env`` with the policy in every seat, self-play);
-        metrics go to :meth:`get_metrics`."""
+        for ``config.env``; ``every_seat``: games of ``config.env`` with the policy in every seat, self-play;
+        ``opponents``: each group's league snapshot, a name in ``league`` (its policy tensors), or None for
+        self-play); metrics go to :meth:`get_metrics`."""
         if every_seat:
-            trajectories, self._metrics = self._play_every_seat(seeds, group_size, sampling, sample_seed, env_config)
+            trajectories, self._metrics = self._play_every_seat(
+                seeds, group_size, sampling, sample_seed, env_config, opponents, league or {}
+            )
         else:
             trajectories, self._metrics = self.engine.rollout(seeds, group_size, sampling, sample_seed, env_config)
         self._metrics[M.WEIGHTS_SEQ_NO] = float(self._weights_seq_no)
         return trajectories
 
-    def _play_every_seat(self, seeds, group_size, sampling, sample_seed, env_config):
-        """Self-play: every seat of ``config.env``'s games by the policy (the scheduler then groups them per seat)."""
+    def _play_every_seat(self, seeds, group_size, sampling, sample_seed, env_config, opponents, league):
+        """Self-play: every seat of ``config.env``'s games by the policy (the scheduler then groups them per seat),
+        or in a group with a league opponent, the learner's seat by the policy and the other by that snapshot."""
         game_config = (env_config if env_config is not None else self.config.env_config).get("game_config")
         # With validation_envs set, starts name their environment ((name, seed)); training plays config.env alone.
         seeds = [seed[1] if isinstance(seed, tuple) else seed for seed in seeds]
+        policies, policy_of = None, None
+        if opponents is not None and any(opponents):
+            policies = {DEFAULT_POLICY: self.backend, **self._snapshot_backends(league)}
+            seats = make_game(self.config.env, config=dict(game_config or {})).possible_agents
+
+            def policy_of(seat, index):
+                group = index // group_size
+                opponent = opponents[group]
+                return DEFAULT_POLICY if opponent is None or seat == learner_seat(seats, seeds[group]) else opponent
+
         return play_games(
-            self.engine, self.config.env, seeds, group_size, sampling, sample_seed=sample_seed, game_config=game_config
+            self.engine,
+            self.config.env,
+            seeds,
+            group_size,
+            sampling,
+            sample_seed=sample_seed,
+            game_config=game_config,
+            policies=policies,
+            policy_of=policy_of,
         )
+
+    def _snapshot_backends(self, league: dict[str, dict[str, torch.Tensor]]) -> dict:
+        """A sampler for each of ``league``'s snapshots: a copy of this runner's policy holding the snapshot's
+        weights, kept while the league holds it (snapshots never change)."""
+        self._snapshots = {name: backend for name, backend in self._snapshots.items() if name in league}
+        for name in league:
+            if name not in self._snapshots:
+                frozen = copy.deepcopy(self.module.policy).requires_grad_(False)
+                share_or_copy(league[name], frozen, share=False)
+                self._snapshots[name] = make_backend("hf", frozen, self.tokenizer, self.config)
+        return self._snapshots
 
     @override(EnvRunner)
     def get_metrics(self) -> dict[str, float]:

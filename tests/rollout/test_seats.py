@@ -178,6 +178,31 @@ def test_every_seats_logprobs_equal_a_fresh_forward_pass(tiny, monkeypatch):
         assert torch.all(behaviour[~mask] == 0)
 
 
+def test_a_seat_under_a_single_turn_window_reads_its_current_view_only(tiny, monkeypatch):
+    """Each seat's turn is its own row: the instructions and the seat's view now, its sampled reply, and log-probs a
+    fresh forward pass over exactly that row gives back."""
+    model, tokenizer = tiny
+    monkeypatch.setitem(GAMES, "tests/TakeTurns-v0", TakeTurns)
+    config = _config("rllib_ragen/TicTacToe-v0", max_turns=5, context_window="single_turn")
+    engine = RolloutEngine(config, HFBackend(model, tokenizer), tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=12)
+    trajectories, _ = play_games(engine, "tests/TakeTurns-v0", [3], 2, params, sample_seed=0)
+    assert len(trajectories) == 6 and all(len(t.turn_samples) == t.num_turns == 2 for t in trajectories)
+    for t in trajectories:
+        for turn, (sample, (start, end)) in enumerate(zip(t.turn_samples, t.turn_spans), start=1):
+            a, b = sample.reply_span
+            assert sample.token_ids[a:b] == t.token_ids[start:end]
+            assert sample.response_mask == [0] * a + [1] * (b - a) + [0] * (len(sample.token_ids) - b)
+            # The row's prompt, rebuilt by hand: the seat's rules and this turn's message, nothing before it.
+            said = "abc".index(t.seat) + 3 * (turn - 1)
+            left = config.max_actions_per_episode - sum(bool(m and m[0]) for m in t.turn_actions[: turn - 1])
+            message = _message(f"Said so far: {said}.", turn, None if turn == 1 else t.turn_rewards[0], config, left)
+            assert sample.token_ids[:a] == engine.chat.prompt_ids(f"You are {t.seat}.\n" + message)
+            mask = torch.tensor(sample.response_mask, dtype=torch.bool)
+            fresh = _learner_logprobs(model, sample.token_ids, 1.0)
+            assert torch.allclose(fresh[mask], torch.tensor(sample.behaviour_logprobs)[mask], atol=1e-5, rtol=0)
+
+
 def test_separate_policies_by_seat(tiny):
     model, tokenizer = tiny
     learner = HFBackend(model, tokenizer)

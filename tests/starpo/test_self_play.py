@@ -2,9 +2,11 @@
 baseline (the same initial state, the same role)."""
 
 import pytest
+import torch
 
 from rllib_ragen import StarPOConfig, register_text_env
 from rllib_ragen.envs.games import GAMES
+from rllib_ragen.starpo.league import League, learner_seat
 
 from tests.rollout.test_seats import TakeTurns
 from tests.test_documented_envs import train_one_iteration
@@ -92,3 +94,117 @@ def test_self_play_validates_against_several_opponents(ray_session, monkeypatch)
     finally:
         del gym.registry["tests/Speeches-v0"]
     assert result["env_runners"]["tests/Speeches-v0/a/win_rate"] == 1.0
+
+
+class Duet(Speeches):
+    """Two seats, a then b, two moves each; any reply is a move, and seat a wins whatever is said."""
+
+    possible_agents = ("a", "b")
+
+    def to_move(self):
+        return self.possible_agents[len(self.said) % 2]
+
+    def _play(self, seat, action):
+        self.said.append(action)
+        return None if len(self.said) < 4 else {"a": 1.0, "b": -1.0}
+
+
+def test_league_keeps_the_newest_snapshots_and_draws_by_seed():
+    league = League(interval=2, size=2)
+    assert [i for i in range(7) if league.due(i)] == [0, 2, 4, 6]
+    for iteration in (0, 2, 4):
+        league.add(iteration, {"w": torch.full((2,), float(iteration))})
+    assert list(league.snapshots) == ["snapshot_2", "snapshot_4"]  # the oldest left
+    assert not league.due(4)  # already in: a resumed run does not take it twice
+    draws = league.draw(64, (0, 5))
+    assert draws == league.draw(64, (0, 5)) and set(draws) == {None, "snapshot_2", "snapshot_4"}
+    restored = League(2, 2)
+    restored.set_state(league.get_state())
+    assert list(restored.snapshots) == list(league.snapshots)
+
+
+def test_a_league_plays_frozen_snapshots_and_trains_the_learner_only(ray_session, monkeypatch, tmp_path):
+    import gymnasium as gym
+
+    from rllib_ragen import StarPO
+
+    monkeypatch.setitem(GAMES, "tests/Duet-v0", Duet)
+    register_text_env("tests/Duet-v0", "rllib_ragen.envs.seat:SeatEnv", game="tests/Duet-v0")
+    config = (
+        StarPOConfig()
+        .environment("tests/Duet-v0", env_config={"opponent": "random"})
+        .rl_module(model_config={"model": "tiny"})
+        .training(
+            self_play=True,
+            league_interval=1,
+            league_size=2,
+            advantage_estimator="grpo",
+            lr=1e-3,
+            max_actions_per_turn=1,
+            num_groups=6,
+            group_size=2,
+            max_turns=2,
+            max_new_tokens_per_turn=8,
+            validation_size=2,
+            validation_interval=0,
+            collapse_diagnostics_interval=0,
+            rollout_filter_ratio=1.0,
+        )
+        .debugging(seed=0)
+    )
+    algo = config.build_algo()
+    try:
+        warm_start = algo.policy_weights()
+        algo.train()
+        after_first = algo.policy_weights()
+        result = algo.train()
+        league = algo.rollouts.league
+        assert list(league.snapshots) == ["snapshot_0", "snapshot_1"]
+        # Frozen: the warm start's snapshot is its weights to the bit after two updates that moved the learner's.
+        assert all(torch.equal(league.snapshots["snapshot_0"][k], v) for k, v in warm_start.items())
+        assert all(torch.equal(league.snapshots["snapshot_1"][k], v) for k, v in after_first.items())
+        assert any(not torch.equal(v, warm_start[k]) for k, v in algo.policy_weights().items())
+        for name, sampler in algo.env_runner._snapshots.items():  # what the runner plays them with
+            assert all(torch.equal(v, league.snapshots[name][k]) for k, v in sampler.model.state_dict().items())
+        # Iteration 1's groups: self-play (both seats trained) or the learner in its seed's seat against a snapshot
+        # (the snapshot's seat played, not trained). Seat a always wins: the league's win rate is the share of those
+        # games the learner played as a.
+        opponents = league.draw(6, (0, 1))
+        assert any(opponents) and not all(opponents)
+        trained = algo.last_rollout
+        assert all(t.policy_id == "default_policy" for t in trained)
+        for g, opponent in enumerate(opponents):
+            seats = sorted(t.seat for t in trained if t.group // 2 == g)
+            if opponent is None:
+                assert seats == ["a", "a", "b", "b"]
+            else:
+                seed = next(t.seed for t in trained if t.group // 2 == g)
+                assert seats == [learner_seat(("a", "b"), seed)] * 2
+        league_games = [t for t in trained if opponents[t.group // 2] is not None]
+        rollout = result["env_runners"]
+        assert rollout["league/games"] == len(league_games) == 2 * sum(map(bool, opponents))
+        assert rollout["league/win_rate"] == sum(t.seat == "a" for t in league_games) / len(league_games)
+        assert rollout["league/snapshots"] == 2.0
+        # The league is in the checkpoint: a restored algorithm plays the same snapshots.
+        path = algo.save_to_path(str(tmp_path / "checkpoint"))
+    finally:
+        algo.stop()
+        del gym.registry["tests/Duet-v0"]
+    monkeypatch.setitem(GAMES, "tests/Duet-v0", Duet)
+    register_text_env("tests/Duet-v0", "rllib_ragen.envs.seat:SeatEnv", game="tests/Duet-v0")
+    restored = StarPO.from_checkpoint(path)
+    try:
+        assert list(restored.rollouts.league.snapshots) == list(league.snapshots)
+        for name, tensors in league.snapshots.items():
+            assert all(torch.equal(restored.rollouts.league.snapshots[name][k], v) for k, v in tensors.items())
+    finally:
+        restored.stop()
+        del gym.registry["tests/Duet-v0"]
+
+
+def test_a_league_needs_self_play_and_two_seats():
+    with pytest.raises(ValueError, match="league_interval=2: a league is of self-play"):
+        StarPOConfig().environment("rllib_ragen/TicTacToe-v0").training(league_interval=2).validate()
+    StarPOConfig().environment("rllib_ragen/TicTacToe-v0").training(
+        self_play=True, league_interval=2, max_actions_per_turn=1
+    ).validate()
