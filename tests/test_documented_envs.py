@@ -15,13 +15,13 @@ from rllib_ragen import StarPOConfig
 from tests.test_readme import _python_block_after
 
 
-def train_one_iteration(config: StarPOConfig, trajectories: int = 2) -> dict:
-    """One training iteration of ``config``'s environment on the tiny model, at the smallest sizes that train
-    (``trajectories``: what one group of 2 episodes gives, 2, or a game's seats times 2 in self-play)."""
-    config = (
+def smallest_run(config: StarPOConfig, num_groups: int = 1) -> StarPOConfig:
+    """``config`` on the tiny model at the smallest sizes that train: ``num_groups`` groups of 2 episodes of at most
+    2 turns, every trajectory kept, no scheduled validation or probe, seed 0."""
+    return (
         config.rl_module(model_config={"model": "tiny"})
         .training(
-            num_groups=1,
+            num_groups=num_groups,
             group_size=2,
             max_turns=2,
             max_new_tokens_per_turn=8,
@@ -32,7 +32,12 @@ def train_one_iteration(config: StarPOConfig, trajectories: int = 2) -> dict:
         )
         .debugging(seed=0)
     )
-    algo = config.build_algo()
+
+
+def train_one_iteration(config: StarPOConfig, trajectories: int = 2) -> dict:
+    """One training iteration of ``config``'s environment at the smallest sizes that train (:func:`smallest_run`;
+    ``trajectories``: what one group of 2 episodes gives, 2, or a game's seats times 2 in self-play)."""
+    algo = smallest_run(config).build_algo()
     try:
         result = algo.train()
     finally:

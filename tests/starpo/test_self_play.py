@@ -9,7 +9,7 @@ from rllib_ragen.envs.games import GAMES
 from rllib_ragen.starpo.league import League, learner_seat
 
 from tests.rollout.test_seats import TakeTurns
-from tests.test_documented_envs import train_one_iteration
+from tests.test_documented_envs import smallest_run, train_one_iteration
 
 
 class Speeches(TakeTurns):
@@ -130,10 +130,9 @@ def test_a_league_plays_frozen_snapshots_and_trains_the_learner_only(ray_session
 
     monkeypatch.setitem(GAMES, "tests/Duet-v0", Duet)
     register_text_env("tests/Duet-v0", "rllib_ragen.envs.seat:SeatEnv", game="tests/Duet-v0")
-    config = (
+    config = smallest_run(
         StarPOConfig()
         .environment("tests/Duet-v0", env_config={"opponent": "random"})
-        .rl_module(model_config={"model": "tiny"})
         .training(
             self_play=True,
             league_interval=1,
@@ -141,16 +140,8 @@ def test_a_league_plays_frozen_snapshots_and_trains_the_learner_only(ray_session
             advantage_estimator="grpo",
             lr=1e-3,
             max_actions_per_turn=1,
-            num_groups=6,
-            group_size=2,
-            max_turns=2,
-            max_new_tokens_per_turn=8,
-            validation_size=2,
-            validation_interval=0,
-            collapse_diagnostics_interval=0,
-            rollout_filter_ratio=1.0,
-        )
-        .debugging(seed=0)
+        ),
+        num_groups=6,
     )
     algo = config.build_algo()
     try:
