@@ -40,6 +40,10 @@ config = (
         max_actions_per_turn=1,
         max_actions_per_episode=5,
         max_new_tokens_per_turn=16,
+        # Each reply reads the rules and the board as it is now (the board is the whole state): the tiny model
+        # learns to pick a free cell from one board more readily than from the whole game (docs/results/self-play.md).
+        context_window="single_turn",
+        micro_batch_size=32,  # the learner's pass over every row at once held gigabytes of attention (Benchmarks)
         validation_size=256,
         validation_interval=10,
     )
@@ -48,8 +52,8 @@ config = (
 job = JobSettings(
     output_dir="outputs/starpo_selfplay",
     iterations=30,
-    warm_start_episodes=1000,
-    warm_start_steps=150,
+    warm_start_episodes=2000,
+    warm_start_steps=600,
     warm_start_lr=1e-3,
     pass_bar=0.05,  # the win rate against the random player must rise at least this much
     timed_command="starpo_selfplay.py",
