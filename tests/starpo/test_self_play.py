@@ -199,3 +199,30 @@ def test_a_league_needs_self_play_and_two_seats():
     StarPOConfig().environment("rllib_ragen/TicTacToe-v0").training(
         self_play=True, league_interval=2, max_actions_per_turn=1
     ).validate()
+
+
+def test_a_league_plays_on_remote_env_runners(ray_session):
+    """The snapshots a rollout draws travel to a remote env runner with its groups; what comes back is the learner's
+    alone, one seat a league group (tic-tac-toe: a game the snapshot forfeits before the learner moves has only the
+    snapshot's trajectory, and counts for the league all the same)."""
+    config = smallest_run(
+        StarPOConfig()
+        .environment("rllib_ragen/TicTacToe-v0", env_config={"opponent": "random"})
+        .training(self_play=True, league_interval=1, advantage_estimator="grpo", max_actions_per_turn=1),
+        num_groups=6,
+    ).env_runners(num_env_runners=1)
+    algo = config.build_algo()
+    try:
+        algo.train()
+        result = algo.train()
+        opponents = algo.rollouts.league.draw(6, (0, 1))
+        assert any(opponents) and list(algo.rollouts.league.snapshots) == ["snapshot_0", "snapshot_1"]
+        trained = algo.last_rollout
+        assert trained and all(t.policy_id == "default_policy" for t in trained)
+        for g, opponent in enumerate(opponents):
+            mine = [t for t in trained if t.group // 2 == g]
+            if opponent is not None:
+                assert all(t.seat == learner_seat(("x", "o"), t.seed) for t in mine)
+        assert result["env_runners"]["league/games"] == 2 * sum(map(bool, opponents))
+    finally:
+        algo.stop()
