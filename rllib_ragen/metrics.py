@@ -98,6 +98,7 @@ FILTER_ZERO_VARIANCE_GROUPS = "rollout_filter/zero_variance_groups"  # groups wh
 FILTER_EMPTY_STEPS = "rollout_filter/empty_steps"  # consecutive iterations whose filter kept nothing (no update)
 TRAINING_ROWS = "update/rows"  # learner rows: kept trajectories, or their turns' samples with a context window
 KEPT_TRAJECTORIES = "update/kept_trajectories"
+ROLE_BASELINE = "update/role_baseline"  # rae: each role's running baseline after the batch, role_baseline/<role>
 RESPONSE_LENGTH = "update/response_length"  # generated tokens per kept trajectory
 
 # One-step off-policy rollouts (max_policy_lag=1; top level).

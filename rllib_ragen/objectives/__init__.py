@@ -39,6 +39,7 @@ from .losses import (
     truncated_importance_weights,
     value_loss,
 )
+from .role_baselines import RoleBaselines
 from .rollout_filter import (
     FILTER_MODES,
     FILTER_TYPES,
@@ -65,6 +66,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "ONE_LEARNER",
     "RAGEN_STRATEGIES",
+    "RoleBaselines",
     "Shards",
     "TOP_P_MODES",
     "VARIABLE_COUNT_FILTERS",

@@ -66,6 +66,7 @@ class AdvantageInputs:
         values: (B, T) the critic's values, or None for an estimator without a critic.
         turn_rewards, turn_states: per trajectory, each turn's reward and the key of the state it saw (any
             hashable: the learner passes integer ids, equal where the keys were).
+        baselines: (B,) each trajectory's role baseline (``rae``: :class:`~.role_baselines.RoleBaselines`), or None.
         shards: the other learners' part of the batch (:class:`Shards`; default: none).
     """
 
@@ -76,6 +77,7 @@ class AdvantageInputs:
     values: torch.Tensor | None = None
     turn_rewards: list[list[float]] | None = None
     turn_states: list[list] | None = None
+    baselines: torch.Tensor | None = None
     shards: Shards = ONE_LEARNER
 
 
@@ -184,6 +186,15 @@ def _raw(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Te
     return _outcome(inputs.returns, inputs)
 
 
+def _rae(inputs: AdvantageInputs, settings: AdvantageSettings) -> tuple[torch.Tensor, None]:
+    if inputs.baselines is None:
+        raise ValueError(
+            "rae needs each trajectory's role baseline (AdvantageInputs.baselines); StarPO's driver puts it in the "
+            "batch's role_baseline column (objectives/role_baselines.py)."
+        )
+    return _outcome(inputs.returns - inputs.baselines.to(inputs.returns), inputs)
+
+
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "gae": AdvantageEstimator(_gae, needs_critic=True),  # PPO with a critic: StarPO-S
     "bi_level_gae": AdvantageEstimator(_bi_level_gae, needs_critic=True),  # TRICO: across turns, then inside each
@@ -192,6 +203,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": AdvantageEstimator(_grpo, needs_critic=False),  # the return against its group's
     "brpo": AdvantageEstimator(_brpo, needs_critic=False),  # the return against the whole batch's
     "raw": AdvantageEstimator(_raw, needs_critic=False),  # the return itself
+    "rae": AdvantageEstimator(_rae, needs_critic=False),  # the return against its role's running mean (SPIRAL)
 }
 
 

@@ -36,6 +36,7 @@ BATCH_COLUMNS = (
     "turn_rewards",
     "turn_states",
     "turn",
+    "role_baseline",
 )
 
 
@@ -49,8 +50,8 @@ def batch_advantages(
 
     Args:
         data: the learner's batch columns (see ``prepare_update_batch``): ``response_mask``, ``token_rewards``,
-            ``episode_return``, ``group``, ``trajectory``, ``turn_rewards``, ``turn_states``, and ``turn`` for turn
-            rows.
+            ``episode_return``, ``group``, ``trajectory``, ``turn_rewards``, ``turn_states``, ``turn`` for turn
+            rows, and ``role_baseline`` for ``rae``.
         config: the :class:`~rllib_ragen.starpo.StarPOConfig` (estimator, its settings, ``advantage_mask``).
         values: (R, T) the critic's values, for an estimator that needs them.
         shards: the other data-parallel learners' part of the batch (default: there are none).
@@ -75,6 +76,7 @@ def batch_advantages(
             values=layout.gather(values.cpu()) if values is not None else None,
             turn_rewards=[turn_rewards[row] for row in first],
             turn_states=[turn_states[row] for row in first],
+            baselines=layout.per_episode(columns["role_baseline"].cpu()) if "role_baseline" in columns else None,
             shards=shards,
         )
         advantages, returns = compute_advantages(config.advantage_estimator, inputs, config.advantage_settings())
@@ -88,6 +90,7 @@ def batch_advantages(
             values=values,
             turn_rewards=turn_rewards,
             turn_states=turn_states,
+            baselines=columns.get("role_baseline"),
             shards=shards,
         )
         # A critic's advantages are whitened over the sampled tokens, not over the recursion's observation steps.

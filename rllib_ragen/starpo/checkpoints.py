@@ -189,6 +189,8 @@ class CheckpointsAndExport:
         rollouts = self.rollouts.get_state()  # first: it waits for the rollout in flight
         state = super().get_state(*args, **kwargs)
         state["starpo"] = {**rollouts, "sentinel": self.sentinel.get_state()}
+        if self.role_baselines is not None:
+            state["starpo"]["role_baselines"] = self.role_baselines.get_state()
         return state
 
     @override(Algorithm)
@@ -196,6 +198,8 @@ class CheckpointsAndExport:
         super().set_state(state)
         if "starpo" in state:
             self.rollouts.set_state(state["starpo"])
+            if self.role_baselines is not None and "role_baselines" in state["starpo"]:
+                self.role_baselines.set_state(state["starpo"]["role_baselines"])
             if "sentinel" in state["starpo"]:
                 self.sentinel.set_state(state["starpo"]["sentinel"])
                 if self.sentinel.lr_factor != 1.0:

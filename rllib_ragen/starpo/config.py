@@ -203,7 +203,8 @@ class StarPOConfig(ConfigEnvironments, AlgorithmConfig):
                 each turn with ``gamma_token``), ``"turn_gae"`` (one GAE advantage per turn, from the turn-end
                 values), ``"gigpo"`` (GRPO plus ``gigpo_omega`` x a step advantage among the group's turns that saw
                 the same state), ``"grpo"`` (return normalised within its group), ``"brpo"`` (normalised over the
-                batch), ``"raw"`` (the return itself), or one you registered with
+                batch), ``"raw"`` (the return itself), ``"rae"`` (the return minus its role's running mean: SPIRAL's
+                RAE, a role being a seat of a game), or one you registered with
                 ``register_advantage_estimator``. Estimators that need a critic run on the learner, the others on
                 the driver. The turn-aware ones want ``turn_level_rewards=True``.
             grpo_normalize_std: divide by the group's (batch's) std for grpo/brpo. Off gives mean-only
@@ -217,6 +218,7 @@ class StarPOConfig(ConfigEnvironments, AlgorithmConfig):
                 VAGEN's: 0.95 and 1.0); ``turn_gae`` discounts with ``gamma_turn``. ``gae`` uses ``gamma``.
             gigpo_step_gamma: discount of GiGPO's step returns.
             gigpo_omega: weight of GiGPO's step-level advantage (0: GRPO).
+            rae_decay: how slowly ``rae``'s baselines move: each trajectory moves its role's by (1 - decay) x the gap.
             turn_level_rewards: put each turn's reward on that turn's last token instead of the whole return on
                 the trajectory's last token (turn-level credit; matters with gamma < 1 or a critic).
             rollout_filter: ``"std"`` keeps the groups whose returns vary most (StarPO-S), ``"reversed_std"``

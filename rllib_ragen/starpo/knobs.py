@@ -340,6 +340,7 @@ KNOB_TABLE: tuple[Knob, ...] = (
         _knob("gamma_token", None, NUMBER, ABOVE_ZERO_TO_ONE, into=(_A, "gamma_token")),
         _knob("gigpo_step_gamma", None, NUMBER, ABOVE_ZERO_TO_ONE, into=(_A, "step_gamma")),
         _knob("gigpo_omega", None, NUMBER, NON_NEGATIVE, why=" (0 is GRPO)", into=(_A, "omega")),
+        _knob("rae_decay", 0.95, NUMBER, BELOW_ONE),  # SPIRAL's; 1 would leave the baseline at 0
         _knob("rollout_filter", None, CHOICE, options=FILTER_MODES, into=(_F, "mode")),
         # The filter keeps ceil(ratio * groups) groups: 0 would keep nothing, > 1 more groups than exist.
         _knob("rollout_filter_ratio", None, NUMBER, FILTER_RATIO_RANGE, into=(_F, "ratio")),

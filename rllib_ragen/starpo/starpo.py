@@ -46,6 +46,7 @@ from ray.rllib.utils.metrics import (
 from .. import metrics as M
 from ..collapse import cross_scoring_pairs, probe_schedule, reply_diagnostics
 from ..hardware import peak_rss_gib, trim_heap
+from ..objectives import RoleBaselines
 from ..rollout.trajectory import Trajectory
 from ..sentinel import Sentinel
 from .update_batch import prepare_update_batch, shard_by_groups, token_advantages_by_trajectory
@@ -116,6 +117,8 @@ class StarPO(CheckpointsAndExport, RunnerWeights, Algorithm):
         self.last_token_advantages: dict[int, list[float]] = {}
         self.engine_actors = start_engines_for(self) if config.inference_backend == "vllm" else None
         self._empty_filter_steps = 0  # iterations in a row whose rollout filter kept nothing
+        # rae's running baseline per role, across iterations (objectives/role_baselines.py)
+        self.role_baselines = RoleBaselines(config.rae_decay) if config.advantage_estimator == "rae" else None
         self._validation_time = [0.0, 0]  # this iteration's validations: seconds, count (time/validate_s)
         self.sentinel = Sentinel(config.sentinel_rules, config.sentinel_max_rollbacks)
         # An RLlib callback on each iteration's result, ahead of the user's (a job's outputs see its metrics).
@@ -156,7 +159,11 @@ class StarPO(CheckpointsAndExport, RunnerWeights, Algorithm):
         self._log(reply_diagnostics(trajectories))
 
         columns, update_metrics = prepare_update_batch(
-            trajectories, config, self._pad_token_id(), keep_ratio=self.sentinel.rollout_filter_ratio
+            trajectories,
+            config,
+            self._pad_token_id(),
+            keep_ratio=self.sentinel.rollout_filter_ratio,
+            role_baselines=self.role_baselines,
         )
         self._empty_filter_steps = 0 if columns is not None else self._empty_filter_steps + 1
         update_metrics[M.FILTER_EMPTY_STEPS] = float(self._empty_filter_steps)

@@ -12,13 +12,22 @@ import numpy as np
 import torch
 
 from .. import metrics as M
-from ..objectives import place_rewards, select_groups
+from ..objectives import RoleBaselines, place_rewards, select_groups
 from ..rollout.trajectory import Trajectory, pad_trajectories
 from ..rollout.protocol import LOSS_MASK_REGIONS, REGION_OTHER
 
 
+def trajectory_role(trajectory: Trajectory) -> str:
+    """The role RAE's baseline is kept for: the training environment, and the seat in a multi-agent game."""
+    return trajectory.env_name if trajectory.seat is None else f"{trajectory.env_name}/{trajectory.seat}"
+
+
 def prepare_update_batch(
-    trajectories: Sequence[Trajectory], config, pad_token_id: int, keep_ratio: float | None = None
+    trajectories: Sequence[Trajectory],
+    config,
+    pad_token_id: int,
+    keep_ratio: float | None = None,
+    role_baselines: RoleBaselines | None = None,
 ) -> tuple[dict[str, np.ndarray] | None, dict[str, float]]:
     """The learner's batch from one rollout.
 
@@ -28,6 +37,8 @@ def prepare_update_batch(
         pad_token_id: the tokenizer's padding id.
         keep_ratio: the rollout filter's share of groups kept, when a sentinel rollback changed it (None: the
             config's ``rollout_filter_ratio``).
+        role_baselines: ``rae``'s running baselines: every trajectory of the rollout, kept or not, moves its role's
+            (in group order), and each row carries its trajectory's baseline from before (``role_baseline``).
 
     Returns:
         None when the filter kept no group, else right-padded (R, T) columns of the kept trajectories' rows, in
@@ -37,8 +48,8 @@ def prepare_update_batch(
         token with ``turn_level_rewards``), ``loss_mask`` (R, T: the sampled tokens the policy loss trains, by
         ``config.loss_mask``), per row ``group``, ``trajectory`` (its index in ``trajectories``),
         ``episode_return``, and its episode's ``turn_rewards`` (R, K, float64, NaN past the last turn) and
-        ``turn_states`` (R, K: an id per distinct state key, -1 past the last), plus ``turn`` with a window. Plus
-        the filter's metrics.
+        ``turn_states`` (R, K: an id per distinct state key, -1 past the last), plus ``turn`` with a window and
+        ``role_baseline`` with ``role_baselines``. Plus the filter's metrics (and the roles' baselines).
     """
     returns = torch.tensor([t.total_return for t in trajectories], dtype=torch.float32)
     groups = torch.tensor([t.group for t in trajectories])
@@ -46,6 +57,12 @@ def prepare_update_batch(
     envs = torch.tensor([env_index[t.env_name] for t in trajectories])
     strata = envs if config.rollout_filter_per_env else None
     keep, metrics = select_groups(returns, groups, strata=strata, settings=config.filter_settings(keep_ratio))
+    if role_baselines is not None:
+        in_order = sorted(range(len(trajectories)), key=lambda i: trajectories[i].group)
+        roles = [trajectory_role(trajectories[i]) for i in in_order]
+        before = role_baselines.advance([trajectories[i].total_return for i in in_order], roles)
+        baseline_of = dict(zip(in_order, before))
+        metrics.update({f"{M.ROLE_BASELINE}/{role}": value for role, value in role_baselines.values.items()})
     if config.is_mixture:  # what each training environment kept: with one filter over all, it can be none
         for name, i in env_index.items():
             metrics[f"{M.FILTER_KEPT_GROUPS}/{name}"] = float(groups[keep & (envs == i)].unique().numel())
@@ -89,6 +106,8 @@ def prepare_update_batch(
     columns["episode_return"] = np.array([trajectories[i].total_return for i, _, _ in rows], dtype=np.float32)
     if windowed:
         columns["turn"] = np.array([k for _, k, _ in rows], dtype=np.int64)
+    if role_baselines is not None:
+        columns["role_baseline"] = np.array([baseline_of[i] for i, _, _ in rows], dtype=np.float32)
     columns["turn_rewards"], columns["turn_states"] = _turn_columns([trajectories[i] for i, _, _ in rows])
     metrics[M.TRAINING_ROWS] = float(len(rows))
     metrics[M.RESPONSE_LENGTH] = float(columns["response_mask"].sum() / len(kept))

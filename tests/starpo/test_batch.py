@@ -254,3 +254,43 @@ def test_loss_mask_trains_the_chosen_reply_regions_only(mode, trained):
     columns, _ = prepare_update_batch(rollout, config(num_groups=1, advantage_estimator="raw", loss_mask=mode), PAD)
     np.testing.assert_array_equal(columns["loss_mask"][0], [0, 0] + trained)
     assert (columns["loss_mask"] <= columns["response_mask"]).all()  # never a token the policy did not sample
+
+
+def test_rae_gives_each_row_its_roles_baseline_from_before_its_own_return():
+    # SPIRAL's RAE at decay 0.5: a role's baseline starts at 0 and each trajectory, in group order, reads it and
+    # then moves it halfway to its own return. Group 0 is x, o, x; group 1 is o, x, and the filter drops group 1.
+    from rllib_ragen.objectives import RoleBaselines
+
+    seats = [(0, "x", 1.0), (0, "o", -1.0), (0, "x", 0.0), (1, "o", 1.0), (1, "x", 1.0)]
+    rollout = [dataclasses.replace(trajectory(g, [r]), seat=seat) for g, seat, r in seats]
+    rollout = [rollout[3], rollout[0], rollout[4], rollout[1], rollout[2]]  # rollout order is not group order
+    baselines = RoleBaselines(0.5)
+    rae = config(rollout_filter_ratio=0.5, advantage_estimator="rae")  # group 0's std is larger: it stays
+    columns, metrics = prepare_update_batch(rollout, rae, PAD, role_baselines=baselines)
+    # x: 0 (reads 0, moves to 0.5), 0.5 (then 0.25); o: 0 (then -0.5); then group 1: o -0.5 (then 0.25), x 0.25
+    # (then 0.625). Kept: group 0's rows, in the rollout's order within the group: x (1.0), o, x (0.0).
+    assert columns["group"].tolist() == [0, 0, 0]
+    assert columns["role_baseline"].tolist() == [0.0, 0.0, 0.5]
+    assert baselines.values == {"test/Env-v0/x": 0.625, "test/Env-v0/o": 0.25}
+    assert metrics["update/role_baseline/test/Env-v0/x"] == 0.625
+    advantages, _ = batch_advantages({k: torch.as_tensor(v) for k, v in columns.items()}, rae)
+    last = columns["response_mask"].sum(-1)  # every sampled token carries the trajectory's R - b
+    assert advantages.sum(-1).tolist() == [1.0 * last[0], -1.0 * last[1], -0.5 * last[2]]
+    # The next batch reads the baselines where this one left them; a restored state is the same.
+    restored = RoleBaselines(0.5)
+    restored.set_state(baselines.get_state())
+    columns, _ = prepare_update_batch(rollout[:1], config(advantage_estimator="rae"), PAD, role_baselines=restored)
+    assert columns["role_baseline"].tolist() == [0.25]
+
+
+def test_rae_needs_its_baselines_and_a_decay_below_one():
+    from rllib_ragen.objectives import AdvantageInputs, AdvantageSettings, RoleBaselines
+
+    with pytest.raises(ValueError, match="rae_decay=1.0 must be in"):
+        RoleBaselines(1.0)
+    mask = torch.ones(2, 3)
+    inputs = AdvantageInputs(mask, mask, torch.tensor([1.0, 0.0]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="rae needs each trajectory's role baseline"):
+        compute_advantages("rae", inputs, AdvantageSettings())
+    with pytest.raises(ValueError, match="rae_decay"):
+        StarPOConfig().training(advantage_estimator="rae", rae_decay=1.0).validate()

@@ -226,3 +226,41 @@ def test_a_league_plays_on_remote_env_runners(ray_session):
         assert result["env_runners"]["league/games"] == 2 * sum(map(bool, opponents))
     finally:
         algo.stop()
+
+
+def test_rae_keeps_a_running_baseline_per_seat_through_the_learner_and_checkpoints(ray_session, monkeypatch, tmp_path):
+    # Duet pays seat a +1 and seat b -1 in every game. At rae_decay 0.5 each seat's baseline reads 0, then moves
+    # halfway to its return: a's two trajectories get advantages 1 and 0.5, b's -1 and -0.5, and the seats' baselines
+    # end at 0.75 and -0.75. The probe (every iteration here) hands back the learner's own token advantages.
+    import gymnasium as gym
+
+    from rllib_ragen import StarPO
+
+    monkeypatch.setitem(GAMES, "tests/Duet-v0", Duet)
+    register_text_env("tests/Duet-v0", "rllib_ragen.envs.seat:SeatEnv", game="tests/Duet-v0")
+    config = smallest_run(
+        StarPOConfig()
+        .environment("tests/Duet-v0", env_config={"opponent": "random"})
+        .training(self_play=True, advantage_estimator="rae", rae_decay=0.5, format_penalty=0.0, max_actions_per_turn=1)
+    ).training(collapse_diagnostics_interval=1)
+    algo = config.build_algo()
+    try:
+        result = algo.train()
+        assert result["update/role_baseline/tests/Duet-v0/a"] == 0.75
+        assert result["update/role_baseline/tests/Duet-v0/b"] == -0.75
+        by_seat = {seat: [i for i, t in enumerate(algo.last_rollout) if t.seat == seat] for seat in ("a", "b")}
+        tokens = algo.last_token_advantages
+        advantages = {seat: sorted({v for i in rows for v in tokens[i] if v}) for seat, rows in by_seat.items()}
+        assert advantages == {"a": [0.5, 1.0], "b": [-1.0, -0.5]}
+        path = algo.save_to_path(str(tmp_path / "checkpoint"))
+    finally:
+        algo.stop()
+        del gym.registry["tests/Duet-v0"]
+    monkeypatch.setitem(GAMES, "tests/Duet-v0", Duet)
+    register_text_env("tests/Duet-v0", "rllib_ragen.envs.seat:SeatEnv", game="tests/Duet-v0")
+    restored = StarPO.from_checkpoint(path)
+    try:
+        assert restored.role_baselines.values == {"tests/Duet-v0/a": 0.75, "tests/Duet-v0/b": -0.75}
+    finally:
+        restored.stop()
+        del gym.registry["tests/Duet-v0"]
