@@ -1,6 +1,8 @@
 """Self-play through StarPO: the policy plays every seat of a game, and each seat's advantages have their own
 baseline (the same initial state, the same role)."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -109,6 +111,38 @@ class Duet(Speeches):
         return None if len(self.said) < 4 else {"a": 1.0, "b": -1.0}
 
 
+@contextlib.contextmanager
+def duet_registered(monkeypatch):
+    """Duet as tests/Duet-v0, for one algorithm's life (a restored one registers it again)."""
+    import gymnasium as gym
+
+    monkeypatch.setitem(GAMES, "tests/Duet-v0", Duet)
+    register_text_env("tests/Duet-v0", "rllib_ragen.envs.seat:SeatEnv", game="tests/Duet-v0")
+    try:
+        yield
+    finally:
+        del gym.registry["tests/Duet-v0"]
+
+
+@contextlib.contextmanager
+def restored_duet(monkeypatch, path):
+    """The algorithm checkpointed at ``path``, restored with Duet registered, stopped afterwards."""
+    from rllib_ragen import StarPO
+
+    with duet_registered(monkeypatch):
+        algo = StarPO.from_checkpoint(path)
+        try:
+            yield algo
+        finally:
+            algo.stop()
+
+
+def duet_run(num_groups: int = 1, **training) -> StarPOConfig:
+    """Self-play of Duet at the smallest sizes that train (:func:`smallest_run`), with ``training`` over it."""
+    config = StarPOConfig().environment("tests/Duet-v0", env_config={"opponent": "random"})
+    return smallest_run(config.training(self_play=True, max_actions_per_turn=1, **training), num_groups=num_groups)
+
+
 def test_league_keeps_the_newest_snapshots_and_draws_by_seed():
     league = League(interval=2, size=2)
     assert [i for i in range(7) if league.due(i)] == [0, 2, 4, 6]
@@ -124,73 +158,48 @@ def test_league_keeps_the_newest_snapshots_and_draws_by_seed():
 
 
 def test_a_league_plays_frozen_snapshots_and_trains_the_learner_only(ray_session, monkeypatch, tmp_path):
-    import gymnasium as gym
-
-    from rllib_ragen import StarPO
-
-    monkeypatch.setitem(GAMES, "tests/Duet-v0", Duet)
-    register_text_env("tests/Duet-v0", "rllib_ragen.envs.seat:SeatEnv", game="tests/Duet-v0")
-    config = smallest_run(
-        StarPOConfig()
-        .environment("tests/Duet-v0", env_config={"opponent": "random"})
-        .training(
-            self_play=True,
-            league_interval=1,
-            league_size=2,
-            advantage_estimator="grpo",
-            lr=1e-3,
-            max_actions_per_turn=1,
-        ),
-        num_groups=6,
-    )
-    algo = config.build_algo()
-    try:
-        warm_start = algo.policy_weights()
-        algo.train()
-        after_first = algo.policy_weights()
-        result = algo.train()
-        league = algo.rollouts.league
-        assert list(league.snapshots) == ["snapshot_0", "snapshot_1"]
-        # Frozen: the warm start's snapshot is its weights to the bit after two updates that moved the learner's.
-        assert all(torch.equal(league.snapshots["snapshot_0"][k], v) for k, v in warm_start.items())
-        assert all(torch.equal(league.snapshots["snapshot_1"][k], v) for k, v in after_first.items())
-        assert any(not torch.equal(v, warm_start[k]) for k, v in algo.policy_weights().items())
-        for name, sampler in algo.env_runner._snapshots.items():  # what the runner plays them with
-            assert all(torch.equal(v, league.snapshots[name][k]) for k, v in sampler.model.state_dict().items())
-        # Iteration 1's groups: self-play (both seats trained) or the learner in its seed's seat against a snapshot
-        # (the snapshot's seat played, not trained). Seat a always wins: the league's win rate is the share of those
-        # games the learner played as a.
-        opponents = league.draw(6, (0, 1))
-        assert any(opponents) and not all(opponents)
-        trained = algo.last_rollout
-        assert all(t.policy_id == "default_policy" for t in trained)
-        for g, opponent in enumerate(opponents):
-            seats = sorted(t.seat for t in trained if t.group // 2 == g)
-            if opponent is None:
-                assert seats == ["a", "a", "b", "b"]
-            else:
-                seed = next(t.seed for t in trained if t.group // 2 == g)
-                assert seats == [learner_seat(("a", "b"), seed)] * 2
-        league_games = [t for t in trained if opponents[t.group // 2] is not None]
-        rollout = result["env_runners"]
-        assert rollout["league/games"] == len(league_games) == 2 * sum(map(bool, opponents))
-        assert rollout["league/win_rate"] == sum(t.seat == "a" for t in league_games) / len(league_games)
-        assert rollout["league/snapshots"] == 2.0
-        # The league is in the checkpoint: a restored algorithm plays the same snapshots.
-        path = algo.save_to_path(str(tmp_path / "checkpoint"))
-    finally:
-        algo.stop()
-        del gym.registry["tests/Duet-v0"]
-    monkeypatch.setitem(GAMES, "tests/Duet-v0", Duet)
-    register_text_env("tests/Duet-v0", "rllib_ragen.envs.seat:SeatEnv", game="tests/Duet-v0")
-    restored = StarPO.from_checkpoint(path)
-    try:
+    with duet_registered(monkeypatch):
+        algo = duet_run(6, league_interval=1, league_size=2, advantage_estimator="grpo", lr=1e-3).build_algo()
+        try:
+            warm_start = algo.policy_weights()
+            algo.train()
+            after_first = algo.policy_weights()
+            result = algo.train()
+            league = algo.rollouts.league
+            assert list(league.snapshots) == ["snapshot_0", "snapshot_1"]
+            # Frozen: the warm start's snapshot is its weights to the bit after two updates that moved the learner's.
+            assert all(torch.equal(league.snapshots["snapshot_0"][k], v) for k, v in warm_start.items())
+            assert all(torch.equal(league.snapshots["snapshot_1"][k], v) for k, v in after_first.items())
+            assert any(not torch.equal(v, warm_start[k]) for k, v in algo.policy_weights().items())
+            for name, sampler in algo.env_runner._snapshots.items():  # what the runner plays them with
+                assert all(torch.equal(v, league.snapshots[name][k]) for k, v in sampler.model.state_dict().items())
+            # Iteration 1's groups: self-play (both seats trained) or the learner in its seed's seat against a snapshot
+            # (the snapshot's seat played, not trained). Seat a always wins: the league's win rate is the share of those
+            # games the learner played as a.
+            opponents = league.draw(6, (0, 1))
+            assert any(opponents) and not all(opponents)
+            trained = algo.last_rollout
+            assert all(t.policy_id == "default_policy" for t in trained)
+            for g, opponent in enumerate(opponents):
+                seats = sorted(t.seat for t in trained if t.group // 2 == g)
+                if opponent is None:
+                    assert seats == ["a", "a", "b", "b"]
+                else:
+                    seed = next(t.seed for t in trained if t.group // 2 == g)
+                    assert seats == [learner_seat(("a", "b"), seed)] * 2
+            league_games = [t for t in trained if opponents[t.group // 2] is not None]
+            rollout = result["env_runners"]
+            assert rollout["league/games"] == len(league_games) == 2 * sum(map(bool, opponents))
+            assert rollout["league/win_rate"] == sum(t.seat == "a" for t in league_games) / len(league_games)
+            assert rollout["league/snapshots"] == 2.0
+            # The league is in the checkpoint: a restored algorithm plays the same snapshots.
+            path = algo.save_to_path(str(tmp_path / "checkpoint"))
+        finally:
+            algo.stop()
+    with restored_duet(monkeypatch, path) as restored:
         assert list(restored.rollouts.league.snapshots) == list(league.snapshots)
         for name, tensors in league.snapshots.items():
             assert all(torch.equal(restored.rollouts.league.snapshots[name][k], v) for k, v in tensors.items())
-    finally:
-        restored.stop()
-        del gym.registry["tests/Duet-v0"]
 
 
 def test_a_league_needs_self_play_and_two_seats():
@@ -232,35 +241,19 @@ def test_rae_keeps_a_running_baseline_per_seat_through_the_learner_and_checkpoin
     # Duet pays seat a +1 and seat b -1 in every game. At rae_decay 0.5 each seat's baseline reads 0, then moves
     # halfway to its return: a's two trajectories get advantages 1 and 0.5, b's -1 and -0.5, and the seats' baselines
     # end at 0.75 and -0.75. The probe (every iteration here) hands back the learner's own token advantages.
-    import gymnasium as gym
-
-    from rllib_ragen import StarPO
-
-    monkeypatch.setitem(GAMES, "tests/Duet-v0", Duet)
-    register_text_env("tests/Duet-v0", "rllib_ragen.envs.seat:SeatEnv", game="tests/Duet-v0")
-    config = smallest_run(
-        StarPOConfig()
-        .environment("tests/Duet-v0", env_config={"opponent": "random"})
-        .training(self_play=True, advantage_estimator="rae", rae_decay=0.5, format_penalty=0.0, max_actions_per_turn=1)
-    ).training(collapse_diagnostics_interval=1)
-    algo = config.build_algo()
-    try:
-        result = algo.train()
-        assert result["update/role_baseline/tests/Duet-v0/a"] == 0.75
-        assert result["update/role_baseline/tests/Duet-v0/b"] == -0.75
-        by_seat = {seat: [i for i, t in enumerate(algo.last_rollout) if t.seat == seat] for seat in ("a", "b")}
-        tokens = algo.last_token_advantages
-        advantages = {seat: sorted({v for i in rows for v in tokens[i] if v}) for seat, rows in by_seat.items()}
-        assert advantages == {"a": [0.5, 1.0], "b": [-1.0, -0.5]}
-        path = algo.save_to_path(str(tmp_path / "checkpoint"))
-    finally:
-        algo.stop()
-        del gym.registry["tests/Duet-v0"]
-    monkeypatch.setitem(GAMES, "tests/Duet-v0", Duet)
-    register_text_env("tests/Duet-v0", "rllib_ragen.envs.seat:SeatEnv", game="tests/Duet-v0")
-    restored = StarPO.from_checkpoint(path)
-    try:
+    with duet_registered(monkeypatch):
+        config = duet_run(advantage_estimator="rae", rae_decay=0.5, format_penalty=0.0)
+        algo = config.training(collapse_diagnostics_interval=1).build_algo()
+        try:
+            result = algo.train()
+            assert result["update/role_baseline/tests/Duet-v0/a"] == 0.75
+            assert result["update/role_baseline/tests/Duet-v0/b"] == -0.75
+            by_seat = {seat: [i for i, t in enumerate(algo.last_rollout) if t.seat == seat] for seat in ("a", "b")}
+            tokens = algo.last_token_advantages
+            advantages = {seat: sorted({v for i in rows for v in tokens[i] if v}) for seat, rows in by_seat.items()}
+            assert advantages == {"a": [0.5, 1.0], "b": [-1.0, -0.5]}
+            path = algo.save_to_path(str(tmp_path / "checkpoint"))
+        finally:
+            algo.stop()
+    with restored_duet(monkeypatch, path) as restored:
         assert restored.role_baselines.values == {"tests/Duet-v0/a": 0.75, "tests/Duet-v0/b": -0.75}
-    finally:
-        restored.stop()
-        del gym.registry["tests/Duet-v0"]
