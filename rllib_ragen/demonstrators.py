@@ -2,9 +2,9 @@
 
 They read the state from the prompt text, as a model would, and answer with an optimal plan: the Sokoban
 solver's moves, FrozenLake's finite-horizon optimal move, Countdown's and 4x4 Sudoku's solutions, bisection in
-GEM's Guess The Number, or tic-tac-toe's minimax move. They serve tests (the loop must reach their
-known success rates), demonstrations for warm-start fine-tuning, and baselines a job pairs its agent against
-(``frozen_lake_hole_blind_policy``, ``random_moves_policy``).
+GEM's Guess The Number, tic-tac-toe's minimax move, or Kuhn poker's equilibrium. They serve tests (the loop must
+reach their known success rates), demonstrations for warm-start fine-tuning, and baselines a job pairs its agent
+against (``frozen_lake_hole_blind_policy``, ``random_moves_policy``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,10 @@ from .envs.frozen_lake import SYMBOLS as LAKE_SYMBOLS
 from .envs.frozen_lake import move_effects as lake_move_effects
 from .envs.frozen_lake import optimal_policy
 from .envs.sokoban_levels import ACTION_NAMES, SokobanLevel, move_effects, solve_level
+from .envs.kuhn_poker import DECISIONS as KUHN_DECISIONS
+from .envs.kuhn_poker import SEATS as KUHN_SEATS
+from .envs.kuhn_poker import decision_views, equilibrium_strategy
+from .envs.kuhn_poker import info_sets as kuhn_info_sets
 from .envs.tic_tac_toe import best_cells
 from .rollout.context import last_turn_message
 
@@ -288,3 +292,37 @@ def tic_tac_toe_random_policy(enable_thinking: bool = False, seed: int = 0):
         return _reply([str(rng.choice([i for i, c in enumerate(board) if not c]) + 1)], "A free cell.", enable_thinking)
 
     return policy
+
+
+def _kuhn_decision(prompt: str) -> tuple[str, tuple[str, tuple[str, ...]]]:
+    """The seat and decision point of the last Kuhn poker view the prompt shows (``decision_views``' texts)."""
+    views = decision_views()
+    last = max(views, key=prompt.rfind)
+    if prompt.rfind(last) < 0:
+        raise ValueError("the prompt shows no Kuhn poker decision ('Your card: ...' up to 'Your move: ...').")
+    return views[last]
+
+
+def kuhn_poker_strategy_policy(strategy=None, enable_thinking: bool = False, seed: int = 0):
+    """Kuhn poker by a strategy (the aggressive move's probability at each decision point; default: Kuhn's
+    equilibrium), read from the last view the prompt shows. Unlike the other scripted players it draws from one
+    generator seeded by ``seed``, call after call, so one decision shown many times gets the strategy's mixture (a
+    draw seeded by the prompt would give a pure strategy: a hand has 12 views); the same calls in the same order give
+    the same moves. ``strategy=dict.fromkeys(..., 0.5)`` (:func:`kuhn_poker_random_policy`) demonstrates the rules."""
+    strategy = equilibrium_strategy() if strategy is None else strategy
+    rng = random.Random(seed)
+
+    def policy(prompt: str) -> str:
+        _, point = _kuhn_decision(prompt)
+        passive, aggressive = KUHN_DECISIONS[point[1]][1]
+        move = aggressive if rng.random() < float(strategy[point]) else passive
+        return _reply([move], "A legal move.", enable_thinking)
+
+    return policy
+
+
+def kuhn_poker_random_policy(enable_thinking: bool = False, seed: int = 0):
+    """Each legal Kuhn poker move with probability 1/2: the rules and the format, no strategy (the self-play job's
+    warm start on Kuhn poker)."""
+    uniform = {point: 0.5 for seat in KUHN_SEATS for point in kuhn_info_sets(seat)}
+    return kuhn_poker_strategy_policy(uniform, enable_thinking, seed)

@@ -375,3 +375,7 @@ def test_the_multi_agent_page_runs():
         _run_block(block, namespace)
         namespace["config"].validate()
     assert "['vs random', 'vs minimax']" in _run_block("self-play-opponents", {})
+    exploitability, k_bets = map(
+        float, re.search(r"exploitability (\S+), K bet first (\S+)", _run_block("kuhn-strategy", {})).groups()
+    )
+    assert exploitability < 0.05 and abs(k_bets - 0.5) < 0.1  # the equilibrium at alpha 1/6 bets K with 3 x 1/6

@@ -290,6 +290,21 @@ def test_the_self_play_job_runs_validates_both_opponents_and_pairs_against_its_w
     assert matches["paired"]["n"] == 6 and "against its warm start" in done.stdout
 
 
+@pytest.mark.slow
+def test_the_kuhn_poker_self_play_job_reads_both_policies_strategies(tmp_path):
+    budget = [*TINY_BUDGET, "--max-new-tokens-per-turn", "8", "--match-games", "4", "--game", "kuhn-poker"]
+    done = run_example("starpo_selfplay.py", *budget, "--output-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = (tmp_path / "latest").resolve() / "seed0"
+    assert set(json.loads((run / "summary.json").read_text())["by_env"]) == {"vs random", "vs equilibrium"}
+    read = json.loads((run / "kuhn_strategy.json").read_text())
+    for policy in ("warm_start", "trained"):
+        counted = sum(sum(c.values()) for c in read[policy]["counts"].values())
+        assert read[policy]["hands"] == 2048 and 2048 <= counted <= 3 * 2048  # one to three decisions a hand
+        assert 0 <= read[policy]["exploitability"] <= 2
+    assert "exploitability" in done.stdout
+
+
 def test_the_self_play_job_trains_by_self_play_or_against_a_fixed_opponent():
     selfplay = job_file("starpo_selfplay.py")
     config, job, policy, baselines, games = selfplay["parse_args"](selfplay["config"], selfplay["job"], [])
@@ -303,6 +318,25 @@ def test_the_self_play_job_trains_by_self_play_or_against_a_fixed_opponent():
     fixed, _, _, _, games = selfplay["parse_args"](selfplay["config"], selfplay["job"], flags)
     assert not fixed.self_play and fixed.env_config == {"opponent": "minimax"} and games == 0
     assert selfplay["config"].self_play  # the job's own config is left as it was
+    kuhn, _, demonstrations, baselines, _ = selfplay["parse_args"](
+        selfplay["config"], selfplay["job"], ["--game", "kuhn-poker"]
+    )
+    assert (
+        kuhn.env == "rllib_ragen/KuhnPoker-v0"
+        and kuhn.self_play
+        and (kuhn.max_turns, kuhn.max_actions_per_episode) == (2, 2)
+    )
+    assert [e.name for e in kuhn.validation_environments()] == ["vs random", "vs equilibrium"]
+    assert set(baselines) == {"random legal moves", "equilibrium"}
+    assert demonstrations("Your card: Q.\nYour opponent bet 1 chip.\nYour move: fold or call.") in (
+        "<answer>fold</answer>",
+        "<answer>call</answer>",
+    )
+    with pytest.raises(SystemExit):
+        selfplay["parse_args"](
+            selfplay["config"], selfplay["job"], ["--game", "kuhn-poker", "--fixed-opponent", "minimax"]
+        )
+    assert selfplay["config"].env == "rllib_ragen/TicTacToe-v0"
 
 
 def test_flags_override_the_jobs_config_and_leave_it_unchanged(monkeypatch):

@@ -4,18 +4,26 @@ The tiny CPU model is first warm-started on demonstrations of random legal moves
 strategy), so whatever it learns beyond them, RL taught it. Training games have the policy in both seats (SPIRAL's
 self-play, arXiv 2506.24119); validation plays one seat (x or o, by seed) against a random player and against
 minimax, which cannot be beaten: against it the best result is a draw. ``--fixed-opponent random`` trains against the
-random player instead of itself, SPIRAL's baseline, which it reports overfits to its opponent.
+random player instead of itself, SPIRAL's baseline, which it reports overfits to its opponent. ``--game kuhn-poker``
+plays Kuhn poker instead, validated against random play and Kuhn's equilibrium, and reads after the run how
+exploitable the warm start's and the trained policy's strategies are (0 at an equilibrium).
 
 Command:  python tuned_examples/starpo_selfplay.py [--seed 0] [--iterations 30] [--fixed-opponent random]
+          [--game kuhn-poker]
 Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py), warm start included
 Expect:   docs/results/self-play.md
 """
 
 from rllib_ragen import StarPOConfig
-from rllib_ragen.demonstrators import tic_tac_toe_minimax_policy, tic_tac_toe_random_policy
+from rllib_ragen.demonstrators import (
+    kuhn_poker_random_policy,
+    kuhn_poker_strategy_policy,
+    tic_tac_toe_minimax_policy,
+    tic_tac_toe_random_policy,
+)
 from rllib_ragen.jobs import JobSettings, run_job
 from rllib_ragen.jobs.flags import apply_job_args, job_parser
-from rllib_ragen.jobs.matches import against_warm_start
+from rllib_ragen.jobs.matches import against_warm_start, kuhn_strategy_of_trial
 
 GAME = "rllib_ragen/TicTacToe-v0"
 # One seat (x on even seeds, o on odd) against each opponent: success against the random player is a win, against
@@ -23,6 +31,12 @@ GAME = "rllib_ragen/TicTacToe-v0"
 OPPONENTS = [
     {"env": GAME, "env_config": {"opponent": "random"}, "name": "vs random"},
     {"env": GAME, "env_config": {"opponent": "minimax", "success": "not_lost"}, "name": "vs minimax"},
+]
+KUHN = "rllib_ragen/KuhnPoker-v0"
+# Kuhn poker: a success is a hand won; against the equilibrium the first seat loses 1/18 chip a hand on average.
+KUHN_OPPONENTS = [
+    {"env": KUHN, "env_config": {"opponent": "random"}, "name": "vs random"},
+    {"env": KUHN, "env_config": {"opponent": "equilibrium"}, "name": "vs equilibrium"},
 ]
 
 config = (
@@ -59,12 +73,19 @@ job = JobSettings(
     timed_command="starpo_selfplay.py",
 )
 MATCH_GAMES = 256  # against the warm start, after the run: the seat alternating, both sampled
+STRATEGY_HANDS = 2048  # Kuhn poker, after the run: each policy against itself, its moves read as a strategy
 
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
-    """The job flags plus ``--fixed-opponent`` and ``--match-games``; returns (config, job, demonstration policy,
-    baselines, games against the warm start)."""
+    """The job flags plus ``--game``, ``--fixed-opponent`` and ``--match-games``; returns (config, job,
+    demonstration policy, baselines, games against the warm start)."""
     parser = job_parser(config, job, description)
+    parser.add_argument(
+        "--game",
+        choices=("tic-tac-toe", "kuhn-poker"),
+        default="tic-tac-toe",
+        help="the game played (default: tic-tac-toe)",
+    )
     parser.add_argument(
         "--fixed-opponent",
         choices=("random", "minimax"),
@@ -79,24 +100,50 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
         f"(default: {MATCH_GAMES}; 0: none)",
     )
     cli = parser.parse_args(argv)
-    if cli.fixed_opponent:
+    kuhn = cli.game == "kuhn-poker"
+    game = KUHN if kuhn else GAME
+    if kuhn:  # a hand is at most two moves a seat
         config = config.copy(copy_frozen=False)
-        config.environment(GAME, env_config={"opponent": cli.fixed_opponent}).training(self_play=False)
+        config.environment(KUHN, env_config={"opponent": "random"}, validation_envs=KUHN_OPPONENTS)
+        config.training(max_turns=2, max_actions_per_episode=2)
+    if cli.fixed_opponent:
+        if cli.fixed_opponent == "minimax" and kuhn:
+            parser.error("--fixed-opponent minimax plays tic-tac-toe only; Kuhn poker trains against random play.")
+        config = config.copy(copy_frozen=False)
+        config.environment(game, env_config={"opponent": cli.fixed_opponent}).training(self_play=False)
     config, job = apply_job_args(parser, cli, config, job)
-    # Paired against the agent on the validation states: a random legal mover (the warm start's teacher) and minimax.
-    baselines = {
-        "random legal moves": tic_tac_toe_random_policy(config.enable_thinking, seed=1),
-        "minimax": tic_tac_toe_minimax_policy(config.enable_thinking),
-    }
+    # Paired against the agent on the validation states: a random legal mover (the warm start's teacher) and the
+    # game's best player (minimax; Kuhn's equilibrium).
+    thinking = config.enable_thinking
+    if kuhn:
+        baselines = {
+            "random legal moves": kuhn_poker_random_policy(thinking, seed=1),
+            "equilibrium": kuhn_poker_strategy_policy(enable_thinking=thinking),
+        }
+        demonstrations = kuhn_poker_random_policy(thinking)
+    else:
+        baselines = {
+            "random legal moves": tic_tac_toe_random_policy(thinking, seed=1),
+            "minimax": tic_tac_toe_minimax_policy(thinking),
+        }
+        demonstrations = tic_tac_toe_random_policy(thinking)
     if cli.match_games < 0:
         parser.error(f"--match-games {cli.match_games}: give 0 (no matches) or more games.")
-    return config, job, tic_tac_toe_random_policy(config.enable_thinking), baselines, cli.match_games
+    return config, job, demonstrations, baselines, cli.match_games
 
 
 if __name__ == "__main__":
     config, job, demonstrations, baselines, match_games = parse_args(config, job)
     summary = run_job(config, job, demonstrations, baselines=baselines)
     # The third opponent, a model: the trained policy and its warm start each against the warm start, paired.
-    for trial in summary.get("trials", {"": summary}).values() if match_games else ():
-        matches = against_warm_start(trial["run_dir"], games=match_games)
-        print(f"against its warm start ({trial['run_dir']}): score {matches['paired']['describe']}", flush=True)
+    for trial in summary.get("trials", {"": summary}).values():
+        if match_games:
+            matches = against_warm_start(trial["run_dir"], games=match_games)
+            print(f"against its warm start ({trial['run_dir']}): score {matches['paired']['describe']}", flush=True)
+        if config.env == KUHN:  # how exploitable each policy's strategy is, read from its own play
+            read = kuhn_strategy_of_trial(trial["run_dir"], hands=STRATEGY_HANDS)
+            print(
+                f"exploitability ({trial['run_dir']}, chips a hand, 0 at an equilibrium): warm start "
+                f"{read['warm_start']['exploitability']:.3f} -> trained {read['trained']['exploitability']:.3f}",
+                flush=True,
+            )

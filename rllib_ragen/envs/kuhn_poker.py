@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from fractions import Fraction
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -107,6 +107,56 @@ def equilibrium_strategy(alpha: Fraction = Fraction(1, 6)) -> dict[InfoSet, Frac
         ("Q", ("check",)): Fraction(0),
         ("K", ("check",)): Fraction(1),
     }
+
+
+def decision_views() -> dict[str, tuple[str, InfoSet]]:
+    """What a seat is shown at each of its decision points (:meth:`KuhnPokerGame.observe`: its card and the moves so
+    far, never the other card) -> (the seat, the decision point): how a played hand's turns are read back."""
+    game, views = KuhnPokerGame(), {}
+    for history, (seat, _) in DECISIONS.items():
+        for card in CARDS:
+            other = next(c for c in CARDS if c != card)  # hidden from the seat: any other card shows the same
+            game.reset(seed=0)
+            game.cards, game.history = ((card, other) if seat == "first" else (other, card)), history
+            views[game.observe(seat)] = (seat, (card, history))
+    return views
+
+
+def strategy_from_play(decisions: Iterable[tuple[str, str]]) -> dict:
+    """A strategy estimated from played decisions, and its exploitability.
+
+    Args:
+        decisions: ``(view, move)`` per decision: what the seat was shown (:meth:`KuhnPokerGame.observe`) and the
+            move it made there ("" where it made no legal move: a forfeit, or with ``illegal_move="retry"`` a retry).
+
+    Returns:
+        ``counts`` (per decision point, as ``"K after check"``: how often the passive move, the aggressive move and
+        no legal move were made), ``strategy`` (the aggressive move's share of the legal moves made, by decision
+        point; 1/2 where none was made), ``unvisited`` (those decision points), ``no_move_rate`` (of all decisions)
+        and ``exploitability`` (:func:`exploitability` of the estimate, its two seats' halves; a float). A decision
+        point a seat never reaches by its own moves cannot change its exploitability, whatever the estimate there.
+    """
+    views = decision_views()
+    counts = {point: [0, 0, 0] for seat in SEATS for point in info_sets(seat)}
+    for view, move in decisions:
+        seat, point = views[view]
+        passive, aggressive = DECISIONS[point[1]][1]
+        counts[point][{passive: 0, aggressive: 1}.get(move, 2)] += 1
+    strategy = {p: Fraction(c[1], c[0] + c[1]) if c[0] + c[1] else Fraction(1, 2) for p, c in counts.items()}
+    halves = [{p: strategy[p] for p in info_sets(seat)} for seat in SEATS]
+    total = sum(sum(c) for c in counts.values())
+    return {
+        "counts": {_point_name(p): dict(zip(("passive", "aggressive", "none"), c)) for p, c in counts.items()},
+        "strategy": {_point_name(p): float(v) for p, v in strategy.items()},
+        "unvisited": [_point_name(p) for p, c in counts.items() if not c[0] + c[1]],
+        "no_move_rate": sum(c[2] for c in counts.values()) / max(total, 1),
+        "exploitability": float(exploitability(*halves)),
+    }
+
+
+def _point_name(point: InfoSet) -> str:
+    card, history = point
+    return f"{card} after {' '.join(history)}" if history else f"{card} first"
 
 
 class KuhnPokerGame(TurnBasedTextGame):

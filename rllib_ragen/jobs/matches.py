@@ -11,6 +11,9 @@ seed. Greedy play would repeat one game per seat: the opening is the same empty 
 same games (seeds, seats, sampling seed) and pairs each game's score for the agent (1 a win, 0 a draw, -1 a loss)
 with :func:`~rllib_ragen.jobs.paired_stats.paired_comparison`.
 
+In Kuhn poker :func:`kuhn_strategy` reads a policy's strategy from its play against itself, and how exploitable it
+is (:func:`rllib_ragen.envs.kuhn_poker.strategy_from_play`).
+
 Example::
 
     result = paired_matches(config, "outputs/selfplay/warm_starts/<key>", "RUN/seed0/policy", opponent=warm_start)
@@ -26,7 +29,15 @@ from ..envs.multi_agent import OTHER_SEATS_OUTCOME
 from ..starpo.game_matches import MATCH_SEED_START, play_against
 from .paired_stats import paired_comparison
 
-__all__ = ["MATCH_SEED_START", "against_warm_start", "match_outcomes", "paired_matches", "play_against"]
+__all__ = [
+    "MATCH_SEED_START",
+    "against_warm_start",
+    "kuhn_strategy",
+    "kuhn_strategy_of_trial",
+    "match_outcomes",
+    "paired_matches",
+    "play_against",
+]
 
 # A game's score for the agent: its outcome (a trajectory's reward also holds its format penalties).
 SCORES = {"win": 1.0, "draw": 0.0, "unfinished": 0.0, "loss": -1.0}
@@ -55,7 +66,22 @@ def paired_matches(config, before: str, after: str, opponent: str, games: int = 
     return {**played, "paired": {**paired.as_dict(), "describe": paired.describe()}}
 
 
+def kuhn_strategy(config, policy: str, hands: int = 1024, *, device: str = "cpu") -> dict:
+    """``policy`` (a model folder) in both seats of ``hands`` Kuhn poker hands against itself, sampled as in
+    :func:`play_against`: the strategy its moves show at each decision point, and that strategy's exploitability
+    (:func:`rllib_ragen.envs.kuhn_poker.strategy_from_play`; 0 at an equilibrium, in chips a hand)."""
+    from ..envs.kuhn_poker import strategy_from_play
+
+    decisions = [
+        (key.split("\n", 1)[1], actions[0] if actions else "")
+        for t in play_against(config, policy, policy, hands, device=device)
+        for key, actions in zip(t.turn_states, t.turn_actions, strict=True)
+    ]
+    return {"hands": hands, **strategy_from_play(decisions)}
+
+
 MATCHES_FILE = "matches_vs_warm_start.json"
+STRATEGY_FILE = "kuhn_strategy.json"
 
 
 def against_warm_start(trial: str, games: int = 256, *, device: str = "cpu") -> dict:
@@ -63,18 +89,44 @@ def against_warm_start(trial: str, games: int = 256, *, device: str = "cpu") -> 
     warm start on the same ``games`` games: the self-play job's third opponent, beside validation's scripted ones.
     Written to ``<trial>/matches_vs_warm_start.json``; a file already there is the run's record and stays: the
     figures are returned only."""
+    config, warm_start, policy = _trial_policies(trial)
+    result = {"opponent": warm_start, **paired_matches(config, warm_start, policy, warm_start, games, device=device)}
+    return _recorded(trial, MATCHES_FILE, result)
+
+
+def kuhn_strategy_of_trial(trial: str, hands: int = 2048, *, device: str = "cpu") -> dict:
+    """A finished Kuhn poker trial's warm start and exported ``policy/``, each read as a strategy from ``hands``
+    hands against itself (:func:`kuhn_strategy`), with its exploitability. Written to ``<trial>/kuhn_strategy.json``
+    unless a file is there already (the run's record stays; the figures are returned only)."""
+    config, warm_start, policy = _trial_policies(trial)
+    result = {
+        "warm_start": kuhn_strategy(config, warm_start, hands, device=device),
+        "trained": kuhn_strategy(config, policy, hands, device=device),
+    }
+    return _recorded(trial, STRATEGY_FILE, result)
+
+
+def _trial_policies(trial: str) -> tuple:
+    """A finished trial's config (the job's own: its settings may name the job's classes), the warm start its
+    settings name, and its exported policy's folder."""
+    import pathlib
+
+    from .outputs import POLICY
+    from .readers import trial_config
+
+    config = trial_config(pathlib.Path(trial), allow_imports=True)
+    return config, str(config.model_config["model"]), str(pathlib.Path(trial) / POLICY)
+
+
+def _recorded(trial: str, name: str, result: dict) -> dict:
+    """``result`` written to ``<trial>/<name>`` whole or not at all, unless the run already recorded it there."""
     import json
     import pathlib
 
     from ..files import write_text_atomically
-    from .outputs import POLICY, json_ready
-    from .readers import trial_config
+    from .outputs import json_ready
 
-    trial = pathlib.Path(trial)
-    config = trial_config(trial, allow_imports=True)  # the job's own trial
-    warm_start = str(config.model_config["model"])
-    result = {"opponent": warm_start, **paired_matches(config, warm_start, str(trial / POLICY), warm_start, games)}
-    target = trial / MATCHES_FILE
+    target = pathlib.Path(trial) / name
     if not target.exists():
         write_text_atomically(target, json.dumps(json_ready(result), indent=1, sort_keys=True))
     return result

@@ -20,6 +20,7 @@ from rllib_ragen.envs.kuhn_poker import (
     exploitability,
     info_sets,
     payoff,
+    strategy_from_play,
 )
 from rllib_ragen.envs.multi_agent import RandomPlayer, play_match
 from rllib_ragen.envs.tic_tac_toe import MinimaxPlayer, TicTacToeGame, best_cells, minimax_value
@@ -185,6 +186,51 @@ def test_kuhn_equilibrium_player_against_random_play():
     assert total / 4000 > 0.1
 
 
+def _played_decisions(players, hands: int) -> list[tuple[str, str]]:
+    """(what the seat saw, its move) at every decision of ``hands`` hands between scripted ``players``."""
+    game, decisions = KuhnPokerGame(), []
+    for seed in range(hands):
+        views, _ = game.reset(seed=seed)
+        while not game.game_over:
+            seat = game.to_move()
+            move = players[seat](game, seat)
+            decisions.append((views[seat], move))
+            views, *_ = game.step({seat: move})
+    return decisions
+
+
+def test_a_kuhn_strategy_is_read_back_from_play():
+    # By hand: the first seat bets K once and checks it once, checks J twice (then folds to a bet once, and once makes
+    # no legal move), and never holds Q; the second seat calls every bet with K.
+    views = {
+        "K": "Your card: K.\nYour move: check or bet.",
+        "J": "Your card: J.\nYour move: check or bet.",
+        "J bet": "Your card: J.\nYou checked.\nYour opponent bet 1 chip.\nYour move: fold or call.",
+        "K 2nd": "Your card: K.\nYour opponent bet 1 chip.\nYour move: fold or call.",
+    }
+    decisions = [(views["K"], "bet"), (views["K"], "check"), (views["J"], "check"), (views["J"], "check")]
+    decisions += [(views["J bet"], "fold"), (views["J bet"], ""), (views["K 2nd"], "call")]
+    read = strategy_from_play(decisions)
+    assert read["counts"]["K first"] == {"passive": 1, "aggressive": 1, "none": 0}
+    assert read["counts"]["J after check bet"] == {"passive": 1, "aggressive": 0, "none": 1}
+    assert read["strategy"]["K first"] == 0.5 and read["strategy"]["J first"] == 0.0
+    assert read["strategy"]["K after bet"] == 1.0 and read["strategy"]["Q first"] == 0.5  # unvisited: 1/2
+    assert "Q first" in read["unvisited"] and "K after bet" not in read["unvisited"]
+    assert read["no_move_rate"] == 1 / 7
+    # The estimate's exploitability is exploitability() of exactly those fractions.
+    estimate = {point: Fraction(1, 2) for seat in ("first", "second") for point in info_sets(seat)}
+    estimate |= {("K", ()): Fraction(1, 2), ("J", ()): Fraction(0), ("J", ("check", "bet")): Fraction(0)}
+    estimate |= {("K", ("bet",)): Fraction(1)}
+    halves = [{p: estimate[p] for p in info_sets(seat)} for seat in ("first", "second")]
+    assert read["exploitability"] == float(exploitability(*halves))
+    # Kuhn's equilibrium, played 20,000 hands by scripted players, reads back close to unexploitable; a player that
+    # always bets or calls does not.
+    equilibrium = {seat: StrategyPlayer(equilibrium_strategy(), i) for i, seat in enumerate(("first", "second"))}
+    assert strategy_from_play(_played_decisions(equilibrium, 20_000))["exploitability"] < 0.01
+    always = StrategyPlayer(dict.fromkeys(info_sets("first") + info_sets("second"), 1.0))
+    assert strategy_from_play(_played_decisions({"first": always, "second": always}, 200))["exploitability"] > 0.2
+
+
 AVAILABLE = re.compile(r"'\[(\d+)\]'")
 
 
@@ -326,3 +372,40 @@ def test_a_draw_against_minimax_is_a_success_only_when_not_losing_counts(success
         assert (info["outcome"], reward, info["success"]) == ("draw", 0.0, counted)
     with pytest.raises(ValueError, match="not_lost"):
         make_text_env("rllib_ragen/TicTacToe-v0", success="draw")
+
+
+def test_kuhn_demonstrators_play_their_strategy_through_the_engine(tiny_tokenizer):
+    # The equilibrium demonstrator, one seat against the equilibrium player through the engine over 800 hands: every
+    # move legal, and its moves read back as Kuhn's equilibrium (its first-seat hands; the random demonstrator's as
+    # 1/2 at every point they reach).
+    from rllib_ragen.demonstrators import kuhn_poker_random_policy, kuhn_poker_strategy_policy
+    from rllib_ragen.envs.kuhn_poker import equilibrium_strategy
+    from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
+    from rllib_ragen.rollout.engine import RolloutEngine
+    from rllib_ragen.rollout.rollout_config import RolloutConfig
+
+    config = RolloutConfig(
+        env="rllib_ragen/KuhnPoker-v0",
+        env_config={"opponent": "equilibrium"},
+        enable_thinking=False,
+        max_turns=2,
+        max_actions_per_episode=2,
+    )
+    equilibrium = {f"{card} first": float(equilibrium_strategy()[(card, ())]) for card in CARDS}
+    for policy, expected in [(kuhn_poker_strategy_policy(), equilibrium), (kuhn_poker_random_policy(), None)]:
+        backend = ScriptedBackend(policy, tiny_tokenizer)
+        trajectories, metrics = RolloutEngine(config, backend, tiny_tokenizer).rollout(
+            list(range(400)), group_size=2, sampling=SamplingParams()
+        )
+        assert metrics["rollout/format_error_rate"] == 0.0 and all(
+            t.num_effective == t.num_actions for t in trajectories
+        )
+        decisions = [
+            (key.split("\n", 1)[1], a[0]) for t in trajectories for key, a in zip(t.turn_states, t.turn_actions)
+        ]
+        read = strategy_from_play(decisions)
+        for point, share in (expected or dict.fromkeys(read["strategy"], 0.5)).items():
+            if point not in read["unvisited"]:
+                counts = read["counts"][point]
+                n = counts["passive"] + counts["aggressive"]
+                assert abs(read["strategy"][point] - share) < 4 * (0.25 / n) ** 0.5 + 1e-9, (point, counts)

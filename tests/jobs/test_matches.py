@@ -3,7 +3,7 @@
 import torch
 
 from rllib_ragen import StarPOConfig
-from rllib_ragen.jobs.matches import match_outcomes, paired_matches, play_against
+from rllib_ragen.jobs.matches import kuhn_strategy, match_outcomes, paired_matches, play_against
 from rllib_ragen.rollout.models import load_policy
 
 
@@ -43,3 +43,17 @@ def test_the_agent_takes_the_seed_s_seat_and_a_policy_paired_with_itself_changes
     result = paired_matches(config, agent, agent, other, games=6)
     assert result["before"]["scores"] == result["after"]["scores"]
     assert result["paired"]["difference"] == 0.0 and result["paired"]["improved"] == result["paired"]["worsened"] == 0
+
+
+def test_a_policy_s_kuhn_strategy_counts_every_decision_it_made(tmp_path):
+    # The untrained tiny model seldom names a legal move: each hand's decisions are read at the point the seat was
+    # shown, a hand forfeited at its first decision counted as no move there.
+    torch.set_num_threads(1)
+    policy = _tiny_policy(tmp_path / "a", 0)
+    config = _config().environment("rllib_ragen/KuhnPoker-v0").training(max_turns=2, max_actions_per_episode=2)
+    played = play_against(config, policy, policy, 8)
+    read = kuhn_strategy(config, policy, 8)
+    turns = [actions for t in played for actions in t.turn_actions]
+    assert sum(sum(c.values()) for c in read["counts"].values()) == len(turns) >= 8
+    assert read["no_move_rate"] == sum(not a for a in turns) / len(turns)
+    assert sum(c["none"] for c in read["counts"].values()) == sum(not a for a in turns)
