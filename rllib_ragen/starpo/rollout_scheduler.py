@@ -241,25 +241,34 @@ class RolloutScheduler:
             chunks = {
                 rid: part.tolist() for rid, part in zip(remote, np.array_split(np.arange(len(seeds)), len(remote)))
             }
-            league = {rid: self._league_part(opponents, part) for rid, part in chunks.items()}
 
-            def play(runner, chunks=chunks):
+            def play(runner, starts, league):
                 index = runner.worker_index
                 return (
                     index,
                     runner.sample(
-                        seeds=[seeds[i] for i in chunks[index]],
+                        seeds=starts,
                         group_size=group_size,
                         sampling=sampling,
                         sample_seed=sample_seed + index,
                         env_config=env_config,
                         every_seat=every_seat,
-                        **league[index],
+                        **league,
                     ),
                     runner.get_metrics(),
                 )
 
-            parts = group.foreach_env_runner(play, local_env_runner=False, remote_worker_ids=remote)
+            # One call a runner, its own groups and league snapshots as its arguments: a closure holding every
+            # runner's part would ship every snapshot to every runner.
+            parts = group.foreach_env_runner(
+                [play] * len(remote),
+                kwargs=[
+                    {"starts": [seeds[i] for i in chunks[rid]], "league": self._league_part(opponents, chunks[rid])}
+                    for rid in remote
+                ],
+                local_env_runner=False,
+                remote_worker_ids=remote,
+            )
             if len(parts) == len(remote):
                 return chunks, parts, restarts
             restored = self._restore_env_runners_waiting()
