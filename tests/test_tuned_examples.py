@@ -292,7 +292,7 @@ def test_the_self_play_job_runs_validates_both_opponents_and_pairs_against_its_w
 
 @pytest.mark.slow
 def test_the_kuhn_poker_self_play_job_reads_both_policies_strategies(tmp_path):
-    budget = [*TINY_BUDGET, "--max-new-tokens-per-turn", "8", "--match-games", "4", "--game", "kuhn-poker"]
+    budget = [*TINY_BUDGET, "--match-games", "4", "--game", "kuhn-poker"]
     done = run_example("starpo_selfplay.py", *budget, "--output-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     run = (tmp_path / "latest").resolve() / "seed0"
