@@ -14,6 +14,8 @@ Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py), 
 Expect:   docs/results/self-play.md
 """
 
+import dataclasses
+
 from rllib_ragen import StarPOConfig
 from rllib_ragen.demonstrators import (
     kuhn_poker_random_policy,
@@ -73,7 +75,7 @@ job = JobSettings(
     timed_command="starpo_selfplay.py",
 )
 MATCH_GAMES = 256  # against the warm start, after the run: the seat alternating, both sampled
-STRATEGY_HANDS = 2048  # Kuhn poker, after the run: each policy against itself, its moves read as a strategy
+STRATEGY_HANDS = 2048  # Kuhn poker, after the run: each policy against the random player, its moves read as a strategy
 
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
@@ -112,6 +114,8 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
         config = config.copy(copy_frozen=False)
         config.environment(game, env_config={"opponent": cli.fixed_opponent}).training(self_play=False)
     config, job = apply_job_args(parser, cli, config, job)
+    if kuhn and job.timed_command == "starpo_selfplay.py":  # the job-time table times the Kuhn poker job on its own
+        job = dataclasses.replace(job, timed_command="starpo_selfplay.py --game kuhn-poker")
     # Paired against the agent on the validation states: a random legal mover (the warm start's teacher) and the
     # game's best player (minimax; Kuhn's equilibrium).
     thinking = config.enable_thinking

@@ -51,6 +51,7 @@ JOB_TIMES: dict[str, tuple[JobTime, ...]] = {
     "starpo_frozenlake.py --preset smollm2-cpu --quick": (JobTime(11.1, XEON_BF16, "2026-12-06"),),
     "starpo_gem.py": (JobTime(40.6, AVX2, "2026-11-28"),),
     "starpo_selfplay.py": (JobTime(13.5, EPYC_BF16, "2026-12-06"),),
+    "starpo_selfplay.py --game kuhn-poker": (JobTime(6.9, EPYC_BF16, "2026-12-07"),),
     "starpo_tools.py": (JobTime(19.0, AVX2, "2026-11-28"),),
     "tune_sokoban.py": (JobTime(19.4, AVX2, "2026-11-28"),),
     "generalization.py": (JobTime(44.8, AVX2, "2026-11-28"),),

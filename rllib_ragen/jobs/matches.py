@@ -11,8 +11,8 @@ seed. Greedy play would repeat one game per seat: the opening is the same empty 
 same games (seeds, seats, sampling seed) and pairs each game's score for the agent (1 a win, 0 a draw, -1 a loss)
 with :func:`~rllib_ragen.jobs.paired_stats.paired_comparison`.
 
-In Kuhn poker :func:`kuhn_strategy` reads a policy's strategy from its play against itself, and how exploitable it
-is (:func:`rllib_ragen.envs.kuhn_poker.strategy_from_play`).
+In Kuhn poker :func:`kuhn_strategy` reads a policy's strategy from its play against the random player, and how
+exploitable it is (:func:`rllib_ragen.envs.kuhn_poker.strategy_from_play`).
 
 Example::
 
@@ -26,7 +26,7 @@ from typing import Sequence
 
 from .. import metrics as M
 from ..envs.multi_agent import OTHER_SEATS_OUTCOME
-from ..starpo.game_matches import MATCH_SEED_START, play_against
+from ..starpo.game_matches import MATCH_SEED_START, play_against, play_one_seat
 from .paired_stats import paired_comparison
 
 __all__ = [
@@ -67,17 +67,20 @@ def paired_matches(config, before: str, after: str, opponent: str, games: int = 
 
 
 def kuhn_strategy(config, policy: str, hands: int = 1024, *, device: str = "cpu") -> dict:
-    """``policy`` (a model folder) in both seats of ``hands`` Kuhn poker hands against itself, sampled as in
-    :func:`play_against`: the strategy its moves show at each decision point, and that strategy's exploitability
-    (:func:`rllib_ragen.envs.kuhn_poker.strategy_from_play`; 0 at an equilibrium, in chips a hand)."""
+    """``policy`` (a model folder) in one seat of ``hands`` Kuhn poker hands (the first on even seeds) against the
+    random player, sampled as in :func:`play_against`: the strategy its moves show at each decision point, and that
+    strategy's exploitability (:func:`rllib_ragen.envs.kuhn_poker.strategy_from_play`; 0 at an equilibrium, in chips
+    a hand). Against the random player every decision point comes up (it bets and checks), which play against itself
+    would not: a policy that never bets never meets a bet there. Each reply reads only the view of its decision point
+    under a single-turn window, so the opponent changes which points come up, not what the policy does at them."""
     from ..envs.kuhn_poker import strategy_from_play
 
     decisions = [
         (key.split("\n", 1)[1], actions[0] if actions else "")
-        for t in play_against(config, policy, policy, hands, device=device)
+        for t in play_one_seat(config, policy, "random", hands, device=device)
         for key, actions in zip(t.turn_states, t.turn_actions, strict=True)
     ]
-    return {"hands": hands, **strategy_from_play(decisions)}
+    return {"hands": hands, "opponent": "random", **strategy_from_play(decisions)}
 
 
 MATCHES_FILE = "matches_vs_warm_start.json"
@@ -96,8 +99,9 @@ def against_warm_start(trial: str, games: int = 256, *, device: str = "cpu") -> 
 
 def kuhn_strategy_of_trial(trial: str, hands: int = 2048, *, device: str = "cpu") -> dict:
     """A finished Kuhn poker trial's warm start and exported ``policy/``, each read as a strategy from ``hands``
-    hands against itself (:func:`kuhn_strategy`), with its exploitability. Written to ``<trial>/kuhn_strategy.json``
-    unless a file is there already (the run's record stays; the figures are returned only)."""
+    hands against the random player (:func:`kuhn_strategy`), with its exploitability. Written to
+    ``<trial>/kuhn_strategy.json`` unless a file is there already (the run's record stays; the figures are returned
+    only)."""
     config, warm_start, policy = _trial_policies(trial)
     result = {
         "warm_start": kuhn_strategy(config, warm_start, hands, device=device),

@@ -3,7 +3,8 @@
 import torch
 
 from rllib_ragen import StarPOConfig
-from rllib_ragen.jobs.matches import kuhn_strategy, match_outcomes, paired_matches, play_against
+from rllib_ragen.envs.kuhn_poker import DECISIONS, decision_views
+from rllib_ragen.jobs.matches import kuhn_strategy, match_outcomes, paired_matches, play_against, play_one_seat
 from rllib_ragen.rollout.models import load_policy
 
 
@@ -47,13 +48,21 @@ def test_the_agent_takes_the_seed_s_seat_and_a_policy_paired_with_itself_changes
 
 def test_a_policy_s_kuhn_strategy_counts_every_decision_it_made(tmp_path):
     # The untrained tiny model seldom names a legal move: each hand's decisions are read at the point the seat was
-    # shown, a hand forfeited at its first decision counted as no move there.
+    # shown, a hand forfeited at its first decision counted as no move there. The seat is the seed's.
     torch.set_num_threads(1)
     policy = _tiny_policy(tmp_path / "a", 0)
     config = _config().environment("rllib_ragen/KuhnPoker-v0").training(max_turns=2, max_actions_per_episode=2)
-    played = play_against(config, policy, policy, 8)
+    played = play_one_seat(config, policy, "random", 8)
+    assert [t.seed % 2 for t in played] == [0, 1] * 4 and len({t.seed for t in played}) == 8
+    assert all(t.turn_states[0].startswith(("first\n", "second\n")[t.seed % 2]) for t in played)
     read = kuhn_strategy(config, policy, 8)
-    turns = [actions for t in played for actions in t.turn_actions]
-    assert sum(sum(c.values()) for c in read["counts"].values()) == len(turns) >= 8
-    assert read["no_move_rate"] == sum(not a for a in turns) / len(turns)
-    assert sum(c["none"] for c in read["counts"].values()) == sum(not a for a in turns)
+    views = decision_views()
+    decisions = [
+        (views[key.split("\n", 1)[1]][1], actions)
+        for t in played
+        for key, actions in zip(t.turn_states, t.turn_actions)
+    ]
+    no_move = [not actions or actions[0] not in DECISIONS[point[1]][1] for point, actions in decisions]
+    assert sum(sum(c.values()) for c in read["counts"].values()) == len(decisions) >= 8
+    assert sum(c["none"] for c in read["counts"].values()) == sum(no_move)
+    assert read["no_move_rate"] == sum(no_move) / len(decisions)
