@@ -280,6 +280,26 @@ def tiny_tokenizer():
     return load_policy("tiny", seed=0)[1]
 
 
+def _scripted_rollout(tokenizer, policy, env: str, opponent: str, turns: int, seeds: int, group_size: int = 1):
+    """``policy`` (a demonstrator) playing one seat of ``env`` against ``opponent`` through the engine, ``seeds``
+    groups of ``group_size``, at most ``turns`` moves; (trajectories, metrics)."""
+    from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
+    from rllib_ragen.rollout.engine import RolloutEngine
+    from rllib_ragen.rollout.rollout_config import RolloutConfig
+
+    config = RolloutConfig(
+        env=env,
+        env_config={"opponent": opponent},
+        enable_thinking=False,
+        max_turns=turns,
+        max_actions_per_episode=turns,
+    )
+    backend = ScriptedBackend(policy, tokenizer)
+    return RolloutEngine(config, backend, tokenizer).rollout(
+        list(range(seeds)), group_size=group_size, sampling=SamplingParams()
+    )
+
+
 def test_a_seat_against_scripted_opponents_is_a_text_env():
     from rllib_ragen.envs import TRANSITION_SEED, make_text_env
 
@@ -308,21 +328,11 @@ def test_a_seat_against_scripted_opponents_is_a_text_env():
 
 def test_minimax_demonstrator_through_the_engine(tiny_tokenizer):
     from rllib_ragen.demonstrators import tic_tac_toe_minimax_policy
-    from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
-    from rllib_ragen.rollout.engine import RolloutEngine
-    from rllib_ragen.rollout.rollout_config import RolloutConfig
 
     for opponent, outcomes in [("minimax", {0.0}), ("random", {0.0, 1.0})]:
-        config = RolloutConfig(
-            env="rllib_ragen/TicTacToe-v0",
-            env_config={"opponent": opponent},
-            enable_thinking=False,
-            max_turns=5,
-            max_actions_per_episode=5,
-        )
-        backend = ScriptedBackend(tic_tac_toe_minimax_policy(), tiny_tokenizer)
-        trajectories, metrics = RolloutEngine(config, backend, tiny_tokenizer).rollout(
-            list(range(16)), group_size=2, sampling=SamplingParams()
+        policy = tic_tac_toe_minimax_policy()
+        trajectories, metrics = _scripted_rollout(
+            tiny_tokenizer, policy, "rllib_ragen/TicTacToe-v0", opponent, 5, 16, group_size=2
         )
         assert len(trajectories) == 32 and metrics["rollout/format_error_rate"] == 0.0
         assert {sum(t.turn_rewards) for t in trajectories} <= outcomes  # perfect play never loses
@@ -333,21 +343,9 @@ def test_minimax_demonstrator_through_the_engine(tiny_tokenizer):
 
 def test_random_demonstrator_plays_only_legal_moves(tiny_tokenizer):
     from rllib_ragen.demonstrators import tic_tac_toe_random_policy
-    from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
-    from rllib_ragen.rollout.engine import RolloutEngine
-    from rllib_ragen.rollout.rollout_config import RolloutConfig
 
-    config = RolloutConfig(
-        env="rllib_ragen/TicTacToe-v0",
-        env_config={"opponent": "random"},
-        enable_thinking=False,
-        max_turns=5,
-        max_actions_per_episode=5,
-    )
-    backend = ScriptedBackend(tic_tac_toe_random_policy(), tiny_tokenizer)
-    trajectories, metrics = RolloutEngine(config, backend, tiny_tokenizer).rollout(
-        list(range(32)), group_size=1, sampling=SamplingParams()
-    )
+    policy = tic_tac_toe_random_policy()
+    trajectories, metrics = _scripted_rollout(tiny_tokenizer, policy, "rllib_ragen/TicTacToe-v0", "random", 5, 32)
     assert metrics["rollout/format_error_rate"] == 0.0
     assert metrics["rollout/effective_action_rate"] == 1.0  # never an occupied cell: no forfeit
     assert {sum(t.turn_rewards) for t in trajectories} == {-1.0, 0.0, 1.0}  # no strategy: wins, draws and losses
@@ -380,22 +378,11 @@ def test_kuhn_demonstrators_play_their_strategy_through_the_engine(tiny_tokenize
     # 1/2 at every point they reach).
     from rllib_ragen.demonstrators import kuhn_poker_random_policy, kuhn_poker_strategy_policy
     from rllib_ragen.envs.kuhn_poker import equilibrium_strategy
-    from rllib_ragen.rollout.backends import SamplingParams, ScriptedBackend
-    from rllib_ragen.rollout.engine import RolloutEngine
-    from rllib_ragen.rollout.rollout_config import RolloutConfig
 
-    config = RolloutConfig(
-        env="rllib_ragen/KuhnPoker-v0",
-        env_config={"opponent": "equilibrium"},
-        enable_thinking=False,
-        max_turns=2,
-        max_actions_per_episode=2,
-    )
     equilibrium = {f"{card} first": float(equilibrium_strategy()[(card, ())]) for card in CARDS}
     for policy, expected in [(kuhn_poker_strategy_policy(), equilibrium), (kuhn_poker_random_policy(), None)]:
-        backend = ScriptedBackend(policy, tiny_tokenizer)
-        trajectories, metrics = RolloutEngine(config, backend, tiny_tokenizer).rollout(
-            list(range(400)), group_size=2, sampling=SamplingParams()
+        trajectories, metrics = _scripted_rollout(
+            tiny_tokenizer, policy, "rllib_ragen/KuhnPoker-v0", "equilibrium", 2, 400, group_size=2
         )
         assert metrics["rollout/format_error_rate"] == 0.0 and all(
             t.num_effective == t.num_actions for t in trajectories
