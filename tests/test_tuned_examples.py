@@ -518,7 +518,7 @@ def test_the_smollm2_cpu_preset_brings_smollm2_with_lora_a_short_warm_start_and_
         config.validation_interval,
         config.max_concurrent_episodes,
     ) == (8, 4, 1, 256, 0, 64)
-    assert config.model_config["activation_checkpointing"] is True
+    assert config.model_config["activation_checkpointing"] is False
     assert (config.rollout_dtype, config.autocast_dtype, config.num_gpus_per_learner) == (native, native, 0)
     assert (
         job.iterations,
@@ -528,7 +528,7 @@ def test_the_smollm2_cpu_preset_brings_smollm2_with_lora_a_short_warm_start_and_
         job.warm_start_activation_checkpointing,
         job.warm_start_freeze_embeddings,
         job.warm_start_precision,
-    ) == (80, 30.0, 75, 2, True, True, native or "float32")
+    ) == (40, 0.0, 75, 2, True, True, native or "float32")
     # every weight but the embeddings: adapters read the map worse
     assert (job.warm_start_lora_rank, job.warm_start_lr) == (0, 1e-4)
     # The job's own settings stay: its lake, its filter, one move per turn.
@@ -1060,7 +1060,8 @@ def test_the_smollm2_cpu_preset_runs_one_iteration_and_exports_a_policy_evaluate
     printed = capsys.readouterr().out
     trial = pathlib.Path(summary["run_dir"])
     assert summary["iterations"] == 1 and summary["validated_at"] == [0, 1] and summary["validation_episodes"] == 2
-    assert "each trial ends within 30 min of training" in printed and "sampling in" in printed
+    # The preset runs a number of iterations on every machine, not a time budget.
+    assert "each trial ends within" not in printed and "sampling in" in printed
     exported = json.loads((trial / "policy" / "config.json").read_text())
     assert exported["num_hidden_layers"] == 30 and not (trial / "policy" / "adapter_config.json").exists()
     evaluate([str(trial / "policy"), "--states", "2"])

@@ -42,13 +42,12 @@ GPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
 # teaches the reply format (SmolLM2 already reads text), every weight but the tied embeddings trained (LoRA adapters at
 # rank 16 and lr 1e-3 left SmolLM2 weaker and RL did not lift it: the FrozenLake results page), in bfloat16 where the
 # CPU computes it natively, each layer re-run in the backward pass (the same weights in less memory), two rows a pass
-# (with the embeddings fixed, the job's driver then stays within 4 GB: the Benchmarks page), and a trial that ends
-# within 30 minutes of training, so that a seed's whole run stays within 45 minutes on 2 cores (the Xeon; 59 on an EPYC
-# without AMX); the iterations are a cap the budget may meet first.
+# (with the embeddings fixed, the job's driver then stays within 4 GB: the Benchmarks page), and 40 iterations on
+# every machine: a time budget bought 35-44 on the Xeon with AMX and 16-18 on an EPYC without it, and the seeds that
+# learned most had 35 or more (the FrozenLake results page).
 CPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
     "smollm2-cpu": {
-        "iterations": 80,
-        "max_minutes": 30.0,
+        "iterations": 40,
         "warm_start_steps": 75,
         "warm_start_episodes": 1200,
         "warm_start_lr": 1e-4,
