@@ -142,10 +142,10 @@ if __name__ == "__main__":
     # The third opponent, a model: the trained policy and its warm start each against the warm start, paired.
     for trial in summary.get("trials", {"": summary}).values():
         if match_games:
-            matches = against_warm_start(trial["run_dir"], games=match_games)
+            matches = against_warm_start(trial["run_dir"], games=match_games, allow_imports=True)  # its own run
             print(f"against its warm start ({trial['run_dir']}): score {matches['paired']['describe']}", flush=True)
         if config.env == KUHN:  # how exploitable each policy's strategy is, read from its own play
-            read = kuhn_strategy_of_trial(trial["run_dir"], hands=STRATEGY_HANDS)
+            read = kuhn_strategy_of_trial(trial["run_dir"], hands=STRATEGY_HANDS, allow_imports=True)
             print(
                 f"exploitability ({trial['run_dir']}, chips a hand, 0 at an equilibrium): warm start "
                 f"{read['warm_start']['exploitability']:.3f} -> trained {read['trained']['exploitability']:.3f}",

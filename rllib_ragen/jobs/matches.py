@@ -87,22 +87,23 @@ MATCHES_FILE = "matches_vs_warm_start.json"
 STRATEGY_FILE = "kuhn_strategy.json"
 
 
-def against_warm_start(trial: str, games: int = 256, *, device: str = "cpu") -> dict:
+def against_warm_start(trial: str, games: int = 256, *, device: str = "cpu", allow_imports: bool = False) -> dict:
     """A finished trial's exported ``policy/`` and its warm start (the model its settings name), each against the
     warm start on the same ``games`` games: the self-play job's third opponent, beside validation's scripted ones.
     Written to ``<trial>/matches_vs_warm_start.json``; a file already there is the run's record and stays: the
-    figures are returned only."""
-    config, warm_start, policy = _trial_policies(trial)
+    figures are returned only. ``allow_imports``: a run folder whose settings name an import path is refused unless
+    it is a run you trust (:func:`rllib_ragen.jobs.readers.trial_config`)."""
+    config, warm_start, policy = _trial_policies(trial, allow_imports)
     result = {"opponent": warm_start, **paired_matches(config, warm_start, policy, warm_start, games, device=device)}
     return _recorded(trial, MATCHES_FILE, result)
 
 
-def kuhn_strategy_of_trial(trial: str, hands: int = 2048, *, device: str = "cpu") -> dict:
+def kuhn_strategy_of_trial(trial: str, hands: int = 2048, *, device: str = "cpu", allow_imports: bool = False) -> dict:
     """A finished Kuhn poker trial's warm start and exported ``policy/``, each read as a strategy from ``hands``
     hands against the random player (:func:`kuhn_strategy`), with its exploitability. Written to
     ``<trial>/kuhn_strategy.json`` unless a file is there already (the run's record stays; the figures are returned
-    only)."""
-    config, warm_start, policy = _trial_policies(trial)
+    only). ``allow_imports``: as :func:`against_warm_start`'s."""
+    config, warm_start, policy = _trial_policies(trial, allow_imports)
     result = {
         "warm_start": kuhn_strategy(config, warm_start, hands, device=device),
         "trained": kuhn_strategy(config, policy, hands, device=device),
@@ -110,15 +111,15 @@ def kuhn_strategy_of_trial(trial: str, hands: int = 2048, *, device: str = "cpu"
     return _recorded(trial, STRATEGY_FILE, result)
 
 
-def _trial_policies(trial: str) -> tuple:
-    """A finished trial's config (the job's own: its settings may name the job's classes), the warm start its
-    settings name, and its exported policy's folder."""
+def _trial_policies(trial: str, allow_imports: bool) -> tuple:
+    """A finished trial's config (read as data unless ``allow_imports``), the warm start its settings name, and its
+    exported policy's folder."""
     import pathlib
 
     from .outputs import POLICY
     from .readers import trial_config
 
-    config = trial_config(pathlib.Path(trial), allow_imports=True)
+    config = trial_config(pathlib.Path(trial), allow_imports)
     return config, str(config.model_config["model"]), str(pathlib.Path(trial) / POLICY)
 
 

@@ -201,3 +201,20 @@ def test_the_import_paths_of_a_trusted_run_are_read_when_allowed(tmp_path):
     trial = _policy_and_trial(tmp_path, {"env_config": {"environment": "evil_mod:E"}})
     config = readers.trial_config(trial, allow_imports=True)
     assert config.env_config == {"environment": "evil_mod:E"}  # read; importing waits for the environment's build
+
+
+@pytest.mark.parametrize("reader", ["against_warm_start", "kuhn_strategy_of_trial"])
+def test_the_self_play_readers_refuse_a_run_folder_that_names_an_import_path(tmp_path, reader):
+    """The match and strategy readers open a run folder someone may have sent: its settings are data, as for
+    ``evaluate``, and nothing is played or written."""
+    from rllib_ragen.jobs import matches
+
+    trial = _policy_and_trial(tmp_path, {"env_config": {"environment": "evil_mod:E"}})
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(readers.RunFolderImportError, match="evil_mod:E.*--allow-run-imports"):
+            getattr(matches, reader)(str(trial))
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert "evil_mod" not in sys.modules and not (tmp_path / "imported").exists()
+    assert sorted(p.name for p in trial.iterdir()) == ["params.json", "policy"]
