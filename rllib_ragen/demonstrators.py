@@ -294,9 +294,8 @@ def tic_tac_toe_random_policy(enable_thinking: bool = False, seed: int = 0):
     return policy
 
 
-def _kuhn_decision(prompt: str) -> tuple[str, tuple[str, tuple[str, ...]]]:
-    """The seat and decision point of the last Kuhn poker view the prompt shows (``decision_views``' texts)."""
-    views = decision_views()
+def _kuhn_decision(prompt: str, views: dict) -> tuple[str, tuple[str, tuple[str, ...]]]:
+    """The seat and decision point of the last Kuhn poker view the prompt shows (of ``views``: ``decision_views()``)."""
     last = max(views, key=prompt.rfind)
     if prompt.rfind(last) < 0:
         raise ValueError("the prompt shows no Kuhn poker decision ('Your card: ...' up to 'Your move: ...').")
@@ -310,10 +309,10 @@ def kuhn_poker_strategy_policy(strategy=None, enable_thinking: bool = False, see
     draw seeded by the prompt would give a pure strategy: a hand has 12 views); the same calls in the same order give
     the same moves. ``strategy=dict.fromkeys(..., 0.5)`` (:func:`kuhn_poker_random_policy`) demonstrates the rules."""
     strategy = equilibrium_strategy() if strategy is None else strategy
-    rng = random.Random(seed)
+    rng, views = random.Random(seed), decision_views()  # the views once: a warm start asks for thousands of moves
 
     def policy(prompt: str) -> str:
-        _, point = _kuhn_decision(prompt)
+        _, point = _kuhn_decision(prompt, views)
         passive, aggressive = KUHN_DECISIONS[point[1]][1]
         move = aggressive if rng.random() < float(strategy[point]) else passive
         return _reply([move], "A legal move.", enable_thinking)
