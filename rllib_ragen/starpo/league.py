@@ -43,6 +43,11 @@ class League:
     def name(iteration: int) -> str:
         return f"snapshot_{iteration}"
 
+    @staticmethod
+    def iteration(name: str) -> int:
+        """The iteration of snapshot ``name`` (:meth:`name`'s inverse)."""
+        return int(name.rpartition("_")[2])
+
     def add(self, iteration: int, policy: dict[str, torch.Tensor]) -> None:
         """Freeze ``policy`` (the learner's tensors, cloned here) as the snapshot of ``iteration``; the oldest
         snapshot leaves once more than ``size`` are held."""

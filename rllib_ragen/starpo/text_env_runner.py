@@ -31,7 +31,7 @@ from ..envs.games import make_game
 from ..rollout.seats import DEFAULT_POLICY, play_games
 from ..rollout.trajectory import Start, Trajectory
 from .inference_engines import make_backend
-from .league import learner_seat
+from .league import League, learner_seat
 from .llm_rl_module import PLACEHOLDER_SPACE
 from .weight_sync import share_or_copy
 
@@ -171,15 +171,18 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         )
 
     def _snapshot_backends(self, league: dict[str, dict[str, torch.Tensor]]) -> dict:
-        """A sampler for each of ``league``'s snapshots: a copy of this runner's policy holding the snapshot's
-        weights, kept while the league holds it (snapshots never change)."""
-        self._snapshots = {name: backend for name, backend in self._snapshots.items() if name in league}
+        """A sampler for each of ``league``'s snapshots (those drawn this rollout): a copy of this runner's policy
+        holding the snapshot's weights. Snapshots never change, so each is built once and kept while it may still be
+        drawn: the newest ``league_size`` this runner has seen, the league's own rule (one not drawn this rollout is
+        not rebuilt when drawn again)."""
         for name in league:
             if name not in self._snapshots:
                 frozen = copy.deepcopy(self.module.policy).requires_grad_(False)
                 share_or_copy(league[name], frozen, share=False)
                 self._snapshots[name] = make_backend("hf", frozen, self.tokenizer, self.config)
-        return self._snapshots
+        newest = sorted(self._snapshots, key=League.iteration)[-self.config.league_size :]
+        self._snapshots = {name: self._snapshots[name] for name in newest}
+        return {name: self._snapshots[name] for name in league}
 
     @override(EnvRunner)
     def get_metrics(self) -> dict[str, float]:

@@ -173,6 +173,13 @@ def test_a_league_plays_frozen_snapshots_and_trains_the_learner_only(ray_session
             assert any(not torch.equal(v, warm_start[k]) for k, v in algo.policy_weights().items())
             for name, sampler in algo.env_runner._snapshots.items():  # what the runner plays them with
                 assert all(torch.equal(v, league.snapshots[name][k]) for k, v in sampler.model.state_dict().items())
+            # A snapshot not drawn in one rollout keeps its sampler for the next; past league_size the oldest leaves.
+            runner, snapshot = algo.env_runner, league.snapshots
+            first = runner._snapshot_backends({"snapshot_0": snapshot["snapshot_0"]})["snapshot_0"]
+            assert list(runner._snapshot_backends({"snapshot_1": snapshot["snapshot_1"]})) == ["snapshot_1"]
+            assert runner._snapshot_backends({"snapshot_0": snapshot["snapshot_0"]})["snapshot_0"] is first
+            runner._snapshot_backends({"snapshot_2": snapshot["snapshot_1"]})
+            assert sorted(runner._snapshots) == ["snapshot_1", "snapshot_2"]
             # Iteration 1's groups: self-play (both seats trained) or the learner in its seed's seat against a snapshot
             # (the snapshot's seat played, not trained). Seat a always wins: the league's win rate is the share of those
             # games the learner played as a.
