@@ -42,9 +42,9 @@ GPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
 # teaches the reply format (SmolLM2 already reads text), every weight but the tied embeddings trained (LoRA adapters at
 # rank 16 and lr 1e-3 left SmolLM2 weaker and RL did not lift it: the FrozenLake results page), in bfloat16 where the
 # CPU computes it natively, each layer re-run in the backward pass (the same weights in less memory), two rows a pass
-# (with the embeddings fixed, the job's driver then stays within 4 GB: the Benchmarks page), and 40 iterations on
-# every machine: a time budget bought 35-44 on the Xeon with AMX and 16-18 on an EPYC without it, and the seeds that
-# learned most had 35 or more (the FrozenLake results page).
+# (with the embeddings fixed, the job's driver then stays within 4 GB: the Benchmarks page), and a number of
+# iterations, the same on every machine: a time budget held far fewer on a CPU without AMX, and the seeds that learned
+# had more (the FrozenLake results page).
 CPU_PRESET_JOBS: dict[str, dict[str, Any]] = {
     "smollm2-cpu": {
         "iterations": 40,

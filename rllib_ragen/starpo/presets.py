@@ -66,9 +66,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 # update); sampling and the learner's passes in bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX), with
 # the frozen weights stored in it (the same products, no float32 copy), else in float32 (emulated bfloat16 is several
 # times slower than float32: docs/benchmarks.md). The learner's memory is one row's activations: micro-batches of one
-# row (re-running each decoder layer in the backward pass saved 0.7 GiB and cost the update 1.45x on a 2-core EPYC:
-# docs/benchmarks.md; it stays a model setting). 256 validation states before and after RL, played 64 at a time
-# (a wave's KV caches). What each setting saves and costs: docs/benchmarks.md.
+# row, no layer re-run in the backward pass (a model setting). 256 validation states before and after RL, played 64 at
+# a time (a wave's KV caches). What each setting saves and costs: docs/benchmarks.md.
 _BFLOAT16 = "bfloat16" if cpu_computes_bfloat16() else None
 PRESETS["smollm2-cpu"] = {
     "training": {
