@@ -164,17 +164,37 @@ def _decode_attention(module, query, key, value, attention_mask, scaling=None, d
         )
     groups = key.shape[1]
     q = query.reshape(batch, groups, heads // groups, dim)
-    scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim**-0.5)
-    if attention_mask is not None:  # (B, 1, 1, filled): the one query's row; slots past it are empty
-        mask = attention_mask[:, :, -1:, :]
-        empty = key.shape[2] - mask.shape[-1]
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~torch.nn.functional.pad(mask, (0, empty), value=False), float("-inf"))
-        else:
-            scores = scores + torch.nn.functional.pad(mask, (0, empty), value=float("-inf"))
+    scores = torch.matmul(q, key.transpose(-1, -2)).float().mul_(scaling if scaling is not None else dim**-0.5)
+    if attention_mask is not None:
+        scores.add_(slot_bias(attention_mask, key.shape[2]))
     probs = torch.softmax(scores, -1).to(value.dtype)
     out = torch.matmul(probs, value)  # (B, KVH, G, D)
     return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
+
+
+# The last decode step's mask and its bias: transformers hands every layer of one forward pass the same mask tensor,
+# so the first layer builds the bias and the other layers add it (kept with a reference to the mask, whose identity is
+# the key: a later pass's new mask cannot be taken for it).
+_last_bias: tuple = (None, None)
+
+
+def slot_bias(attention_mask: torch.Tensor, slots: int) -> torch.Tensor:
+    """(B, 1, 1, slots) float32 additive mask of a decode step's one query over a cache buffer of ``slots``: 0 where
+    SDPA's mask (boolean, True to attend, or additive; (B, 1, q, filled)) lets its last query attend, -inf where it
+    does not and over the empty slots past the filled ones."""
+    global _last_bias
+    seen, bias = _last_bias
+    if seen is attention_mask and bias.shape[-1] == slots:
+        return bias
+    row = attention_mask[:, :, -1:, :]
+    empty = slots - row.shape[-1]
+    if row.dtype == torch.bool:
+        attend = torch.nn.functional.pad(row, (0, empty), value=False)
+        bias = torch.zeros(attend.shape, dtype=torch.float32, device=row.device).masked_fill_(~attend, float("-inf"))
+    else:
+        bias = torch.nn.functional.pad(row.float(), (0, empty), value=float("-inf"))
+    _last_bias = (attention_mask, bias)
+    return bias
 
 
 @functools.cache

@@ -198,6 +198,40 @@ def test_a_decode_step_may_read_the_whole_buffer_whose_empty_slots_hold_zeros():
     assert torch.equal(keys[..., :6, :], torch.cat([k, step], -2)) and not keys[..., 6:, :].any()
 
 
+BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}  # bfloat16 keeps 8 bits of mantissa; the products round apart
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("additive", [False, True])
+def test_decode_attention_over_the_whole_buffer_is_sdpas_over_the_filled_part(dtype, additive):
+    from rllib_ragen.rollout.kv_cache import _decode_attention, slot_bias
+
+    generator = torch.Generator().manual_seed(0)
+    batch, heads, kv_heads, dim, filled, slots = 3, 6, 2, 8, 5, 9
+    query = torch.randn(batch, heads, 1, dim, generator=generator).to(dtype)
+    keys, values = (torch.randn(batch, kv_heads, slots, dim, generator=generator).to(dtype) for _ in range(2))
+    keys[..., filled:, :] = values[..., filled:, :] = 0  # the empty slots
+    attend = torch.ones(batch, 1, 1, filled, dtype=torch.bool)
+    attend[0, ..., :2] = False  # a left-padded row
+    attend[2, ..., 3] = False  # a hole: a row that had stopped
+    mask = torch.zeros(attend.shape).masked_fill(~attend, float("-inf")) if additive else attend
+    got, _ = _decode_attention(None, query, keys, values, mask, scaling=0.3)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query.float(),
+        keys[..., :filled, :].float().repeat_interleave(heads // kv_heads, 1),
+        values[..., :filled, :].float().repeat_interleave(heads // kv_heads, 1),
+        attn_mask=attend,
+        scale=0.3,
+    )
+    assert got.shape == (batch, 1, heads, dim)
+    torch.testing.assert_close(got.float(), expected.transpose(1, 2), **({} if dtype == torch.float32 else BF16_TOL))
+    # Every layer of a pass gets the same mask: its bias is built once; a new mask (the next step's) gets its own.
+    bias = slot_bias(mask, slots)
+    assert slot_bias(mask, slots) is bias
+    assert torch.equal(bias[0, 0, 0], torch.tensor([float("-inf")] * 2 + [0.0] * 3 + [float("-inf")] * 4))
+    assert slot_bias(mask.clone(), slots) is not bias
+
+
 def test_rollouts_are_the_same_with_hugging_faces_own_cache(tiny, monkeypatch):
     from transformers import DynamicCache
 
