@@ -19,6 +19,10 @@ RSS, and the machine record the trials keep. Where vLLM is installed (the ``vllm
 the same batch is printed beside ours.
 
     python benchmarks/cpu.py [--threads 2] [--dtypes auto|float32|bfloat16|float32,bfloat16] [--repeats 3]
+                             [--phases sampling,update]
+
+``--phases sampling`` measures the prefill and decode alone (about 5 minutes a dtype on 2 cores, against about 10
+more for the updates), in a process no update has run in.
 """
 
 from __future__ import annotations
@@ -276,8 +280,14 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, default=8, help="rows per micro-batch of the updates")
+    parser.add_argument(
+        "--phases", default="sampling,update", help="sampling (prefill and decode), update, or both (comma-separated)"
+    )
     parser.add_argument("--output", default=None, help="write the figures as JSON")
     args = parser.parse_args()
+    phases = set(args.phases.split(","))
+    if not phases or phases - {"sampling", "update"}:
+        parser.error(f"--phases {args.phases!r}: choose sampling, update or sampling,update")
     torch.set_num_threads(args.threads)
     native_bf16 = not emulated_bfloat16(torch.device("cpu"))
     dtypes = (
@@ -335,32 +345,37 @@ def main() -> None:
         return phase_flops * rate / fastest[limit_phase]
 
     for dtype in dtypes:
-        policy, _ = load_policy(SMOLLM2, dtype=getattr(torch, dtype))
-        results = {}
-        for batch in (16, 64):
-            rates = decode_rates(policy, tokenizer, batch, args.prompt_tokens, args.new_tokens, args.repeats)
-            results[f"decode{batch}"] = rates["decode"]
-            results[f"hf_decode{batch}"] = rates["hf_decode"]
-            if batch == 16:
-                results["prefill"] = rates["prefill"]
-            print(f"  ({dtype} batch {batch}: {rates}, peak RSS {_peak_rss_gib():.2f} GiB)", flush=True)
-        del policy
-        for name, lora in (("update_full", None), ("update_lora", {"r": 16})):
-            results[name] = learner_rate(config, columns, dtype, lora, args.repeats, args.micro_batch)
-            print(f"  ({dtype} {name}: {results[name]:.1f} tokens/s, peak RSS {_peak_rss_gib():.2f} GiB)", flush=True)
-        results["bare_full"] = bare_rate(columns, dtype, args.repeats, args.micro_batch)
+        results, lines = {}, []
+        if "sampling" in phases:
+            policy, _ = load_policy(SMOLLM2, dtype=getattr(torch, dtype))
+            for batch in (16, 64):
+                rates = decode_rates(policy, tokenizer, batch, args.prompt_tokens, args.new_tokens, args.repeats)
+                results[f"decode{batch}"] = rates["decode"]
+                results[f"hf_decode{batch}"] = rates["hf_decode"]
+                if batch == 16:
+                    results["prefill"] = rates["prefill"]
+                print(f"  ({dtype} batch {batch}: {rates}, peak RSS {_peak_rss_gib():.2f} GiB)", flush=True)
+            del policy
+            lines += [
+                ("prefill, batch 16", results["prefill"], flops["prefill"], "prefill"),
+                ("decode, batch 16", results["decode16"], flops["decode"], "decode16"),
+                ("  HF generate, batch 16", results["hf_decode16"], flops["decode"], "decode16"),
+                ("decode, batch 64", results["decode64"], flops["decode"], "decode64"),
+                ("  HF generate, batch 64", results["hf_decode64"], flops["decode"], "decode64"),
+            ]
+        if "update" in phases:
+            for name, lora in (("update_full", None), ("update_lora", {"r": 16})):
+                results[name] = learner_rate(config, columns, dtype, lora, args.repeats, args.micro_batch)
+                rss = _peak_rss_gib()
+                print(f"  ({dtype} {name}: {results[name]:.1f} tokens/s, peak RSS {rss:.2f} GiB)", flush=True)
+            results["bare_full"] = bare_rate(columns, dtype, args.repeats, args.micro_batch)
+            lora_flops = 2 / 3 * flops["full"]  # no weight gradients: forward, and the input gradients
+            lines += [
+                ("update, full (StarPO learner)", results["update_full"], flops["full"], "update"),
+                ("  bare PyTorch step, full", results["bare_full"], flops["full"], "update"),
+                ("update, LoRA r=16 (StarPO learner)", results["update_lora"], lora_flops, "update"),
+            ]
         figures["phases"][dtype] = results
-        lora_flops = 2 / 3 * flops["full"]  # no weight gradients: forward, and the input gradients
-        lines = [
-            ("prefill, batch 16", results["prefill"], flops["prefill"], "prefill"),
-            ("decode, batch 16", results["decode16"], flops["decode"], "decode16"),
-            ("  HF generate, batch 16", results["hf_decode16"], flops["decode"], "decode16"),
-            ("decode, batch 64", results["decode64"], flops["decode"], "decode64"),
-            ("  HF generate, batch 64", results["hf_decode64"], flops["decode"], "decode64"),
-            ("update, full (StarPO learner)", results["update_full"], flops["full"], "update"),
-            ("  bare PyTorch step, full", results["bare_full"], flops["full"], "update"),
-            ("update, LoRA r=16 (StarPO learner)", results["update_lora"], lora_flops, "update"),
-        ]
         print(
             f"\n{dtype}: tokens/s and share of the limit (the fastest native dtype's matmul rate at the phase's rows)"
         )
