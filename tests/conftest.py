@@ -25,6 +25,23 @@ def ray_session():
 
 
 @pytest.fixture
+def forget_registration():
+    """Call it with an id the test registers: the id is unregistered after the test. A documented block that defines
+    and registers a class (the custom environment of the README and the Environments page) runs in more than one
+    test, and each run defines a new class, which the registry rightly refuses under the same id."""
+    import gymnasium as gym
+
+    from rllib_ragen import envs
+
+    ids: list[str] = []
+    yield ids.append
+    for env_id in ids:
+        gym.registry.pop(env_id, None)
+        if env_id in envs._TEXT_ENV_IDS:
+            envs._TEXT_ENV_IDS.remove(env_id)
+
+
+@pytest.fixture
 def small_config():
     return make_small_config
 

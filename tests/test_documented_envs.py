@@ -74,7 +74,8 @@ def run_block(name: str, namespace: dict | None = None) -> dict:
     return namespace
 
 
-def test_the_custom_environment_trains_registered_as_a_class(ray_session):
+def test_the_custom_environment_trains_registered_as_a_class(ray_session, forget_registration):
+    forget_registration("my_project/Countdown-v0")
     run_block("custom-env")  # registers my_project/Countdown-v0 with the class object, as the page does
     train_one_iteration(StarPOConfig().environment("my_project/Countdown-v0"))
 

@@ -41,7 +41,8 @@ def _python_block_after(name: str) -> str:
     return code
 
 
-def test_custom_environment_example_runs_and_is_short():
+def test_custom_environment_example_runs_and_is_short(forget_registration):
+    forget_registration("my_project/Countdown-v0")
     code = _python_block_after("custom-env")  # the README's and the Environments page's, the same
     assert len(code.strip().splitlines()) < 40
     out = io.StringIO()
