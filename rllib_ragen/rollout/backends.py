@@ -17,7 +17,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from .kv_cache import PrefixCache, new_cache, register_decode_attention, take_row
+from .kv_cache import CPU_DECODE_ATTENTION, PrefixCache, new_cache, register_decode_attention, reserve, take_row
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,9 @@ class HFBackend:
             decode = "static" if self.device.type == "cuda" and static_fits else "growing"
         self.decode = decode
         self.cuda_graphs = decode == "static" and self.device.type == "cuda"
-        self._cpu_attention = (
-            self.device.type == "cpu" and getattr(model.config, "_attn_implementation", None) == "sdpa"
-        )
+        # SDPA, or ours already: a second backend on the same model (an evaluation's beside the sampler's) too.
+        attention = getattr(model.config, "_attn_implementation", None)
+        self._cpu_attention = self.device.type == "cpu" and attention in ("sdpa", CPU_DECODE_ATTENTION)
         if self._cpu_attention:
             model.set_attn_implementation(register_decode_attention())
         # bfloat16 products copy a strided view of the cache; float32 ones read it where it lies, and faster than
@@ -246,11 +246,13 @@ class HFBackend:
         if rows is None:
             previous = None  # its buffers go before the new cache's are filled, not after
             cache, mask, new = new_cache(self.model, self._whole_buffer), None, prompts
+            reserve(cache, max(len(p) for p in new) + max(caps))
         else:
+            new = [p[len(previous.rows[r]) :] for p, r in zip(prompts, rows)]
+            reserve(previous.cache, max(len(n) for n in new) + max(caps))
             index = torch.tensor(rows, device=self.device)
             previous.cache.batch_select_indices(index)
             cache, mask = previous.cache, previous.mask[index]
-            new = [p[len(previous.rows[r]) :] for p, r in zip(prompts, rows)]
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         logits, cache, mask = self._prefill(new, cache, mask)
         state = {"cache": cache, "mask": mask}
@@ -378,7 +380,8 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
     if params.temperature <= 0:
         tokens = logits.argmax(-1)
         return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None]).squeeze(-1)
-    logprobs = torch.log_softmax(logits / params.temperature, -1)
+    # Each full-vocabulary temporary costs a decode step a pass over batch x vocab numbers: none for T = 1.
+    logprobs = torch.log_softmax(logits if params.temperature == 1.0 else logits / params.temperature, -1)
     if not params.top_k and params.top_p >= 1.0:
         tokens = _draw(logprobs.exp(), generator)
         return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
@@ -395,11 +398,11 @@ def _sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Gener
 
 
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row of (batch, vocab) probabilities, by inverse transform: one uniform number a row, found in
-    the row's cumulative sums (a token of probability 0 is never drawn). ``torch.multinomial`` draws an exponential
-    number for every entry instead, which took a large share of a CPU decode step over a 49k-token vocabulary
-    (docs/benchmarks.md, "The CPU's limit")."""
-    cdf = probs.cumsum(-1)
+    """One token per row of (batch, vocab) probabilities (overwritten), by inverse transform: one uniform number a
+    row, found in the row's cumulative sums (a token of probability 0 is never drawn). ``torch.multinomial`` draws an
+    exponential number for every entry instead, which took a large share of a CPU decode step over a 49k-token
+    vocabulary (docs/benchmarks.md, "The CPU's limit")."""
+    cdf = probs.cumsum_(-1)  # in place: ``probs`` is the caller's temporary
     total = cdf[:, -1:]
     u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype) * total
     # Strictly below the total (the product can round up to it): the first sum above u then always ends on a token

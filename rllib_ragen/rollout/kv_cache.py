@@ -59,9 +59,9 @@ def growing_kv_layer():
 
     Hugging Face's ``DynamicLayer`` appends each decode step with ``torch.cat``, copying the whole cache every step:
     on ten-turn Sokoban episodes (~1,600 tokens) that copying was 40% of generation time. This layer writes a step's
-    keys and values after those already held, exposes ``keys``/``values`` as views of the filled part, and doubles
-    its buffer when full: the same numbers as ``DynamicLayer`` (tested), about a third less time. Built on first use
-    so that importing the backend does not import transformers.
+    keys and values after those already held, exposes ``keys``/``values`` as views of the filled part, and grows its
+    buffer by half when full: the same numbers as ``DynamicLayer`` (tested), about a third less time. Built on first
+    use so that importing the backend does not import transformers.
     """
     from transformers.cache_utils import DynamicLayer
 
@@ -71,6 +71,20 @@ def growing_kv_layer():
         # torch's bfloat16 products copy such a view (its rows apart by the buffer's capacity) every step, several
         # times slower than reading the contiguous buffer.
         whole_buffer_for_decode = False
+        # Such a step reads every slot, filled or not, so a buffer read whole is sized to its call: the length a call
+        # will reach (``reserve``), not half as much again.
+        _call_end: int | None = None
+
+        def reserve(self, slots: int) -> None:
+            """Room for ``slots`` more tokens in this call (its prompts' new tokens and its decode steps): a buffer
+            read whole at each decode step that must grow is grown to that length, not by half as much again."""
+            if self.whole_buffer_for_decode:
+                self._call_end = self.get_seq_length() + slots
+
+        def _capacity(self, needed: int) -> int:
+            if self._call_end is not None and self._call_end >= needed:
+                return self._call_end
+            return needed + max(needed // 2, GROWTH_SLOTS)
 
         def lazy_initialization(self, key_states, value_states):
             super().lazy_initialization(key_states, value_states)
@@ -82,8 +96,9 @@ def growing_kv_layer():
                 self.lazy_initialization(key_states, value_states)
             start, end = self._length, self._length + key_states.shape[-2]
             if self._keys is None or end > self._keys.shape[-2]:
-                self._keys = _grown(self._keys, key_states, start, end)
-                self._values = _grown(self._values, value_states, start, end)
+                capacity = self._capacity(end)
+                self._keys = _grown(self._keys, key_states, start, capacity)
+                self._values = _grown(self._values, value_states, start, capacity)
             self._keys[..., start:end, :] = key_states
             self._values[..., start:end, :] = value_states
             self._length = end
@@ -108,9 +123,16 @@ def growing_kv_layer():
                     (indices == torch.arange(len(indices), device=indices.device)).all()
                 ):
                     return  # the same rows in the same order: nothing to copy
-                # A copy anyway: of the filled part and GROWTH_SLOTS more (a next turn's room), not the whole buffer.
-                room = self._length + GROWTH_SLOTS
-                self._keys, self._values = self._keys[indices, :, :room], self._values[indices, :, :room]
+                # A copy anyway: of the filled part and room for the call (GROWTH_SLOTS where it reserved none), not
+                # the whole buffer.
+                held = self._keys.shape[-2]
+                capacity = self._call_end if self._call_end is not None else min(self._length + GROWTH_SLOTS, held)
+                if capacity <= held:
+                    self._keys, self._values = self._keys[indices, :, :capacity], self._values[indices, :, :capacity]
+                else:
+                    filled = self._length
+                    self._keys = _grown(self._keys[indices, :, :filled], self._keys, filled, capacity)
+                    self._values = _grown(self._values[indices, :, :filled], self._values, filled, capacity)
                 self._expose()
 
         def batch_repeat_interleave(self, repeats: int) -> None:
@@ -130,12 +152,12 @@ def growing_kv_layer():
 GROWTH_SLOTS = 128
 
 
-def _grown(buffer: torch.Tensor | None, new: torch.Tensor, filled: int, needed: int) -> torch.Tensor:
-    """A (B, H, capacity, D) buffer of 1.5 times ``needed`` slots (at least ``GROWTH_SLOTS`` more) holding
-    ``buffer``'s first ``filled``, and zeros after them (a decode attention over the whole buffer reads them,
+def _grown(buffer: torch.Tensor | None, like: torch.Tensor, filled: int, capacity: int) -> torch.Tensor:
+    """A (B, H, capacity, D) buffer (B, H and D those of ``buffer``, or of ``like`` where there is none yet) holding
+    ``buffer``'s first ``filled`` slots, and zeros after them (a decode attention over the whole buffer reads them,
     masked)."""
-    batch, heads, _, dim = new.shape
-    grown = new.new_zeros(batch, heads, needed + max(needed // 2, GROWTH_SLOTS), dim)
+    batch, heads, _, dim = (buffer if buffer is not None else like).shape
+    grown = like.new_zeros(batch, heads, capacity, dim)
     if filled:
         grown[..., :filled, :] = buffer[..., :filled, :]
     return grown
@@ -227,3 +249,11 @@ def new_cache(model, whole_buffer_for_decode: bool = False):
     for layer in cache.layers:
         layer.whole_buffer_for_decode = whole_buffer_for_decode
     return cache
+
+
+def reserve(cache, slots: int) -> None:
+    """Room for ``slots`` more tokens in each growing layer of ``cache`` for the coming call
+    (``GrowingKVLayer.reserve``; other layers grow as Hugging Face's do)."""
+    for layer in cache.layers:
+        if hasattr(layer, "reserve"):
+            layer.reserve(slots)

@@ -1,7 +1,13 @@
 """HF backend: prefix caching must change speed only, never samples or log-probs."""
 
+import copy
+from unittest.mock import patch
+
 import pytest
 import torch
+
+from rllib_ragen.rollout import kv_cache
+from rllib_ragen.rollout.kv_cache import _grown
 
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams, _draw, _sample
 from rllib_ragen.rollout.rollout_config import RolloutConfig
@@ -196,6 +202,73 @@ def test_a_decode_step_may_read_the_whole_buffer_whose_empty_slots_hold_zeros():
     keys, values = layer.update(step, step)
     assert keys.shape[-2] == 5 + 128 and keys.is_contiguous()
     assert torch.equal(keys[..., :6, :], torch.cat([k, step], -2)) and not keys[..., 6:, :].any()
+
+
+def test_a_buffer_read_whole_is_sized_to_its_call_and_never_grows_within_it():
+    from rllib_ragen.rollout.kv_cache import GROWTH_SLOTS, growing_kv_layer
+
+    layer = growing_kv_layer()()
+    layer.whole_buffer_for_decode = True
+    generator = torch.Generator().manual_seed(0)
+    held = []
+
+    def feed(tokens):
+        k, v = (torch.randn(2, 3, tokens, 4, generator=generator) for _ in range(2))
+        held.append(k)
+        return layer.update(k, v)
+
+    layer.reserve(5 + 3)  # a prompt of 5 and 3 decode steps
+    feed(5)
+    buffer = layer._keys
+    assert buffer.shape[-2] == 8  # not 5 + 128: each decode step reads every slot
+    for _ in range(3):
+        keys, _ = feed(1)
+    assert layer._keys is buffer and keys.shape[-2] == 8
+    # The next call: 4 new prompt tokens and 3 decode steps after the 8 held, rows reordered (a copy, sized to it).
+    layer.reserve(4 + 3)
+    layer.batch_select_indices(torch.tensor([1, 0]))
+    assert layer._keys.shape[-2] == 15
+    buffer = layer._keys
+    feed(4)
+    assert layer._keys is buffer
+    assert torch.equal(layer.keys, torch.cat([torch.cat(held[:4], -2)[[1, 0]], held[4]], -2))
+    assert not layer._keys[..., 12:, :].any()  # the slots still empty hold zeros
+    # A layer whose decode reads only the filled part keeps the half-again growth: reserve changes nothing there.
+    viewed = growing_kv_layer()()
+    viewed.reserve(8)
+    viewed.update(torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4))
+    assert viewed._keys.shape[-2] == 5 + GROWTH_SLOTS
+
+
+def test_the_backend_sizes_a_bfloat16_cache_to_each_call(tiny):
+    """Through HFBackend on the CPU in bfloat16 (the decode that reads the whole buffer): every layer's buffer ends
+    a multi-turn rollout exactly as long as its last call needed, and every call's decode steps wrote in place."""
+    from rllib_ragen.rollout.models import cast_weights
+
+    model, tokenizer = tiny
+    backend = HFBackend(cast_weights(copy.deepcopy(model), torch.bfloat16), tokenizer)
+    assert backend._whole_buffer
+    grown, calls = [], []
+    generate = backend.generate
+
+    def generate_and_look(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        calls.append(
+            [(layer._keys.shape[-2], layer._call_end) for c in backend._caches.values() for layer in c.cache.layers]
+        )
+        return out
+
+    engine = RolloutEngine(RolloutConfig(env="rllib_ragen/Sokoban-v0", max_turns=3), backend, tokenizer)
+    with (
+        patch.object(kv_cache, "_grown", side_effect=lambda *a: grown.append(a[-1]) or _grown(*a)),
+        patch.object(backend, "generate", generate_and_look),
+    ):
+        trajectories, _ = engine.rollout([1, 2], 2, SamplingParams(max_new_tokens=12, stop_strings=()), sample_seed=3)
+    assert len(calls) == 3 and max(len(t.turn_spans) for t in trajectories) == 3
+    assert all(layers and all(capacity == end for capacity, end in layers) for layers in calls)
+    # Per layer, keys and values: one allocation a call (its prefill's, or its rows' copy), none per decode step.
+    layers = len(calls[0])
+    assert len(grown) <= 2 * layers * len(calls)
 
 
 BF16_TOL = {"atol": 2e-2, "rtol": 2e-2}  # bfloat16 keeps 8 bits of mantissa; the products round apart
