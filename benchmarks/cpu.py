@@ -21,8 +21,9 @@ the same batch is printed beside ours.
     python benchmarks/cpu.py [--threads 2] [--dtypes auto|float32|bfloat16|float32,bfloat16] [--repeats 3]
                              [--phases sampling,update]
 
-``--phases sampling`` measures the prefill and decode alone, in a process no update has run in (the updates take
-most of a whole run's time, and the memory they leave behind slows the sampling measured after them).
+Every dtype's prefill and decode run before any update (the memory an update leaves behind slowed the sampling
+measured after it), and the heap's freed pages are handed back after each update, as the job does after each
+iteration. ``--phases sampling`` measures the prefill and decode alone (the updates take most of a whole run's time).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import torch  # noqa: E402
 
+from rllib_ragen.hardware import release_freed_memory  # noqa: E402
 from rllib_ragen.jobs.callbacks import machine_record  # noqa: E402
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams  # noqa: E402
 from rllib_ragen.rollout.models import load_policy  # noqa: E402
@@ -344,44 +346,52 @@ def main() -> None:
     def share(phase_flops, rate, limit_phase):
         return phase_flops * rate / fastest[limit_phase]
 
-    for dtype in dtypes:
-        results, lines = {}, []
-        if "sampling" in phases:
+    results = {dtype: {} for dtype in dtypes}
+    lines = {dtype: [] for dtype in dtypes}
+    # Every dtype's sampling before any update: an update leaves gigabytes of freed heap behind (the job trims it after
+    # each iteration, as below), and sampling measured after the float32 updates ran up to a third slower.
+    if "sampling" in phases:
+        for dtype in dtypes:
             policy, _ = load_policy(SMOLLM2, dtype=getattr(torch, dtype))
             for batch in (16, 64):
                 rates = decode_rates(policy, tokenizer, batch, args.prompt_tokens, args.new_tokens, args.repeats)
-                results[f"decode{batch}"] = rates["decode"]
-                results[f"hf_decode{batch}"] = rates["hf_decode"]
+                results[dtype][f"decode{batch}"] = rates["decode"]
+                results[dtype][f"hf_decode{batch}"] = rates["hf_decode"]
                 if batch == 16:
-                    results["prefill"] = rates["prefill"]
+                    results[dtype]["prefill"] = rates["prefill"]
                 print(f"  ({dtype} batch {batch}: {rates}, peak RSS {_peak_rss_gib():.2f} GiB)", flush=True)
             del policy
-            lines += [
-                ("prefill, batch 16", results["prefill"], flops["prefill"], "prefill"),
-                ("decode, batch 16", results["decode16"], flops["decode"], "decode16"),
-                ("  HF generate, batch 16", results["hf_decode16"], flops["decode"], "decode16"),
-                ("decode, batch 64", results["decode64"], flops["decode"], "decode64"),
-                ("  HF generate, batch 64", results["hf_decode64"], flops["decode"], "decode64"),
+            release_freed_memory()
+            lines[dtype] += [
+                ("prefill, batch 16", results[dtype]["prefill"], flops["prefill"], "prefill"),
+                ("decode, batch 16", results[dtype]["decode16"], flops["decode"], "decode16"),
+                ("  HF generate, batch 16", results[dtype]["hf_decode16"], flops["decode"], "decode16"),
+                ("decode, batch 64", results[dtype]["decode64"], flops["decode"], "decode64"),
+                ("  HF generate, batch 64", results[dtype]["hf_decode64"], flops["decode"], "decode64"),
             ]
-        if "update" in phases:
+    if "update" in phases:
+        for dtype in dtypes:
             for name, lora in (("update_full", None), ("update_lora", {"r": 16})):
-                results[name] = learner_rate(config, columns, dtype, lora, args.repeats, args.micro_batch)
+                results[dtype][name] = learner_rate(config, columns, dtype, lora, args.repeats, args.micro_batch)
+                release_freed_memory()
                 rss = _peak_rss_gib()
-                print(f"  ({dtype} {name}: {results[name]:.1f} tokens/s, peak RSS {rss:.2f} GiB)", flush=True)
-            results["bare_full"] = bare_rate(columns, dtype, args.repeats, args.micro_batch)
+                print(f"  ({dtype} {name}: {results[dtype][name]:.1f} tokens/s, peak RSS {rss:.2f} GiB)", flush=True)
+            results[dtype]["bare_full"] = bare_rate(columns, dtype, args.repeats, args.micro_batch)
+            release_freed_memory()
             lora_flops = 2 / 3 * flops["full"]  # no weight gradients: forward, and the input gradients
-            lines += [
-                ("update, full (StarPO learner)", results["update_full"], flops["full"], "update"),
-                ("  bare PyTorch step, full", results["bare_full"], flops["full"], "update"),
-                ("update, LoRA r=16 (StarPO learner)", results["update_lora"], lora_flops, "update"),
+            lines[dtype] += [
+                ("update, full (StarPO learner)", results[dtype]["update_full"], flops["full"], "update"),
+                ("  bare PyTorch step, full", results[dtype]["bare_full"], flops["full"], "update"),
+                ("update, LoRA r=16 (StarPO learner)", results[dtype]["update_lora"], lora_flops, "update"),
             ]
-        figures["phases"][dtype] = results
+    for dtype in dtypes:
+        figures["phases"][dtype] = results[dtype]
         print(
             f"\n{dtype}: tokens/s and share of the limit (the fastest native dtype's matmul rate at the phase's rows)"
         )
-        for name, rate, phase_flops, limit_phase in lines:
+        for name, rate, phase_flops, limit_phase in lines[dtype]:
             print(f"  {name:36s}{rate:9.1f} tokens/s  {100 * share(phase_flops, rate, limit_phase):5.1f}%")
-        results["shares"] = {name.strip(): share(f, r, p) for name, r, f, p in lines}
+        results[dtype]["shares"] = {name.strip(): share(f, r, p) for name, r, f, p in lines[dtype]}
     try:
         import vllm  # noqa: F401
 
