@@ -125,8 +125,9 @@ def growing_kv_layer():
                     return  # the same rows in the same order: nothing to copy
                 # A copy anyway: of the filled part and room for the call (GROWTH_SLOTS where it reserved none), not
                 # the whole buffer.
-                held = self._keys.shape[-2]
-                capacity = self._call_end if self._call_end is not None else min(self._length + GROWTH_SLOTS, held)
+                held, reserved = self._keys.shape[-2], self._call_end
+                fits = reserved is not None and reserved >= self._length  # a call that wrote past it grew as before
+                capacity = reserved if fits else min(self._length + GROWTH_SLOTS, held)
                 if capacity <= held:
                     self._keys, self._values = self._keys[indices, :, :capacity], self._values[indices, :, :capacity]
                 else:

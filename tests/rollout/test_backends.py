@@ -233,6 +233,12 @@ def test_a_buffer_read_whole_is_sized_to_its_call_and_never_grows_within_it():
     assert layer._keys is buffer
     assert torch.equal(layer.keys, torch.cat([torch.cat(held[:4], -2)[[1, 0]], held[4]], -2))
     assert not layer._keys[..., 12:, :].any()  # the slots still empty hold zeros
+    # Written past its reservation, a layer grows by half again, and a copy of its rows keeps everything it holds.
+    layer.reserve(1)
+    feed(4)
+    assert layer._keys.shape[-2] == 16 + 128
+    layer.batch_select_indices(torch.tensor([1, 0]))
+    assert torch.equal(layer.keys, torch.cat([torch.cat(held[:4], -2)[[1, 0]], held[4], held[5]], -2)[[1, 0]])
     # A layer whose decode reads only the filled part keeps the half-again growth: reserve changes nothing there.
     viewed = growing_kv_layer()()
     viewed.reserve(8)
