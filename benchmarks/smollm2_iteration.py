@@ -2,7 +2,7 @@
 the same iteration as the release before this preset could run it.
 
 The FrozenLake job's config with ``--preset smollm2-cpu`` (8 groups of 4 episodes, LoRA r = 16, mean-only GRPO,
-micro-batches of 4, the sampler and the learner's passes in bfloat16 where the CPU computes it natively), started
+micro-batches of one row (the baseline's: 4), the sampler and the learner's passes in bfloat16 where the CPU computes it natively), started
 from a saved warm start so that both sides play the same policy. ``--baseline`` builds the same iteration from the
 settings the release before had (every one of these but the bfloat16 sampler, which it did not have: it sampled in
 float32 and updated in float32); run it from a checkout of that release (``PYTHONPATH=<checkout>``) to measure what

@@ -29,7 +29,7 @@ from .rollout.rollout_config import RolloutConfig
 from .rollout.engine import RolloutEngine
 from .rollout.lora import LORA_DEFAULTS, attach_lora
 from .rollout.trajectory import Trajectory, pad_trajectories
-from .rollout.models import forward_sharing_prefix
+from .rollout.models import forward_sharing_prefix, prefix_read_once
 
 logger = logging.getLogger(__name__)
 
@@ -238,20 +238,25 @@ def supervised_warm_start(
         tokens = mask.sum().clamp(min=1)
         optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), device=device)
-        for rows in _micro_batches(len(ids), micro_batch_size):
-            part_ids, part_attention, part_mask = ids[rows], attention[rows], mask[rows]
-            width = int(part_attention.sum(-1).max())  # right-padded: no row of this pass needs more columns
-            part_ids, part_attention, part_mask = part_ids[:, :width], part_attention[:, :width], part_mask[:, :width]
-            with _autocast(device, precision):
-                # The system prompt once per pass; the LM head and its float32 log-softmax on the reply tokens only.
-                hidden = forward_sharing_prefix(trunk, part_ids, part_attention)["last_hidden_state"]
-                logp = scored_token_logprobs(hidden, head, part_ids, part_mask)
-            # Cross-entropy on the reply tokens: -log pi(x_t | x_<t), averaged over every reply token of the batch.
-            part_loss = -(logp * part_mask).sum() / tokens
-            if not math.isfinite(part_loss.item()):  # before backward: a non-finite loss never reaches the weights
-                raise FloatingPointError(f"warm-start loss became {part_loss.item()} at step {step}; lower lr={lr}.")
-            part_loss.backward()
-            loss = loss + part_loss.detach()
+        # The system prompt once per step, for all its passes; the LM head and its float32 log-softmax on the reply
+        # tokens only.
+        passes = _micro_batches(len(ids), micro_batch_size)
+        with prefix_read_once(ids, attention) if len(passes) > 1 else contextlib.nullcontext() as prefix:
+            for rows in passes:
+                part_ids, part_attention, part_mask = ids[rows], attention[rows], mask[rows]
+                width = int(part_attention.sum(-1).max())  # right-padded: no row of this pass needs more columns
+                part_ids, part_attention, part_mask = (t[:, :width] for t in (part_ids, part_attention, part_mask))
+                with _autocast(device, precision):
+                    hidden = forward_sharing_prefix(trunk, part_ids, part_attention, prefix=prefix)
+                    logp = scored_token_logprobs(hidden["last_hidden_state"], head, part_ids, part_mask)
+                # Cross-entropy on the reply tokens: -log pi(x_t | x_<t), averaged over every reply token of the batch.
+                part_loss = -(logp * part_mask).sum() / tokens
+                if not math.isfinite(part_loss.item()):  # before backward: a non-finite loss never reaches the weights
+                    raise FloatingPointError(
+                        f"warm-start loss became {part_loss.item()} at step {step}; lower lr={lr}."
+                    )
+                part_loss.backward()
+                loss = loss + part_loss.detach()
         losses.append(loss.item())
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()

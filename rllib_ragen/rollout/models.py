@@ -281,8 +281,85 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     enable({"use_reentrant": False})
 
 
+class PrefixReadOnce:
+    """The prefix every row of several passes starts with (an update's micro-batches), read by the model once.
+
+    Micro-batches of one or two rows share little within themselves; across an update they share the system prompt
+    and instructions. The first pass given this object (:func:`forward_sharing_prefix`'s ``prefix``) runs the prefix
+    as one row and keeps its keys, values and outputs as tensors of their own, which every later pass of the same
+    model reads; each pass's backward adds their gradients up there, and :meth:`backward` sends the sum through the
+    prefix's pass once. Gradients are those of each pass reading the prefix itself, up to float rounding (tested).
+    Use it through :func:`prefix_read_once`, which calls :meth:`backward`.
+    """
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        shared = common_prefix_length(input_ids, attention_mask) if input_ids.shape[0] > 1 else 0
+        self.tokens = input_ids[:1, :shared] if shared >= SHARED_PREFIX_MIN_TOKENS else input_ids[:1, :0]
+        self._read: tuple | None = None  # (model, hidden states kept, the prefix's outputs, their detached copies)
+
+    def covers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> bool:
+        """Whether every row starts with the prefix and has a token after it."""
+        length = self.tokens.shape[1]
+        return (
+            length > 0
+            and int(attention_mask.sum(-1).min()) > length
+            and bool((input_ids[:, :length] == self.tokens.to(input_ids.device)).all())
+        )
+
+    def read(self, model, output_hidden_states: bool, checkpointed: list) -> list[torch.Tensor] | None:
+        """Each layer's keys and values, then the outputs, of the prefix in ``model``: read on the first call, the
+        same tensors after it. None where a call differs from the first in its model, its outputs, gradient mode or
+        autocast (that pass reads the prefix itself)."""
+        device = self.tokens.device.type
+        how = (output_hidden_states, torch.is_grad_enabled(), torch.is_autocast_enabled(device))
+        if self._read is None:
+            tensors = _read_prefix(model, self.tokens, output_hidden_states, checkpointed)
+            detached = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
+            self._read = (model, how, tensors, detached)
+        read_by, read_how, _, detached = self._read
+        return detached if read_by is model and read_how == how else None
+
+    def backward(self) -> None:
+        """Add the prefix's share of the gradients the passes so far have left on its outputs."""
+        if self._read is not None:
+            pairs = [(t, copy.grad) for t, copy in zip(self._read[2], self._read[3]) if copy.grad is not None]
+            if pairs:
+                torch.autograd.backward([t for t, _ in pairs], [grad for _, grad in pairs])
+        self._read = None
+
+
+@contextlib.contextmanager
+def prefix_read_once(input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """A :class:`PrefixReadOnce` for the rows ``input_ids`` of several passes; on leaving the block without an error,
+    the prefix's share of the gradients is added (after the passes' own backward calls)."""
+    prefix = PrefixReadOnce(input_ids, attention_mask)
+    yield prefix
+    prefix.backward()
+
+
+def _read_prefix(model, tokens: torch.Tensor, output_hidden_states: bool, checkpointed: list) -> list[torch.Tensor]:
+    """The prefix ``tokens`` (1, P) as one row through ``model``: each layer's keys and values, then its outputs
+    (``logits`` or ``last_hidden_state``, then with ``output_hidden_states`` every layer's), with their graph."""
+    cache = full_attention_cache(model)
+    # The prefix pass fills the cache: a checkpointed layer re-run in the backward pass would fill it twice.
+    with _layer_flags(checkpointed, gradient_checkpointing=False):
+        head = model(
+            input_ids=tokens,
+            **{cache_argument(): cache},
+            use_cache=not checkpointed,  # a cache passed in is filled either way; with checkpointing only a warning
+            output_hidden_states=output_hidden_states,
+        )
+    outputs = [head[key] for key in ("logits", "last_hidden_state") if head.get(key) is not None]
+    outputs += list(head.hidden_states) if output_hidden_states else []
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)] + outputs
+
+
 def forward_sharing_prefix(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_hidden_states: bool = False
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    output_hidden_states: bool = False,
+    prefix: PrefixReadOnce | None = None,
 ) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
     """A Hugging Face model's outputs over a right-padded batch, reading the tokens all rows start with only once.
 
@@ -298,17 +375,24 @@ def forward_sharing_prefix(
         input_ids: (B, T) token ids, right-padded.
         attention_mask: (B, T) 1 on real tokens, 0 on the padding after them.
         output_hidden_states: also return every layer's (B, T, H) hidden states.
+        prefix: the prefix of several passes (:func:`prefix_read_once`), read once for all of them where these rows
+            start with it; else (or for another model) the rows' own common prefix is read in this pass.
 
     Returns:
         Those of ``logits`` (B, T, V), ``last_hidden_state`` (B, T, H) and ``hidden_states`` the model gives, as
         ``model(input_ids=..., attention_mask=...)`` would.
     """
     fields = ("logits", "last_hidden_state", "hidden_states")
-    prefix = common_prefix_length(input_ids, attention_mask) if input_ids.shape[0] > 1 else 0
     checkpointed = checkpointed_layers(model)
-    can_share = checkpointed is not None and prefix >= SHARED_PREFIX_MIN_TOKENS
-    cache = full_attention_cache(model) if can_share else None
-    if cache is None:
+    cache = full_attention_cache(model) if checkpointed is not None else None
+    read = None
+    if cache is not None and prefix is not None and prefix.covers(input_ids, attention_mask):
+        read = prefix.read(model, output_hidden_states, checkpointed)
+    if read is None and cache is not None:  # this pass's own rows' prefix, its graph kept in this pass
+        shared = common_prefix_length(input_ids, attention_mask) if input_ids.shape[0] > 1 else 0
+        if shared >= SHARED_PREFIX_MIN_TOKENS:
+            read = _read_prefix(model, input_ids[:1, :shared], output_hidden_states, checkpointed)
+    if read is None:
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -316,36 +400,31 @@ def forward_sharing_prefix(
             output_hidden_states=output_hidden_states,
         )
         return {key: out[key] for key in fields if out.get(key) is not None}
+    pairs, outputs = read[: 2 * len(cache.layers)], read[2 * len(cache.layers) :]
     batch, width = input_ids.shape
-    # A cache passed in is read and filled either way; use_cache=True with checkpointing on only draws a warning.
-    use_cache = not checkpointed
-    # The prefix pass fills the cache: a checkpointed layer re-run in the backward pass would fill it twice.
-    with _layer_flags(checkpointed, gradient_checkpointing=False):
-        head = model(
-            input_ids=input_ids[:1, :prefix],
-            **{cache_argument(): cache},
-            use_cache=use_cache,
-            output_hidden_states=output_hidden_states,
-        )
+    length = pairs[0].shape[-2]
+    for layer, keys, values in zip(cache.layers, pairs[0::2], pairs[1::2]):
+        layer.update(keys, values)
     cache.batch_repeat_interleave(batch)
     for layer in cache.layers:
         layer.__class__ = shared_prefix_layer()  # the rows' pass reads the prefix and keeps nothing of its own
-    positions = torch.arange(prefix, width, device=input_ids.device).expand(batch, -1)
+    positions = torch.arange(length, width, device=input_ids.device).expand(batch, -1)
     # Hugging Face drops the cache of a checkpointed layer, as most caches grow; this one reads the same every time.
     with _layer_flags(checkpointed, _can_checkpoint_with_cache=True):
         tail = model(
-            input_ids=input_ids[:, prefix:],
+            input_ids=input_ids[:, length:],
             attention_mask=attention_mask,
             position_ids=positions,
             **{cache_argument(): cache},
-            use_cache=use_cache,
+            use_cache=not checkpointed,
             output_hidden_states=output_hidden_states,
         )
 
     def joined(first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
         return torch.cat([first.expand(batch, *first.shape[1:]), rest], dim=1)
 
-    out = {key: joined(head[key], tail[key]) for key in ("logits", "last_hidden_state") if tail.get(key) is not None}
+    keys = [key for key in ("logits", "last_hidden_state") if tail.get(key) is not None]
+    out = {key: joined(first, tail[key]) for key, first in zip(keys, outputs)}
     if output_hidden_states:
-        out["hidden_states"] = tuple(joined(a, b) for a, b in zip(head.hidden_states, tail.hidden_states))
+        out["hidden_states"] = tuple(joined(a, b) for a, b in zip(outputs[len(keys) :], tail.hidden_states))
     return out

@@ -7,6 +7,7 @@ aligned to the token they score: position t holds log pi(x_t | x_<t), and V(x_<t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from ray.rllib.utils.annotations import override
 from ..objectives import scored_logprobs_and_entropy, token_logprobs_and_entropy
 from ..objectives.losses import shift_right
 from ..rollout.lora import MergedWeights, attach_lora, is_adapter_key, lora_settings, merged_policy_state
-from ..rollout.models import enable_activation_checkpointing, forward_sharing_prefix, load_policy
+from ..rollout.models import enable_activation_checkpointing, forward_sharing_prefix, load_policy, prefix_read_once
 
 
 class _DropRLModuleConfigNotice(logging.Filter):
@@ -83,6 +84,7 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
     def setup(self):
         cfg = {**DEFAULT_MODEL_CONFIG, **(self.model_config or {})}
         self.temperature = float(cfg.get("temperature", 1.0))
+        self._prefix = None  # the prefix the passes of a prefix_read_once block share
         self.policy, self.tokenizer = load_policy(cfg["model"], dtype=cfg["dtype"], seed=int(cfg["seed"]))
         self.critic_type = cfg["critic"] if cfg.get("value_function") and not self.inference_only else None
         if self.critic_type == "separate":
@@ -124,13 +126,15 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         scored = batch.get("score_mask")
         if scored is not None:
             # Every trajectory opens with the same system prompt and instructions: read once per batch.
-            out = forward_sharing_prefix(self.policy.get_decoder(), ids, mask)
+            out = forward_sharing_prefix(self.policy.get_decoder(), ids, mask, prefix=self._prefix)
             hidden = out["last_hidden_state"]
             logp, entropy = scored_logprobs_and_entropy(
                 hidden, self.policy.get_output_embeddings(), ids, scored, self.temperature
             )
         else:
-            out = forward_sharing_prefix(self.policy, ids, mask, output_hidden_states=self.critic_type == "head")
+            out = forward_sharing_prefix(
+                self.policy, ids, mask, output_hidden_states=self.critic_type == "head", prefix=self._prefix
+            )
             hidden = out["hidden_states"][-1] if self.critic_type == "head" else None
             logp, entropy = token_logprobs_and_entropy(out["logits"], ids, self.temperature)
         result = {"logp": logp, "entropy": entropy}
@@ -139,6 +143,19 @@ class CausalLMRLModule(TorchRLModule, InferenceOnlyAPI):
         elif self.critic_type == "head":
             result["values"] = shift_right(self.value_head(hidden[:, :-1]).squeeze(-1).float())
         return result
+
+    @contextlib.contextmanager
+    def prefix_read_once(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """For the block, ``forward_train``'s passes over rows of ``input_ids`` read the policy's pass over the
+        prefix all those rows share once (an update's micro-batches: the system prompt and instructions), and its
+        share of the gradients is added on leaving the block, after the passes' own backward calls
+        (:func:`~rllib_ragen.rollout.models.prefix_read_once`). The critic's trunk reads it in each pass."""
+        with prefix_read_once(input_ids, attention_mask) as prefix:
+            self._prefix = prefix
+            try:
+                yield
+            finally:
+                self._prefix = None
 
     # ---- state: torch tensors, not numpy (numpy has no bfloat16) --------------------------------------------------
     @override(TorchRLModule)

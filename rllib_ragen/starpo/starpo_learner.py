@@ -183,11 +183,13 @@ class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
         """Score the batch without gradients, in ``micro_batches``, and fill ``old_logp``, ``old_values``,
         ``ref_logp``, ``token_advantages`` and ``returns`` into ``data``."""
         self._start_scores(data, config)
-        for rows in micro_batches:
-            inputs = trimmed_inputs(data, rows)
-            with self._precision(config):
-                out = module.forward_train(_scoring_sampled_tokens(inputs, data, rows))
-            self._score(data, module, config, rows, inputs, out)
+        scored = torch.cat(micro_batches)
+        with _prefix_read_once(module, data, scored, len(micro_batches)):
+            for rows in micro_batches:
+                inputs = trimmed_inputs(data, rows)
+                with self._precision(config):
+                    out = module.forward_train(_scoring_sampled_tokens(inputs, data, rows))
+                self._score(data, module, config, rows, inputs, out)
         self._finish_scores(data, config)
         self._log_scores(data, config)
 
@@ -290,25 +292,26 @@ class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
             optimizer.zero_grad(set_to_none=True)
         micro_batches = [rows[i : i + micro_size] for i in range(0, len(rows), micro_size)]
         total = torch.zeros(())
-        for index, micro in enumerate(micro_batches):
-            shares = {key: normaliser(data[key][micro]) / denominators[key] for key in denominators}
-            if not any(share > 0 for share in shares.values()):
-                continue
-            sync = index == len(micro_batches) - 1 or not hasattr(module, "no_sync")
-            with contextlib.nullcontext() if sync else module.no_sync():
-                loss = self._micro_loss(
-                    data,
-                    micro,
-                    module,
-                    module_id,
-                    config,
-                    first and index == 0,
-                    policy_share=shares["loss_mask"],
-                    value_share=shares["value_mask"],
-                    score=scores_itself,
-                )
-                loss.backward()
-            total = total + loss.detach()
+        with _prefix_read_once(module, data, rows, len(micro_batches)):
+            for index, micro in enumerate(micro_batches):
+                shares = {key: normaliser(data[key][micro]) / denominators[key] for key in denominators}
+                if not any(share > 0 for share in shares.values()):
+                    continue
+                sync = index == len(micro_batches) - 1 or not hasattr(module, "no_sync")
+                with contextlib.nullcontext() if sync else module.no_sync():
+                    loss = self._micro_loss(
+                        data,
+                        micro,
+                        module,
+                        module_id,
+                        config,
+                        first and index == 0,
+                        policy_share=shares["loss_mask"],
+                        value_share=shares["value_mask"],
+                        score=scores_itself,
+                    )
+                    loss.backward()
+                total = total + loss.detach()
         gradients = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
         if self._skip_non_finite(total, gradients, config):
             return total, False
@@ -419,3 +422,13 @@ def _scoring_sampled_tokens(inputs: dict, data: dict, rows: torch.Tensor) -> dic
     """``forward_train``'s batch: the model inputs, and the tokens to score, the sampled ones (every loss, the
     log-prob gap and the scores read those alone; the module skips the LM head elsewhere)."""
     return {**inputs, "score_mask": data["response_mask"][rows, : inputs["input_ids"].shape[1]]}
+
+
+def _prefix_read_once(module, data: dict, rows: torch.Tensor, passes: int):
+    """The context in which ``passes`` micro-batches over ``rows`` read their common prefix once, where the module
+    can (``CausalLMRLModule.prefix_read_once``). Not under DDP: it averages the gradients in the last pass's
+    backward, before the prefix's share would be added."""
+    share = getattr(module.unwrapped(), "prefix_read_once", None)
+    if passes < 2 or share is None or hasattr(module, "no_sync"):
+        return contextlib.nullcontext()
+    return share(data["input_ids"][rows], data["attention_mask"][rows])

@@ -12,6 +12,7 @@ from rllib_ragen.rollout.models import (
     common_prefix_length,
     forward_sharing_prefix,
     load_policy,
+    prefix_read_once,
 )
 from rllib_ragen.rollout.tiny_model import build_tiny_model
 from rllib_ragen.demonstrators import sokoban_solver_policy
@@ -162,3 +163,78 @@ def test_activation_checkpointing_keeps_the_shared_prefix_and_every_gradient_bit
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
     # The flags the pass set for its duration are the layers' own again.
     assert all(layer.gradient_checkpointing and "_can_checkpoint_with_cache" not in vars(layer) for layer in layers)
+
+
+def _micro_batch_gradients(model, batch, micro_size: int, before_exit: list | None = None):
+    """The whole batch's mean reply-token loss, accumulated over micro-batches of ``micro_size`` rows that read
+    their common prefix once (``prefix_read_once``); the logits of every pass; the gradients after the block (and,
+    into ``before_exit``, those before the prefix's share was added)."""
+    ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]
+    model.zero_grad()
+    logits = []
+    with prefix_read_once(ids, attention) as prefix:
+        for start in range(0, len(ids), micro_size):
+            rows = slice(start, start + micro_size)
+            part = forward_sharing_prefix(model, ids[rows], attention[rows], prefix=prefix)["logits"]
+            (-(token_logprobs(part, ids[rows]) * mask[rows]).sum() / mask.sum()).backward()
+            logits.append(part.detach())
+        if before_exit is not None:
+            before_exit.extend(p.grad.clone() for p in model.parameters() if p.requires_grad)
+    return torch.cat(logits), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize("micro_size", [1, 2])
+def test_micro_batches_read_their_common_prefix_once_with_the_plain_passs_gradients(sokoban_batch, micro_size):
+    tokenizer, batch = sokoban_batch
+    model = build_tiny_model(tokenizer, seed=0).train()
+    ids, attention, real = batch["input_ids"], batch["attention_mask"], batch["attention_mask"].bool()
+    plain = _loss_and_gradients(model, lambda: model(input_ids=ids, attention_mask=attention).logits, batch)
+    calls = []
+    hook = model.model.register_forward_pre_hook(
+        lambda _, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    before_exit = []
+    logits, gradients = _micro_batch_gradients(model, batch, micro_size, before_exit)
+    hook.remove()
+    prefix = common_prefix_length(ids, attention)
+    passes = [(len(ids[k : k + micro_size]), ids.shape[1] - prefix) for k in range(0, len(ids), micro_size)]
+    assert calls == [(1, prefix), *passes]  # the prefix once for every pass, then each pass's rest
+    torch.testing.assert_close(logits[real], plain[0][real], rtol=0, atol=1e-5)
+    for got, expected in zip(gradients, plain[2]):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-7)
+    # Before the block ends, the prefix's share is missing: the embeddings of its tokens have no gradient yet.
+    prefix_tokens = ids[0, :prefix].unique()
+    assert before_exit[0][prefix_tokens].abs().sum() < gradients[0][prefix_tokens].abs().sum()
+
+
+def test_a_prefix_read_without_gradients_is_not_reused_by_a_pass_with_them(sokoban_batch):
+    tokenizer, batch = sokoban_batch
+    model = build_tiny_model(tokenizer, seed=0).train()
+    ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]
+    plain = _loss_and_gradients(model, lambda: model(input_ids=ids, attention_mask=attention).logits, batch)
+    model.zero_grad()
+    with prefix_read_once(ids, attention) as prefix:
+        with torch.no_grad():  # a scoring pass reads the prefix first, without a graph
+            forward_sharing_prefix(model, ids[:2], attention[:2], prefix=prefix)
+        logits = forward_sharing_prefix(model, ids, attention, prefix=prefix)["logits"]
+        (-(token_logprobs(logits, ids) * mask).sum() / mask.sum()).backward()
+    for got, expected in zip([p.grad for p in model.parameters()], plain[2]):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_micro_batches_reading_the_prefix_once_keep_their_gradients_under_checkpointing(sokoban_batch, lora):
+    from rllib_ragen.rollout.lora import attach_lora, lora_settings
+    from rllib_ragen.rollout.models import enable_activation_checkpointing
+
+    tokenizer, batch = sokoban_batch
+
+    def model():
+        policy = build_tiny_model(tokenizer, seed=0)
+        return (attach_lora(policy, lora_settings({"r": 4})) if lora else policy).train()
+
+    expected = _micro_batch_gradients(model(), batch, 2)[1]
+    checkpointed = model()
+    enable_activation_checkpointing(checkpointed)
+    got = _micro_batch_gradients(checkpointed, batch, 2)[1]
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
