@@ -2,12 +2,13 @@
 the same iteration as the release before this preset could run it.
 
 The FrozenLake job's config with ``--preset smollm2-cpu`` (8 groups of 4 episodes, LoRA r = 16, mean-only GRPO,
-micro-batches of one row (the baseline's: 4), the sampler and the learner's passes in bfloat16 where the CPU computes it natively), started
-from a saved warm start so that both sides play the same policy. ``--baseline`` builds the same iteration from the
-settings the release before had (every one of these but the bfloat16 sampler, which it did not have: it sampled in
-float32 and updated in float32); run it from a checkout of that release (``PYTHONPATH=<checkout>``) to measure what
-an iteration cost there. The peak RSS is this process's (the job's trial process: learner and sampler together),
-and on Linux each phase's peak (resident memory read every 20 ms): the job's 4 GB bar is on these.
+micro-batches of one row (the baseline's: 4), the sampler and the learner's passes in bfloat16 where the CPU
+computes it natively), started from a saved warm start so that both sides play the same policy. ``--baseline``
+builds the same iteration from the settings the release before had (every one of these but the bfloat16 sampler,
+which it did not have: it sampled in float32 and updated in float32); run it from a checkout of that release
+(``PYTHONPATH=<checkout>``) to measure what an iteration cost there. The peak RSS is this process's (the job's trial
+process: learner and sampler together), and on Linux each phase's peak (resident memory read every 20 ms): the job's
+4 GB bar is on these.
 
 ``--validation-size N`` first validates N states, as the job does before RL; ``--set field=JSON`` and
 ``--model-config key=JSON`` change one setting of the preset, to measure what it saves or costs (e.g.

@@ -295,7 +295,8 @@ class PrefixReadOnce:
     def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         shared = common_prefix_length(input_ids, attention_mask) if input_ids.shape[0] > 1 else 0
         self.tokens = input_ids[:1, :shared] if shared >= SHARED_PREFIX_MIN_TOKENS else input_ids[:1, :0]
-        self._read: tuple | None = None  # (model, hidden states kept, the prefix's outputs, their detached copies)
+        # (the model, how it was read, the prefix's tensors with their graph, their detached copies) once read
+        self._read: tuple | None = None
 
     def covers(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> bool:
         """Whether every row starts with the prefix and has a token after it."""
