@@ -39,6 +39,15 @@ def _loss_and_gradients(model, logits_fn, batch):
     return logits.detach(), loss.detach(), [p.grad.clone() for p in model.parameters()]
 
 
+def _trunk_calls(model):
+    """A list that records the (rows, tokens) of every call of ``model``'s trunk, and the hook to remove."""
+    calls = []
+    hook = model.model.register_forward_pre_hook(
+        lambda _, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    return calls, hook
+
+
 def test_common_prefix_length_by_hand():
     ids = torch.tensor([[5, 6, 7, 8, 0], [5, 6, 7, 9, 9], [5, 6, 1, 1, 1]])
     assert common_prefix_length(ids, torch.ones_like(ids)) == 2
@@ -54,10 +63,7 @@ def test_sharing_the_prefix_gives_the_plain_passs_logits_loss_and_gradients(soko
     model = build_tiny_model(tokenizer, seed=0).train()
     ids, attention, real = batch["input_ids"], batch["attention_mask"], batch["attention_mask"].bool()
     plain = _loss_and_gradients(model, lambda: model(input_ids=ids, attention_mask=attention).logits, batch)
-    calls = []
-    hook = model.model.register_forward_pre_hook(
-        lambda _, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
-    )
+    calls, hook = _trunk_calls(model)
     shared = _loss_and_gradients(model, lambda: forward_sharing_prefix(model, ids, attention)["logits"], batch)
     hook.remove()
     prefix = common_prefix_length(ids, attention)
@@ -189,10 +195,7 @@ def test_micro_batches_read_their_common_prefix_once_with_the_plain_passs_gradie
     model = build_tiny_model(tokenizer, seed=0).train()
     ids, attention, real = batch["input_ids"], batch["attention_mask"], batch["attention_mask"].bool()
     plain = _loss_and_gradients(model, lambda: model(input_ids=ids, attention_mask=attention).logits, batch)
-    calls = []
-    hook = model.model.register_forward_pre_hook(
-        lambda _, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
-    )
+    calls, hook = _trunk_calls(model)
     before_exit = []
     logits, gradients = _micro_batch_gradients(model, batch, micro_size, before_exit)
     hook.remove()
