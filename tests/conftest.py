@@ -67,6 +67,40 @@ def make_small_config(env="rllib_ragen/Sokoban-v0", **training):
     return StarPOConfig().environment(env).rl_module(model_config={"model": "tiny"}).training(**knobs).debugging(seed=7)
 
 
+@pytest.fixture(scope="session")
+def warm_bandit_model(tmp_path_factory):
+    """The tiny model fine-tuned on 256 bandit demonstrations that pick an arm at random (no preference taught): its
+    replies are well formed and its pulls' payoffs differ, so an update has a signal to carry. The untrained tiny model
+    earns every episode the same format penalty, which leaves every advantage zero."""
+    import numpy as np
+
+    from rllib_ragen.demonstrators import random_arm_policy
+    from rllib_ragen.rollout import RolloutConfig, load_policy
+    from rllib_ragen.warm_start import collect_demonstrations, supervised_warm_start
+
+    model, tokenizer = load_policy("tiny", seed=0)
+    demos = collect_demonstrations(
+        RolloutConfig(env="rllib_ragen/Bandit-v0", max_turns=1), random_arm_policy(seed=0), tokenizer, 256
+    )
+    assert 0.4 < np.mean([t.success for t in demos]) < 0.6  # the demonstrations really are indifferent
+    losses = supervised_warm_start(model, demos, steps=60, batch_size=16, lr=2e-3, pad_token_id=tokenizer.pad_token_id)
+    assert losses[-1] < 0.1 * losses[0]
+    path = tmp_path_factory.mktemp("warm_bandit")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def bandit_config(warm_bandit_model):
+    """small_config on the bandit with ``warm_bandit_model``, whose pulls earn different payoffs: the test data for
+    updates compared across learner layouts with an estimator that needs returns to differ (GRPO, a batch
+    baseline). Replies of up to 32 tokens, as the model was fine-tuned on."""
+    return lambda **training: make_small_config(
+        env="rllib_ragen/Bandit-v0", max_turns=1, max_new_tokens_per_turn=32, **training
+    ).rl_module(model_config={"model": warm_bandit_model})
+
+
 @pytest.fixture
 def resumed_after_one_iteration():
     return restore_after_one_iteration

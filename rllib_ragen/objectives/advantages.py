@@ -262,14 +262,19 @@ def masked_whiten(
 
     ``sum_over_shards``: when the batch is split over data-parallel learners, sums a tensor over them (an
     all-reduce), so that every shard is whitened with the whole batch's mean and variance.
+
+    The mean and the centring run in float64, so that equal values centre to exactly zero: in float32 the mean of
+    equal values is off by a rounding error, which ``rsqrt(var + eps)`` (1e4 at a zero variance) would scale into
+    advantages of order 1e-4, a gradient that Adam's first step turns into a full-size step in a random direction,
+    and that depends on the order of the shards' all-reduce.
     """
     total = sum_over_shards or (lambda t: t)
-    m = mask.float()
-    sums = total(torch.stack([(x * m).sum(), m.sum()]))
+    m = mask.double()
+    sums = total(torch.stack([(x.double() * m).sum(), m.sum()]))
     count = sums[1]
-    mean = sums[0] / count.clamp(min=1)
-    var = total((((x - mean) * m) ** 2).sum()) / (count - 1).clamp(min=1)
-    return (x - mean) * torch.rsqrt(var + eps) * m
+    centred = (x.double() - sums[0] / count.clamp(min=1)) * m
+    var = total((centred**2).sum()) / (count - 1).clamp(min=1)
+    return (centred * torch.rsqrt(var + eps)).to(x.dtype)
 
 
 def compute_group_advantages(

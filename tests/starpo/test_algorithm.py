@@ -11,6 +11,11 @@ from ray.rllib.utils.test_utils import check_train_results_new_api_stack
 from rllib_ragen import StarPO
 
 pytestmark = pytest.mark.usefixtures("ray_session")
+# The actor's gradient norm with every advantage zero (the entropy term alone) is about 3e-4; with a signal, 0.1 and up.
+ACTOR_SIGNAL = 1e-2
+# GAE with lambda < 1: the credit of each episode's end-of-episode reward fades over the tokens before it, so even the
+# untrained model's equal returns leave advantages that differ along each reply (whitened: a signal of order 1).
+FADING_CREDIT = dict(lambda_=0.9)
 
 
 def learner_weights(algo) -> dict[str, torch.Tensor]:
@@ -19,9 +24,14 @@ def learner_weights(algo) -> dict[str, torch.Tensor]:
 
 
 def weights_after_one_iteration(config) -> dict[str, torch.Tensor]:
+    """The learner's weights after one iteration, from an update that carried a signal: with every advantage zero
+    (the untrained tiny model earns every Sokoban episode the same format penalty) only the entropy term moves the
+    actor, and two such updates would agree whatever their code did with advantages."""
     algo = config.build_algo()
     try:
-        algo.train()
+        result = algo.train()
+        actor_grad_norm = result["learners"][DEFAULT_MODULE_ID]["actor/grad_norm"]
+        assert actor_grad_norm > ACTOR_SIGNAL, f"no signal in the update: actor grad norm {actor_grad_norm}"
         return learner_weights(algo)
     finally:
         algo.stop()
@@ -71,7 +81,7 @@ def test_tool_episodes_train_with_the_learners_logprobs_equal_to_the_samplers(sm
         del TOOL_CALL_FORMATS["spaces"]
 
 
-def test_a_single_step_update_reads_the_batch_once_and_changes_nothing(small_config, monkeypatch):
+def test_a_single_step_update_reads_the_batch_once_and_changes_nothing(small_config, bandit_config, monkeypatch):
     """One optimizer step: the step's forward passes are the score, so the batch goes through the model once, and
     the update is the two-pass update bit for bit (GAE with its critic, whitened and not, in one micro-batch; GRPO
     in several)."""
@@ -86,7 +96,7 @@ def test_a_single_step_update_reads_the_batch_once_and_changes_nothing(small_con
         lambda self, batch, **kw: calls.append(batch["input_ids"].shape) or forward_train(self, batch, **kw),
     )
     for whiten in (False, True):
-        config = small_config(validation_interval=0, whiten_advantages=whiten)
+        config = small_config(validation_interval=0, whiten_advantages=whiten, **FADING_CREDIT)
         calls.clear()
         once = weights_after_one_iteration(config)
         assert len(calls) == 1 and calls[0][0] == 4  # the 4 kept trajectories, read once
@@ -99,7 +109,7 @@ def test_a_single_step_update_reads_the_batch_once_and_changes_nothing(small_con
     # In micro-batches, a critic-free estimator (its advantages come from the driver) scores each micro-batch with
     # its own forward pass too, KL term included: the same update bit for bit.
     for knobs in (dict(), dict(kl_coeff=0.01)):
-        config = small_config(validation_interval=0, advantage_estimator="grpo", micro_batch_size=1, **knobs)
+        config = bandit_config(validation_interval=0, advantage_estimator="grpo", micro_batch_size=1, **knobs)
         calls.clear()
         once = weights_after_one_iteration(config)
         assert [shape[0] for shape in calls] == [1, 1, 1, 1]
@@ -112,10 +122,10 @@ def test_a_single_step_update_reads_the_batch_once_and_changes_nothing(small_con
     # A critic's advantages are whitened over the whole batch's values, so micro-batches score it first; so do two
     # optimizer steps per batch, which need the whole score before the first step.
     calls.clear()
-    weights_after_one_iteration(small_config(validation_interval=0, micro_batch_size=1))
+    weights_after_one_iteration(small_config(validation_interval=0, micro_batch_size=1, **FADING_CREDIT))
     assert len(calls) == 8  # the 4 trajectories scored, then stepped
     calls.clear()
-    weights_after_one_iteration(small_config(validation_interval=0, updates_per_rollout_batch=2))
+    weights_after_one_iteration(small_config(validation_interval=0, updates_per_rollout_batch=2, **FADING_CREDIT))
     assert len(calls) == 4  # a score of each half, then each half's step
 
 
@@ -150,6 +160,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(aggregation, advant
                 validation_interval=0,
                 advantage_mask=advantage_mask,
                 grad_clip=None,
+                **FADING_CREDIT,
             )
         )
         for micro_batch_size in (None, 1)
@@ -195,7 +206,10 @@ def test_micro_batches_stay_exact_when_the_loss_mask_trains_a_subset(small_confi
 
     from rllib_ragen.starpo.update_batch import prepare_update_batch
 
-    configs = [small_config(micro_batch_size=size, validation_interval=0, grad_clip=None) for size in (None, 1)]
+    configs = [
+        small_config(micro_batch_size=size, validation_interval=0, grad_clip=None, **FADING_CREDIT)
+        for size in (None, 1)
+    ]
     algos = [config.build_algo() for config in configs]
     try:
         runner = algos[0].env_runner
@@ -212,6 +226,7 @@ def test_micro_batches_stay_exact_when_the_loss_mask_trains_a_subset(small_confi
                 batch=MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(columns))}, env_steps=len(trajectories))
             )
             losses.append(float(result[0][DEFAULT_MODULE_ID]["total_loss"].peek()))
+            assert float(result[0][DEFAULT_MODULE_ID]["actor/grad_norm"].peek()) > ACTOR_SIGNAL
         # The accumulated loss is the whole minibatch's (Adam's first step hides gradient scale, the loss does not).
         assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-6)
         assert_same_update(learner_weights(algos[0]), learner_weights(algos[1]))
@@ -306,7 +321,8 @@ def test_one_iteration_with_a_remote_env_runner(small_config):
 @pytest.mark.slow
 def test_a_remote_learner_computes_the_same_update_as_the_local_one(small_config):
     local, remote = (
-        weights_after_one_iteration(small_config(validation_interval=0).learners(num_learners=n)) for n in (0, 1)
+        weights_after_one_iteration(small_config(validation_interval=0, **FADING_CREDIT).learners(num_learners=n))
+        for n in (0, 1)
     )
     assert_same_update(local, remote)  # another process, another thread count
 
@@ -408,11 +424,12 @@ def test_a_tune_stopper_on_rllibs_episode_return_stops_the_run(tmp_path, small_c
     ],
     ids=["gae_whitened", "grpo_micro_batches", "brpo_batch_baseline"],
 )
-def test_two_data_parallel_learners_make_the_update_of_one(small_config, knobs):
+def test_two_data_parallel_learners_make_the_update_of_one(bandit_config, knobs):
     """RLlib's LearnerGroup with torch DDP (gloo on CPU): each learner trains a shard of whole groups, and the
     averaged gradient is the whole batch's because the loss normalisers and whitening statistics span the shards."""
-    # Both groups kept, one per learner: the shards' token counts differ.
-    config = small_config(
+    # Both groups kept, one per learner: the shards' token counts differ. The bandit's payoffs differ from pull to
+    # pull, so every estimator's advantages carry a signal.
+    config = bandit_config(
         rollout_filter_ratio=1.0, validation_interval=0, validate_before_training=False, grad_clip=None, **knobs
     )
     one = weights_after_one_iteration(config)
@@ -434,14 +451,14 @@ def _within(seconds: float, work):
 
 
 @pytest.mark.slow
-def test_the_echo_trap_probe_runs_beside_two_data_parallel_learners(small_config):
+def test_the_echo_trap_probe_runs_beside_two_data_parallel_learners(bandit_config):
     """The probe runs on the first learner only. Its forward passes went through the DDP wrapper, whose buffer
     broadcast waited for the other learner, which never came: every job with two learners and the probe on (the
     default, every 5th iteration and the first) hung at its first iteration. Now the probe measures on the plain
     module and the update is the one learner's, probe included."""
     from rllib_ragen import metrics as M
 
-    config = small_config(
+    config = bandit_config(
         rollout_filter_ratio=1.0,
         validation_interval=0,
         validate_before_training=False,

@@ -1,30 +1,13 @@
-"""StarPO learns: after a format-only warm start, RL moves the tiny model to the bandit's better arm."""
+"""StarPO learns: after a format-only warm start (conftest's ``warm_bandit_model``), RL moves the tiny model to the
+bandit's better arm."""
 
-import numpy as np
 import pytest
 from scipy.stats import fisher_exact
 
 from rllib_ragen import StarPOConfig
-from rllib_ragen.rollout import RolloutConfig, load_policy
-from rllib_ragen.demonstrators import random_arm_policy
-from rllib_ragen.warm_start import collect_demonstrations, supervised_warm_start
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
 BANDIT = "rllib_ragen/Bandit-v0"
-
-
-@pytest.fixture(scope="module")
-def warm_bandit_model(tmp_path_factory):
-    """The tiny model fine-tuned on 256 demonstrations that pick an arm at random (no preference taught)."""
-    model, tokenizer = load_policy("tiny", seed=0)
-    demos = collect_demonstrations(RolloutConfig(env=BANDIT, max_turns=1), random_arm_policy(seed=0), tokenizer, 256)
-    assert 0.4 < np.mean([t.success for t in demos]) < 0.6  # the demonstrations really are indifferent
-    losses = supervised_warm_start(model, demos, steps=60, batch_size=16, lr=2e-3, pad_token_id=tokenizer.pad_token_id)
-    assert losses[-1] < 0.1 * losses[0]
-    path = tmp_path_factory.mktemp("warm_bandit")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
 
 
 def better_arm_pulls(trajectories) -> tuple[int, int]:

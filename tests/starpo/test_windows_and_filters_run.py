@@ -18,8 +18,11 @@ def _weights(algo) -> dict[str, torch.Tensor]:
 
 def test_turn_rows_train_exact_to_the_token_with_the_critic(small_config):
     # The critic (gae) runs on the learner over each episode's replies laid end to end; the probe maps the rows'
-    # advantages back onto each conversation for the viewer.
-    algo = small_config(context_window="single_turn", max_turns=3, collapse_diagnostics_interval=1).build_algo()
+    # advantages back onto each conversation for the viewer. Lambda < 1: the credit of the untrained model's equal
+    # returns fades over the replies, so the whitened advantages are not all zero.
+    algo = small_config(
+        context_window="single_turn", max_turns=3, collapse_diagnostics_interval=1, lambda_=0.9
+    ).build_algo()
     try:
         result = algo.train()
         learner = result["learners"][DEFAULT_MODULE_ID]
