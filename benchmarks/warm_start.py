@@ -8,10 +8,10 @@ once (the default), that plus ``group_by_length=True``, and the default with ``p
 seconds per step, padded tokens per batch and the share of them that are real, the loss, and each one's speed-up
 over the first.
 
-With ``--preset`` (``smollm2-cpu``) it times the preset's own warm start instead (its model, demonstrations,
-micro-batches, fixed embeddings and dtype), with and without activation checkpointing, each in a fresh process
-(``--rounds`` times, alternated, as the machine's noise is large): seconds for the steps, each process's peak
-resident set, and the ratio of the means.
+With ``--preset`` (``smollm2-cpu``) it times the job's own warm start under that preset instead (its model,
+demonstrations, micro-batches, fixed embeddings and dtype; ``--steps`` steps on ``--episodes`` demonstrations), with
+and without activation checkpointing, each in a fresh process (``--rounds`` times, alternated, as the machine's noise
+is large): seconds from loading the model to saving it, each process's peak resident set, and the ratio of the means.
 
     python benchmarks/warm_start.py [--job frozenlake|sokoban] [--steps 60] [--episodes 1000] [--threads 2]
     python benchmarks/warm_start.py --preset smollm2-cpu [--steps 4] [--episodes 200] [--rounds 3]
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import pathlib
 import resource
 import subprocess
 import sys
@@ -33,7 +34,7 @@ import torch
 import rllib_ragen.warm_start as warm_start_module
 from rllib_ragen.jobs.flags import PRESET_JOBS
 from rllib_ragen.jobs.warm_start import demonstration_rollout_config
-from rllib_ragen.rollout.models import enable_activation_checkpointing, forward_sharing_prefix, load_policy
+from rllib_ragen.rollout.models import forward_sharing_prefix, load_policy
 from rllib_ragen.warm_start import collect_demonstrations, demonstration_batches, supervised_warm_start
 
 from main_jobs import demonstration_policy, job_module  # benchmarks/
@@ -125,35 +126,28 @@ def main() -> None:
 
 
 def preset_run(args) -> None:
-    """One child process: the preset's warm start for ``args.steps`` steps, printed as one JSON line."""
+    """One child process: the job's own warm start under the preset, cut to ``args.steps`` steps on
+    ``args.episodes`` demonstrations, printed as one JSON line (its seconds from loading the model to saving it)."""
+    import tempfile
+
+    from rllib_ragen.jobs.warm_start import warm_start
+
     module = job_module(JOBS[args.job])
     config = module.config.copy(copy_frozen=False)
     config.preset(args.preset)
-    job = dataclasses.replace(module.job, **PRESET_JOBS[args.preset])
-    model, tokenizer = load_policy(config.model_config["model"], seed=0)
-    if args.checkpointing == "on":
-        enable_activation_checkpointing(model)
-    demos = collect_demonstrations(
-        demonstration_rollout_config(config, job), demonstration_policy(config), tokenizer, args.episodes
+    cut = dict(
+        warm_start_steps=args.steps,
+        warm_start_episodes=args.episodes,
+        warm_start_eval_interval=0,
+        warm_start_activation_checkpointing=args.checkpointing == "on",
     )
-    t0 = time.perf_counter()
-    losses = supervised_warm_start(
-        model,
-        demos,
-        steps=args.steps,
-        batch_size=job.warm_start_batch_size,
-        lr=job.warm_start_lr,
-        pad_token_id=tokenizer.pad_token_id,
-        log_every=0,
-        lr_schedule=job.warm_start_lr_schedule,
-        group_by_length=job.warm_start_group_by_length,
-        micro_batch_size=job.warm_start_micro_batch_size,
-        freeze_embeddings=job.warm_start_freeze_embeddings,
-        precision=job.warm_start_precision,
-    )
-    seconds = time.perf_counter() - t0
+    job = dataclasses.replace(module.job, **{**PRESET_JOBS[args.preset], **cut})
+    with tempfile.TemporaryDirectory() as folder:
+        t0 = time.perf_counter()
+        warm_start(config, job, demonstration_policy(config), pathlib.Path(folder))
+        seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
-    print(json.dumps({"seconds": seconds, "peak_rss_gib": peak, "losses": losses}))
+    print(json.dumps({"seconds": seconds, "peak_rss_gib": peak}))
 
 
 def preset_checkpointing(args) -> None:
@@ -168,13 +162,12 @@ def preset_checkpointing(args) -> None:
         for setting in runs:
             command = [sys.executable, __file__, "--preset", args.preset, "--job", args.job, "--checkpointing", setting]
             command += ["--steps", str(args.steps), "--episodes", str(args.episodes), "--threads", str(args.threads)]
-            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            run = json.loads(output.strip().splitlines()[-1])
+            child = subprocess.run(command, capture_output=True, text=True)
+            if child.returncode:
+                raise SystemExit(f"{' '.join(command)} failed:\n{child.stderr}")
+            run = json.loads(child.stdout.strip().splitlines()[-1])
             runs[setting].append(run)
-            print(
-                f"checkpointing {setting:3s}: {run['seconds']:.1f} s, peak RSS {run['peak_rss_gib']:.2f} GiB, "
-                f"loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}"
-            )
+            print(f"checkpointing {setting:3s}: {run['seconds']:.1f} s, peak RSS {run['peak_rss_gib']:.2f} GiB")
     mean = {setting: np.mean([run["seconds"] for run in done]) for setting, done in runs.items()}
     print(
         f"mean {mean['on']:.1f} s with checkpointing, {mean['off']:.1f} s without: {mean['on'] / mean['off']:.2f}x; "
