@@ -1,6 +1,8 @@
 """Turn-aware credit: bi-level GAE, turn-level GAE and GiGPO against hand-derived values and their limits; the
 reference's advantage whitening."""
 
+import threading
+
 import pytest
 import torch
 
@@ -169,6 +171,43 @@ def test_masked_whiten_by_hand():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     # Over [1, 2, 3]: mean 2, Bessel variance 1 -> [-1, 0, 1]; masked positions become 0.
     assert torch.allclose(masked_whiten(x, mask), torch.tensor([[-1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]), atol=1e-6)
+
+
+def test_equal_advantages_whiten_to_exactly_zero_on_one_learner_and_on_two():
+    # Every token -0.2 (each episode the same format penalty, the critic still zero). In float32 the mean of 16
+    # copies of -0.2 is not -0.2; that rounding error times rsqrt(0 + 1e-8) = 1e4 was an advantage near 1e-4.
+    x = torch.full((2, 9), -0.2)
+    mask = torch.ones(2, 9)
+    mask[1, 7:] = 0  # 9 + 7 tokens
+    assert (x * mask).sum() / mask.sum() != x[0, 0]  # the float32 mean is off...
+    assert torch.equal(masked_whiten(x, mask), torch.zeros(2, 9))  # ...the whitened advantages are exactly 0
+    # Two learners, one row each, summing their statistics as DDP's all-reduce does (here: two threads).
+    barrier, posted = threading.Barrier(2), [None, None]
+
+    def all_reduce(rank: int, t: torch.Tensor) -> torch.Tensor:
+        posted[rank] = t
+        barrier.wait()
+        total = posted[0] + posted[1]
+        barrier.wait()  # both have read before either posts its next statistic
+        return total
+
+    def two_learners() -> torch.Tensor:
+        shards = [None, None]
+
+        def learner(rank: int) -> None:
+            rows = slice(rank, rank + 1)
+            shards[rank] = masked_whiten(x[rows], mask[rows], sum_over_shards=lambda t: all_reduce(rank, t))
+
+        threads = [threading.Thread(target=learner, args=(rank,)) for rank in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        return torch.cat(shards)
+
+    assert torch.equal(two_learners(), torch.zeros(2, 9))
+    x[1, :7] = torch.arange(7.0)  # unequal values whiten over both shards as over the whole batch
+    torch.testing.assert_close(two_learners(), masked_whiten(x, mask))
 
 
 @pytest.mark.parametrize("estimator", ["gae", "bi_level_gae", "turn_gae"])
