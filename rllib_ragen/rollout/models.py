@@ -386,15 +386,13 @@ def forward_sharing_prefix(
     fields = ("logits", "last_hidden_state", "hidden_states")
     checkpointed = checkpointed_layers(model)
     covered = prefix is not None and prefix.covers(input_ids, attention_mask)
-    shared = common_prefix_length(input_ids, attention_mask) if input_ids.shape[0] > 1 and not covered else 0
+    shared = common_prefix_length(input_ids, attention_mask) if input_ids.shape[0] > 1 else 0
+    own = shared >= SHARED_PREFIX_MIN_TOKENS  # the rows share enough among themselves
     # The cache is built only where a prefix could be shared: a one-row pass goes straight to the plain pass.
-    can_share = checkpointed is not None and (covered or shared >= SHARED_PREFIX_MIN_TOKENS)
-    cache = full_attention_cache(model) if can_share else None
+    cache = full_attention_cache(model) if checkpointed is not None and (covered or own) else None
     read = prefix.read(model, output_hidden_states, checkpointed) if cache is not None and covered else None
-    if read is None and cache is not None:  # this pass's own rows' prefix, its graph kept in this pass
-        shared = shared or common_prefix_length(input_ids, attention_mask)
-        if shared >= SHARED_PREFIX_MIN_TOKENS:
-            read = _read_prefix(model, input_ids[:1, :shared], output_hidden_states, checkpointed)
+    if read is None and cache is not None and own:  # this pass's own rows' prefix, its graph kept in this pass
+        read = _read_prefix(model, input_ids[:1, :shared], output_hidden_states, checkpointed)
     if read is None:
         out = model(
             input_ids=input_ids,
