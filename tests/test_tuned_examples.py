@@ -278,9 +278,10 @@ def test_the_tool_job_runs_and_its_outputs_keep_each_turns_tool_results(tmp_path
 
 
 @pytest.mark.slow
-def test_the_self_play_job_runs_validates_both_opponents_and_pairs_against_its_warm_start(tmp_path):
+def test_the_self_play_job_runs_validates_both_opponents_pairs_against_its_warm_start_and_rates_its_league(tmp_path):
     budget = [*TINY_BUDGET, "--max-turns", "5", "--max-new-tokens-per-turn", "16", "--match-games", "6"]
-    done = run_example("starpo_selfplay.py", *budget, "--output-dir", str(tmp_path))
+    league = ["--league-interval", "1", "--rating-games", "4"]
+    done = run_example("starpo_selfplay.py", *budget, *league, "--output-dir", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     run = (tmp_path / "latest").resolve() / "seed0"
     summary = json.loads((run / "summary.json").read_text())
@@ -288,6 +289,15 @@ def test_the_self_play_job_runs_validates_both_opponents_and_pairs_against_its_w
     matches = json.loads((run / "matches_vs_warm_start.json").read_text())
     assert matches["before"]["games"] == matches["after"]["games"] == 6
     assert matches["paired"]["n"] == 6 and "against its warm start" in done.stdout
+    # Two iterations, a snapshot before each: snapshot_0 (the warm start's weights, played as the warm start) and
+    # snapshot_1, exported beside the policy; three players, every pair the same 4 deals twice, seats swapped.
+    assert sorted(p.name for p in (run / "league").iterdir()) == ["snapshot_0", "snapshot_1"]
+    rated = json.loads((run / "league_ratings.json").read_text())
+    assert rated["ratings"]["players"] == ["warm start", "snapshot_1", "trained"]
+    assert rated["ratings"]["games"] == [16, 16, 16] and sum(rated["ratings"]["points"]) == 24
+    assert [pair["games"] for pair in rated["pairs"].values()] == [4] * 6
+    assert "snapshot_1 vs warm start" in rated["pairs"] and "warm start vs snapshot_1" in rated["pairs"]
+    assert "the league's players rated" in done.stdout
 
 
 @pytest.mark.slow
@@ -308,15 +318,15 @@ def test_the_kuhn_poker_self_play_job_reads_both_policies_strategies(tmp_path):
 def test_the_self_play_job_trains_by_self_play_or_against_a_fixed_opponent():
     selfplay = job_file("starpo_selfplay.py")
     config, job, policy, baselines, games = selfplay["parse_args"](selfplay["config"], selfplay["job"], [])
-    assert config.self_play and config.env_config == {"opponent": "random"} and games == 256
+    assert config.self_play and config.env_config == {"opponent": "random"} and games == {"match": 256, "rating": 64}
     assert set(baselines) == {"random legal moves", "minimax"} and job.timed_command == "starpo_selfplay.py"
     assert [e.env_config for e in config.validation_environments()] == [
         {"opponent": "random"},
         {"opponent": "minimax", "success": "not_lost"},
     ]
-    flags = ["--fixed-opponent", "minimax", "--match-games", "0"]
+    flags = ["--fixed-opponent", "minimax", "--match-games", "0", "--rating-games", "0"]
     fixed, _, _, _, games = selfplay["parse_args"](selfplay["config"], selfplay["job"], flags)
-    assert not fixed.self_play and fixed.env_config == {"opponent": "minimax"} and games == 0
+    assert not fixed.self_play and fixed.env_config == {"opponent": "minimax"} and games == {"match": 0, "rating": 0}
     assert selfplay["config"].self_play  # the job's own config is left as it was
     kuhn, _, demonstrations, baselines, _ = selfplay["parse_args"](
         selfplay["config"], selfplay["job"], ["--game", "kuhn-poker"]
@@ -335,6 +345,8 @@ def test_the_self_play_job_trains_by_self_play_or_against_a_fixed_opponent():
         "<answer>fold</answer>",
         "<answer>call</answer>",
     )
+    with pytest.raises(SystemExit):
+        selfplay["parse_args"](selfplay["config"], selfplay["job"], ["--rating-games", "-1"])
     with pytest.raises(SystemExit):
         selfplay["parse_args"](
             selfplay["config"], selfplay["job"], ["--game", "kuhn-poker", "--fixed-opponent", "minimax"]

@@ -6,15 +6,18 @@ self-play, arXiv 2506.24119); validation plays one seat (x or o, by seed) agains
 minimax, which cannot be beaten: against it the best result is a draw. ``--fixed-opponent random`` trains against the
 random player instead of itself, SPIRAL's baseline, which it reports overfits to its opponent. ``--game kuhn-poker``
 plays Kuhn poker instead, validated against random play and Kuhn's equilibrium, and reads after the run how
-exploitable the warm start's and the trained policy's strategies are (0 at an equilibrium).
+exploitable the warm start's and the trained policy's strategies are (0 at an equilibrium). With a league
+(``--league-interval 5``) its players (the warm start, the snapshots held at the end, the trained policy) play each
+other after the run, and a table rates them.
 
 Command:  python tuned_examples/starpo_selfplay.py [--seed 0] [--iterations 30] [--fixed-opponent random]
-          [--game kuhn-poker]
+          [--game kuhn-poker] [--league-interval 5]
 Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py), warm start included
 Expect:   docs/results/self-play.md
 """
 
 import dataclasses
+from pathlib import Path
 
 from rllib_ragen import StarPOConfig
 from rllib_ragen.demonstrators import (
@@ -25,7 +28,8 @@ from rllib_ragen.demonstrators import (
 )
 from rllib_ragen.jobs import JobSettings, run_job
 from rllib_ragen.jobs.flags import apply_job_args, job_parser
-from rllib_ragen.jobs.matches import against_warm_start, kuhn_strategy_of_trial
+from rllib_ragen.jobs.matches import against_warm_start, kuhn_strategy_of_trial, league_ratings
+from rllib_ragen.jobs.outputs import LEAGUE
 
 GAME = "rllib_ragen/TicTacToe-v0"
 # One seat (x on even seeds, o on odd) against each opponent: success against the random player is a win, against
@@ -75,12 +79,13 @@ job = JobSettings(
     timed_command="starpo_selfplay.py",
 )
 MATCH_GAMES = 256  # against the warm start, after the run: the seat alternating, both sampled
+RATING_GAMES = 64  # with a league, after the run: deals each pair of its players plays twice, the seats swapped
 STRATEGY_HANDS = 2048  # Kuhn poker, after the run: each policy against the random player, its moves read as a strategy
 
 
 def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
-    """The job flags plus ``--game``, ``--fixed-opponent`` and ``--match-games``; returns (config, job,
-    demonstration policy, baselines, games against the warm start)."""
+    """The job flags plus ``--game``, ``--fixed-opponent``, ``--match-games`` and ``--rating-games``; returns
+    (config, job, demonstration policy, baselines, games played after the run: ``{"match": ..., "rating": ...}``)."""
     parser = job_parser(config, job, description)
     parser.add_argument(
         "--game",
@@ -100,6 +105,14 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
         default=MATCH_GAMES,
         help=f"games the trained policy and its warm start each play against the warm start after the run "
         f"(default: {MATCH_GAMES}; 0: none)",
+    )
+    parser.add_argument(
+        "--rating-games",
+        type=int,
+        default=RATING_GAMES,
+        help=f"with a league (--league-interval): deals each pair of its players (the warm start, the snapshots held "
+        f"at the end, the trained policy) plays twice, the seats swapped, after the run, for a rating table "
+        f"(default: {RATING_GAMES}; 0: none)",
     )
     cli = parser.parse_args(argv)
     kuhn = cli.game == "kuhn-poker"
@@ -131,18 +144,19 @@ def parse_args(config, job, argv=None, description=__doc__.splitlines()[0]):
             "minimax": tic_tac_toe_minimax_policy(thinking),
         }
         demonstrations = tic_tac_toe_random_policy(thinking)
-    if cli.match_games < 0:
-        parser.error(f"--match-games {cli.match_games}: give 0 (no matches) or more games.")
-    return config, job, demonstrations, baselines, cli.match_games
+    for flag, games in (("--match-games", cli.match_games), ("--rating-games", cli.rating_games)):
+        if games < 0:
+            parser.error(f"{flag} {games}: give 0 (none) or more games.")
+    return config, job, demonstrations, baselines, {"match": cli.match_games, "rating": cli.rating_games}
 
 
 if __name__ == "__main__":
-    config, job, demonstrations, baselines, match_games = parse_args(config, job)
+    config, job, demonstrations, baselines, games = parse_args(config, job)
     summary = run_job(config, job, demonstrations, baselines=baselines)
     # The third opponent, a model: the trained policy and its warm start each against the warm start, paired.
     for trial in summary.get("trials", {"": summary}).values():
-        if match_games:
-            matches = against_warm_start(trial["run_dir"], games=match_games, allow_imports=True)  # its own run
+        if games["match"]:
+            matches = against_warm_start(trial["run_dir"], games=games["match"], allow_imports=True)  # its own run
             print(f"against its warm start ({trial['run_dir']}): score {matches['paired']['describe']}", flush=True)
         if config.env == KUHN:  # how exploitable each policy's strategy is, read from its own play
             read = kuhn_strategy_of_trial(trial["run_dir"], hands=STRATEGY_HANDS, allow_imports=True)
@@ -151,3 +165,6 @@ if __name__ == "__main__":
                 f"{read['warm_start']['exploitability']:.3f} -> trained {read['trained']['exploitability']:.3f}",
                 flush=True,
             )
+        if games["rating"] and (Path(trial["run_dir"]) / LEAGUE).is_dir():  # a league's players against each other
+            rated = league_ratings(trial["run_dir"], games=games["rating"], allow_imports=True)
+            print(f"the league's players rated ({trial['run_dir']}), Elo against the warm start:\n{rated['table']}")

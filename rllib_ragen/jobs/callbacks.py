@@ -40,6 +40,7 @@ from .outputs import (
     AFTER_ROLLOUTS,
     BEFORE_GREEDY_ROLLOUTS,
     BEFORE_ROLLOUTS,
+    LEAGUE,
     MACHINE,
     POLICY,
     SENTINEL_FILE,
@@ -221,6 +222,7 @@ class JobOutputs(RLlibCallback):
         )
         algorithm.announce_phase("exporting the trained policy")
         algorithm.export_pretrained(folder / POLICY)
+        algorithm.export_league(folder / LEAGUE)  # what a rating table across the league plays (jobs.matches)
         result[M.PEAK_RSS] = peak_rss_gib()  # the closing validations and the export can set the trial's peak
 
     def _write_training_sample(self, algorithm, path: pathlib.Path) -> None:

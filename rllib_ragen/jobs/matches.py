@@ -11,6 +11,10 @@ seed. Greedy play would repeat one game per seat: the opening is the same empty 
 same games (seeds, seats, sampling seed) and pairs each game's score for the agent (1 a win, 0 a draw, -1 a loss)
 with :func:`~rllib_ragen.jobs.paired_stats.paired_comparison`.
 
+``league_ratings(trial)`` rates a league run's players against each other: its warm start, the snapshots the league
+held at the end (exported with the policy) and the trained policy, each pair on the same games, fitted by
+Bradley-Terry (:func:`rllib_ragen.jobs.ratings.bradley_terry`).
+
 In Kuhn poker :func:`kuhn_strategy` reads a policy's strategy from its play against the random player, and how
 exploitable it is (:func:`rllib_ragen.envs.kuhn_poker.strategy_from_play`).
 
@@ -28,15 +32,18 @@ from .. import metrics as M
 from ..envs.multi_agent import OTHER_SEATS_OUTCOME
 from ..starpo.game_matches import MATCH_SEED_START, play_against, play_one_seat
 from .paired_stats import paired_comparison
+from .ratings import bradley_terry
 
 __all__ = [
     "MATCH_SEED_START",
     "against_warm_start",
     "kuhn_strategy",
     "kuhn_strategy_of_trial",
+    "league_ratings",
     "match_outcomes",
     "paired_matches",
     "play_against",
+    "round_robin",
 ]
 
 # A game's score for the agent: its outcome (a trajectory's reward also holds its format penalties).
@@ -109,6 +116,58 @@ def kuhn_strategy_of_trial(trial: str, hands: int = 2048, *, device: str = "cpu"
         "trained": kuhn_strategy(config, policy, hands, device=device),
     }
     return _recorded(trial, STRATEGY_FILE, result)
+
+
+RATINGS_FILE = "league_ratings.json"
+WARM_START, TRAINED = "warm start", "trained"
+
+
+def league_ratings(trial: str, games: int = 64, *, device: str = "cpu", allow_imports: bool = False) -> dict:
+    """A finished league trial's players rated against each other: its warm start (the anchor, rated 0), each
+    snapshot its league held at the end (``<trial>/league/snapshot_<iteration>``; the snapshot of iteration 0 is the
+    warm start's weights and is played as the warm start) and its exported policy. Every pair plays the same
+    ``games`` deals twice, the seats swapped (duplicate play: the deals' luck and the first mover's edge cancel, so
+    two players who play alike score exactly even), both sampled as in :func:`play_against`; a game scores 1 a win,
+    0.5 a draw or an unfinished game, 0 a loss, and :func:`~rllib_ragen.jobs.ratings.bradley_terry` fits the ratings.
+    Written to ``<trial>/league_ratings.json`` unless the run recorded it already. ``allow_imports``: as
+    :func:`against_warm_start`'s."""
+    import pathlib
+
+    from ..starpo.league import League
+    from .outputs import LEAGUE
+
+    config, warm_start, policy = _trial_policies(trial, allow_imports)
+    league = pathlib.Path(trial) / LEAGUE
+    folders = [p for p in league.iterdir() if p.is_dir() and p.name.startswith("snapshot_")] if league.is_dir() else []
+    snapshots = sorted(folders, key=lambda p: League.iteration(p.name))
+    if not snapshots:
+        raise FileNotFoundError(f"{league} holds no snapshots: was {trial} trained with a league (league_interval)?")
+    players = {
+        WARM_START: warm_start,
+        **{s.name: str(s) for s in snapshots if League.iteration(s.name) > 0},
+        TRAINED: policy,
+    }
+    results, pairs = round_robin(config, players, games, device=device)
+    ratings = bradley_terry(results, anchor=WARM_START)
+    result = {"games_per_pair": games, "players": players, "pairs": pairs, "ratings": ratings.as_dict()}
+    return {**_recorded(trial, RATINGS_FILE, result), "table": ratings.table()}
+
+
+def round_robin(config, players: dict[str, str], games: int, *, device: str = "cpu") -> tuple[dict, dict]:
+    """Every pair of ``players`` (name -> model folder) on the same ``games`` deals twice, the seats swapped
+    (:func:`play_against`'s seat by seed, the agent's then the opponent's). Returns each pair ``(a, b)``'s scores
+    for ``a`` (1 a win, 0.5 a draw or an unfinished game, 0 a loss; its games as agent, then as opponent) and each
+    direction's :func:`match_outcomes` (``"a vs b"``, ``a`` the agent) without the per-game scores."""
+    import itertools
+
+    results, pairs = {}, {}
+    for a, b in itertools.combinations(players, 2):
+        results[(a, b)] = []
+        for agent, opponent in ((a, b), (b, a)):
+            played = match_outcomes(play_against(config, players[agent], players[opponent], games, device=device))
+            results[(a, b)] += [(1 + score if agent == a else 1 - score) / 2 for score in played["scores"].values()]
+            pairs[f"{agent} vs {opponent}"] = {k: v for k, v in played.items() if k != "scores"}
+    return results, pairs
 
 
 def _trial_policies(trial: str, allow_imports: bool) -> tuple:

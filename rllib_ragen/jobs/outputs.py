@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # (the job layer runs no rollouts: it writes the algorithm's)
     from ..rollout.trajectory import Trajectory
 
 POLICY = "policy"  # the trained model, loadable by plain transformers
+LEAGUE = "league"  # with a league: the snapshots it held at the end, a model folder each (snapshot_<iteration>)
 LATEST = "latest"
 RUN_CONFIG = "run_config.json"
 BASELINES = "baselines"  # scripted baselines' episodes on the validation states (run_job's ``baselines``)

@@ -29,6 +29,7 @@ from ray.rllib.utils.annotations import override
 
 from .inference_engines import load_policy_into_engines
 from .llm_rl_module import PLACEHOLDER_SPACE, CausalLMRLModule
+from .weight_sync import share_or_copy
 
 logger = logging.getLogger(__name__)
 
@@ -228,19 +229,38 @@ class CheckpointsAndExport:
         # A runner that plays the learner's own tensors takes them in place, one merged LoRA layer at a time; else a
         # module loads the whole merged state (SmolLM2: a float32 copy of every weight, 0.54 GB at once).
         if self.config.max_policy_lag or self._play_learner_in_process(share=True) is None:
-            module = (
-                self.env_runner.module
-                if self.env_runner is not None
-                else self.config.get_rl_module_spec(
-                    spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True
-                ).build()
-            )
+            module = self.env_runner.module if self.env_runner is not None else self._inference_module()
             module.set_state(self._learner_module_state())
         else:
             module = self.env_runner.module
-        module.save_pretrained(path)
-        if not (path / "config.json").is_file():
-            raise OSError(f"exporting the policy to {path} wrote no config.json; see the errors above.")
+        _saved(module, path)
+
+    def export_league(self, path) -> list[pathlib.Path]:
+        """Save each snapshot the league holds now as ``path/<name>`` (``snapshot_<iteration>``), a model folder as
+        :meth:`export_pretrained` writes: what :func:`rllib_ragen.jobs.matches.league_ratings` plays. Returns the
+        folders, oldest first; none without a league."""
+        league = self.rollouts.league
+        if league is None or not league.snapshots:
+            return []
+        module = self._inference_module()  # a module of its own: the runner's keeps playing the learner's weights
+        folders = []
+        for name, tensors in league.snapshots.items():
+            share_or_copy(tensors, module.policy, share=False)  # as a runner loads a snapshot it plays
+            folders.append(_saved(module, pathlib.Path(path) / name))
+        return folders
+
+    def _inference_module(self):
+        return self.config.get_rl_module_spec(
+            spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True
+        ).build()
+
+
+def _saved(module, path: pathlib.Path) -> pathlib.Path:
+    """``module``'s policy and tokenizer saved to ``path``, which must then hold a model's ``config.json``."""
+    module.save_pretrained(path)
+    if not (path / "config.json").is_file():
+        raise OSError(f"exporting the policy to {path} wrote no config.json; see the errors above.")
+    return path
 
 
 def _absolute(path):

@@ -4,7 +4,14 @@ import torch
 
 from rllib_ragen import StarPOConfig
 from rllib_ragen.envs.kuhn_poker import DECISIONS, decision_views
-from rllib_ragen.jobs.matches import kuhn_strategy, match_outcomes, paired_matches, play_against, play_one_seat
+from rllib_ragen.jobs.matches import (
+    kuhn_strategy,
+    match_outcomes,
+    paired_matches,
+    play_against,
+    play_one_seat,
+    round_robin,
+)
 from rllib_ragen.rollout.models import load_policy
 
 
@@ -66,3 +73,20 @@ def test_a_policy_s_kuhn_strategy_counts_every_decision_it_made(tmp_path):
     assert sum(sum(c.values()) for c in read["counts"].values()) == len(decisions) >= 8
     assert sum(c["none"] for c in read["counts"].values()) == sum(no_move)
     assert read["no_move_rate"] == sum(no_move) / len(decisions)
+
+
+def test_a_round_robin_plays_each_deal_from_both_seats_so_a_policy_against_itself_scores_even(tmp_path):
+    torch.set_num_threads(1)
+    policy, other = _tiny_policy(tmp_path / "a", 0), _tiny_policy(tmp_path / "b", 1)
+    config = _config().environment("rllib_ragen/KuhnPoker-v0").training(max_turns=2, max_actions_per_episode=2)
+    results, pairs = round_robin(config, {"one": policy, "same": policy, "other": other}, 6)
+    assert list(results) == [("one", "same"), ("one", "other"), ("same", "other")]
+    assert all(len(scores) == 12 and set(scores) <= {0.0, 0.5, 1.0} for scores in results.values())
+    # The same policy in both roles of every deal: whatever a seat's cards and luck gave it, each side had it once.
+    assert sum(results[("one", "same")]) == 6.0
+    assert results[("one", "other")] == results[("same", "other")]  # the same model, the same games
+    # Its first half is "one" as the agent, its second "other" as the agent on the same deals, mirrored.
+    one_as_agent = match_outcomes(play_against(config, policy, other, 6))["scores"].values()
+    other_as_agent = match_outcomes(play_against(config, other, policy, 6))["scores"].values()
+    assert results[("one", "other")] == [(1 + s) / 2 for s in one_as_agent] + [(1 - s) / 2 for s in other_as_agent]
+    assert set(pairs) == {f"{a} vs {b}" for a in ("one", "same", "other") for b in ("one", "same", "other") if a != b}

@@ -215,10 +215,11 @@ def test_the_last_result_carries_the_peak_rss_read_after_the_closing_validation_
         play_validation_states=lambda temperature: [],
         announce_phase=lambda phase: None,
         export_pretrained=lambda path: order.append("export"),
+        export_league=lambda path: order.append("league"),
     )
     result = {EVALUATION_RESULTS: {ENV_RUNNER_RESULTS: {M.VALIDATION_ITERATION: 3}}, M.PEAK_RSS: 6.1}
     callbacks.JobOutputs(iterations=3)._finish(algorithm, tmp_path, result)
-    assert order == ["greedy play", "export", "peak read"] and result[M.PEAK_RSS] == 8.1
+    assert order == ["greedy play", "export", "league", "peak read"] and result[M.PEAK_RSS] == 8.1
 
 
 def test_after_a_quiet_stretch_the_console_says_what_each_running_trial_is_doing(tmp_path, capsys, monkeypatch):

@@ -5,6 +5,7 @@ import contextlib
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from rllib_ragen import StarPOConfig, register_text_env
 from rllib_ragen.envs.games import GAMES
@@ -199,6 +200,15 @@ def test_a_league_plays_frozen_snapshots_and_trains_the_learner_only(ray_session
             assert rollout["league/games"] == len(league_games) == 2 * sum(map(bool, opponents))
             assert rollout["league/win_rate"] == sum(t.seat == "a" for t in league_games) / len(league_games)
             assert rollout["league/snapshots"] == 2.0
+            # Exported as model folders (what a rating table plays): each loads with plain transformers as its
+            # snapshot to the bit, and the runner's own policy still plays the learner's weights.
+            folders = algo.export_league(tmp_path / "league")
+            assert [f.name for f in folders] == ["snapshot_0", "snapshot_1"]
+            for folder in folders:
+                loaded = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+                assert all(torch.equal(loaded[k], v) for k, v in league.snapshots[folder.name].items())
+            learner = algo.policy_weights()
+            assert all(torch.equal(v, learner[k]) for k, v in algo.env_runner.module.policy.state_dict().items())
             # The league is in the checkpoint: a restored algorithm plays the same snapshots.
             path = algo.save_to_path(str(tmp_path / "checkpoint"))
         finally:
