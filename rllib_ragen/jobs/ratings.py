@@ -69,6 +69,7 @@ def bradley_terry(results: Mapping[tuple[str, str], Sequence[float]], anchor: st
             (with ``prior_draws=0``) a player who won or lost every game, whose rating would be infinite.
     """
     from scipy.optimize import minimize
+    from scipy.special import expit, log_expit
 
     players = list(dict.fromkeys(p for pair in results for p in pair))
     if anchor not in players:
@@ -101,13 +102,13 @@ def bradley_terry(results: Mapping[tuple[str, str], Sequence[float]], anchor: st
     def negative_log_likelihood(x: np.ndarray) -> tuple[float, np.ndarray]:
         gaps = strengths(x)[:, None] - strengths(x)[None, :]
         # -sum won[i, j] * log sigmoid(theta_i - theta_j), each game counted from both sides' points
-        value = float((fitted_won * np.logaddexp(0.0, -gaps)).sum())
-        gradient = (fitted_played * _sigmoid(gaps) - fitted_won).sum(1)
+        value = float(-(fitted_won * log_expit(gaps)).sum())
+        gradient = (fitted_played * expit(gaps) - fitted_won).sum(1)
         return value, gradient[free]
 
     def information(x: np.ndarray) -> np.ndarray:
         gaps = strengths(x)[:, None] - strengths(x)[None, :]
-        weights = fitted_played * _sigmoid(gaps) * _sigmoid(-gaps)
+        weights = fitted_played * expit(gaps) * expit(-gaps)
         return (np.diag(weights.sum(1)) - weights)[np.ix_(free, free)]
 
     fit = minimize(negative_log_likelihood, np.zeros(n - 1), jac=True, hess=information, method="trust-exact")
@@ -133,19 +134,11 @@ def bradley_terry(results: Mapping[tuple[str, str], Sequence[float]], anchor: st
     )
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1 + np.tanh(x / 2))
-
-
 def _check_connected(players: list[str], played: np.ndarray, anchor: str) -> None:
     """Every player reached from the anchor through pairs that played: otherwise its rating has nothing to stand on."""
-    reached, frontier = {players.index(anchor)}, [players.index(anchor)]
-    while frontier:
-        i = frontier.pop()
-        for j in np.flatnonzero(played[i]):
-            if int(j) not in reached:
-                reached.add(int(j))
-                frontier.append(int(j))
-    apart = [p for i, p in enumerate(players) if i not in reached]
+    from scipy.sparse.csgraph import connected_components
+
+    _, component = connected_components(played > 0, directed=False)
+    apart = [p for p, c in zip(players, component) if c != component[players.index(anchor)]]
     if apart:
         raise ValueError(f"{apart} played no game linked to {anchor!r}: they cannot be rated against it.")
