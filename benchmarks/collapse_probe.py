@@ -29,7 +29,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import ray  # noqa: E402
 import torch  # noqa: E402
 
-from rllib_ragen.starpo.update_batch import prepare_update_batch  # noqa: E402
+from rllib_ragen.starpo.policies import policy_batches  # noqa: E402
 
 from rllib_ragen.collapse import probe_schedule  # noqa: E402
 from rllib_ragen.jobs.warm_start import WARM_STARTS  # noqa: E402
@@ -68,12 +68,12 @@ def main() -> None:
             t0 = time.perf_counter()
             algo.train()
             iteration_s.append(time.perf_counter() - t0)
-            columns, _ = prepare_update_batch(algo.last_rollout, algo.config, algo._pad_token_id())
+            batches, _ = policy_batches(algo.last_rollout, algo.config, algo._pad_token_id())
             t0 = time.perf_counter()
-            probe = algo._collapse_probe(columns, algo.last_rollout, gradient_norms=False)
+            probe = algo._collapse_probe(batches, algo.last_rollout, gradient_norms=False)
             cross_s.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            algo._collapse_probe(columns, algo.last_rollout, gradient_norms=True)
+            algo._collapse_probe(batches, algo.last_rollout, gradient_norms=True)
             both_s.append(time.perf_counter() - t0)
             print(
                 f"iteration {i + 1}: {iteration_s[-1]:.1f} s; probe {cross_s[-1]:.2f} s, with the gradient norms "

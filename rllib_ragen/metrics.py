@@ -53,6 +53,10 @@ GAME_OUTCOMES = ("win", "draw", "loss", "unfinished")  # per seat of a game: {en
 LEAGUE = "league"
 LEAGUE_GAMES = "league/games"
 LEAGUE_SNAPSHOTS = "league/snapshots"
+# Separate policies (starpo/policies.py): what the driver measures of one policy, under policies/<id>/<metric>.
+POLICIES = "policies"
+
+
 TOOL_RESULTS_CUT = "rollout/tool_results_cut"  # an in-process tool's result over max_observation_chars, cut to it
 # Not a metric: the first failed environment call of a rollout, as text (its cause, should every episode fail).
 FIRST_ENV_ERROR = "first_env_error"
@@ -149,6 +153,11 @@ SKIPPED_OPTIMIZER_STEPS = "perf/skipped_optimizer_steps"  # non-finite loss or g
 def env_metric(env_id: str, name: str) -> str:
     """The name of a per-environment metric: ``env_metric("rllib_ragen/Sokoban-v0", SUCCESS)``."""
     return f"{env_id}/{name}"
+
+
+def policy_metric(policy_id: str, key: str) -> str:
+    """Where the driver logs policy ``policy_id``'s own value of metric ``key`` (separate policies)."""
+    return f"{POLICIES}/{policy_id}/{key}"
 
 
 # ---- echo-trap diagnostics (``collapse.py``) ----------------------------------------------------------------------

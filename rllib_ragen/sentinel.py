@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -134,7 +134,7 @@ def as_rule(item) -> Rule:
     raise ValueError(f"{item!r} is not a rllib_ragen.sentinel.Rule (nor a dict of its fields).")
 
 
-def echo_trap_rules(action: str = "warn") -> list[Rule]:
+def echo_trap_rules(action: str = "warn", policies: list[str] | None = None) -> list[Rule]:
     """The main jobs' built-in rules: the echo trap's warning signs (RAGEN sec. 4), each with ``action``; a rollback
     halves the learning rates.
 
@@ -146,7 +146,22 @@ def echo_trap_rules(action: str = "warn") -> list[Rule]:
     The mutual-information estimate is not among them: with the probe's default 8 prompts it moves from one probe
     to the next as much as it changes over a run. Add ``Rule(M.MI_ESTIMATE, "drop_from_peak", ...)`` yourself with
     a larger ``collapse_subsample``.
+
+    ``policies``: with separate policies (``StarPOConfig.multi_agent``), the trained ones' ids: each rule once per
+    policy, on that policy's own values (``policies/<id>/...`` and ``learners/<id>/...``), named after it.
     """
+    if policies is not None:
+        return [
+            replace(
+                rule,
+                signal=rule.signal.replace("learners/default_policy/", f"learners/{policy}/")
+                if rule.signal.startswith("learners/")
+                else M.policy_metric(policy, rule.signal),
+                name=f"{rule.name} ({policy})",
+            )
+            for policy in policies
+            for rule in echo_trap_rules(action)
+        ]
     knobs = {"lr_factor": 0.5} if action == "rollback" else {}
     return [
         Rule(

@@ -371,7 +371,7 @@ def test_the_multi_agent_page_runs():
     assert "Kuhn poker at equilibrium: -1/18 a hand, exploitability 0" in printed
     wins, draws = re.search(r"as x: (\d+) wins, (\d+) draws", printed).groups()
     assert int(wins) + int(draws) == 20 and int(wins) > int(draws)  # minimax never loses; random play seldom draws
-    for block in ("seat-env", "self-play", "self-play-opponents", "league", "rae"):
+    for block in ("seat-env", "self-play", "self-play-opponents", "league", "separate-policies", "rae"):
         namespace = {}
         _run_block(block, namespace)
         namespace["config"].validate()

@@ -39,6 +39,11 @@ def scripted_player(name: str, game: TurnBasedTextGame, seed: Any) -> Player:
     )
 
 
+def seat_for_seed(seats, seed: int | None, fixed: str | None = None) -> str:
+    """The seat a :class:`SeatEnv` plays after ``reset(seed=seed)``: ``fixed`` when set, else ``seed % seats``."""
+    return fixed or seats[int(seed or 0) % len(seats)]
+
+
 # What counts as a seat's success, by the game's outcome for it.
 SUCCESS_RULES = {"win": ("win",), "not_lost": ("win", "draw")}
 
@@ -108,7 +113,7 @@ class SeatEnv(TextEnv):
         self._success = False
         self.reset_options = options or {}
         seats = self.game.possible_agents
-        self.seat = self.fixed_seat or seats[(seed or 0) % len(seats)]
+        self.seat = seat_for_seed(seats, seed, self.fixed_seat)
         transition_seed = self.reset_options.get(TRANSITION_SEED)
         luck = [seed or 0] if transition_seed is None else np.atleast_1d(transition_seed).tolist()
         self.opponents = {s: scripted_player(self.opponent, self.game, luck + [i]) for i, s in enumerate(seats)}

@@ -317,6 +317,12 @@ class JobSettings:
             )
         if config is not None and config.model_load_error():  # the driver loads the model (the warm start)
             errors.append(config.model_load_error())
+        if config is not None and config.separate_policies:
+            errors.append(
+                f"multi_agent(policies={config.policy_ids()}): a main job reads back one policy (its report, "
+                "evaluate and the self-play job's matches read <trial>/policy); train separate policies with StarPO "
+                "itself (docs/multi-agent.md)."
+            )
         turns = self.warm_start_max_turns
         if config is not None and is_int(turns) and turns > config.max_turns:
             errors.append(

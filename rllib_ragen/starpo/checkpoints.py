@@ -210,22 +210,30 @@ class CheckpointsAndExport:
         elif COMPONENT_LEARNER_GROUP in state:
             self._send_policy_to_env_runners()  # RLlib's sync in set_state can be dropped (see the method)
 
-    def _learner_module_state(self) -> dict[str, torch.Tensor]:
-        """The learner's current module state, critic left out."""
-        return self.learner_group.get_state(components="learner/rl_module/" + DEFAULT_MODULE_ID, inference_only=True)[
-            "learner"
-        ]["rl_module"][DEFAULT_MODULE_ID]
+    def _learner_module_state(self, policy: str = DEFAULT_MODULE_ID) -> dict[str, torch.Tensor]:
+        """The learner's current module state of ``policy``, critic left out."""
+        return self.learner_group.get_state(components="learner/rl_module/" + policy, inference_only=True)["learner"][
+            "rl_module"
+        ][policy]
 
-    def policy_weights(self) -> dict[str, torch.Tensor]:
-        """The learner's current policy weights, with the Hugging Face model's own parameter names."""
-        return CausalLMRLModule.policy_state(self._learner_module_state())
+    def policy_weights(self, policy: str = DEFAULT_MODULE_ID) -> dict[str, torch.Tensor]:
+        """The learner's current weights of ``policy`` (separate policies: any of them), with the Hugging Face
+        model's own parameter names."""
+        return CausalLMRLModule.policy_state(self._learner_module_state(policy))
 
     def export_pretrained(self, path) -> None:
         """Save the current policy and tokenizer with ``save_pretrained``:
-        ``AutoModelForCausalLM.from_pretrained(path)`` loads it with plain transformers."""
+        ``AutoModelForCausalLM.from_pretrained(path)`` loads it with plain transformers. Separate policies: each
+        into ``path/<policy id>``, the frozen ones as they started."""
         path = pathlib.Path(path)
         if path.exists() and not path.is_dir():  # save_pretrained would only log an error and write nothing
             raise NotADirectoryError(f"cannot export the policy to {path}: it is a file.")
+        if self.config.separate_policies:
+            module = self._inference_module()
+            for policy in self.config.policy_ids():
+                module.set_state(self._learner_module_state(policy))
+                _saved(module, path / policy)
+            return
         # A runner that plays the learner's own tensors takes them in place, one merged LoRA layer at a time; else a
         # module loads the whole merged state (SmolLM2: a float32 copy of every weight, 0.54 GB at once).
         if self.config.max_policy_lag or self._play_learner_in_process(share=True) is None:

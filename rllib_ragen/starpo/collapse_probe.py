@@ -27,16 +27,21 @@ class CollapseProbe:
     each reward-variance bucket."""
 
     def collapse_probe(
-        self, batch: dict[str, np.ndarray], pairs: CrossScoringPairs | None, *, gradient_norms: bool = True
+        self,
+        batch: dict[str, np.ndarray],
+        pairs: CrossScoringPairs | None,
+        *,
+        gradient_norms: bool = True,
+        module_id: str = DEFAULT_MODULE_ID,
     ) -> tuple[dict[str, float], np.ndarray]:
         """Cross-scoring, each reward-variance bucket's share of groups and (``gradient_norms``) its
         policy-gradient norm, on the current weights.
 
         Leaves weights, optimizer state and gradients as they were. ``batch`` is the update's (kept) batch;
         ``pairs`` the first-turn prompts and reasonings to cross-score (None: skip). Returns the metrics and the
-        batch's (B, T) token advantages, as the update will use them (for the rollout viewer).
+        batch's (B, T) token advantages, as the update will use them (for the rollout viewer). ``module_id``: the
+        policy whose batch it is (separate policies are probed one by one).
         """
-        module_id = DEFAULT_MODULE_ID
         config = self.config.get_config_for_module(module_id)
         # The probe runs on one learner: through the DDP wrapper, a forward pass broadcasts buffers to the other
         # learners, which never join, and every learner hung there at the first probe.
@@ -45,7 +50,8 @@ class CollapseProbe:
         data = {k: torch.as_tensor(v).to(self._device) for k, v in batch.items()}
         micro_size = config.micro_batch_size or data["input_ids"].shape[0]
         rows = torch.arange(data["input_ids"].shape[0])
-        self._prepare(data, module, config, [rows[i : i + micro_size] for i in range(0, len(rows), micro_size)])
+        micro_batches = [rows[i : i + micro_size] for i in range(0, len(rows), micro_size)]
+        self._prepare(data, module, config, micro_batches, module_id)
         buckets = variance_buckets(
             data["episode_return"].cpu().numpy(), data["group"].cpu().numpy(), data["trajectory"].cpu().numpy()
         )

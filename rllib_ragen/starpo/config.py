@@ -23,6 +23,7 @@ from .config_rules import rule_errors
 from .environments import ConfigEnvironments
 from .knobs import KNOB_SECTIONS, KNOBS, RLLIB_DEFAULT, RLLIB_FIELDS, STARPO_S_DEFAULTS, knob_errors, settings_from
 from .llm_rl_module import DEFAULT_MODEL_CONFIG, CausalLMRLModule
+from .policies import ConfigPolicies
 from .presets import PRESET_LABEL, PRESETS, VARIANT_LABEL
 
 __all__ = ["KNOB_SECTIONS", "STARPO_S_DEFAULTS", "StarPOConfig"]
@@ -35,7 +36,7 @@ _RLLIB_PLACEHOLDERS = frozenset(
 )
 
 
-class StarPOConfig(ConfigEnvironments, AlgorithmConfig):
+class StarPOConfig(ConfigPolicies, ConfigEnvironments, AlgorithmConfig):
     """Configuration of :class:`StarPO`; defaults are RAGEN's StarPO-S on the ``tiny`` CPU model.
 
     Method knobs are set with ``.training(...)`` (each declared in ``starpo/knobs.py``); the model with

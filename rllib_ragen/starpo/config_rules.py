@@ -16,6 +16,7 @@ from ..rollout.vllm_backend import VLLM_LORA_RANKS, VLLM_MISSING, vllm_available
 from .environments import env_class, environment_errors, is_known_env, mixture_errors
 from .knobs import KNOBS, is_int
 from .llm_rl_module import CRITIC_TYPES, DEFAULT_MODEL_CONFIG
+from .policies import separate_policy_errors
 
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -29,6 +30,7 @@ def rule_errors(config):
     yield from _action_separator_errors(config)
     yield from _tool_environment_errors(config)
     yield from _self_play_errors(config)
+    yield from separate_policy_errors(config)
     yield from batch_shape_errors(config)
     yield from _off_policy_errors(config)
     yield from _sentinel_errors(config)

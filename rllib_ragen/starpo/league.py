@@ -23,6 +23,7 @@ import torch
 
 from .. import metrics as M
 from ..envs.multi_agent import OTHER_SEATS_OUTCOME
+from ..envs.seat import seat_for_seed
 from ..rollout.seats import DEFAULT_POLICY
 
 SELF_PLAY = None  # a group's opponent: the learner itself, in every seat
@@ -71,7 +72,7 @@ class League:
 
 def learner_seat(seats: Sequence[str], seed: int) -> str:
     """The seat the learner plays in a group against a snapshot: the reset seed's, as a seat environment's."""
-    return seats[int(seed) % len(seats)]
+    return seat_for_seed(seats, seed)
 
 
 def league_metrics(trajectories, opponents: Sequence[str | None], league_size: int) -> dict[str, float]:

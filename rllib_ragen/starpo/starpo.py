@@ -49,7 +49,8 @@ from ..hardware import peak_rss_gib, trim_heap
 from ..objectives import RoleBaselines
 from ..rollout.trajectory import Trajectory
 from ..sentinel import Sentinel
-from .update_batch import prepare_update_batch, shard_by_groups, token_advantages_by_trajectory
+from .policies import policy_batches
+from .update_batch import shard_by_groups, token_advantages_by_trajectory
 from .checkpoints import CheckpointsAndExport
 from .config import StarPOConfig
 from .inference_engines import load_policy_into_engines, start_engines_for
@@ -157,18 +158,23 @@ class StarPO(CheckpointsAndExport, RunnerWeights, Algorithm):
             reduce="lifetime_sum",
         )
         self._log(reply_diagnostics(trajectories))
+        if config.separate_policies:  # each policy's replies apart too: its sentinel rules read its own
+            for policy in config.trained_policy_ids():
+                mine = reply_diagnostics([t for t in trajectories if t.policy_id == policy])
+                self._log({M.policy_metric(policy, key): value for key, value in mine.items()})
 
-        columns, update_metrics = prepare_update_batch(
+        # policy id -> (its columns, its rows' trajectories' indices): one batch, or one per trained policy
+        batches, update_metrics = policy_batches(
             trajectories,
             config,
             self._pad_token_id(),
             keep_ratio=self.sentinel.rollout_filter_ratio,
             role_baselines=self.role_baselines,
         )
-        self._empty_filter_steps = 0 if columns is not None else self._empty_filter_steps + 1
+        self._empty_filter_steps = 0 if batches else self._empty_filter_steps + 1
         update_metrics[M.FILTER_EMPTY_STEPS] = float(self._empty_filter_steps)
         self._log(update_metrics)
-        if columns is None:
+        if not batches:
             self._skip_update(iteration, played_by)
             return
         probe, gradient_norms = probe_schedule(
@@ -176,7 +182,7 @@ class StarPO(CheckpointsAndExport, RunnerWeights, Algorithm):
         )
         if probe:
             with self._timer(M.TIME_COLLAPSE_PROBE):
-                self._log(self._collapse_probe(columns, trajectories, gradient_norms))
+                self._log(self._collapse_probe(batches, trajectories, gradient_norms))
 
         lag = iteration - played_by  # updates the learner made since the rollout's policy
         if not 0 <= lag <= config.max_policy_lag:
@@ -189,7 +195,7 @@ class StarPO(CheckpointsAndExport, RunnerWeights, Algorithm):
             self.rollouts.start_next(iteration + 1)
 
         with self._timer(M.TIME_UPDATE):
-            learner_results = self._update(columns, env_steps=int(rollout_results[M.NUM_ENV_STEPS_SAMPLED]))
+            learner_results = self._update(batches, env_steps=int(rollout_results[M.NUM_ENV_STEPS_SAMPLED]))
         self.metrics.aggregate(learner_results, key=LEARNER_RESULTS)
 
         if not config.max_policy_lag:  # off-policy: the next iteration syncs, once its rollout is in
@@ -225,24 +231,32 @@ class StarPO(CheckpointsAndExport, RunnerWeights, Algorithm):
             self.rollouts.wait_outside_the_rollout_thread()
         return super().restore_env_runners(env_runner_group)
 
-    def _collapse_probe(
-        self, columns: dict[str, np.ndarray], trajectories: list[Trajectory], gradient_norms: bool = True
-    ) -> dict[str, float]:
+    def _collapse_probe(self, batches: dict, trajectories: list[Trajectory], gradient_norms: bool = True) -> dict:
         """The learner's echo-trap probe on this rollout, before its update (``collapse.py``): cross-scoring, the
-        buckets' shares and, with ``gradient_norms``, their policy-gradient norms. With several learners the first
-        one probes the whole batch (outside DDP's gradient sync)."""
-        pairs = cross_scoring_pairs(trajectories, self.config.collapse_subsample)
-        metrics, advantages = self._on_first_learner(
-            lambda learner: learner.collapse_probe(columns, pairs, gradient_norms=gradient_norms)
-        )
-        self.last_token_advantages = token_advantages_by_trajectory(columns, advantages, trajectories)
+        buckets' shares and, with ``gradient_norms``, their policy-gradient norms; of each separate policy on its own
+        batch, under its name. With several learners the first one probes the whole batch (outside DDP's gradient
+        sync)."""
+        metrics, token_advantages = {}, {}
+        for policy, (columns, indices) in batches.items():
+            mine = [trajectories[i] for i in indices]
+            pairs = cross_scoring_pairs(mine, self.config.collapse_subsample)
+            found, advantages = self._on_first_learner(
+                lambda learner: learner.collapse_probe(columns, pairs, gradient_norms=gradient_norms, module_id=policy)
+            )
+            by_index = token_advantages_by_trajectory(columns, advantages, mine)
+            token_advantages.update({indices[i]: values for i, values in by_index.items()})
+            if self.config.separate_policies:
+                found = {M.policy_metric(policy, key): value for key, value in found.items()}
+            metrics.update(found)
+        self.last_token_advantages = token_advantages
         return metrics
 
-    def _update(self, columns: dict[str, np.ndarray], env_steps: int) -> list[dict]:
-        """One learner-group update on the prepared batch; with remote learners, one whole-group shard each."""
+    def _update(self, batches: dict, env_steps: int) -> list[dict]:
+        """One learner-group update on the prepared batches (policy id -> (columns, indices)); with remote
+        learners, one whole-group shard each."""
         self._check_learners_alive()
         try:
-            return self._update_learners(columns, env_steps)
+            return self._update_learners({policy: columns for policy, (columns, _) in batches.items()}, env_steps)
         except ray.exceptions.RayActorError as error:
             self._check_learners_alive(error)
             raise
@@ -273,12 +287,21 @@ class StarPO(CheckpointsAndExport, RunnerWeights, Algorithm):
                 "a main job's --resume."
             ) from cause
 
-    def _update_learners(self, columns: dict[str, np.ndarray], env_steps: int) -> list[dict]:
+    def _update_learners(self, columns: dict[str, dict[str, np.ndarray]], env_steps: int) -> list[dict]:
         lifetime = {
             NUM_ENV_STEPS_SAMPLED_LIFETIME: self.metrics.peek((ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME))
         }
-        shards = shard_by_groups(columns, self.config.num_learners) if self.config.num_learners > 1 else [columns]
-        batches = [MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(shard)}, env_steps=env_steps) for shard in shards]
+        if self.config.num_learners > 1:  # one policy (validate() refuses separate ones): a shard per learner
+            shards = [
+                {DEFAULT_MODULE_ID: shard}
+                for shard in shard_by_groups(columns[DEFAULT_MODULE_ID], self.config.num_learners)
+            ]
+        else:
+            shards = [columns]
+        batches = [
+            MultiAgentBatch({policy: SampleBatch(part) for policy, part in shard.items()}, env_steps=env_steps)
+            for shard in shards
+        ]
         if len(batches) == 1:
             return self.learner_group.update(batch=batches[0], timesteps=lifetime)
         return self.learner_group.update(batches=batches, timesteps=lifetime)

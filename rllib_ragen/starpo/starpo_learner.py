@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
@@ -66,7 +65,8 @@ class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
         self._shards = 1  # data-parallel learners taking part in the update running now (1: outside an update)
         # The frozen reference policy exists only when the KL term is on. With LoRA it is the policy with its
         # adapters switched off (see _reference_logits): no second copy of the weights.
-        if self.config.kl_coeff > 0 and not self.module[DEFAULT_MODULE_ID].unwrapped().lora:
+        any_module = self.module[next(iter(self.module.keys()))]  # separate policies share the model's settings
+        if self.config.kl_coeff > 0 and not any_module.unwrapped().lora:
             cfg = self.config.model_config
             self._reference, _ = load_policy(
                 cfg["model"], dtype=cfg.get("dtype", "float32"), seed=int(cfg.get("seed", 0))
@@ -109,13 +109,15 @@ class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
         # Several learners (RLlib's DDP): each holds a shard of whole groups. The normalisers of the losses and the
         # whitening statistics are summed over all shards, so the averaged gradient is the whole batch's.
         self._shards = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        losses = {}
         try:
-            return self._update_shard(batch)
+            for module_id in sorted(batch):  # separate policies: each trained one on its own seats' rows
+                losses.update(self._update_shard(batch, module_id))
         finally:
             self._shards = 1
+        return {}, losses, {}
 
-    def _update_shard(self, batch: dict[str, Any]):
-        module_id = DEFAULT_MODULE_ID
+    def _update_shard(self, batch: dict[str, Any], module_id: str) -> dict:
         config = self.config.get_config_for_module(module_id)
         data = {k: v.to(self._device) for k, v in batch[module_id].items()}
         module = self.module[module_id]
@@ -145,7 +147,7 @@ class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
             total, applied = self._optimizer_step(
                 data, minibatches[0], module, module_id, config, micro_size, first=True, scores_itself=True
             )
-            self._log_scores(data, config)
+            self._log_scores(data, config, module_id)
             skipped, passes = int(not applied), 1
         else:
             # Score once, in the exact micro-batches the first optimizer step will use: the first step's ratio is 1.
@@ -154,6 +156,7 @@ class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
                 module,
                 config,
                 [mb[i : i + micro_size] for mb in minibatches[:steps] for i in range(0, len(mb), micro_size)],
+                module_id,
             )
             total, skipped = None, 0
             for step, rows in enumerate(minibatches):
@@ -166,7 +169,7 @@ class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
         tokens = int(data["attention_mask"].sum()) * passes
         self.metrics.log_value((module_id, M.UPDATE_TOKENS_PER_S), tokens / (time.perf_counter() - t0), window=1)
         self.metrics.log_value((module_id, M.OPTIMIZER_STEPS), len(minibatches), window=1)
-        return {}, {module_id: total}, {}
+        return {module_id: total}
 
     @staticmethod
     def _step_scores_itself(optimizer_steps: int, micro_size: int, size: int, config) -> bool:
@@ -179,9 +182,10 @@ class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
         )
 
     @torch.no_grad()
-    def _prepare(self, data: dict, module, config, micro_batches: list[torch.Tensor]) -> None:
+    def _prepare(self, data: dict, module, config, micro_batches: list[torch.Tensor], module_id: str) -> None:
         """Score the batch without gradients, in ``micro_batches``, and fill ``old_logp``, ``old_values``,
-        ``ref_logp``, ``token_advantages`` and ``returns`` into ``data``."""
+        ``ref_logp``, ``token_advantages`` and ``returns`` into ``data``; the scores' gaps are logged under
+        ``module_id``."""
         self._start_scores(data, config)
         scored = torch.cat(micro_batches)
         with _prefix_read_once(module, data, scored, len(micro_batches)):
@@ -191,7 +195,7 @@ class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
                     out = module.forward_train(_scoring_sampled_tokens(inputs, data, rows))
                 self._score(data, module, config, rows, inputs, out)
         self._finish_scores(data, config)
-        self._log_scores(data, config)
+        self._log_scores(data, config, module_id)
 
     def _start_scores(self, data: dict, config) -> None:
         """Empty score tensors, filled micro-batch by micro-batch by :meth:`_score`."""
@@ -213,7 +217,7 @@ class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
         if "values" in out:
             data["old_values"][rows, :width] = out["values"].detach()
         if data["ref_logp"] is not None:
-            logits = self._reference_logits(module, inputs)
+            logits = self._reference_logits(module, inputs, config)
             data["ref_logp"][rows, :width] = token_logprobs(logits, inputs["input_ids"], config.temperature)
 
     @torch.no_grad()
@@ -235,25 +239,23 @@ class StarPOTorchLearner(CollapseProbe, LearnerOptimizers, TorchLearner):
         data["token_advantages"], data["returns"] = advantages, returns
 
     @torch.no_grad()
-    def _log_scores(self, data: dict, config) -> None:
+    def _log_scores(self, data: dict, config, module_id: str) -> None:
         """Log, once per batch, the gap between the rollout's and the learner's log-probs and, with a policy lag,
         the importance weights (see ``truncated_importance_weights``)."""
         mask, behaviour, learner_logp = data["response_mask"], data["behaviour_logprobs"], data["learner_logp"]
         tokens = mask.sum().clamp(min=1)
         gap = (learner_logp - behaviour).abs() * mask
-        self.metrics.log_value((DEFAULT_MODULE_ID, M.LOGPROB_GAP_MAX), gap.max().item(), window=1)
-        self.metrics.log_value((DEFAULT_MODULE_ID, M.LOGPROB_GAP_MEAN), (gap.sum() / tokens).item(), window=1)
+        self.metrics.log_value((module_id, M.LOGPROB_GAP_MAX), gap.max().item(), window=1)
+        self.metrics.log_value((module_id, M.LOGPROB_GAP_MEAN), (gap.sum() / tokens).item(), window=1)
         if config.max_policy_lag:
             weight, truncated = data["importance_weights"], data["importance_truncated"]
+            self.metrics.log_value((module_id, M.IMPORTANCE_WEIGHT_MEAN), (weight.sum() / tokens).item(), window=1)
             self.metrics.log_value(
-                (DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_MEAN), (weight.sum() / tokens).item(), window=1
-            )
-            self.metrics.log_value(
-                (DEFAULT_MODULE_ID, M.IMPORTANCE_WEIGHT_TRUNCATED), (truncated.sum() / tokens).item(), window=1
+                (module_id, M.IMPORTANCE_WEIGHT_TRUNCATED), (truncated.sum() / tokens).item(), window=1
             )
 
-    def _reference_logits(self, module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        with self._precision(self.config.get_config_for_module(DEFAULT_MODULE_ID)):
+    def _reference_logits(self, module, inputs: dict[str, torch.Tensor], config) -> torch.Tensor:
+        with self._precision(config):
             if self._reference is not None:
                 return self._reference(**inputs, use_cache=False).logits
             with module.unwrapped().policy.disable_adapter():  # LoRA: the base weights are the reference policy

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections import Counter
 from typing import Sequence
 
 import ray
@@ -29,13 +30,15 @@ from ..rollout.engine import RolloutEngine
 from ..rollout.models import cast_weights
 from ..envs.games import make_game
 from ..rollout.seats import DEFAULT_POLICY, play_games
-from ..rollout.trajectory import Start, Trajectory
+from ..rollout.trajectory import Start, Trajectory, rollout_metrics
+from ..envs.seat import seat_for_seed
 from .inference_engines import make_backend
 from .league import League, learner_seat
 from .llm_rl_module import PLACEHOLDER_SPACE
 from .weight_sync import share_or_copy
 
 logger = logging.getLogger(__name__)
+SUMMED_TIMES = (M.TIME_ROLLOUT, M.TIME_GENERATE)  # the policies' engine calls run one after another
 
 
 class TextEnvRunner(EnvRunner, Checkpointable):
@@ -47,12 +50,23 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         spec = self.config.get_rl_module_spec(
             spaces={DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE)}, inference_only=True
         )
-        self.module = spec.build().to(self._rollout_device())
+        # One sampler per policy (one without separate policies: starpo/policies.py), each its own copy of the model.
+        # ``module``, ``backend`` and ``engine`` are the first trained policy's: they play the single-agent rollouts.
+        self.modules = {policy: spec.build().to(self._rollout_device()) for policy in self.config.policy_ids()}
         if self.config.rollout_dtype is not None:  # the sampler's copy only: the learner keeps the model's dtype
-            cast_weights(self.module.policy, getattr(torch, self.config.rollout_dtype))
+            for module in self.modules.values():
+                cast_weights(module.policy, getattr(torch, self.config.rollout_dtype))
+        self.module = self.modules[self.module_policy]
         self.tokenizer = self.module.tokenizer
-        self.backend = make_backend(self.config.inference_backend, self.module.policy, self.tokenizer, self.config)
-        self.engine = RolloutEngine(self.config.rollout_config(), self.backend, self.tokenizer)
+        self.backends = {
+            policy: make_backend(self.config.inference_backend, module.policy, self.tokenizer, self.config)
+            for policy, module in self.modules.items()
+        }
+        self.engines = {
+            policy: RolloutEngine(self.config.rollout_config(), backend, self.tokenizer)
+            for policy, backend in self.backends.items()
+        }
+        self.backend, self.engine = self.backends[self.module_policy], self.engines[self.module_policy]
         self._check_first_prompts_fit()
         self._weights_seq_no = 0
         self._metrics: dict[str, float] = {}
@@ -108,12 +122,15 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     def assert_healthy(self):
         assert self.engine is not None and self.module is not None, "TextEnvRunner was not set up."
 
+    @property
+    def module_policy(self) -> str:
+        """The policy id of :attr:`module`."""
+        return self.config.trained_policy_ids()[0]
+
     @override(EnvRunner)
     def get_spaces(self):
-        return {
-            INPUT_ENV_SPACES: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE),
-            DEFAULT_MODULE_ID: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE),
-        }
+        spaces = {policy: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE) for policy in self.modules}
+        return {INPUT_ENV_SPACES: (PLACEHOLDER_SPACE, PLACEHOLDER_SPACE), **spaces}
 
     @override(EnvRunner)
     def sample(
@@ -137,6 +154,10 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             trajectories, self._metrics = self._play_every_seat(
                 seeds, group_size, sampling, sample_seed, env_config, opponents, league or {}
             )
+        elif self.config.separate_policies:
+            trajectories, self._metrics = self._play_each_seat_by_its_policy(
+                seeds, group_size, sampling, sample_seed, env_config
+            )
         else:
             trajectories, self._metrics = self.engine.rollout(seeds, group_size, sampling, sample_seed, env_config)
         self._metrics[M.WEIGHTS_SEQ_NO] = float(self._weights_seq_no)
@@ -149,7 +170,9 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         # With validation_envs set, starts name their environment ((name, seed)); training plays config.env alone.
         seeds = [seed[1] if isinstance(seed, tuple) else seed for seed in seeds]
         policies, policy_of = None, None
-        if opponents is not None and any(opponents):
+        if self.config.separate_policies:
+            policies, policy_of = self.backends, lambda seat, index: self.config.seat_policy(seat)
+        elif opponents is not None and any(opponents):
             policies = {DEFAULT_POLICY: self.backend, **self._snapshot_backends(league)}
             seats = make_game(self.config.env, config=dict(game_config or {})).possible_agents
 
@@ -169,6 +192,39 @@ class TextEnvRunner(EnvRunner, Checkpointable):
             policies=policies,
             policy_of=policy_of,
         )
+
+    def _play_each_seat_by_its_policy(self, starts, group_size, sampling, sample_seed, env_config):
+        """Separate policies on the seat environments (validation, a single-agent rollout of the game): each start
+        played by the policy of the seat it puts the agent in (the seat environment's rule), one engine call per
+        policy; the groups keep their numbers (their starts' places)."""
+        by_policy: dict[str, list[int]] = {}
+        for index, start in enumerate(starts):
+            by_policy.setdefault(self.config.seat_policy(self._seat_of(start, env_config)), []).append(index)
+        trajectories, metrics, counted = [], {}, Counter()
+        for policy, indices in sorted(by_policy.items()):
+            part, part_metrics = self.engines[policy].rollout(
+                [starts[i] for i in indices], group_size, sampling, sample_seed, env_config
+            )
+            for t in part:
+                t.group, t.policy_id = indices[t.group], policy
+            trajectories += part
+            counted.update({k: v for k, v in part_metrics.items() if k in M.ROLLOUT_COUNTERS + SUMMED_TIMES})
+            if M.FIRST_ENV_ERROR in part_metrics:
+                metrics.setdefault(M.FIRST_ENV_ERROR, part_metrics[M.FIRST_ENV_ERROR])
+        trajectories.sort(key=lambda t: t.group)
+        metrics.update(rollout_metrics(trajectories, group_size))
+        metrics.update({k: float(v) for k, v in counted.items()})
+        return trajectories, metrics
+
+    def _seat_of(self, start: Start, env_config: dict | None) -> str:
+        """The seat a seat environment plays from ``start`` (``SeatEnv.reset``'s rule)."""
+        if isinstance(start, tuple):  # a validation environment's (name, seed)
+            name, seed = start
+            settings = next(e.env_config for e in self.config.validation_environments() if e.name == name)
+        else:
+            seed, settings = start, env_config if env_config is not None else self.config.env_config
+        seats = make_game(self.config.env, config=dict(settings.get("game_config") or {})).possible_agents
+        return seat_for_seed(seats, seed, settings.get("seat"))
 
     def _snapshot_backends(self, league: dict[str, dict[str, torch.Tensor]]) -> dict:
         """A sampler for each of ``league``'s snapshots (those drawn this rollout): a copy of this runner's policy
@@ -206,7 +262,11 @@ class TextEnvRunner(EnvRunner, Checkpointable):
     def get_state(self, components=None, *, not_components=None, **kwargs):
         state = {WEIGHTS_SEQ_NO: self._weights_seq_no}
         if self._check_component(COMPONENT_RL_MODULE, components, not_components):
-            state[COMPONENT_RL_MODULE] = self.module.get_state()
+            state[COMPONENT_RL_MODULE] = (
+                {policy: module.get_state() for policy, module in self.modules.items()}
+                if self.config.separate_policies
+                else self.module.get_state()
+            )
         return state
 
     @override(Checkpointable)
@@ -225,27 +285,32 @@ class TextEnvRunner(EnvRunner, Checkpointable):
         module_state = state[COMPONENT_RL_MODULE]
         if isinstance(module_state, ray.ObjectRef):  # RLlib puts large states into the object store
             module_state = ray.get(module_state)
-        if DEFAULT_MODULE_ID in module_state:
-            module_state = module_state[DEFAULT_MODULE_ID]
-        self.module.set_state(module_state)
-        self._backend_takes_module_weights()
+        if not self.config.separate_policies:
+            module_state = {DEFAULT_MODULE_ID: module_state.get(DEFAULT_MODULE_ID, module_state)}
+        for policy, state_of_policy in module_state.items():  # a learner's MultiRLModule: every policy's
+            self.modules[policy].set_state(state_of_policy)
+            self._backend_takes_module_weights(policy)
         self._weights_seq_no = seq_no
 
-    def _backend_takes_module_weights(self) -> None:
-        """After this runner's module changed: the HF backend samples from the module's own policy and only drops
-        its KV cache; any other backend loads the policy's weights."""
-        if isinstance(self.backend, HFBackend) and self.backend.model is self.module.policy:
-            self.backend.weights_changed()
+    def _backend_takes_module_weights(self, policy: str) -> None:
+        """After policy ``policy``'s module changed: the HF backend samples from the module's own policy and only
+        drops its KV cache; any other backend loads the policy's weights."""
+        backend, module = self.backends[policy], self.modules[policy]
+        if isinstance(backend, HFBackend) and backend.model is module.policy:
+            backend.weights_changed()
         else:
-            self.backend.load_weights(self.module.policy.state_dict())
+            backend.load_weights(module.policy.state_dict())
 
-    def play_in_process(self, policy_state: dict[str, torch.Tensor], seq_no: int, *, share: bool) -> int:
-        """Play the policy of a learner in this same process: ``policy_state`` is its tensors under the policy's own
-        names (``CausalLMRLModule.policy_tensors``). With ``share`` this runner's policy becomes those very tensors
-        where device and dtype allow (every later optimizer step is played at once; the next sync only drops the
-        KV cache), else each tensor is copied device to device. Returns the bytes copied (0 when shared)."""
-        copied = share_or_copy(policy_state, self.module.policy, share=share)
-        self._backend_takes_module_weights()
+    def play_in_process(self, policy_states: dict[str, dict[str, torch.Tensor]], seq_no: int, *, share: bool) -> int:
+        """Play the policies of a learner in this same process: ``policy_states`` maps each policy id to its tensors
+        under the policy's own names (``CausalLMRLModule.policy_tensors``). With ``share`` this runner's policy
+        becomes those very tensors where device and dtype allow (every later optimizer step is played at once; the
+        next sync only drops the KV cache), else each tensor is copied device to device. Returns the bytes copied
+        (0 when shared)."""
+        copied = 0
+        for policy, tensors in policy_states.items():
+            copied += share_or_copy(tensors, self.modules[policy].policy, share=share)
+            self._backend_takes_module_weights(policy)
         self._weights_seq_no = seq_no
         return copied
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ray
 import torch
-from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
 from .. import metrics as M
@@ -107,8 +107,8 @@ class RunnerWeights:
         ):
             return None
         learner = self.learner_group._learner  # private: see _on_first_learner
-        module = learner.module[DEFAULT_MODULE_ID].unwrapped()
-        return self.env_runner.play_in_process(module.policy_tensors(), learner._weights_seq_no, share=share)
+        states = {policy: learner.module[policy].unwrapped().policy_tensors() for policy in self.env_runner.modules}
+        return self.env_runner.play_in_process(states, learner._weights_seq_no, share=share)
 
     def _push_weights_to_env_runners(self) -> int:
         """Load the learner's policy into every healthy env runner, waiting until each has it.

@@ -116,6 +116,19 @@ def test_bad_job_settings_fail_before_any_work_naming_the_field(tmp_path, field,
     assert not (tmp_path / "run").exists()  # nothing was written
 
 
+def test_a_main_job_refuses_separate_policies_before_any_work(tmp_path):
+    # Its report, evaluate and the self-play job's matches read back one policy folder.
+    config = (
+        StarPOConfig()
+        .environment("rllib_ragen/TicTacToe-v0", env_config={"opponent": "random"})
+        .training(self_play=True, max_actions_per_turn=1)
+        .multi_agent(policies={"x", "o"}, policy_mapping_fn=lambda seat, episode, **kwargs: seat)
+    )
+    with pytest.raises(ValueError, match=re.escape("multi_agent(policies=['o', 'x']): a main job reads back one")):
+        run_job(config, JobSettings(output_dir=str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     "grid, message",
     [

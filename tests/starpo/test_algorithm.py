@@ -182,7 +182,8 @@ def test_advantage_mask_through_observations_trains_the_critic_there_and_the_pol
         columns, _ = prepare_update_batch(trajectories, config, runner.tokenizer.pad_token_id)
         data = {key: torch.as_tensor(value) for key, value in columns.items()}
         learner = algo.learner_group._learner
-        learner._prepare(data, learner.module[DEFAULT_MODULE_ID], config, [torch.arange(len(data["input_ids"]))])
+        rows = [torch.arange(len(data["input_ids"]))]
+        learner._prepare(data, learner.module[DEFAULT_MODULE_ID], config, rows, DEFAULT_MODULE_ID)
         sampled = data["response_mask"]
         observations = data["value_mask"] - sampled  # the environment's tokens between two turns
         assert observations.min() >= 0 and observations.sum() > 0, "no two-turn trajectory to test on"
