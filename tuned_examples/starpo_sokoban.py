@@ -12,6 +12,8 @@ Time:     the plan line states it for this CPU (rllib_ragen/jobs/job_times.py), 
 Expect:   sampled success (T = 0.5) gains on seeds 1 and 2 but not on seed 0 on a 2-core AVX2 CPU, where greedy play
           falls below ten random moves; the final table's last lines compare greedy play with them. The figures,
           the flags whose greedy play learns, and the history: docs/results/sokoban.md
+SmolLM2:  on a CPU, --preset smollm2-cpu --demonstration-moves-per-reply 1 --max-turns 10 (its warm start then reads
+          the board: one move per demonstrated reply, each from the board it changes); docs/results/sokoban.md
 """
 
 from rllib_ragen import StarPOConfig
