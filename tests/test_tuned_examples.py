@@ -817,7 +817,7 @@ def test_the_report_pairs_each_sweep_trial_against_the_grids_first_values_on_the
     from rllib_ragen.jobs.outputs import AFTER_GREEDY_ROLLOUTS, AFTER_ROLLOUTS
     from ray.tune.utils.util import SafeFallbackEncoder
 
-    from rllib_ragen.jobs.report import versus_control
+    from rllib_ragen.jobs.across_trials import versus_control
 
     config = job_file("starpo_frozenlake.py")["config"]
     (tmp_path / "run_config.json").write_text(json.dumps({"job": {"grid": {"advantage_estimator": ["gae", "grpo"]}}}))
@@ -1121,3 +1121,55 @@ def test_the_report_on_a_finished_run_leaves_every_byte_and_judges_by_the_runs_o
         report.main([str(run), "--output", str(run / "seed0" / "mine")])
     assert refused.value.code == 2 and "never writes over what a run recorded" in capsys.readouterr().err
     assert _folder_bytes(run) == before
+
+
+def test_the_report_pools_seeds_in_one_run_and_over_runs_and_refuses_what_cannot_be_pooled(tmp_path, capsys):
+    """Bandit seeds 0 and 1 in one run: its summary.json pools the two trials' validation states, each (trial, state)
+    once; the command line given the two trial folders as runs pools them the same, and writes each run's report and
+    the pooled one only into --output; a trial given twice, or trials scoring different environments, are refused
+    with exit code 2; no byte of the run changes."""
+    import shutil
+
+    from rllib_ragen.jobs import report
+    from rllib_ragen.jobs.outputs import SAMPLED_AND_GREEDY
+    from rllib_ragen.jobs.paired_stats import paired_comparison
+    from rllib_ragen.jobs.readers import read_outcomes
+
+    flags = [*ONE_ITERATION, "--validation-size", "4", "--seeds", "0,1", "--threads", "1"]
+    done = run_example("starpo_bandit.py", *flags, "--run-name", "run", "--output-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "run"
+    trials = [run / "seed0", run / "seed1"]
+    recorded = json.loads((run / "summary.json").read_text())
+    for mode, (before_file, after_file) in SAMPLED_AND_GREEDY.items():
+        # By hand: the headline environment's four states of each trial, kept apart though both trials validate on
+        # the same reset seeds (the job also validates on two held-out bandits, which its paired lines leave out).
+        before, after = {}, {}
+        for trial in trials:
+            for into, file in ((before, before_file), (after, after_file)):
+                outcomes = read_outcomes(trial / file)
+                into |= {(trial.name, k): v for k, v in outcomes.items() if k.startswith("rllib_ragen/Bandit-v0:")}
+        pooled = recorded["pooled"][mode]
+        assert pooled["trials"] == [str(t.resolve()) for t in trials] and pooled["n"] == 8
+        assert {k: v for k, v in pooled.items() if k != "trials"} == paired_comparison(before, after).as_dict()
+        per_trial = [recorded["trials"][t.name]["paired" if mode == "sampled" else "paired_greedy"] for t in trials]
+        assert pooled["improved"] == sum(c["improved"] for c in per_trial)
+        assert pooled["after"] == pytest.approx(sum(c["after"] for c in per_trial) / 2)
+    bytes_before = _folder_bytes(run)
+    out = tmp_path / "elsewhere"
+    assert report.main([str(trials[0]), str(trials[1]), "--output", str(out)]) == 0
+    assert "pooled greedy, 2 trials" in capsys.readouterr().out
+    written = json.loads((out / "summary.json").read_text())
+    assert written["pooled"] == recorded["pooled"] and written["spread"] == recorded["spread"]
+    assert (out / "seed0" / "summary.json").is_file() and (out / "seed1" / "summary.json").is_file()
+    # Refused before any report: a trial twice (its states would count twice), and another environment's trial.
+    assert report.main([str(run), str(trials[1])]) == 2
+    assert "given twice" in capsys.readouterr().err
+    other = tmp_path / "other" / "seed1"
+    shutil.copytree(trials[1], other)
+    params = json.loads((other / "params.json").read_text())
+    lake = "rllib_ragen/FrozenLake-v0"
+    (other / "params.json").write_text(json.dumps({**params, "env": lake, "validation_envs": [{"env": lake}]}))
+    assert report.main([str(trials[0]), str(other)]) == 2
+    assert "score different environments" in capsys.readouterr().err
+    assert _folder_bytes(run) == bytes_before

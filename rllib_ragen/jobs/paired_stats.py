@@ -18,7 +18,7 @@ import dataclasses
 import math
 from typing import Mapping
 
-__all__ = ["PairedComparison", "paired_comparison", "exact_mcnemar_p"]
+__all__ = ["PairedComparison", "paired_comparison", "pooled_comparison", "exact_mcnemar_p"]
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
@@ -78,6 +78,16 @@ def paired_comparison(before: Mapping, after: Mapping) -> PairedComparison:
         worsened=worsened,
         p_value=exact_mcnemar_p(improved, worsened),
     )
+
+
+def pooled_comparison(pairs: Mapping[str, tuple[Mapping, Mapping]]) -> PairedComparison:
+    """:func:`paired_comparison` over several runs at once, ``{run: (before, after)}``: each run's states are paired
+    within the run and each (run, state) counts once, so three seeds of 256 states make 768 pairs. The interval
+    treats the pairs as independent: it holds how much states differ, not how much seeds do (the spread over
+    trials shows that)."""
+    before = {(run, state): value for run, (outcomes, _) in pairs.items() for state, value in outcomes.items()}
+    after = {(run, state): value for run, (_, outcomes) in pairs.items() for state, value in outcomes.items()}
+    return paired_comparison(before, after)
 
 
 def paired_by_subset(before: Mapping, after: Mapping, label_of: Mapping) -> dict:

@@ -10,6 +10,7 @@ import json
 import pathlib
 
 from .outputs import read_run_json
+from .paired_stats import paired_comparison
 
 
 def result_row(result: dict) -> dict[str, float]:
@@ -109,6 +110,30 @@ def read_reasoning_claims(path: pathlib.Path, envs: set[str] | None = None) -> t
     return sum(r["reasoning_claims"] for r in kept), sum(r["reasoning_claims_true"] for r in kept)
 
 
+def outcome_pair(paths: tuple[pathlib.Path, pathlib.Path], envs: set[str] | None = None):
+    """Each validation state's success in two rollout files, of the environments ``envs`` (None: all); None without
+    both files, with different states, or with fewer than two."""
+    if not all(path.is_file() for path in paths):
+        return None
+    before, after = (read_outcomes(path) for path in paths)
+    if envs is not None:
+        before, after = ({k: v for k, v in outcomes.items() if state_of(k)[0] in envs} for outcomes in (before, after))
+    if before.keys() != after.keys() or len(before) < 2:
+        return None  # e.g. a resumed run whose validation settings changed: not the same states
+    return before, after
+
+
+def paired_outcomes(paths: tuple[pathlib.Path, pathlib.Path], envs: set[str] | None = None) -> dict | None:
+    """The paired comparison (``paired_stats``) of two rollout files; None as ``outcome_pair``."""
+    pair = outcome_pair(paths, envs)
+    return None if pair is None else paired_comparison(*pair).as_dict()
+
+
+def files_in(folder: pathlib.Path, files: tuple[str, str]) -> tuple[pathlib.Path, pathlib.Path]:
+    """``folder``'s two files of a (before, after) pair of names, e.g. a :data:`SAMPLED_AND_GREEDY` entry."""
+    return folder / files[0], folder / files[1]
+
+
 def trial_folders(run_dir: pathlib.Path) -> list[pathlib.Path]:
     """The trial folders of an experiment folder (each holds Tune's ``result.json``), or ``[run_dir]`` for a trial."""
     run_dir = pathlib.Path(run_dir)
@@ -150,6 +175,11 @@ def headline_environment(config):
     first = config.training_environments()[0]
     entries = config.validation_environments()
     return next((e for e in entries if (e.env, e.env_config) == (first.env, first.env_config)), entries[0])
+
+
+def scored_environments(config) -> set[str] | None:
+    """The validation environments a trial's paired lines score: the headline one in a mixture, else all (None)."""
+    return {headline_environment(config).name} if config.is_mixture else None
 
 
 # Settings Tune writes to params.json only as their repr (classes, functions, gymnasium specs): the report keeps the

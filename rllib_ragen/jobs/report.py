@@ -4,8 +4,10 @@ Works on any finished Tune experiment of StarPO trials that carried :class:`~rll
 main job with one trial or several seeds, a sweep), and on a single trial folder. For each trial it reads Tune's
 ``result.json`` and ``params.json`` and the callback's rollout files, and builds the trial's summary (validation
 before and after RL, the paired comparisons, baselines, validation splits, throughput); it prints the final table.
-For an experiment with several trials it adds the spread over trials and, for a sweep, each trial paired against
-the trial of the grid's first values (:func:`versus_control`).
+For an experiment with several trials it adds the spread over trials and either their paired comparisons pooled
+into one (:func:`pooled`: seeds of the same settings) or, for a sweep, each trial paired against the trial of the
+grid's first values (:func:`versus_control`). Given several run folders (seeds run one at a time), it reports each,
+then the spread and the pooled comparison over all their trials.
 
 It writes only where it is told (``output``): the job that made the run writes its ``summary.json`` files,
 ``learning_curve.png`` and ``rollouts.html`` into it; a reader run later (the command line) writes nothing unless
@@ -22,7 +24,6 @@ import argparse
 import json
 import math
 import pathlib
-import statistics
 import sys
 
 from .. import metrics as M
@@ -49,24 +50,28 @@ from .outputs import (
 from .readers import (
     RunFolderImportError,
     baseline_name,
+    files_in,
+    outcome_pair,
+    paired_outcomes,
     headline_environment,
     read_first_reasonings,
     read_outcomes,
     read_reasoning_claims,
     read_results,
+    scored_environments,
     state_of,
     trial_config,
     trial_folders,
-    trial_params,
 )
 from .curves import plot_learning_curve, validations_of
 from ..files import write_text_atomically
 from .settings import JobSettings
 from .validation_states import demonstrated_seeds, initial_states, trained_seeds_by_env
 from .paired_stats import paired_by_subset, paired_comparison
-from .report_tables import SIGNIFICANT, SUMMARY_METRICS, print_spread, print_table, print_versus
+from .across_trials import MixedRunsError, pooled, spread, versus_control
+from .report_tables import SIGNIFICANT, SUMMARY_METRICS, print_pooled, print_spread, print_table, print_versus
 
-__all__ = ["report_experiment", "report_trial"]
+__all__ = ["report_experiment", "report_runs", "report_trial"]
 
 
 # ---- the report ---------------------------------------------------------------------------------------------------
@@ -96,9 +101,9 @@ def report_trial(
     summary["passed"] = bool(summary["success_gain"] >= pass_bar)
     summary["pass_bar"] = pass_bar
     summary["known_scores"] = known_scores
-    scored = {headline.name} if config.is_mixture else None
-    summary["paired"] = _paired(_in(trial, SAMPLED_AND_GREEDY["sampled"]), scored)
-    summary["paired_greedy"] = _paired(_in(trial, SAMPLED_AND_GREEDY["greedy"]), scored)
+    scored = scored_environments(config)
+    summary["paired"] = paired_outcomes(files_in(trial, SAMPLED_AND_GREEDY["sampled"]), scored)
+    summary["paired_greedy"] = paired_outcomes(files_in(trial, SAMPLED_AND_GREEDY["greedy"]), scored)
     summary["reasoning_entropy"] = _reasoning_entropy(trial, scored)
     summary["reasoning_grounded"] = _reasoning_grounded(trial, scored)
     baselines_dir = baselines_dir or trial.parent / BASELINES
@@ -108,7 +113,7 @@ def report_trial(
     names = [e.name for e in config.validation_environments()]
     if len(names) > 1:
         summary["by_env"] = {
-            name: {mode: _paired(_in(trial, files), {name}) for mode, files in SAMPLED_AND_GREEDY.items()}
+            name: {mode: paired_outcomes(files_in(trial, files), {name}) for mode, files in SAMPLED_AND_GREEDY.items()}
             for name in names
         }
     summary["significant_drops"] = _significant_drops(summary)
@@ -190,13 +195,16 @@ def report_experiment(
         summaries[trial.name] = report_trial(
             trial, pass_bar, known_scores, run_dir / BASELINES, allow_imports=allow_imports, output=where
         )
+    sweep = several and bool(read_run_json(run_dir / RUN_CONFIG, {}).get("job", {}).get("grid"))
     report = {
         "trials": summaries,
         "spread": spread(summaries.values()) if several else None,
-        "versus_control": versus_control(run_dir, trials, allow_imports) if several else {},
+        "pooled": pooled(trials, allow_imports) if several and not sweep else None,  # a sweep's trials differ
+        "versus_control": versus_control(run_dir, trials, allow_imports) if sweep else {},
     }
     if several:
         print_spread(report["spread"])
+        print_pooled(report["pooled"] or {})
         print_versus(report["versus_control"])
     if output is not None and trials != [run_dir]:
         write_text_atomically(
@@ -205,57 +213,37 @@ def report_experiment(
     return report
 
 
-def spread(summaries) -> dict:
-    """Mean, standard deviation, least and most over trials of validation success before and after RL and of the
-    gain (each trial, e.g. each seed, counts once)."""
-    values = {
-        "before": [s["before"][M.SUCCESS] for s in summaries],
-        "after": [s["after"][M.SUCCESS] for s in summaries],
-        "success_gain": [s["success_gain"] for s in summaries],
+def report_runs(
+    run_dirs: list[pathlib.Path],
+    pass_bar: float | None = None,
+    allow_imports: bool = False,
+    output: pathlib.Path | None = None,
+) -> dict:
+    """Several run folders of the same settings, e.g. seeds run one at a time: each reported as
+    :func:`report_experiment` does (with ``output``, into ``output/<run folder's name>``), then the spread and the
+    pooled paired comparisons over all their trials; returns ``{"runs": {path: report}, "spread", "pooled"}``, also
+    written to ``output/summary.json``. Runs whose trials score different environments are refused before any
+    report (:class:`~rllib_ragen.jobs.across_trials.MixedRunsError`)."""
+    run_dirs = [pathlib.Path(run_dir) for run_dir in run_dirs]
+    together = pooled([trial for run_dir in run_dirs for trial in trial_folders(run_dir)], allow_imports)
+    runs = {}
+    for run_dir in run_dirs:
+        print(f"\n==== run {run_dir}")
+        where = None if output is None else pathlib.Path(output) / run_dir.name
+        runs[str(run_dir)] = report_experiment(run_dir, pass_bar, allow_imports=allow_imports, output=where)
+    report = {
+        "runs": runs,
+        "spread": spread([summary for run in runs.values() for summary in run["trials"].values()]),
+        "pooled": together,
     }
-    result = {}
-    for name, series in values.items():
-        finite = [v for v in series if math.isfinite(v)]
-        result[name] = {
-            "mean": statistics.fmean(finite) if finite else math.nan,
-            "std": statistics.stdev(finite) if len(finite) > 1 else math.nan,
-            "min": min(finite, default=math.nan),
-            "max": max(finite, default=math.nan),
-            "trials": len(finite),
-        }
-    return result
-
-
-def versus_control(run_dir: pathlib.Path, trials: list[pathlib.Path], allow_imports: bool = False) -> dict:
-    """In a sweep (the run's ``--grid``), each trial paired against its control: the trial of the same seed with
-    every grid field at its first listed value (or the first named variant), on the same validation states after
-    RL, sampled and greedy ("before" is the control, "after" the trial). ``{}`` without a grid."""
-    record = run_dir / RUN_CONFIG
-    grid = read_run_json(record, {}).get("job", {}).get("grid")
-    if not grid:
-        return {}
-
-    def point(params: dict) -> str:  # compared as JSON: 1e-4 from the command line equals Tune's 0.0001
-        return json.dumps([params.get(name) for name in grid], default=str)
-
-    params = {trial: trial_params(trial) for trial in trials}
-    control_point = json.dumps([next(iter(values)) for values in grid.values()], default=str)  # a list or variants
-    controls = {p.get("seed"): trial for trial, p in params.items() if point(p) == control_point}
-    result = {}
-    for trial, p in params.items():
-        control = controls.get(p.get("seed"))
-        if control is None or control == trial:
-            continue
-        result[trial.name] = {"control": control.name, **paired_after_rl(control, trial, allow_imports)}
-    return result
-
-
-def paired_after_rl(control: pathlib.Path, trial: pathlib.Path, allow_imports: bool = False) -> dict:
-    """Two trials' policies after RL on the same validation states, sampled and greedy: ``{mode: comparison}``
-    ("before" is ``control``, "after" ``trial``; None where the states differ), on the headline environment."""
-    config = trial_config(trial, allow_imports)
-    scored = {headline_environment(config).name} if config.is_mixture else None
-    return {mode: _paired((control / files[1], trial / files[1]), scored) for mode, files in SAMPLED_AND_GREEDY.items()}
+    print(f"\n==== the {len(run_dirs)} runs together")
+    print_spread(report["spread"])
+    print_pooled(report["pooled"])
+    if output is not None:
+        write_text_atomically(
+            pathlib.Path(output) / "summary.json", json.dumps(json_ready(report), indent=2, allow_nan=False)
+        )
+    return report
 
 
 # ---- the summary's parts ----------------------------------------------------------------------------------------
@@ -293,29 +281,6 @@ def _summary(config, rows: list[dict], validations: list[dict], headline: str) -
         # the trial's process at its fullest over the iterations (runs before this metric: NaN)
         "peak_rss_gib": max((v for r in rows if math.isfinite(v := r.get(M.PEAK_RSS, math.nan))), default=math.nan),
     }
-
-
-def _outcome_pair(paths: tuple[pathlib.Path, pathlib.Path], envs: set[str] | None = None):
-    """Each validation state's success in two rollout files, of the environments ``envs`` (None: all); None without
-    both files, with different states, or with fewer than two."""
-    if not all(path.is_file() for path in paths):
-        return None
-    before, after = (read_outcomes(path) for path in paths)
-    if envs is not None:
-        before, after = ({k: v for k, v in outcomes.items() if state_of(k)[0] in envs} for outcomes in (before, after))
-    if before.keys() != after.keys() or len(before) < 2:
-        return None  # e.g. a resumed run whose validation settings changed: not the same states
-    return before, after
-
-
-def _paired(paths: tuple[pathlib.Path, pathlib.Path], envs: set[str] | None = None) -> dict | None:
-    """The paired comparison (``paired_stats``) of two rollout files; None as ``_outcome_pair``."""
-    pair = _outcome_pair(paths, envs)
-    return None if pair is None else paired_comparison(*pair).as_dict()
-
-
-def _in(folder: pathlib.Path, files: tuple[str, str]) -> tuple[pathlib.Path, pathlib.Path]:
-    return folder / files[0], folder / files[1]
 
 
 def _significant_drops(summary: dict) -> list[str]:
@@ -375,7 +340,7 @@ def _against_baselines(trial: pathlib.Path, files: list[pathlib.Path], headline:
         outcomes = read_outcomes(file)
         entry = {"file": str(file), "states": len(outcomes), "success": sum(outcomes.values()) / max(len(outcomes), 1)}
         for when, agent in (("warm_start", BEFORE_GREEDY_ROLLOUTS), ("after_rl", AFTER_GREEDY_ROLLOUTS)):
-            pair = _outcome_pair((file, trial / agent), {headline})
+            pair = outcome_pair((file, trial / agent), {headline})
             entry[when] = None if pair is None else paired_comparison(*pair).as_dict()
         result[baseline_name(file)] = entry
     return result
@@ -387,7 +352,7 @@ def _validation_splits(config, trial: pathlib.Path, trained: dict[str, list[int]
     headline = headline_environment(config)
     builds = (headline.env, headline.env_config)
     pairs = {
-        mode: _outcome_pair((trial / files[0], trial / files[1]), {headline.name})
+        mode: outcome_pair((trial / files[0], trial / files[1]), {headline.name})
         for mode, files in SAMPLED_AND_GREEDY.items()
     }
     pairs = {mode: pair for mode, pair in pairs.items() if pair is not None}
@@ -418,7 +383,14 @@ def _validation_splits(config, trial: pathlib.Path, trained: dict[str, list[int]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rllib_ragen.jobs.report", description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=pathlib.Path, help="a job's run folder (a Tune experiment) or one trial's")
+    parser.add_argument(
+        "run_dirs",
+        type=pathlib.Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="a job's run folder (a Tune experiment) or one trial's; several (e.g. seeds run one at a time): each "
+        "reported, then all their trials' paired comparisons pooled",
+    )
     parser.add_argument(
         "--pass-bar",
         type=float,
@@ -439,18 +411,24 @@ def main(argv: list[str] | None = None) -> int:
         "runs their code, so only for a run you trust",
     )
     args = parser.parse_args(argv)
-    if not args.run_dir.is_dir():
-        parser.error(f"{args.run_dir} is not a folder")
-    run_dir = args.run_dir.resolve()
+    run_dirs = [run_dir.resolve() for run_dir in args.run_dirs]
     output = args.output.resolve() if args.output is not None else None
-    if output is not None and (output == run_dir or run_dir in output.parents):
-        parser.error(
-            f"--output {args.output} lies inside the run {args.run_dir}: the report never writes over what "
-            f"a run recorded; choose a folder outside it"
-        )
+    for given, run_dir in zip(args.run_dirs, run_dirs):
+        if not run_dir.is_dir():
+            parser.error(f"{given} is not a folder")
+        if output is not None and (output == run_dir or run_dir in output.parents):
+            parser.error(
+                f"--output {args.output} lies inside the run {given}: the report never writes over what "
+                f"a run recorded; choose a folder outside it"
+            )
+    if output is not None and len({run_dir.name for run_dir in run_dirs}) < len(run_dirs):
+        parser.error("--output writes each run into a folder of its name, and two of these runs share a name")
     try:
-        report_experiment(run_dir, args.pass_bar, allow_imports=args.allow_run_imports, output=output)
-    except (FileNotFoundError, RunFolderImportError, RunFileError) as error:
+        if len(run_dirs) == 1:
+            report_experiment(run_dirs[0], args.pass_bar, allow_imports=args.allow_run_imports, output=output)
+        else:
+            report_runs(run_dirs, args.pass_bar, args.allow_run_imports, output)
+    except (FileNotFoundError, RunFolderImportError, RunFileError, MixedRunsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if output is not None:

@@ -30,6 +30,15 @@ def print_spread(result: dict) -> None:
         print(f"  {name:26s}{cell['mean']:+.3f} ± {cell['std']:.3f} [{cell['min']:+.3f}, {cell['max']:+.3f}]")
 
 
+def print_pooled(pooled: dict) -> None:
+    """Each mode's comparison pooled over trials (``across_trials.pooled``), naming how many trials it holds."""
+    for mode, entry in pooled.items():
+        if entry:
+            comparison = PairedComparison(**{k: v for k, v in entry.items() if k != "trials"})
+            label = f"pooled {mode}, {len(entry['trials'])} trials"
+            print(f"  {label:26s}{comparison.describe()}")
+
+
 def describe_machine(machine: dict) -> str:
     """One session's machine (``machine.json``) on one line."""
     gpus = f", {', '.join(machine['gpus'])}" if machine.get("gpus") else ""

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from rllib_ragen.jobs.paired_stats import Z_95, exact_mcnemar_p, paired_comparison
+from rllib_ragen.jobs.paired_stats import Z_95, exact_mcnemar_p, paired_comparison, pooled_comparison
 
 
 def test_exact_mcnemar_by_hand():
@@ -33,6 +33,20 @@ def test_paired_comparison_by_hand():
     assert (result.improved, result.worsened) == (3, 1)
     assert result.p_value == pytest.approx(0.625)
     assert "+0.333" in result.describe()
+
+
+def test_pooling_keeps_each_runs_states_apart_though_they_share_seeds():
+    # Two seeds' runs validated on the same four reset seeds: eight pairs, not four. Run a: one state up; run b: one
+    # up. Differences (1, 0, 0, 0, 0, 0, 0, 1): mean 1/4, sum of squares about it 2 * 0.75^2 + 6 * 0.25^2 = 1.5.
+    run_a = ({1: 0.0, 2: 0.0, 3: 1.0, 4: 1.0}, {1: 1.0, 2: 0.0, 3: 1.0, 4: 1.0})
+    run_b = ({1: 1.0, 2: 1.0, 3: 0.0, 4: 0.0}, {1: 1.0, 2: 1.0, 3: 0.0, 4: 1.0})
+    result = pooled_comparison({"seed0": run_a, "seed1": run_b})
+    half = Z_95 * math.sqrt(1.5 / 7) / math.sqrt(8)
+    assert (result.n, result.before, result.after, result.improved, result.worsened) == (8, 0.5, 0.75, 2, 0)
+    assert (result.difference, result.ci_low, result.ci_high) == pytest.approx((0.25, 0.25 - half, 0.25 + half))
+    assert result.p_value == pytest.approx(2 * 0.5**2)  # two flips, both up
+    # One run alone is that run's own comparison.
+    assert pooled_comparison({"seed0": run_a}).as_dict() == paired_comparison(*run_a).as_dict()
 
 
 def test_states_must_match():
